@@ -1,0 +1,268 @@
+"""The SimPy engine: replays a Schedule against a modelled cluster.
+
+One SimPy process runs each (rank, stream): it takes the stream's ops in program
+order, waits for each op's cross-stream ``deps``, then
+
+* a ``Compute`` op holds the stream for its roofline time;
+* a ``Collective`` op arrives at the rendezvous of its group — collectives of a group
+  are matched by their order on that group (NCCL semantics) — and waits until the last
+  member arrives, then for the algorithm's transfers to cross the network;
+* a ``Send`` or ``Recv`` waits for its partner, matched by (src, dst, tag) in order,
+  then for the flow between the two GPUs.
+
+Rank ``r`` runs on GPU ``r``. Every op's ``ready``, ``start`` and ``end`` instants are
+recorded. When the event queue empties with ops unfinished, the schedule could never
+finish: :class:`~simulator.errors.DeadlockError` names the stuck ranks and ops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import simpy
+
+from topologies import Cluster
+
+from ..errors import DeadlockError, ScenarioError
+from ..schedule.ir import Collective, Compute, Recv, Schedule, Send
+from .collectives import collective_transfers
+from .compute import ComputeModel
+from .network import FlowNetwork
+
+__all__ = ["simulate", "SimulationTimes"]
+
+
+@dataclass
+class SimulationTimes:
+    """Per-rank lists, indexed by op id, of each op's ready, start and end instants."""
+
+    ready: dict[int, list[float]]
+    start: dict[int, list[float]]
+    end: dict[int, list[float]]
+    step_time: float
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+class _Rendezvous:
+    __slots__ = ("kind", "size", "expected", "arrived", "splits", "done", "start", "first")
+
+    def __init__(self, env: simpy.Environment, kind: str, size: float, expected: int):
+        self.kind = kind
+        self.size = size
+        self.expected = expected
+        self.arrived: dict[int, int] = {}  # rank -> op id
+        self.splits: dict[int, tuple[float, ...]] = {}
+        self.done = env.event()
+        self.start = math.nan
+
+
+class _Engine:
+    def __init__(self, schedule: Schedule, cluster: Cluster):
+        self.schedule = schedule
+        self.cluster = cluster
+        self.env = simpy.Environment()
+        self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
+        self.compute = ComputeModel(cluster.spec)
+        self.groups = {name: tuple(members) for name, members in schedule.groups.items()}
+        self.group_gpus = {name: sorted(members) for name, members in self.groups.items()}
+        self.ready: dict[int, list[float]] = {}
+        self.start: dict[int, list[float]] = {}
+        self.end: dict[int, list[float]] = {}
+        self.signals: dict[int, dict[int, simpy.Event]] = {}
+        self.position: dict[tuple[int, str], int] = {}  # (rank, stream) -> op id in progress
+        self.collective_seq: dict[tuple[str, int], int] = {}
+        self.rendezvous: dict[tuple[str, int], _Rendezvous] = {}
+        self.channels: dict[tuple[int, int, int], tuple[deque, deque]] = {}
+        self.ops_run = 0
+
+    # -- set-up -----------------------------------------------------------------------
+    def start_processes(self) -> None:
+        world = self.cluster.num_gpus
+        for rank, program in sorted(self.schedule.programs.items()):
+            if not 0 <= rank < world:
+                raise ScenarioError(
+                    f"schedule: rank {rank} has no GPU (the cluster has {world} GPUs)"
+                )
+            n = len(program.ops)
+            self.ready[rank] = [math.nan] * n
+            self.start[rank] = [math.nan] * n
+            self.end[rank] = [math.nan] * n
+            needed: set[int] = set()
+            by_stream: dict[str, list] = {}
+            for op in program.ops:
+                needed.update(op.deps)
+                by_stream.setdefault(op.stream, []).append(op)
+            self.signals[rank] = {op_id: self.env.event() for op_id in sorted(needed)}
+            for stream, ops in by_stream.items():
+                self.env.process(self._run_stream(rank, stream, ops))
+
+    # -- one stream -------------------------------------------------------------------
+    def _run_stream(self, rank: int, stream: str, ops: list):
+        env = self.env
+        ready, start, end = self.ready[rank], self.start[rank], self.end[rank]
+        signals = self.signals[rank]
+        duration = self.compute.duration
+        position = self.position
+        for op in ops:
+            position[(rank, stream)] = op.id
+            for dep in op.deps:
+                if end[dep] != end[dep]:  # NaN: not finished yet
+                    yield signals[dep]
+            now = env.now
+            ready[op.id] = now
+            if type(op) is Compute:
+                start[op.id] = now
+                yield env.timeout(duration(op.kind, op.flops, op.bytes))
+            elif type(op) is Collective:
+                rendezvous = self._arrive(rank, op)
+                yield rendezvous.done
+                start[op.id] = rendezvous.start
+            else:
+                pair = self._post(rank, op)
+                yield pair.done
+                start[op.id] = pair.start
+            end[op.id] = env.now
+            self.ops_run += 1
+            signal = signals.get(op.id)
+            if signal is not None:
+                signal.succeed()
+        position[(rank, stream)] = -1
+
+    # -- collectives ------------------------------------------------------------------
+    def _arrive(self, rank: int, op: Collective) -> _Rendezvous:
+        members = self.groups.get(op.group)
+        if members is None:
+            raise ScenarioError(f"schedule: rank {rank} op {op.id} uses unknown group {op.group!r}")
+        if rank not in members:
+            raise ScenarioError(
+                f"schedule: rank {rank} op {op.id} calls a collective on group {op.group} "
+                f"{list(members)} that it is not a member of"
+            )
+        seq_key = (op.group, rank)
+        seq = self.collective_seq.get(seq_key, 0)
+        self.collective_seq[seq_key] = seq + 1
+        key = (op.group, seq)
+        rendezvous = self.rendezvous.get(key)
+        if rendezvous is None:
+            rendezvous = _Rendezvous(self.env, op.kind, op.bytes, len(members))
+            self.rendezvous[key] = rendezvous
+        elif rendezvous.kind != op.kind or rendezvous.size != op.bytes:
+            first = next(iter(rendezvous.arrived))
+            raise ScenarioError(
+                f"schedule: collective #{seq} on group {op.group} does not match: rank {first} "
+                f"calls {rendezvous.kind} of {rendezvous.size:g} bytes, rank {rank} calls "
+                f"{op.kind} of {op.bytes:g} bytes"
+            )
+        rendezvous.arrived[rank] = op.id
+        if op.splits is not None:
+            rendezvous.splits[rank] = op.splits
+        if len(rendezvous.arrived) == rendezvous.expected:
+            del self.rendezvous[key]
+            self._launch_collective(op.group, rendezvous)
+        return rendezvous
+
+    def _launch_collective(self, group: str, rendezvous: _Rendezvous) -> None:
+        rendezvous.start = self.env.now
+        splits = (
+            rendezvous.splits if rendezvous.kind == "all_to_all" and rendezvous.splits else None
+        )
+        specs = collective_transfers(
+            self.cluster, rendezvous.kind, self.group_gpus[group], rendezvous.size, splits
+        )
+        self._when_all(
+            [self.network.transfer(s.usage, s.volume, s.latency) for s in specs],
+            rendezvous.done,
+        )
+
+    def _when_all(self, events: list[simpy.Event], done: simpy.Event) -> None:
+        if not events:
+            done.succeed()
+        elif len(events) == 1:
+            events[0].callbacks.append(lambda _ev: done.succeed())
+        else:
+            simpy.AllOf(self.env, events).callbacks.append(lambda _ev: done.succeed())
+
+    # -- point to point ---------------------------------------------------------------
+    def _post(self, rank: int, op: Send | Recv) -> _Rendezvous:
+        src, dst = (rank, op.peer) if type(op) is Send else (op.peer, rank)
+        if op.peer == rank:
+            raise ScenarioError(f"schedule: rank {rank} op {op.id} sends to itself")
+        key = (src, dst, op.tag)
+        sends, recvs = self.channels.setdefault(key, (deque(), deque()))
+        mine, theirs = (sends, recvs) if type(op) is Send else (recvs, sends)
+        if theirs:
+            pair, partner_bytes = theirs.popleft()
+            if partner_bytes != op.bytes:
+                raise ScenarioError(
+                    f"schedule: send {src}->{dst} tag {op.tag} carries {partner_bytes:g} bytes "
+                    f"but its recv expects {op.bytes:g}"
+                    if type(op) is Recv
+                    else f"schedule: send {src}->{dst} tag {op.tag} carries {op.bytes:g} bytes "
+                    f"but its recv expects {partner_bytes:g}"
+                )
+            pair.start = self.env.now
+            route = self.cluster.route(src, dst)
+            transfer = self.network.transfer(dict.fromkeys(route.links, 1), op.bytes, route.latency)
+            self._when_all([transfer], pair.done)
+            return pair
+        pair = _Rendezvous(self.env, "p2p", op.bytes, 2)
+        mine.append((pair, op.bytes))
+        return pair
+
+    # -- diagnosis --------------------------------------------------------------------
+    def stuck_report(self) -> str | None:
+        stuck = [(key, op_id) for key, op_id in sorted(self.position.items()) if op_id >= 0]
+        if not stuck:
+            return None
+        lines = []
+        for (rank, stream), op_id in stuck[:8]:
+            op = self.schedule.programs[rank].ops[op_id]
+            lines.append(
+                f"rank {rank} {stream}: op {op_id} {op.label or type(op).__name__} ({self._waiting_for(rank, op)})"
+            )
+        more = f"; and {len(stuck) - 8} more" if len(stuck) > 8 else ""
+        ranks = sorted({rank for (rank, _), _ in stuck})
+        return (
+            f"schedule cannot finish: {len(stuck)} streams on ranks {ranks[:16]}"
+            f"{'...' if len(ranks) > 16 else ''} are stuck: " + "; ".join(lines) + more
+        )
+
+    def _waiting_for(self, rank: int, op) -> str:
+        end = self.end[rank]
+        pending = [d for d in op.deps if end[d] != end[d]]
+        if pending:
+            return f"waiting for its deps {pending}"
+        if type(op) is Collective:
+            members = self.groups[op.group]
+            for (group, _seq), rv in self.rendezvous.items():
+                if group == op.group and rank in rv.arrived:
+                    missing = [m for m in members if m not in rv.arrived]
+                    return f"{op.kind} on {op.group}: ranks {missing} never arrived"
+            return f"{op.kind} on {op.group}"
+        if type(op) is Send:
+            return f"send to rank {op.peer} tag {op.tag}: no matching recv"
+        return f"recv from rank {op.peer} tag {op.tag}: no matching send"
+
+
+def simulate(schedule: Schedule, cluster: Cluster) -> SimulationTimes:
+    """Run every rank's program to completion and return the op times."""
+    engine = _Engine(schedule, cluster)
+    engine.start_processes()
+    engine.env.run()
+    report = engine.stuck_report()
+    if report is not None:
+        raise DeadlockError(report)
+    step_time = max((max(times, default=0.0) for times in engine.end.values()), default=0.0)
+    return SimulationTimes(
+        ready=engine.ready,
+        start=engine.start,
+        end=engine.end,
+        step_time=step_time,
+        stats={
+            "ops": engine.ops_run,
+            "transfers": engine.network.transfers_started,
+            "rate_recomputations": engine.network.recomputations,
+        },
+    )

@@ -1,0 +1,105 @@
+"""The rank grid: how ``tp``, ``pp`` and ``dp`` map onto ranks, and the process groups.
+
+Like torchtitan's ``ParallelDims``, a :class:`Layout` is a small dataclass of named
+axes that validates itself with messages stating the numbers. ``placement`` lists the
+axes innermost first: with ``[tp, dp, pp]`` consecutive ranks differ in their TP
+coordinate, so a TP group of 8 fills one 8-GPU node, the DP peers come next, and the
+pipeline stages are the outermost (Megatron-LM's default rank order). Rank ``r`` runs
+on GPU ``r`` of the cluster.
+
+Process groups are named ``<axis><index>`` (``tp0``, ``dp3``, ``pp1``), indexed in the
+order of their lowest rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ScenarioError
+
+__all__ = ["Layout", "AXES"]
+
+AXES = ("tp", "dp", "pp")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A validated ``tp × pp × dp`` grid with a placement order."""
+
+    tp: int
+    pp: int
+    dp: int
+    placement: tuple[str, ...] = ("tp", "dp", "pp")
+    _strides: dict[str, int] = field(init=False, repr=False, compare=False)
+    _groups: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
+    _group_of: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            size = getattr(self, axis)
+            if not isinstance(size, int) or size < 1:
+                raise ScenarioError(f"parallel.{axis}: must be a positive integer (got {size!r})")
+        if sorted(self.placement) != sorted(AXES):
+            raise ScenarioError(
+                f"parallel.placement: must order each of tp, dp, pp exactly once "
+                f"(got {list(self.placement)})"
+            )
+        strides: dict[str, int] = {}
+        stride = 1
+        for axis in self.placement:
+            strides[axis] = stride
+            stride *= self.size(axis)
+        object.__setattr__(self, "_strides", strides)
+        groups: dict[str, tuple[int, ...]] = {}
+        group_of: dict[tuple[str, int], str] = {}
+        for axis in AXES:
+            seen: dict[tuple[int, ...], str] = {}
+            for rank in range(self.world):
+                members = self._members(axis, rank)
+                name = seen.get(members)
+                if name is None:
+                    name = f"{axis}{len(seen)}"
+                    seen[members] = name
+                    groups[name] = members
+                group_of[(axis, rank)] = name
+        object.__setattr__(self, "_groups", groups)
+        object.__setattr__(self, "_group_of", group_of)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def size(self, axis: str) -> int:
+        return getattr(self, axis)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """``{'tp': i, 'dp': j, 'pp': k}`` of a rank."""
+        return {axis: (rank // self._strides[axis]) % self.size(axis) for axis in AXES}
+
+    def rank_of(self, tp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        coords = {"tp": tp, "dp": dp, "pp": pp}
+        return sum(coords[axis] * self._strides[axis] for axis in AXES)
+
+    def _members(self, axis: str, rank: int) -> tuple[int, ...]:
+        base = rank - self.coords(rank)[axis] * self._strides[axis]
+        return tuple(base + i * self._strides[axis] for i in range(self.size(axis)))
+
+    @property
+    def groups(self) -> dict[str, tuple[int, ...]]:
+        """Every process group, name → member ranks (ascending along the axis)."""
+        return dict(self._groups)
+
+    def group_name(self, axis: str, rank: int) -> str:
+        return self._group_of[(axis, rank)]
+
+    def group_members(self, axis: str, rank: int) -> tuple[int, ...]:
+        return self._groups[self._group_of[(axis, rank)]]
+
+    def stage_rank(self, rank: int, stage: int) -> int:
+        """The rank holding pipeline ``stage`` in ``rank``'s pipeline."""
+        coords = self.coords(rank)
+        return self.rank_of(tp=coords["tp"], dp=coords["dp"], pp=stage)
+
+    def describe(self) -> str:
+        order = "·".join(f"{axis}{self.size(axis)}" for axis in self.placement)
+        return f"tp={self.tp} pp={self.pp} dp={self.dp} (placement {order}, innermost first)"

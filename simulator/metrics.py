@@ -1,0 +1,126 @@
+"""Time accounting: split every rank's step time into disjoint categories.
+
+The compute stream is the rank's main timeline. Time it spends running ops is
+``compute``. Every gap in it is explained by walking back the chain of ops it waited
+for: the next compute op became ready when its *binding* predecessor (the one that
+finished last among its stream predecessor and its deps) finished; if that was a
+communication op, the part of the gap when the transfer ran is ``exposed_comm`` (per
+axis; ``bubble`` for pipeline sends and receives), the part when the op had arrived
+but its peers had not is ``imbalance_stall`` (``bubble`` for a pipeline receive
+waiting for its sender), and the part before the op was even issued is explained by
+*its* binding predecessor, and so on. After the rank's last op, it idles until the
+slowest rank finishes: ``bubble`` in a pipeline (the flush), ``imbalance_stall``
+otherwise. Whatever no op explains is ``other``. The categories are intervals that
+partition ``[0, step_time]``, so they add up to the step time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .layout import Layout
+from .schedule.ir import Collective, Compute, Schedule
+from .engine.core import SimulationTimes
+
+__all__ = ["CATEGORIES", "account_rank", "account_step"]
+
+CATEGORIES = ("compute", "exposed_comm", "bubble", "imbalance_stall", "other")
+
+
+def _predecessors(ops: list) -> list[tuple[int, ...]]:
+    """Stream predecessor plus deps of every op."""
+    last_on_stream: dict[str, int] = {}
+    preds = []
+    for op in ops:
+        previous = last_on_stream.get(op.stream)
+        preds.append(op.deps if previous is None else (previous, *op.deps))
+        last_on_stream[op.stream] = op.id
+    return preds
+
+
+def account_rank(
+    ops: list, ready: list[float], start: list[float], end: list[float], step_time: float, pipelined: bool
+) -> dict[str, Any]:
+    """Breakdown of one rank: categories (seconds), exposed comm per axis, compute per phase."""
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    exposed: dict[str, float] = {}
+    by_phase: dict[str, float] = {}
+    preds = _predecessors(ops)
+
+    def binding(op_id: int) -> int | None:
+        candidates = preds[op_id]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda p: (end[p], -p))
+
+    def explain(op_id: int | None, lo: float, hi: float) -> None:
+        while op_id is not None and hi > lo:
+            op = ops[op_id]
+            if type(op) is Compute:
+                break
+            axis = op.tags.get("axis", "other")
+            begun = max(lo, start[op_id])
+            if hi > begun:
+                if axis == "pp":
+                    totals["bubble"] += hi - begun
+                else:
+                    totals["exposed_comm"] += hi - begun
+                    exposed[axis] = exposed.get(axis, 0.0) + hi - begun
+                hi = begun
+            issued = max(lo, ready[op_id])
+            if hi > issued:
+                waiting = "imbalance_stall" if type(op) is Collective and axis != "pp" else "bubble"
+                totals[waiting] += hi - issued
+                hi = issued
+            op_id = binding(op_id)
+        if hi > lo:
+            totals["other"] += hi - lo
+
+    cursor = 0.0
+    for op in ops:
+        if op.stream != "compute":
+            continue
+        if start[op.id] > cursor:
+            explain(binding(op.id), cursor, start[op.id])
+        duration = end[op.id] - start[op.id]
+        totals["compute"] += duration
+        phase = op.tags.get("phase", "fwd")
+        by_phase[phase] = by_phase.get(phase, 0.0) + duration
+        cursor = end[op.id]
+    rank_end = max(end, default=0.0)
+    if rank_end > cursor:
+        last = max(range(len(ops)), key=lambda i: (end[i], -i))
+        explain(last, cursor, rank_end)
+    if step_time > rank_end:
+        totals["bubble" if pipelined else "imbalance_stall"] += step_time - rank_end
+    return {
+        "end_s": rank_end,
+        "breakdown": totals,
+        "exposed_comm_by_axis": dict(sorted(exposed.items())),
+        "compute_by_phase": dict(sorted(by_phase.items())),
+    }
+
+
+def account_step(schedule: Schedule, times: SimulationTimes, layout: Layout, gpus_per_node: int) -> dict[str, Any]:
+    """Per-rank breakdowns, the critical rank's and the mean over ranks."""
+    per_rank = []
+    for rank in sorted(schedule.programs):
+        row = account_rank(
+            schedule.programs[rank].ops,
+            times.ready[rank],
+            times.start[rank],
+            times.end[rank],
+            times.step_time,
+            pipelined=layout.pp > 1,
+        )
+        coords = layout.coords(rank)
+        per_rank.append({"rank": rank, "node": rank // gpus_per_node, **coords, **row})
+    critical = max(per_rank, key=lambda r: (r["end_s"], -r["rank"]))
+    count = len(per_rank)
+    mean = {c: sum(r["breakdown"][c] for r in per_rank) / count for c in CATEGORIES}
+    return {
+        "critical_rank": critical["rank"],
+        "critical": dict(critical["breakdown"]),
+        "mean": mean,
+        "per_rank": per_rank,
+    }

@@ -1,0 +1,353 @@
+"""Draw a Trace as an interactive Gantt chart in one self-contained HTML file.
+
+Each (rank, stream) pair gets a horizontal lane, labelled like ``r5 compute``; lanes
+are grouped by rank (ranks in ascending order, the ``compute`` lane first within a
+rank) and every other rank is shaded so the groups read at a glance. Each op is a bar
+from its start to its end, in milliseconds. Bars are split into one plotly trace per
+display category (forward, backward, recompute, optimizer, ``comm:tp``, ``comm:dp``,
+``comm:pp``, ``comm:sp``, ``comm:ep``, other), so clicking a legend entry hides or
+shows a category, and each category keeps a fixed colour across reports. Hovering a
+bar shows its label, category, layer, micro-batch, bytes, FLOPs, start, duration and,
+for communication, how long the rank waited before the transfer began.
+
+A browser cannot draw a million bars, so the chart holds at most ``max_bars``. When the
+trace has more, a representative subset of ranks is drawn -- the ranks listed in
+``trace.meta["representative_ranks"]`` if present, otherwise evenly spaced ranks that
+include the first and the last -- and a note above the chart says how many ranks of how
+many are shown. The file embeds plotly.js, so it opens offline.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+from simulator.report.chrome_trace import select_ranks, stream_order
+from simulator.trace import OpRecord, Trace, category_of
+
+__all__ = ["CATEGORY_COLORS", "timeline_figure", "write_timeline_html"]
+
+#: Fixed colour of each display category; the order is the legend order.
+CATEGORY_COLORS: dict[str, str] = {
+    "forward": "#4C78A8",
+    "backward": "#F58518",
+    "recompute": "#B279A2",
+    "optimizer": "#54A24B",
+    "comm:tp": "#E45756",
+    "comm:dp": "#72B7B2",
+    "comm:pp": "#EECA3B",
+    "comm:sp": "#FF9DA6",
+    "comm:ep": "#9D755D",
+    "other": "#BAB0AC",
+}
+
+_FONT = "Inter, 'Helvetica Neue', Helvetica, Arial, sans-serif"
+_DIV_ID = "parasim-timeline"
+_MARGIN = {"l": 110, "r": 150, "t": 130, "b": 40}
+
+
+def _display_category(rec: OpRecord) -> str:
+    cat = category_of(rec)
+    return cat if cat in CATEGORY_COLORS else "other"
+
+
+def _human(value: float, unit: str, base: float, prefixes: tuple[str, ...]) -> str:
+    v = float(value)
+    i = 0
+    while abs(v) >= base and i < len(prefixes) - 1:
+        v /= base
+        i += 1
+    return f"{v:.0f} {prefixes[i]}{unit}" if i == 0 else f"{v:.2f} {prefixes[i]}{unit}"
+
+
+def _human_bytes(n: float) -> str:
+    return _human(n, "B", 1024.0, ("", "Ki", "Mi", "Gi", "Ti", "Pi"))
+
+
+def _human_flops(n: float) -> str:
+    return _human(n, "FLOP", 1000.0, ("", "k", "M", "G", "T", "P", "E"))
+
+
+def _human_time(seconds: float) -> str:
+    if seconds >= 1.0:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _hover(rec: OpRecord, cat: str, lane: str) -> str:
+    tags = rec.tags
+    lines = [f"<b>{rec.label or rec.kind}</b>", f"{cat} · {rec.kind} · {lane}"]
+    where = []
+    if tags.get("layer") is not None:
+        where.append(f"layer {tags['layer']}")
+    if tags.get("microbatch") is not None:
+        where.append(f"micro-batch {tags['microbatch']}")
+    if tags.get("stage") is not None:
+        where.append(f"stage {tags['stage']}")
+    if tags.get("phase") is not None:
+        where.append(str(tags["phase"]))
+    if where:
+        lines.append(" · ".join(where))
+    lines.append(
+        f"start {rec.start * 1e3:.4f} ms · duration {_human_time(max(0.0, rec.end - rec.start))}"
+    )
+    if rec.start > rec.ready:
+        lines.append(f"waited {_human_time(rec.start - rec.ready)} before starting")
+    size = [_human_bytes(rec.bytes)]
+    if rec.flops:
+        size.append(_human_flops(rec.flops))
+    lines.append(" · ".join(size))
+    if rec.group is not None:
+        lines.append(f"group {rec.group}")
+    if rec.peer is not None:
+        lines.append(f"peer r{rec.peer}")
+    return "<br>".join(lines)
+
+
+def _pick_records(trace: Trace, max_bars: int) -> tuple[list[OpRecord], dict[str, Any]]:
+    """The records to draw and a summary of what was kept, in one pass (plus a sort
+    only when a single rank alone exceeds ``max_bars``)."""
+    counts: dict[int, int] = defaultdict(int)
+    for rec in trace.records:
+        counts[rec.rank] += 1
+    total = len(trace.records)
+    ranks = select_ranks(counts, max_bars, trace.meta.get("representative_ranks"))
+    keep = set(ranks)
+    records = (
+        trace.records if len(keep) == len(counts) else [r for r in trace.records if r.rank in keep]
+    )
+    truncated = len(records) > max_bars
+    if truncated:
+        records = sorted(records, key=lambda r: (r.start, r.rank, r.op_id))[:max_bars]
+    info = {
+        "ranks_shown": ranks,
+        "ranks_total": len(counts),
+        "bars": len(records),
+        "bars_total": total,
+        "capped": len(records) < total,
+        "truncated": truncated,
+    }
+    return records, info
+
+
+def _cap_note(info: dict[str, Any], max_bars: int) -> str:
+    shown, total = len(info["ranks_shown"]), info["ranks_total"]
+    if info["truncated"]:
+        which = ", ".join(f"r{r}" for r in info["ranks_shown"])
+        return (
+            f"Showing {shown} of {total} ranks ({which}), only their first "
+            f"{info['bars']:,} of {info['bars_total']:,} ops (max_bars={max_bars:,})"
+        )
+    return (
+        f"Showing {shown} of {total} ranks ({info['bars']:,} of {info['bars_total']:,} ops; "
+        f"max_bars={max_bars:,})"
+    )
+
+
+def timeline_figure(
+    trace: Trace, title: str, max_bars: int = 30000
+) -> tuple[go.Figure, dict[str, Any]]:
+    """The Gantt chart of ``trace`` and a summary: ``ranks_shown``, ``ranks_total``,
+    ``bars``, ``bars_total``, ``lanes``, ``categories``, ``capped``, ``truncated``."""
+    if max_bars < 1:
+        raise ValueError(f"max_bars must be at least 1, got {max_bars}")
+    records, info = _pick_records(trace, max_bars)
+
+    streams: dict[int, set[str]] = defaultdict(set)
+    for rec in records:
+        streams[rec.rank].add(rec.stream)
+    lane_of: dict[tuple[int, str], int] = {}
+    lane_names: list[str] = []
+    rank_spans: list[tuple[int, int]] = []
+    for rank in sorted(streams):
+        first = len(lane_names)
+        for stream in stream_order(streams[rank]):
+            lane_of[(rank, stream)] = len(lane_names)
+            lane_names.append(f"r{rank} {stream}")
+        rank_spans.append((first, len(lane_names) - 1))
+
+    bars: dict[str, dict[str, list[Any]]] = {}
+    for rec in records:
+        cat = _display_category(rec)
+        lane = lane_of[(rec.rank, rec.stream)]
+        col = bars.get(cat)
+        if col is None:
+            col = bars[cat] = {"base": [], "x": [], "y": [], "text": []}
+        col["base"].append(rec.start * 1e3)
+        col["x"].append(max(0.0, rec.end - rec.start) * 1e3)
+        col["y"].append(lane)
+        col["text"].append(_hover(rec, cat, lane_names[lane]))
+
+    fig = go.Figure()
+    categories = [cat for cat in CATEGORY_COLORS if cat in bars]
+    for cat in categories:
+        col = bars[cat]
+        fig.add_trace(
+            go.Bar(
+                name=cat,
+                orientation="h",
+                base=col["base"],
+                x=col["x"],
+                y=col["y"],
+                width=0.78,
+                marker={"color": CATEGORY_COLORS[cat], "line": {"width": 0.4, "color": "white"}},
+                hovertext=col["text"],
+                hovertemplate="%{hovertext}<extra></extra>",
+            )
+        )
+
+    n_lanes = len(lane_names)
+    lane_px = 22 if n_lanes <= 80 else 14
+    height = _MARGIN["t"] + _MARGIN["b"] + max(4, n_lanes) * lane_px
+    step_ms = trace.step_time * 1e3
+
+    shapes: list[dict[str, Any]] = [
+        {
+            "type": "rect",
+            "xref": "paper",
+            "x0": 0,
+            "x1": 1,
+            "yref": "y",
+            "y0": lo - 0.5,
+            "y1": hi + 0.5,
+            "fillcolor": "#F1F3F6",
+            "line": {"width": 0},
+            "layer": "below",
+        }
+        for i, (lo, hi) in enumerate(rank_spans)
+        if i % 2 == 1
+    ]
+    if step_ms > 0:
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "x",
+                "x0": step_ms,
+                "x1": step_ms,
+                "yref": "paper",
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": "#555", "width": 1, "dash": "dot"},
+            }
+        )
+
+    scenario = trace.meta.get("scenario")
+    sub = []
+    if scenario and str(scenario) not in title:
+        sub.append(f"scenario {scenario}")
+    sub.append(f"step time {_human_time(trace.step_time)}")
+    if trace.meta.get("fidelity"):
+        sub.append(f"{trace.meta['fidelity']} fidelity")
+    title_text = f"{title}<br><span style='font-size:13px;color:#555'>{' · '.join(sub)}</span>"
+
+    annotations: list[dict[str, Any]] = []
+    if info["capped"]:
+        annotations.append(
+            {
+                "text": _cap_note(info, max_bars),
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0,
+                "y": 1,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "yshift": 30,
+                "showarrow": False,
+                "align": "left",
+                "font": {"size": 12, "color": "#8A4B00"},
+                "bgcolor": "#FFF4E0",
+                "bordercolor": "#E0A040",
+                "borderwidth": 1,
+                "borderpad": 4,
+            }
+        )
+
+    fig.update_layout(
+        title={"text": title_text, "x": 0.01, "xanchor": "left", "y": 0.995, "yanchor": "top"},
+        template="plotly_white",
+        font={"family": _FONT, "size": 12, "color": "#222"},
+        barmode="overlay",
+        bargap=0.1,
+        height=height,
+        margin=_MARGIN,
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+        hovermode="closest",
+        hoverlabel={"font": {"family": _FONT, "size": 12}, "align": "left"},
+        dragmode="zoom",
+        legend={
+            "title": {"text": "category (click to toggle)"},
+            "x": 1.01,
+            "xanchor": "left",
+            "y": 1,
+            "yanchor": "top",
+            "traceorder": "normal",
+            "itemclick": "toggle",
+            "itemdoubleclick": "toggleothers",
+        },
+        xaxis={
+            "side": "top",
+            "ticksuffix": " ms",
+            "range": [0, step_ms * 1.01] if step_ms > 0 else None,
+            "rangemode": "tozero",
+            "showgrid": True,
+            "gridcolor": "#E6E8EB",
+            "zeroline": False,
+            "showline": True,
+            "linecolor": "#999",
+            "mirror": True,
+            "showspikes": True,
+            "spikemode": "across",
+            "spikethickness": 1,
+            "spikecolor": "#888",
+            "spikedash": "dot",
+        },
+        yaxis={
+            "tickmode": "array",
+            "tickvals": list(range(n_lanes)),
+            "ticktext": lane_names,
+            "tickfont": {"size": 11 if lane_px > 14 else 9},
+            "range": [n_lanes - 0.5, -0.5],
+            "showgrid": False,
+            "zeroline": False,
+            "showline": True,
+            "linecolor": "#999",
+            "mirror": True,
+        },
+        shapes=shapes,
+        annotations=annotations,
+    )
+    info["lanes"] = n_lanes
+    info["categories"] = categories
+    return fig, info
+
+
+def write_timeline_html(
+    trace: Trace, path: str | Path, title: str, max_bars: int = 30000
+) -> dict[str, Any]:
+    """Write the timeline of ``trace`` to ``path`` as a self-contained HTML file.
+
+    Returns the summary of :func:`timeline_figure` plus ``path``: which ranks are
+    shown, how many bars were drawn, and whether the chart was capped.
+    """
+    fig, info = timeline_figure(trace, title, max_bars=max_bars)
+    fig.write_html(
+        str(path),
+        include_plotlyjs=True,
+        full_html=True,
+        div_id=_DIV_ID,
+        config={
+            "scrollZoom": True,
+            "displaylogo": False,
+            "responsive": True,
+            "modeBarButtonsToRemove": ["lasso2d", "select2d"],
+            "toImageButtonOptions": {"filename": Path(path).stem, "scale": 2},
+        },
+    )
+    info["path"] = str(path)
+    return info

@@ -1,0 +1,183 @@
+"""Simulate one training step of a scenario and assemble ``result.json``.
+
+This is the whole path from scenario to numbers in one place: build the Schedule IR
+for every rank, replay it on the modelled cluster, account every rank's time, estimate
+memory, and compute the headline figures (DESIGN.md, "Command line").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import __version__
+from .engine.core import SimulationTimes, simulate
+from .memory import memory_per_rank
+from .metrics import account_step
+from .model import model_flops_per_step, parameter_count
+from .scenario import Scenario
+from .schedule.ir import Compute, Schedule
+from .schedule.step import StepConfig, build_step
+from .trace import OpRecord, Trace
+
+__all__ = ["RunResult", "run_scenario", "build_schedule", "make_trace", "representative_ranks"]
+
+# Above this many ops, trace.json and the timeline keep a representative set of ranks.
+FULL_TRACE_OP_LIMIT = 300_000
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    schedule: Schedule
+    times: SimulationTimes
+    result: dict[str, Any]
+
+
+def build_schedule(scenario: Scenario) -> Schedule:
+    """The Schedule IR of one training step of ``scenario``."""
+    training = scenario.training
+    config = StepConfig(
+        model=scenario.model,
+        layout=scenario.layout,
+        micro_batch=training.micro_batch,
+        microbatches=scenario.microbatches,
+        schedule=scenario.parallel.schedule,
+        recompute=training.recompute,
+        grad_bucket_bytes=training.grad_bucket_bytes,
+        first_grad_bucket_bytes=training.first_grad_bucket_bytes,
+    )
+    return build_step(config)
+
+
+def representative_ranks(scenario: Scenario, critical_rank: int) -> list[int]:
+    """One rank per pipeline stage (TP and DP coordinate 0), and the critical rank."""
+    layout = scenario.layout
+    ranks = {layout.rank_of(tp=0, dp=0, pp=stage) for stage in range(layout.pp)}
+    ranks.add(critical_rank)
+    if layout.tp > 1:
+        ranks.add(layout.rank_of(tp=layout.tp - 1, dp=0, pp=0))
+    return sorted(ranks)
+
+
+def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
+    """The Trace of the simulated step, for ``ranks`` (all when None)."""
+    schedule, times = run.schedule, run.times
+    chosen = sorted(schedule.programs) if ranks is None else ranks
+    records = []
+    for rank in chosen:
+        ready, start, end = times.ready[rank], times.start[rank], times.end[rank]
+        for op in schedule.programs[rank].ops:
+            records.append(
+                OpRecord(
+                    rank=rank,
+                    op_id=op.id,
+                    stream=op.stream,
+                    op=op.type,
+                    kind=op.kind if op.type in ("compute", "collective") else op.type,
+                    label=op.label,
+                    tags=op.tags,
+                    ready=ready[op.id],
+                    start=start[op.id],
+                    end=end[op.id],
+                    bytes=op.bytes,
+                    flops=op.flops if type(op) is Compute else 0.0,
+                    group=getattr(op, "group", None),
+                    peer=getattr(op, "peer", None),
+                )
+            )
+    meta = {
+        "scenario": run.scenario.name,
+        "fidelity": run.scenario.spec.simulation.fidelity,
+        "gpus_per_node": run.scenario.cluster_spec.gpus_per_node,
+        "world": run.scenario.layout.world,
+        "ranks_shown": chosen,
+        "representative_ranks": chosen,
+    }
+    return Trace(records=records, step_time=times.step_time, meta=meta)
+
+
+def trace_ranks(run: RunResult) -> tuple[list[int] | None, str | None]:
+    """Which ranks the trace outputs keep, and a note when they leave some out."""
+    if run.schedule.num_ops <= FULL_TRACE_OP_LIMIT:
+        return None, None
+    ranks = representative_ranks(run.scenario, run.result["breakdown"]["critical_rank"])
+    note = (
+        f"trace.json and timeline.html show {len(ranks)} representative ranks of "
+        f"{run.scenario.layout.world} (one per pipeline stage and the critical rank); "
+        f"the step has {run.schedule.num_ops} ops"
+    )
+    return ranks, note
+
+
+def run_scenario(scenario: Scenario) -> RunResult:
+    """Simulate one step of ``scenario``; the result dict is ``result.json``'s content."""
+    schedule = build_schedule(scenario)
+    cluster = scenario.cluster
+    times = simulate(schedule, cluster)
+    layout = scenario.layout
+    gpu = scenario.cluster_spec.gpu
+    training = scenario.training
+    accounting = account_step(schedule, times, layout, scenario.cluster_spec.gpus_per_node)
+    step = times.step_time
+    model_flops = model_flops_per_step(scenario.model, training.global_batch)
+    hardware_flops = sum(
+        op.flops for program in schedule.programs.values() for op in program.ops if type(op) is Compute
+    )
+    world = layout.world
+    memory = memory_per_rank(
+        scenario.model,
+        layout,
+        training.micro_batch,
+        scenario.microbatches,
+        scenario.parallel.schedule,
+        training.recompute,
+        gpu.hbm_capacity,
+    )
+    warnings = list(scenario.warnings)
+    if memory["oom"]:
+        warnings.append(
+            f"out of memory: stage {memory['peak_stage']} needs "
+            f"{memory['peak_bytes_per_gpu'] / 2**30:.1f} GiB per GPU but the GPU has "
+            f"{gpu.hbm_capacity / 2**30:.1f} GiB ({memory['dominant_term']} dominate)"
+        )
+    result: dict[str, Any] = {
+        "parasim_version": __version__,
+        "scenario": scenario.name,
+        "fidelity": scenario.spec.simulation.fidelity,
+        "cluster": {
+            "name": scenario.cluster_spec.name,
+            "nodes": scenario.cluster_spec.nodes,
+            "gpus": world,
+            "gpu": gpu.name,
+            "peak_flops_per_gpu": gpu.peak_flops,
+        },
+        "model": {"name": scenario.model.name, "parameters": parameter_count(scenario.model)},
+        "layout": {
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "dp": layout.dp,
+            "placement": list(layout.placement),
+            "schedule": scenario.parallel.schedule,
+            "micro_batch": training.micro_batch,
+            "microbatches": scenario.microbatches,
+            "global_batch": training.global_batch,
+            "recompute": training.recompute,
+        },
+        "step_time_s": step,
+        "tokens_per_s": training.global_batch * scenario.model.seq_len / step,
+        "model_flops_per_step": model_flops,
+        "hardware_flops_per_step": hardware_flops,
+        "tflops_per_gpu": model_flops / step / world / 1e12,
+        "mfu": model_flops / (step * world * gpu.peak_flops),
+        "breakdown": {
+            "critical_rank": accounting["critical_rank"],
+            "critical": accounting["critical"],
+            "mean": accounting["mean"],
+        },
+        "per_rank": accounting["per_rank"],
+        "memory": memory,
+        "warnings": warnings,
+        "simulation": dict(times.stats),
+    }
+    return RunResult(scenario=scenario, schedule=schedule, times=times, result=result)

@@ -1,0 +1,259 @@
+"""Scenario files: reading, overriding, validating and resolving them.
+
+A scenario (DESIGN.md, "Scenario file (v1)") names a cluster, a model, the training
+recipe, the parallel layout and the simulation settings. :func:`load_scenario` reads
+the YAML, applies ``--set key.path=value`` overrides, validates every section with
+pydantic (unknown keys are errors with the nearest valid key suggested) and resolves
+presets, giving a :class:`Scenario` whose layout is known to be possible. Every
+problem becomes a :class:`~simulator.errors.ScenarioError` with one line naming the
+field and the numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from topologies import Cluster, ClusterSpec, TopologyError, build_cluster, load_cluster_spec
+from topologies.units import Bytes
+from topologies.validation import nearest_key_hint, validation_message
+
+from .errors import ScenarioError
+from .layout import Layout
+from .model import MODEL_PRESETS, ModelSpec
+
+__all__ = [
+    "TrainingSpec",
+    "ParallelSpec",
+    "SimulationSpec",
+    "ScenarioSpec",
+    "Scenario",
+    "load_scenario",
+    "scenario_from_dict",
+    "apply_overrides",
+]
+
+# PyTorch DDP's default bucket_cap_mb=25 (MiB), and its first bucket of 1 MiB
+# (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) that lets the first all-reduce start early.
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TrainingSpec(_Strict):
+    global_batch: int = Field(gt=0)
+    micro_batch: int = Field(default=1, gt=0)
+    dtype: Literal["bf16", "fp16"] = "bf16"
+    recompute: Literal["none", "selective", "full"] = "none"
+    grad_bucket_bytes: Bytes = float(DDP_BUCKET_BYTES)
+    first_grad_bucket_bytes: Bytes = float(DDP_FIRST_BUCKET_BYTES)
+
+
+class ParallelSpec(_Strict):
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    dp: int | None = Field(default=None, gt=0)
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    placement: list[Literal["tp", "dp", "pp"]] = ["tp", "dp", "pp"]
+
+
+class SimulationSpec(_Strict):
+    fidelity: Literal["flow"] = "flow"
+    seed: int = 0
+
+
+class ModelSection(_Strict):
+    preset: str | None = None
+    name: str | None = None
+    layers: int | None = Field(default=None, gt=0)
+    hidden: int | None = Field(default=None, gt=0)
+    heads: int | None = Field(default=None, gt=0)
+    seq_len: int | None = Field(default=None, gt=0)
+    vocab: int | None = Field(default=None, gt=0)
+    ffn_hidden: int | None = Field(default=None, gt=0)
+
+
+class ScenarioSpec(_Strict):
+    name: str
+    description: str = ""
+    cluster: dict[str, Any]
+    model: ModelSection
+    training: TrainingSpec
+    parallel: ParallelSpec = ParallelSpec()
+    simulation: SimulationSpec = SimulationSpec()
+
+
+@dataclass
+class Scenario:
+    """A validated scenario with its presets resolved and its layout checked."""
+
+    spec: ScenarioSpec
+    model: ModelSpec
+    cluster_spec: ClusterSpec
+    layout: Layout
+    warnings: list[str] = field(default_factory=list)
+    _cluster: Cluster | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def training(self) -> TrainingSpec:
+        return self.spec.training
+
+    @property
+    def parallel(self) -> ParallelSpec:
+        return self.spec.parallel
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches each pipeline runs per step: ``global_batch / (dp · micro_batch)``."""
+        return self.training.global_batch // (self.layout.dp * self.training.micro_batch)
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = build_cluster(self.cluster_spec)
+        return self._cluster
+
+
+def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` assignments (values read as YAML) to a copy of ``raw``."""
+    result = copy.deepcopy(raw)
+    for assignment in assignments:
+        if "=" not in assignment:
+            raise ScenarioError(f"--set {assignment!r}: expected key.path=value")
+        path, text = assignment.split("=", 1)
+        keys = [k for k in path.strip().split(".") if k]
+        if not keys:
+            raise ScenarioError(f"--set {assignment!r}: empty key path")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"--set {path}: cannot read value {text!r}: {exc}") from None
+        node = result
+        for depth, key in enumerate(keys[:-1]):
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                where = ".".join(keys[: depth + 1])
+                raise ScenarioError(f"--set {path}: {where} is {child!r}, not a section")
+            node = child
+        node[keys[-1]] = value
+    return result
+
+
+def _resolve_model(section: ModelSection) -> ModelSpec:
+    fields = section.model_dump(exclude_none=True)
+    preset = fields.pop("preset", None)
+    base: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in MODEL_PRESETS:
+            hint = nearest_key_hint(preset, sorted(MODEL_PRESETS))
+            raise ScenarioError(
+                f"model.preset: unknown model {preset!r}{hint}; "
+                f"presets: {', '.join(sorted(MODEL_PRESETS))}"
+            )
+        base = dict(MODEL_PRESETS[preset], name=preset)
+    base.update(fields)
+    try:
+        return ModelSpec(**base)
+    except ValidationError as exc:
+        raise ScenarioError(validation_message(exc, ModelSpec, "model")) from None
+
+
+def _check_divisibility(model: ModelSpec, training: TrainingSpec, layout: Layout) -> None:
+    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    checks = [
+        (model.heads % tp, f"parallel.tp: heads({model.heads}) is not divisible by tp({tp})"),
+        (model.ffn % tp, f"parallel.tp: ffn_hidden({model.ffn}) is not divisible by tp({tp})"),
+        (model.vocab % tp, f"parallel.tp: vocab({model.vocab}) is not divisible by tp({tp})"),
+        (model.layers % pp, f"parallel.pp: layers({model.layers}) is not divisible by pp({pp})"),
+        (
+            training.global_batch % (dp * training.micro_batch),
+            f"training.global_batch: global_batch({training.global_batch}) is not divisible "
+            f"by dp({dp}) * micro_batch({training.micro_batch}) = {dp * training.micro_batch}",
+        ),
+    ]
+    for remainder, message in checks:
+        if remainder:
+            raise ScenarioError(message)
+
+
+def _layout_warnings(layout: Layout, cluster_spec: ClusterSpec) -> list[str]:
+    per_node = cluster_spec.gpus_per_node
+    tp_groups = [m for name, m in layout.groups.items() if name.startswith("tp")]
+    spanning = [m for m in tp_groups if len({rank // per_node for rank in m}) > 1]
+    if not spanning:
+        return []
+    return [
+        f"tensor-parallel groups span nodes ({len(spanning)} of {len(tp_groups)} TP groups, "
+        f"e.g. ranks {list(spanning[0])} on nodes {sorted({r // per_node for r in spanning[0]})}): "
+        "every layer's all-reduces cross the network instead of NVLink"
+    ]
+
+
+def scenario_from_dict(raw: Any, source: str = "scenario") -> Scenario:
+    """Validate and resolve a scenario given as a parsed YAML mapping."""
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
+    try:
+        spec = ScenarioSpec(**raw)
+    except ValidationError as exc:
+        raise ScenarioError(validation_message(exc, ScenarioSpec)) from None
+    try:
+        cluster_spec = load_cluster_spec(spec.cluster, prefix="cluster")
+    except TopologyError as exc:
+        raise ScenarioError(str(exc)) from None
+    model = _resolve_model(spec.model)
+    parallel = spec.parallel
+    world = cluster_spec.nodes * cluster_spec.gpus_per_node
+    tp, pp = parallel.tp, parallel.pp
+    if parallel.dp is None:
+        if world % (tp * pp):
+            raise ScenarioError(
+                f"parallel: world({world}) is not divisible by tp({tp}) * pp({pp}) = {tp * pp}, "
+                "so dp cannot be inferred"
+            )
+        dp = world // (tp * pp)
+    else:
+        dp = parallel.dp
+        if tp * pp * dp != world:
+            raise ScenarioError(
+                f"parallel: tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != world({world}) "
+                f"= {cluster_spec.nodes} nodes * {cluster_spec.gpus_per_node} GPUs"
+            )
+    layout = Layout(tp=tp, pp=pp, dp=dp, placement=tuple(parallel.placement))
+    _check_divisibility(model, spec.training, layout)
+    return Scenario(
+        spec=spec,
+        model=model,
+        cluster_spec=cluster_spec,
+        layout=layout,
+        warnings=_layout_warnings(layout, cluster_spec),
+    )
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read a scenario YAML file, apply ``--set`` overrides and resolve it."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ScenarioError(f"{path}: not valid YAML{where}") from None
+    raw = apply_overrides(raw or {}, overrides or [])
+    return scenario_from_dict(raw, source=str(path))

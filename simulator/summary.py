@@ -1,0 +1,60 @@
+"""The human summary of a run, as rich tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from topologies.units import format_bytes, format_time
+
+from .metrics import CATEGORIES
+
+__all__ = ["print_summary"]
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:5.1f}%" if whole > 0 else "-"
+
+
+def print_summary(result: dict[str, Any], console: Console, outputs: list[str]) -> None:
+    layout = result["layout"]
+    cluster = result["cluster"]
+    step = result["step_time_s"]
+    head = Table(title=f"parasim · {result['scenario']}", show_header=False, title_justify="left")
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("cluster", f"{cluster['nodes']} × {cluster['name']} ({cluster['gpus']} × {cluster['gpu']})")
+    head.add_row("model", f"{result['model']['name']} ({result['model']['parameters'] / 1e9:.2f} B parameters)")
+    head.add_row(
+        "layout",
+        f"tp={layout['tp']} pp={layout['pp']} dp={layout['dp']} · {layout['schedule']} · "
+        f"{layout['microbatches']} micro-batches of {layout['micro_batch']} · recompute {layout['recompute']}",
+    )
+    head.add_row("step time", format_time(step))
+    head.add_row("throughput", f"{result['tokens_per_s']:,.0f} tokens/s")
+    head.add_row("per GPU", f"{result['tflops_per_gpu']:.1f} TFLOP/s (model FLOPs) · MFU {100 * result['mfu']:.1f}%")
+    memory = result["memory"]
+    verdict = "[bold red]OUT OF MEMORY[/]" if memory["oom"] else "fits"
+    head.add_row(
+        "memory",
+        f"{format_bytes(memory['peak_bytes_per_gpu'])} of {format_bytes(memory['capacity_bytes'])} "
+        f"per GPU (stage {memory['peak_stage']}, mostly {memory['dominant_term']}) — {verdict}",
+    )
+    console.print(head)
+
+    breakdown = result["breakdown"]
+    table = Table(title="where the step time goes", title_justify="left")
+    table.add_column("category")
+    table.add_column(f"critical rank {breakdown['critical_rank']}", justify="right")
+    table.add_column("mean over ranks", justify="right")
+    for category in CATEGORIES:
+        crit, mean = breakdown["critical"][category], breakdown["mean"][category]
+        table.add_row(category, f"{format_time(crit)}  {_share(crit, step)}", f"{format_time(mean)}  {_share(mean, step)}")
+    console.print(table)
+    for warning in result["warnings"]:
+        style = "bold red" if warning.startswith("out of memory") else "yellow"
+        console.print(f"[{style}]warning:[/] {warning}")
+    if outputs:
+        console.print("wrote " + ", ".join(outputs))

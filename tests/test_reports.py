@@ -1,0 +1,352 @@
+"""Tests of the Chrome trace and HTML timeline writers on small hand-built traces."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from simulator.report import (
+    chrome_trace_events,
+    timeline_figure,
+    write_chrome_trace,
+    write_timeline_html,
+)
+from simulator.report.chrome_trace import select_ranks
+from simulator.trace import OpRecord, Trace
+
+MS = 1e-3
+
+
+def rec(rank, op_id, stream, op, kind, label, start, end, ready=None, **kw) -> OpRecord:
+    tags = kw.pop("tags", {})
+    return OpRecord(
+        rank=rank,
+        op_id=op_id,
+        stream=stream,
+        op=op,
+        kind=kind,
+        label=label,
+        tags=tags,
+        ready=start if ready is None else ready,
+        start=start,
+        end=end,
+        **kw,
+    )
+
+
+def small_trace() -> Trace:
+    """Two pipeline stages (ranks 0 and 1, with rank 2 as rank 0's TP peer) doing one
+    micro-batch forward and backward, a TP all-reduce, a DP all-reduce and an optimizer."""
+    fwd = {"phase": "fwd", "microbatch": 0}
+    bwd = {"phase": "bwd", "microbatch": 0}
+    tp = {**fwd, "layer": 0, "axis": "tp"}
+    dp = {"phase": "bwd", "axis": "dp"}
+    # fmt: off
+    records = [
+        # rank 0: stage 0
+        rec(0, 0, "compute", "compute", "gemm", "L0.fc1.fwd", 0.0, 1 * MS,
+            tags={**fwd, "layer": 0, "stage": 0}, flops=2e12, bytes=3e8),
+        rec(0, 1, "tp", "collective", "all_reduce", "L0.tp.fwd", 1.2 * MS, 1.5 * MS,
+            ready=1 * MS, tags=tp, bytes=1.6e7, group="tp0"),
+        rec(0, 2, "pp_send_fwd", "send", "send", "send.fwd.mb0", 1.5 * MS, 1.8 * MS,
+            tags={**fwd, "axis": "pp"}, bytes=8e6, peer=1),
+        rec(0, 3, "pp_recv_bwd", "recv", "recv", "recv.bwd.mb0", 3.0 * MS, 3.3 * MS,
+            ready=1.8 * MS, tags={**bwd, "axis": "pp"}, bytes=8e6, peer=1),
+        rec(0, 4, "compute", "compute", "gemm", "L0.fc1.bwd", 3.3 * MS, 5.3 * MS,
+            tags={**bwd, "layer": 0}, flops=4e12),
+        rec(0, 5, "compute", "compute", "gemm", "L0.fc1.recompute", 3.3 * MS, 3.3 * MS,
+            tags={"phase": "recompute", "layer": 0, "microbatch": 0}),
+        rec(0, 6, "dp", "collective", "all_reduce", "grads.dp", 5.3 * MS, 6.0 * MS,
+            tags=dp, bytes=1e9, group="dp0"),
+        rec(0, 7, "compute", "compute", "optimizer", "adam", 6.0 * MS, 6.4 * MS,
+            tags={"phase": "optimizer"}),
+        # rank 1: stage 1
+        rec(1, 0, "pp_recv_fwd", "recv", "recv", "recv.fwd.mb0", 1.5 * MS, 1.8 * MS,
+            ready=0.0, tags={**fwd, "axis": "pp"}, bytes=8e6, peer=0),
+        rec(1, 1, "compute", "compute", "gemm", "L1.fc1.fwd", 1.8 * MS, 2.8 * MS,
+            tags={**fwd, "layer": 1, "stage": 1}),
+        rec(1, 2, "compute", "compute", "gemm", "L1.fc1.bwd", 2.8 * MS, 3.0 * MS,
+            tags={**bwd, "layer": 1}),
+        rec(1, 3, "pp_send_bwd", "send", "send", "send.bwd.mb0", 3.0 * MS, 3.3 * MS,
+            tags={**bwd, "axis": "pp"}, bytes=8e6, peer=0),
+        rec(1, 4, "dp", "collective", "all_reduce", "grads.dp", 5.3 * MS, 6.0 * MS,
+            ready=3.3 * MS, tags=dp, bytes=1e9, group="dp0"),
+        # rank 2: rank 0's TP peer
+        rec(2, 0, "compute", "compute", "gemm", "L0.fc1.fwd", 0.0, 1.2 * MS,
+            tags={**fwd, "layer": 0}),
+        rec(2, 1, "tp", "collective", "all_reduce", "L0.tp.fwd", 1.2 * MS, 1.5 * MS,
+            tags=tp, bytes=1.6e7, group="tp0"),
+    ]
+    # fmt: on
+    meta = {"scenario": "toy-pp2-tp2", "gpus_per_node": 2, "fidelity": "flow"}
+    return Trace(records=records, step_time=6.4 * MS, meta=meta)
+
+
+def big_trace(ranks: int = 64, ops: int = 100, meta: dict | None = None) -> Trace:
+    """``ranks`` ranks with ``ops`` back-to-back compute ops each."""
+    records = []
+    for r in range(ranks):
+        for i in range(ops):
+            phase = "fwd" if i < ops // 2 else "bwd"
+            tags = {"phase": phase, "layer": i}
+            op = rec(r, i, "compute", "compute", "gemm", f"L{i}", i * MS, (i + 0.9) * MS, tags=tags)
+            records.append(op)
+    return Trace(records=records, step_time=ops * MS, meta=dict(meta or {}))
+
+
+# --------------------------------------------------------------------------- chrome trace
+
+
+def test_chrome_trace_events_are_valid():
+    trace = small_trace()
+    doc = chrome_trace_events(trace)
+    assert doc["displayTimeUnit"] == "ms"
+    assert doc["otherData"]["scenario"] == "toy-pp2-tp2"
+    events = doc["traceEvents"]
+    assert {e["ph"] for e in events} == {"X", "M", "s", "f"}
+    for e in events:
+        assert {"name", "ph", "pid", "tid"} <= e.keys()
+        assert type(e["pid"]) is int and type(e["tid"]) is int
+
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == len(trace.records)
+    for e, r in zip(complete, trace.records, strict=True):
+        assert e["pid"] == r.rank
+        assert isinstance(e["ts"], float) and isinstance(e["dur"], float)
+        assert e["ts"] == pytest.approx(r.start * 1e6, abs=1e-3)
+        assert e["dur"] == pytest.approx((r.end - r.start) * 1e6, abs=1e-3)
+        assert e["args"]["ready_us"] == pytest.approx(r.ready * 1e6, abs=1e-3)
+        assert e["args"]["label"] == r.label
+        assert e["args"]["tags"] == r.tags
+        assert {"op", "kind", "bytes", "flops"} <= e["args"].keys()
+        if r.op == "compute":
+            assert e["name"] == r.label
+        else:
+            assert e["name"].startswith(f"nccl:{r.kind}")
+        if r.op == "collective":
+            assert e["args"]["group"] == r.group
+        if r.op in ("send", "recv"):
+            assert e["args"]["peer"] == r.peer
+
+    cats = {e["cat"] for e in complete}
+    assert cats == {
+        "forward",
+        "backward",
+        "recompute",
+        "optimizer",
+        "comm:tp",
+        "comm:dp",
+        "comm:pp",
+    }
+
+
+def test_chrome_trace_metadata_names_processes_and_threads():
+    trace = small_trace()
+    events = chrome_trace_events(trace)["traceEvents"]
+    meta = [e for e in events if e["ph"] == "M"]
+    procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    assert procs == {0: "rank 0 (node 0)", 1: "rank 1 (node 0)", 2: "rank 2 (node 1)"}
+    sort_idx = {
+        e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"
+    }
+    assert sort_idx == {0: 0, 1: 1, 2: 2}
+
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"}
+    lanes = {(r.rank, r.stream) for r in trace.records}
+    assert set(threads.values()) == {s for _, s in lanes}
+    assert {(pid, name) for (pid, _), name in threads.items()} == lanes
+    # one tid per stream, the same on every rank, compute first then sorted
+    tid_of = {}
+    for (_, tid), name in threads.items():
+        assert tid_of.setdefault(name, tid) == tid
+    assert tid_of["compute"] == 1  # Perfetto reads tid 0 as "tid = pid"
+    others = sorted(s for s in tid_of if s != "compute")
+    assert [tid_of[s] for s in others] == list(range(2, len(others) + 2))
+    assert {(e["pid"], e["tid"]) for e in meta if e["name"] == "thread_sort_index"} == set(threads)
+    # every op event sits on a named thread
+    stream_of = {(r.rank, r.op_id): r.stream for r in trace.records}
+    for e in events:
+        if e["ph"] == "X":
+            assert threads[(e["pid"], e["tid"])] == stream_of[(e["pid"], e["args"]["op_id"])]
+
+
+def test_process_name_without_gpus_per_node():
+    trace = small_trace()
+    trace.meta.pop("gpus_per_node")
+    events = chrome_trace_events(trace)["traceEvents"]
+    names = [e["args"]["name"] for e in events if e["name"] == "process_name"]
+    assert names == ["rank 0", "rank 1", "rank 2"]
+
+
+def test_flow_arrows_join_each_send_to_its_recv():
+    trace = small_trace()
+    events = chrome_trace_events(trace)["traceEvents"]
+    tid_name = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"
+    }
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == 2 and starts.keys() == finishes.keys()
+    pairs = set()
+    for fid, s in starts.items():
+        f = finishes[fid]
+        assert f["bp"] == "e"
+        assert s["name"] == f["name"] and s["cat"] == f["cat"] == "comm:pp"
+        pairs.add(
+            (s["pid"], tid_name[(s["pid"], s["tid"])], f["pid"], tid_name[(f["pid"], f["tid"])])
+        )
+    assert pairs == {(0, "pp_send_fwd", 1, "pp_recv_fwd"), (1, "pp_send_bwd", 0, "pp_recv_bwd")}
+    assert "unmatched_p2p" not in chrome_trace_events(trace)["otherData"]
+
+
+def test_flow_matching_in_program_order_and_unmatched_counted():
+    tags = {"phase": "fwd", "microbatch": 0, "axis": "pp"}
+    records = [
+        # two chunks of micro-batch 0 go from rank 0 to rank 1 (interleaved schedule)
+        rec(0, 5, "pp_send_fwd", "send", "send", "send.c0", 1 * MS, 2 * MS, tags=tags, peer=1),
+        rec(0, 9, "pp_send_fwd", "send", "send", "send.c1", 4 * MS, 5 * MS, tags=tags, peer=1),
+        rec(1, 3, "pp_recv_fwd", "recv", "recv", "recv.c0", 1 * MS, 2 * MS, tags=tags, peer=0),
+        rec(1, 7, "pp_recv_fwd", "recv", "recv", "recv.c1", 4 * MS, 5 * MS, tags=tags, peer=0),
+        # a send nobody receives
+        rec(1, 8, "pp_send_fwd", "send", "send", "send.lost", 6 * MS, 7 * MS, tags=tags, peer=0),
+    ]
+    doc = chrome_trace_events(Trace(records=records, step_time=7 * MS))
+    s = sorted((e for e in doc["traceEvents"] if e["ph"] == "s"), key=lambda e: e["ts"])
+    f = {e["id"]: e for e in doc["traceEvents"] if e["ph"] == "f"}
+    assert [(e["ts"], f[e["id"]]["ts"]) for e in s] == [(1500.0, 1500.0), (4500.0, 4500.0)]
+    assert doc["otherData"]["unmatched_p2p"] == 1
+
+
+def test_chrome_trace_file_loads_and_is_deterministic(tmp_path: Path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_chrome_trace(small_trace(), a)
+    write_chrome_trace(small_trace(), b)
+    assert a.read_bytes() == b.read_bytes()
+    loaded = json.loads(a.read_text())
+    assert loaded == json.loads(json.dumps(chrome_trace_events(small_trace()), default=str))
+    assert loaded["displayTimeUnit"] == "ms"
+
+
+def test_chrome_trace_cap_keeps_whole_representative_ranks(tmp_path: Path):
+    trace = big_trace(ranks=16, ops=50)
+    doc = chrome_trace_events(trace, max_events=200)
+    x = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(x) <= 200
+    pids = Counter(e["pid"] for e in x)
+    assert 0 in pids and 15 in pids and set(pids.values()) == {50}
+    capped = doc["otherData"]["capped"]
+    assert capped["ranks_total"] == 16 and capped["events_total"] == 800
+    assert capped["ranks_shown"] == sorted(pids)
+    path = tmp_path / "capped.json"
+    write_chrome_trace(trace, path, max_events=200)
+    assert json.loads(path.read_text())["otherData"]["capped"]["events_shown"] == len(x)
+
+
+def test_select_ranks():
+    counts = dict.fromkeys(range(10), 10)
+    assert select_ranks(counts, 1000) == list(range(10))
+    assert select_ranks(counts, 40) == [0, 3, 6, 9]
+    assert select_ranks(counts, 25, preferred=[7, 2, 99, 4]) == [2, 7]
+    assert select_ranks(counts, 5) == [0]
+    assert select_ranks({}, 5) == []
+
+
+# --------------------------------------------------------------------------- timeline
+
+
+def test_timeline_html_is_self_contained(tmp_path: Path):
+    path = tmp_path / "timeline.html"
+    info = write_timeline_html(small_trace(), path, title="toy run")
+    html = path.read_text()
+    assert 'src="https://cdn.plot.ly' not in html and "cdn.plot.ly/plotly" not in html
+    assert "plotly.js v" in html and len(html) > 1_000_000  # the bundle is embedded
+    assert "toy-pp2-tp2" in html and "r0 compute" in html
+    assert info["capped"] is False and info["ranks_shown"] == [0, 1, 2]
+    assert info["bars"] == info["bars_total"] == len(small_trace().records)
+    assert info["path"] == str(path)
+
+
+def test_timeline_one_trace_per_category_and_lanes():
+    trace = small_trace()
+    fig, info = timeline_figure(trace, title="toy run")
+    names = [t.name for t in fig.data]
+    assert names == [
+        "forward",
+        "backward",
+        "recompute",
+        "optimizer",
+        "comm:tp",
+        "comm:dp",
+        "comm:pp",
+    ]
+    assert info["categories"] == names
+    assert sum(len(t.x) for t in fig.data) == len(trace.records)
+    for t in fig.data:
+        assert t.orientation == "h" and t.type == "bar"
+        assert len(t.base) == len(t.x) == len(t.y) == len(t.hovertext)
+    assert fig.layout.barmode == "overlay"
+    lanes = list(fig.layout.yaxis.ticktext)
+    assert lanes == [
+        "r0 compute",
+        "r0 dp",
+        "r0 pp_recv_bwd",
+        "r0 pp_send_fwd",
+        "r0 tp",
+        "r1 compute",
+        "r1 dp",
+        "r1 pp_recv_fwd",
+        "r1 pp_send_bwd",
+        "r2 compute",
+        "r2 tp",
+    ]
+    assert info["lanes"] == len(lanes)
+    # bars are in milliseconds
+    fwd = fig.data[0]
+    assert fwd.base[0] == pytest.approx(0.0) and fwd.x[0] == pytest.approx(1.0)
+    hover = fig.data[4].hovertext[0]
+    assert "L0.tp.fwd" in hover and "comm:tp" in hover and "layer 0" in hover
+    assert "micro-batch 0" in hover and "MiB" in hover
+    assert "6.400 ms" in fig.layout.title.text
+    assert not fig.layout.annotations
+
+
+def test_timeline_colours_are_fixed_per_category():
+    fig_a, _ = timeline_figure(small_trace(), title="a")
+    only_dp = Trace([r for r in small_trace().records if r.tags.get("axis") == "dp"], 6.4 * MS)
+    fig_b, _ = timeline_figure(only_dp, title="b")
+    colour = {t.name: t.marker.color for t in fig_a.data}
+    assert [t.name for t in fig_b.data] == ["comm:dp"]
+    assert fig_b.data[0].marker.color == colour["comm:dp"]
+
+
+def test_timeline_caps_large_traces_with_annotation(tmp_path: Path):
+    trace = big_trace(ranks=64, ops=100)
+    path = tmp_path / "big.html"
+    info = write_timeline_html(trace, path, title="big", max_bars=1000)
+    assert info["capped"] is True and info["bars"] <= 1000
+    assert info["ranks_total"] == 64
+    shown = info["ranks_shown"]
+    assert shown[0] == 0 and shown[-1] == 63 and len(shown) == 10
+    note = f"Showing {len(shown)} of 64 ranks"
+    assert note in path.read_text()
+    fig, _ = timeline_figure(trace, title="big", max_bars=1000)
+    assert any(note in a.text for a in fig.layout.annotations)
+
+
+def test_timeline_prefers_representative_ranks():
+    trace = big_trace(ranks=32, ops=100, meta={"representative_ranks": [5, 17, 31]})
+    fig, info = timeline_figure(trace, title="rep", max_bars=1000)
+    assert info["ranks_shown"] == [5, 17, 31]
+    assert [lane.split()[0] for lane in fig.layout.yaxis.ticktext] == ["r5", "r17", "r31"]
+    assert "Showing 3 of 32 ranks" in fig.layout.annotations[0].text
+
+
+def test_timeline_truncates_a_single_huge_rank():
+    trace = big_trace(ranks=1, ops=500)
+    fig, info = timeline_figure(trace, title="one", max_bars=100)
+    assert info["truncated"] and info["bars"] == 100
+    assert sum(len(t.x) for t in fig.data) == 100
+    assert "first 100 of 500 ops" in fig.layout.annotations[0].text
