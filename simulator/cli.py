@@ -39,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
         help="override a scenario field, e.g. --set parallel.tp=4 (repeatable)",
     )
     run.add_argument("--out", type=Path, help="output folder (default: out/<scenario name>)")
-    run.add_argument("--json", action="store_true", help="print result.json on stdout instead of the summary")
+    run.add_argument(
+        "--json", action="store_true", help="print result.json on stdout instead of the summary"
+    )
     return parser
 
 
@@ -59,7 +61,9 @@ def _command_run(args: argparse.Namespace) -> int:
     write_json(out / "result.json", run.result)
     write_atomically(out / "trace.json", lambda tmp: write_chrome_trace(trace, tmp))
     title = f"{scenario.name}: one training step"
-    write_atomically(out / "timeline.html", lambda tmp: write_timeline_html(trace, tmp, title=title))
+    write_atomically(
+        out / "timeline.html", lambda tmp: write_timeline_html(trace, tmp, title=title)
+    )
     if args.json:
         sys.stdout.write(dumps_result(run.result))
     else:

@@ -92,6 +92,10 @@ class Layout:
     def group_name(self, axis: str, rank: int) -> str:
         return self._group_of[(axis, rank)]
 
+    def axis_of_group(self, name: str) -> str:
+        """The axis a group belongs to (``'tp'`` for ``'tp3'``)."""
+        return name.rstrip("0123456789")
+
     def group_members(self, axis: str, rank: int) -> tuple[int, ...]:
         return self._groups[self._group_of[(axis, rank)]]
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .engine.core import SimulationTimes
 from .layout import Layout
 from .schedule.ir import Collective, Compute, Schedule
-from .engine.core import SimulationTimes
 
 __all__ = ["CATEGORIES", "account_rank", "account_step"]
 
@@ -39,7 +39,12 @@ def _predecessors(ops: list) -> list[tuple[int, ...]]:
 
 
 def account_rank(
-    ops: list, ready: list[float], start: list[float], end: list[float], step_time: float, pipelined: bool
+    ops: list,
+    ready: list[float],
+    start: list[float],
+    end: list[float],
+    step_time: float,
+    pipelined: bool,
 ) -> dict[str, Any]:
     """Breakdown of one rank: categories (seconds), exposed comm per axis, compute per phase."""
     totals = dict.fromkeys(CATEGORIES, 0.0)
@@ -101,7 +106,9 @@ def account_rank(
     }
 
 
-def account_step(schedule: Schedule, times: SimulationTimes, layout: Layout, gpus_per_node: int) -> dict[str, Any]:
+def account_step(
+    schedule: Schedule, times: SimulationTimes, layout: Layout, gpus_per_node: int
+) -> dict[str, Any]:
     """Per-rank breakdowns, the critical rank's and the mean over ranks."""
     per_rank = []
     for rank in sorted(schedule.programs):

@@ -23,6 +23,9 @@ def write_atomically(path: Path, write: Callable[[Path], Any]) -> Any:
     handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(handle)
     tmp = Path(tmp_name)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file normal permissions
     try:
         outcome = write(tmp)
         os.replace(tmp, path)

@@ -122,7 +122,10 @@ def run_scenario(scenario: Scenario) -> RunResult:
     step = times.step_time
     model_flops = model_flops_per_step(scenario.model, training.global_batch)
     hardware_flops = sum(
-        op.flops for program in schedule.programs.values() for op in program.ops if type(op) is Compute
+        op.flops
+        for program in schedule.programs.values()
+        for op in program.ops
+        if type(op) is Compute
     )
     world = layout.world
     memory = memory_per_rank(

@@ -25,16 +25,25 @@ def print_summary(result: dict[str, Any], console: Console, outputs: list[str]) 
     head = Table(title=f"parasim · {result['scenario']}", show_header=False, title_justify="left")
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("cluster", f"{cluster['nodes']} × {cluster['name']} ({cluster['gpus']} × {cluster['gpu']})")
-    head.add_row("model", f"{result['model']['name']} ({result['model']['parameters'] / 1e9:.2f} B parameters)")
+    head.add_row(
+        "cluster", f"{cluster['nodes']} × {cluster['name']} ({cluster['gpus']} × {cluster['gpu']})"
+    )
+    head.add_row(
+        "model",
+        f"{result['model']['name']} ({result['model']['parameters'] / 1e9:.2f} B parameters)",
+    )
     head.add_row(
         "layout",
         f"tp={layout['tp']} pp={layout['pp']} dp={layout['dp']} · {layout['schedule']} · "
-        f"{layout['microbatches']} micro-batches of {layout['micro_batch']} · recompute {layout['recompute']}",
+        f"{layout['microbatches']} × micro-batch {layout['micro_batch']} · "
+        f"recompute {layout['recompute']}",
     )
     head.add_row("step time", format_time(step))
     head.add_row("throughput", f"{result['tokens_per_s']:,.0f} tokens/s")
-    head.add_row("per GPU", f"{result['tflops_per_gpu']:.1f} TFLOP/s (model FLOPs) · MFU {100 * result['mfu']:.1f}%")
+    head.add_row(
+        "per GPU",
+        f"{result['tflops_per_gpu']:.1f} TFLOP/s (model FLOPs) · MFU {100 * result['mfu']:.1f}%",
+    )
     memory = result["memory"]
     verdict = "[bold red]OUT OF MEMORY[/]" if memory["oom"] else "fits"
     head.add_row(
@@ -51,7 +60,11 @@ def print_summary(result: dict[str, Any], console: Console, outputs: list[str]) 
     table.add_column("mean over ranks", justify="right")
     for category in CATEGORIES:
         crit, mean = breakdown["critical"][category], breakdown["mean"][category]
-        table.add_row(category, f"{format_time(crit)}  {_share(crit, step)}", f"{format_time(mean)}  {_share(mean, step)}")
+        table.add_row(
+            category,
+            f"{format_time(crit)}  {_share(crit, step)}",
+            f"{format_time(mean)}  {_share(mean, step)}",
+        )
     console.print(table)
     for warning in result["warnings"]:
         style = "bold red" if warning.startswith("out of memory") else "yellow"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,19 @@ from simulator.trace import OpRecord, Trace
 MS = 1e-3
 
 
-def rec(rank, op_id, stream, op, kind, label, start, end, ready=None, **kw) -> OpRecord:
+def rec(
+    rank: int,
+    op_id: int,
+    stream: str,
+    op: str,
+    kind: str,
+    label: str,
+    start: float,
+    end: float,
+    ready: float | None = None,
+    **kw: Any,
+) -> OpRecord:
+    """One op record; ``ready`` defaults to ``start``."""
     tags = kw.pop("tags", {})
     return OpRecord(
         rank=rank,
@@ -85,7 +98,7 @@ def small_trace() -> Trace:
     return Trace(records=records, step_time=6.4 * MS, meta=meta)
 
 
-def big_trace(ranks: int = 64, ops: int = 100, meta: dict | None = None) -> Trace:
+def big_trace(ranks: int = 64, ops: int = 100, meta: dict[str, Any] | None = None) -> Trace:
     """``ranks`` ranks with ``ops`` back-to-back compute ops each."""
     records = []
     for r in range(ranks):
@@ -230,7 +243,7 @@ def test_chrome_trace_file_loads_and_is_deterministic(tmp_path: Path):
     assert loaded["displayTimeUnit"] == "ms"
 
 
-def test_chrome_trace_cap_keeps_whole_representative_ranks(tmp_path: Path):
+def test_chrome_trace_cap_keeps_whole_evenly_spaced_ranks(tmp_path: Path):
     trace = big_trace(ranks=16, ops=50)
     doc = chrome_trace_events(trace, max_events=200)
     x = [e for e in doc["traceEvents"] if e["ph"] == "X"]
@@ -249,7 +262,9 @@ def test_select_ranks():
     counts = dict.fromkeys(range(10), 10)
     assert select_ranks(counts, 1000) == list(range(10))
     assert select_ranks(counts, 40) == [0, 3, 6, 9]
-    assert select_ranks(counts, 25, preferred=[7, 2, 99, 4]) == [2, 7]
+    assert select_ranks(counts, 30, preferred=[7, 2, 99, 4]) == [2, 4, 7]
+    assert select_ranks(counts, 25, preferred=[7, 2, 99, 4]) == [4, 7]  # first and last
+    assert select_ranks(counts, 40, preferred=list(range(10))) == [0, 3, 6, 9]
     assert select_ranks(counts, 5) == [0]
     assert select_ranks({}, 5) == []
 
@@ -267,6 +282,9 @@ def test_timeline_html_is_self_contained(tmp_path: Path):
     assert info["capped"] is False and info["ranks_shown"] == [0, 1, 2]
     assert info["bars"] == info["bars_total"] == len(small_trace().records)
     assert info["path"] == str(path)
+    again = tmp_path / "again.html"
+    write_timeline_html(small_trace(), again, title="toy run")
+    assert again.read_bytes() == path.read_bytes()
 
 
 def test_timeline_one_trace_per_category_and_lanes():
@@ -309,7 +327,7 @@ def test_timeline_one_trace_per_category_and_lanes():
     hover = fig.data[4].hovertext[0]
     assert "L0.tp.fwd" in hover and "comm:tp" in hover and "layer 0" in hover
     assert "micro-batch 0" in hover and "MiB" in hover
-    assert "6.400 ms" in fig.layout.title.text
+    assert "6.4 ms" in fig.layout.title.text
     assert not fig.layout.annotations
 
 
@@ -330,7 +348,7 @@ def test_timeline_caps_large_traces_with_annotation(tmp_path: Path):
     assert info["ranks_total"] == 64
     shown = info["ranks_shown"]
     assert shown[0] == 0 and shown[-1] == 63 and len(shown) == 10
-    note = f"Showing {len(shown)} of 64 ranks"
+    note = f"Showing {len(shown)} of 64 ranks, evenly spaced ranks"
     assert note in path.read_text()
     fig, _ = timeline_figure(trace, title="big", max_bars=1000)
     assert any(note in a.text for a in fig.layout.annotations)
@@ -341,7 +359,8 @@ def test_timeline_prefers_representative_ranks():
     fig, info = timeline_figure(trace, title="rep", max_bars=1000)
     assert info["ranks_shown"] == [5, 17, 31]
     assert [lane.split()[0] for lane in fig.layout.yaxis.ticktext] == ["r5", "r17", "r31"]
-    assert "Showing 3 of 32 ranks" in fig.layout.annotations[0].text
+    assert "Showing 3 of 32 ranks, representative ranks" in fig.layout.annotations[0].text
+    assert info["selection"] == "representative ranks"
 
 
 def test_timeline_truncates_a_single_huge_rank():
@@ -349,4 +368,63 @@ def test_timeline_truncates_a_single_huge_rank():
     fig, info = timeline_figure(trace, title="one", max_bars=100)
     assert info["truncated"] and info["bars"] == 100
     assert sum(len(t.x) for t in fig.data) == 100
-    assert "first 100 of 500 ops" in fig.layout.annotations[0].text
+    # ops too close together to tell apart were merged into bars before the cap applied
+    assert info["coalesced_from"] == 500
+    assert f"first 100 of {info['bars_total']} ops" in fig.layout.annotations[0].text
+
+
+def test_timeline_notes_a_trace_that_holds_only_some_ranks():
+    trace = small_trace()
+    trace.meta.update(world=64, representative_ranks=[0, 1, 2])
+    fig, info = timeline_figure(trace, title="toy run")
+    assert info["capped"] and info["bars"] == info["bars_total"]
+    assert info["ranks_total"] == 64 and info["ranks_shown"] == [0, 1, 2]
+    assert fig.layout.annotations[0].text == "Showing 3 of 64 ranks, representative ranks"
+
+
+def test_timeline_thins_representative_ranks_that_do_not_fit():
+    reps = [0, 4, 8, 12, 16, 20, 24, 31]
+    trace = big_trace(ranks=32, ops=100, meta={"representative_ranks": reps})
+    _, info = timeline_figure(trace, title="rep", max_bars=400)
+    assert info["ranks_shown"] == [0, 8, 20, 31]
+    assert info["selection"] == "evenly spaced representative ranks"
+    # every rank listed as representative is no preference at all
+    trace.meta["representative_ranks"] = list(range(32))
+    _, info = timeline_figure(trace, title="rep", max_bars=400)
+    assert info["ranks_shown"] == [0, 10, 21, 31]
+    assert info["selection"] == "evenly spaced ranks"
+
+
+def test_coalesce_merges_only_adjacent_ops_of_one_category_in_one_lane():
+    from simulator.report.timeline import coalesce
+    from simulator.trace import OpRecord
+
+    def op(i, start, end, phase="fwd", stream="compute"):
+        return OpRecord(
+            0,
+            i,
+            stream,
+            "compute",
+            "gemm",
+            f"op{i}",
+            {"phase": phase, "layer": i},
+            start,
+            start,
+            end,
+            bytes=1.0,
+            flops=2.0,
+        )
+
+    records = [
+        op(0, 0.0, 1.0),
+        op(1, 1.0, 2.0),
+        op(2, 2.0, 3.0, phase="bwd"),
+        op(3, 5.0, 6.0, phase="bwd"),
+        op(4, 0.0, 1.0, stream="tp"),
+    ]
+    merged = coalesce(records, resolution=0.5)
+    compute = sorted((r for r in merged if r.stream == "compute"), key=lambda r: r.start)
+    assert [(r.start, r.end) for r in compute] == [(0.0, 2.0), (2.0, 3.0), (5.0, 6.0)]
+    assert compute[0].flops == 4.0 and compute[0].label.startswith("2 ops: op0")
+    assert "layer" not in compute[0].tags and compute[0].tags["phase"] == "fwd"
+    assert len(merged) == 4

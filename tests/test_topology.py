@@ -93,7 +93,7 @@ def test_presets_load_and_build(preset, nodes):
 def test_preset_values_in_si_units():
     a100 = load_cluster_spec({"preset": "dgx-a100", "nodes": 1})
     assert a100.gpu.peak_flops == 312e12
-    assert a100.gpu.hbm_capacity == 80e9
+    assert a100.gpu.hbm_capacity == 80 * 2**30
     assert a100.nvswitch.bandwidth == 300e9
     assert a100.nic.bandwidth == 25e9
     h100 = load_cluster_spec({"preset": "dgx-h100", "nodes": 1})

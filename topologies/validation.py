@@ -57,4 +57,5 @@ def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str
         message = message[len("Value error, ") :]
     if error["type"] == "missing":
         return f"{path}: required field is missing"
-    return f"{path}: {message} (got {error.get('input')!r})"
+    shown = repr(error.get("input"))
+    return f"{path}: {message}" if shown in message else f"{path}: {message} (got {shown})"

@@ -100,34 +100,54 @@ class _Engine:
 
     # -- one stream -------------------------------------------------------------------
     def _run_stream(self, rank: int, stream: str, ops: list):
+        """Run one stream's ops in order.
+
+        Consecutive compute ops that nothing on another stream waits for, and that wait
+        for nothing on another stream, are timed arithmetically and cross the event queue
+        as one timeout (``lag`` is how far this stream's clock runs ahead of the
+        environment's); the stream catches up before anything another stream can see.
+        """
         env = self.env
         ready, start, end = self.ready[rank], self.start[rank], self.end[rank]
         signals = self.signals[rank]
         duration = self.compute.duration
         position = self.position
+        lag = 0.0
         for op in ops:
             position[(rank, stream)] = op.id
-            for dep in op.deps:
-                if end[dep] != end[dep]:  # NaN: not finished yet
-                    yield signals[dep]
-            now = env.now
+            is_compute = type(op) is Compute
+            if op.deps or not is_compute:
+                if lag > 0.0:
+                    yield env.timeout(lag)
+                    lag = 0.0
+                for dep in op.deps:
+                    if end[dep] != end[dep]:  # NaN: not finished yet
+                        yield signals[dep]
+            now = env.now + lag
             ready[op.id] = now
-            if type(op) is Compute:
+            signal = signals.get(op.id)
+            if is_compute:
                 start[op.id] = now
-                yield env.timeout(duration(op.kind, op.flops, op.bytes))
+                lag += duration(op.kind, op.flops, op.bytes)
+                if signal is not None:
+                    yield env.timeout(lag)
+                    lag = 0.0
+                end[op.id] = env.now + lag
             elif type(op) is Collective:
                 rendezvous = self._arrive(rank, op)
                 yield rendezvous.done
                 start[op.id] = rendezvous.start
+                end[op.id] = env.now
             else:
                 pair = self._post(rank, op)
                 yield pair.done
                 start[op.id] = pair.start
-            end[op.id] = env.now
+                end[op.id] = env.now
             self.ops_run += 1
-            signal = signals.get(op.id)
             if signal is not None:
                 signal.succeed()
+        if lag > 0.0:
+            yield env.timeout(lag)
         position[(rank, stream)] = -1
 
     # -- collectives ------------------------------------------------------------------
@@ -219,9 +239,8 @@ class _Engine:
         lines = []
         for (rank, stream), op_id in stuck[:8]:
             op = self.schedule.programs[rank].ops[op_id]
-            lines.append(
-                f"rank {rank} {stream}: op {op_id} {op.label or type(op).__name__} ({self._waiting_for(rank, op)})"
-            )
+            name = op.label or type(op).__name__
+            lines.append(f"rank {rank} {stream}: op {op_id} {name} ({self._waiting_for(rank, op)})")
         more = f"; and {len(stuck) - 8} more" if len(stuck) > 8 else ""
         ranks = sorted({rank for (rank, _), _ in stuck})
         return (

@@ -48,36 +48,29 @@ def select_ranks(
     """The ranks to draw so that their op count fits ``budget``, in ascending order.
 
     ``counts`` maps each rank to its number of ops. When everything fits, every rank
-    is kept. Otherwise the ``preferred`` ranks that exist are taken in the given order
-    while they fit; without preferred ranks, the largest evenly spaced set that fits
-    is taken, always including the first and the last rank. At least one rank is
-    returned, even if it alone exceeds the budget (the caller then truncates it).
+    is kept. Otherwise the candidates are the ``preferred`` ranks that exist (all ranks
+    when there are none), and the largest evenly spaced subset of the candidates that
+    fits is kept, always including the first and the last candidate. At least one rank
+    is returned, even if it alone exceeds the budget (the caller then truncates it).
     """
     ranks = sorted(counts)
     if not ranks:
         return []
-    total = sum(counts.values())
-    if total <= budget:
+    if sum(counts.values()) <= budget:
         return ranks
-    if preferred:
-        wanted = [r for r in dict.fromkeys(preferred) if r in counts]
-        if wanted:
-            chosen: list[int] = []
-            used = 0
-            for r in wanted:
-                if used + counts[r] <= budget:
-                    chosen.append(r)
-                    used += counts[r]
-            return sorted(chosen) if chosen else [wanted[0]]
-    n = len(ranks)
+    pool = [r for r in dict.fromkeys(preferred or ()) if r in counts] or ranks
+    total = sum(counts[r] for r in pool)
+    if total <= budget:
+        return sorted(pool)
+    n = len(pool)
     k = max(1, min(n, int(budget // (total / n))))
-    while True:
-        if k == 1:
-            return [ranks[0]]
-        chosen = [ranks[round(i * (n - 1) / (k - 1))] for i in range(k)]
-        if sum(counts[r] for r in chosen) <= budget:
-            return chosen
-        k -= 1
+    while k > 1:
+        chosen = [pool[round(i * (n - 1) / (k - 1))] for i in range(k)]
+        used = sum(counts[r] for r in chosen)
+        if used <= budget:
+            return sorted(chosen)
+        k = max(1, min(k - 1, int(k * budget / used)))
+    return [pool[0]]
 
 
 def _us(seconds: float) -> float:
@@ -104,9 +97,9 @@ def _complete_event(rec: OpRecord, tid: int) -> dict[str, Any]:
         "label": rec.label,
         "op": rec.op,
         "kind": rec.kind,
-        "op_id": rec.op_id,
-        "bytes": rec.bytes,
-        "flops": rec.flops,
+        "op_id": int(rec.op_id),
+        "bytes": float(rec.bytes),
+        "flops": float(rec.flops),
         "tags": rec.tags,
         "ready_us": _us(rec.ready),
         "wait_us": round(ts - _us(rec.ready), 3),
@@ -119,7 +112,7 @@ def _complete_event(rec: OpRecord, tid: int) -> dict[str, Any]:
         "name": _op_name(rec),
         "cat": category_of(rec),
         "ph": "X",
-        "pid": rec.rank,
+        "pid": int(rec.rank),
         "tid": tid,
         "ts": ts,
         "dur": max(0.0, round(end - ts, 3)),
@@ -131,8 +124,9 @@ def _metadata_events(
     lanes: Mapping[int, set[str]], tids: Mapping[str, int], gpus_per_node: int | None
 ) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
-    for rank in sorted(lanes):
-        streams = stream_order(lanes[rank])
+    for key in sorted(lanes):
+        rank = int(key)
+        streams = stream_order(lanes[key])
         main_tid = tids[streams[0]]
         name = f"rank {rank}"
         if gpus_per_node:
@@ -211,7 +205,7 @@ def _flow_events(
                 {
                     **common,
                     "ph": "s",
-                    "pid": snd.rank,
+                    "pid": int(snd.rank),
                     "tid": tids[snd.stream],
                     "ts": _mid_us(snd),
                 }
@@ -221,7 +215,7 @@ def _flow_events(
                     **common,
                     "ph": "f",
                     "bp": "e",
-                    "pid": rcv.rank,
+                    "pid": int(rcv.rank),
                     "tid": tids[rcv.stream],
                     "ts": _mid_us(rcv),
                 }

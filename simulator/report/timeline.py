@@ -11,15 +11,19 @@ bar shows its label, category, layer, micro-batch, bytes, FLOPs, start, duration
 for communication, how long the rank waited before the transfer began.
 
 A browser cannot draw a million bars, so the chart holds at most ``max_bars``. When the
-trace has more, a representative subset of ranks is drawn -- the ranks listed in
-``trace.meta["representative_ranks"]`` if present, otherwise evenly spaced ranks that
-include the first and the last -- and a note above the chart says how many ranks of how
-many are shown. The file embeds plotly.js, so it opens offline.
+trace has more, a representative subset of ranks is drawn: the ranks listed in
+``trace.meta["representative_ranks"]`` if present (thinned evenly if even they do not
+fit), otherwise evenly spaced ranks that include the first and the last. A note above
+the chart then says how many ranks of how many are shown; it also appears when the
+trace itself holds only some ranks of the job (``meta["world"]`` larger than the ranks
+present). The file embeds plotly.js, so it opens offline.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ import plotly.graph_objects as go
 
 from simulator.report.chrome_trace import select_ranks, stream_order
 from simulator.trace import OpRecord, Trace, category_of
+from topologies.units import format_bytes, format_flops, format_time
 
 __all__ = ["CATEGORY_COLORS", "timeline_figure", "write_timeline_html"]
 
@@ -54,29 +59,56 @@ def _display_category(rec: OpRecord) -> str:
     return cat if cat in CATEGORY_COLORS else "other"
 
 
-def _human(value: float, unit: str, base: float, prefixes: tuple[str, ...]) -> str:
-    v = float(value)
-    i = 0
-    while abs(v) >= base and i < len(prefixes) - 1:
-        v /= base
-        i += 1
-    return f"{v:.0f} {prefixes[i]}{unit}" if i == 0 else f"{v:.2f} {prefixes[i]}{unit}"
-
-
 def _human_bytes(n: float) -> str:
-    return _human(n, "B", 1024.0, ("", "Ki", "Mi", "Gi", "Ti", "Pi"))
+    return format_bytes(n)
 
 
 def _human_flops(n: float) -> str:
-    return _human(n, "FLOP", 1000.0, ("", "k", "M", "G", "T", "P", "E"))
+    return format_flops(n).replace("FLOP/s", "FLOP")
 
 
 def _human_time(seconds: float) -> str:
-    if seconds >= 1.0:
-        return f"{seconds:.3f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} us"
+    return format_time(seconds)
+
+
+def coalesce(records: list[OpRecord], resolution: float) -> list[OpRecord]:
+    """Merge ops that follow each other in one lane, in one category, less than
+    ``resolution`` seconds apart, into one bar: at a zoom where such gaps are below a
+    pixel the chart looks the same, with far fewer bars. A merged bar's label names its
+    first and last op and how many it holds; bytes and FLOPs are summed."""
+    lanes: dict[tuple[int, str], list[OpRecord]] = defaultdict(list)
+    for rec in records:
+        lanes[(rec.rank, rec.stream)].append(rec)
+    merged: list[OpRecord] = []
+    for lane in lanes.values():
+        lane.sort(key=lambda r: (r.start, r.op_id))
+        run: list[OpRecord] = []
+        for rec in lane:
+            if run and (
+                _display_category(rec) != _display_category(run[-1])
+                or rec.start - run[-1].end > resolution
+            ):
+                merged.append(_merge(run))
+                run = []
+            run.append(rec)
+        if run:
+            merged.append(_merge(run))
+    return merged
+
+
+def _merge(run: list[OpRecord]) -> OpRecord:
+    if len(run) == 1:
+        return run[0]
+    first, last = run[0], run[-1]
+    shared = {k: v for k, v in first.tags.items() if all(r.tags.get(k) == v for r in run)}
+    return replace(
+        first,
+        label=f"{len(run)} ops: {first.label} … {last.label}",
+        tags=shared,
+        end=max(r.end for r in run),
+        bytes=sum(r.bytes for r in run),
+        flops=sum(r.flops for r in run),
+    )
 
 
 def _hover(rec: OpRecord, cat: str, lane: str) -> str:
@@ -116,7 +148,14 @@ def _pick_records(trace: Trace, max_bars: int) -> tuple[list[OpRecord], dict[str
     for rec in trace.records:
         counts[rec.rank] += 1
     total = len(trace.records)
-    ranks = select_ranks(counts, max_bars, trace.meta.get("representative_ranks"))
+    # the trace itself may hold only some ranks of the job (meta["world"] says how many)
+    world = trace.meta.get("world")
+    ranks_total = max(len(counts), int(world)) if isinstance(world, int) else len(counts)
+    # representative ranks mean something unless they are every rank of the job
+    reps = [r for r in trace.meta.get("representative_ranks") or () if r in counts]
+    if set(reps) == set(counts) and ranks_total == len(counts):
+        reps = []
+    ranks = select_ranks(counts, max_bars, reps)
     keep = set(ranks)
     records = (
         trace.records if len(keep) == len(counts) else [r for r in trace.records if r.rank in keep]
@@ -124,28 +163,46 @@ def _pick_records(trace: Trace, max_bars: int) -> tuple[list[OpRecord], dict[str
     truncated = len(records) > max_bars
     if truncated:
         records = sorted(records, key=lambda r: (r.start, r.rank, r.op_id))[:max_bars]
+    if len(keep) == ranks_total:
+        selection = "all ranks"
+    elif reps and keep == set(reps):
+        selection = "representative ranks"
+    elif reps:
+        selection = "evenly spaced representative ranks"
+    elif len(keep) == len(counts):
+        selection = "the ranks in the trace"
+    else:
+        selection = "evenly spaced ranks"
     info = {
         "ranks_shown": ranks,
-        "ranks_total": len(counts),
+        "ranks_total": ranks_total,
         "bars": len(records),
         "bars_total": total,
-        "capped": len(records) < total,
+        "capped": len(records) < total or len(keep) < ranks_total,
         "truncated": truncated,
+        "selection": selection,
     }
     return records, info
 
 
 def _cap_note(info: dict[str, Any], max_bars: int) -> str:
     shown, total = len(info["ranks_shown"]), info["ranks_total"]
+    if info["truncated"] and shown == total:
+        return (
+            f"Showing the first {info['bars']:,} of {info['bars_total']:,} ops "
+            f"(max_bars={max_bars:,})"
+        )
     if info["truncated"]:
         which = ", ".join(f"r{r}" for r in info["ranks_shown"])
         return (
             f"Showing {shown} of {total} ranks ({which}), only their first "
             f"{info['bars']:,} of {info['bars_total']:,} ops (max_bars={max_bars:,})"
         )
+    if info["bars"] == info["bars_total"]:
+        return f"Showing {shown} of {total} ranks, {info['selection']}"
     return (
-        f"Showing {shown} of {total} ranks ({info['bars']:,} of {info['bars_total']:,} ops; "
-        f"max_bars={max_bars:,})"
+        f"Showing {shown} of {total} ranks, {info['selection']} "
+        f"({info['bars']:,} of {info['bars_total']:,} ops; max_bars={max_bars:,})"
     )
 
 
@@ -153,10 +210,18 @@ def timeline_figure(
     trace: Trace, title: str, max_bars: int = 30000
 ) -> tuple[go.Figure, dict[str, Any]]:
     """The Gantt chart of ``trace`` and a summary: ``ranks_shown``, ``ranks_total``,
-    ``bars``, ``bars_total``, ``lanes``, ``categories``, ``capped``, ``truncated``."""
+    ``bars``, ``bars_total``, ``lanes``, ``categories``, ``capped``, ``truncated`` and
+    ``selection`` (how the ranks shown were chosen)."""
     if max_bars < 1:
         raise ValueError(f"max_bars must be at least 1, got {max_bars}")
+    if len(trace.records) > max_bars and trace.step_time > 0:
+        coalesced = coalesce(trace.records, trace.step_time / 5000)
+        info_extra = {"coalesced_from": len(trace.records)}
+        trace = replace(trace, records=coalesced)
+    else:
+        info_extra = {}
     records, info = _pick_records(trace, max_bars)
+    info.update(info_extra)
 
     streams: dict[int, set[str]] = defaultdict(set)
     for rec in records:
@@ -203,7 +268,8 @@ def timeline_figure(
 
     n_lanes = len(lane_names)
     lane_px = 22 if n_lanes <= 80 else 14
-    height = _MARGIN["t"] + _MARGIN["b"] + max(4, n_lanes) * lane_px
+    # at least enough room for the legend next to the plot
+    height = _MARGIN["t"] + _MARGIN["b"] + max(240, n_lanes * lane_px)
     step_ms = trace.step_time * 1e3
 
     shapes: list[dict[str, Any]] = [
@@ -281,7 +347,7 @@ def timeline_figure(
         hoverlabel={"font": {"family": _FONT, "size": 12}, "align": "left"},
         dragmode="zoom",
         legend={
-            "title": {"text": "category (click to toggle)"},
+            "title": {"text": "category"},
             "x": 1.01,
             "xanchor": "left",
             "y": 1,
@@ -333,9 +399,11 @@ def write_timeline_html(
     """Write the timeline of ``trace`` to ``path`` as a self-contained HTML file.
 
     Returns the summary of :func:`timeline_figure` plus ``path``: which ranks are
-    shown, how many bars were drawn, and whether the chart was capped.
+    shown, how many bars were drawn, and whether the chart was capped. The file
+    depends only on the trace, the title and ``max_bars``, not on ``path``.
     """
     fig, info = timeline_figure(trace, title, max_bars=max_bars)
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(trace.meta.get("scenario") or "parasim"))
     fig.write_html(
         str(path),
         include_plotlyjs=True,
@@ -346,7 +414,7 @@ def write_timeline_html(
             "displaylogo": False,
             "responsive": True,
             "modeBarButtonsToRemove": ["lasso2d", "select2d"],
-            "toImageButtonOptions": {"filename": Path(path).stem, "scale": 2},
+            "toImageButtonOptions": {"filename": f"{slug}-timeline", "scale": 2},
         },
     )
     info["path"] = str(path)

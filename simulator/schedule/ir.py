@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any
 
 __all__ = [
     "Compute",
@@ -108,7 +108,7 @@ class Recv:
     type = "recv"
 
 
-Op = Union[Compute, Collective, Send, Recv]
+Op = Compute | Collective | Send | Recv
 _OP_TYPES: dict[str, type] = {
     "compute": Compute,
     "collective": Collective,

@@ -29,6 +29,7 @@ needs the data waits for them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..layout import Layout
@@ -435,19 +436,40 @@ class _RankBuilder:
         return Program(self.rank, self.w.ops)
 
 
+def _retarget(op: Op, rank: int, layout: Layout) -> Op:
+    """``op`` of a stage's template rank, as ``rank`` of the same stage runs it: the same
+    compute (shared, not copied), collectives on ``rank``'s groups, sends and receives
+    to ``rank``'s neighbours."""
+    if type(op) is Compute:
+        return op
+    if type(op) is Collective:
+        return replace(op, group=layout.group_name(layout.axis_of_group(op.group), rank))
+    peer_stage = layout.coords(op.peer)["pp"]
+    return replace(op, peer=layout.stage_rank(rank, peer_stage))
+
+
 def build_step(config: StepConfig) -> Schedule:
-    """The Schedule of one training step for every rank of ``config.layout``."""
+    """The Schedule of one training step for every rank of ``config.layout``.
+
+    Ranks of one pipeline stage run the same program up to their process groups and
+    neighbours, so each stage is built once, for its rank with TP and DP coordinate 0,
+    and the other ranks of the stage share its compute ops.
+    """
     layout = config.layout
     orders = pipeline_order(config.schedule, layout.pp, config.microbatches)
+    templates: dict[int, tuple[int, list[Op]]] = {}
+    for stage in range(layout.pp):
+        rank = layout.rank_of(pp=stage)
+        templates[stage] = (rank, _RankBuilder(rank, config).build(orders[stage]).ops)
     programs = {}
     for rank in range(layout.world):
-        builder = _RankBuilder(rank, config)
-        programs[rank] = builder.build(orders[builder.stage])
+        template_rank, ops = templates[layout.coords(rank)["pp"]]
+        if rank == template_rank:
+            programs[rank] = Program(rank, ops)
+        else:
+            programs[rank] = Program(rank, [_retarget(op, rank, layout) for op in ops])
     used = {
-        op.group
-        for program in programs.values()
-        for op in program.ops
-        if isinstance(op, Collective)
+        op.group for program in programs.values() for op in program.ops if type(op) is Collective
     }
     groups = {name: members for name, members in layout.groups.items() if name in used}
     meta = {

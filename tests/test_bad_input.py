@@ -1,0 +1,137 @@
+"""Bad input ends in one line naming the field and the numbers, exit status 2, no
+traceback, and nothing already written is touched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from simulator.cli import main
+from simulator.engine.core import simulate
+from simulator.errors import DeadlockError
+from simulator.schedule.ir import Collective, Compute, Program, Recv, Schedule
+
+from .conftest import ROOT, SCENARIOS
+from .helpers import cluster
+
+SMALL = str(SCENARIOS / "small.yaml")
+
+CASES = [
+    (["--set", "parallel.tpp=2"], "parallel.tpp: unknown key (did you mean 'tp'?)"),
+    (["--set", "trainin.global_batch=2"], "trainin: unknown key (did you mean 'training'?)"),
+    (
+        ["--set", "cluster.gpu.matmul_effciency=0.5"],
+        "cluster.gpu.matmul_effciency: unknown key (did you mean 'matmul_efficiency'?)",
+    ),
+    (["--set", "training.global_batch=lots"], "training.global_batch"),
+    (["--set", "parallel.tp=two"], "parallel.tp"),
+    (["--set", "cluster.nic.bandwidth=0 Gb/s"], "cluster.nic.bandwidth"),
+    (["--set", "cluster.nvswitch.bandwidth=fast"], "cluster.nvswitch.bandwidth"),
+    (
+        ["--set", "model.preset=gpt3-176b"],
+        "model.preset: unknown model 'gpt3-176b' (did you mean 'gpt3-175b'?)",
+    ),
+    (["--set", "parallel.dp=2"], "tp(2) * pp(1) * dp(2) = 4 != world(8)"),
+    (
+        ["--set", "parallel.tp=8", "--set", "parallel.dp=1", "--set", "model.heads=12"],
+        "heads(12) is not divisible by tp(8)",
+    ),
+    (
+        [
+            "--set",
+            "parallel.tp=1",
+            "--set",
+            "parallel.pp=8",
+            "--set",
+            "parallel.dp=1",
+            "--set",
+            "model.layers=12",
+        ],
+        "layers(12) is not divisible by pp(8)",
+    ),
+    (
+        ["--set", "training.global_batch=10"],
+        "global_batch(10) is not divisible by dp(4) * micro_batch(4) = 16",
+    ),
+    (
+        ["--set", "parallel.tp=3", "--set", "parallel.dp=null"],
+        "world(8) is not divisible by tp(3) * pp(1) = 3",
+    ),
+    (["--set", "parallel.placement=[tp, tp, pp]"], "parallel.placement"),
+    (["--set", "parallel.schedule=zigzag"], "parallel.schedule"),
+    (["--set", "cluster.preset=dgx-a200"], "dgx-a200"),
+    (["--set", "noequals"], "--set 'noequals': expected key.path=value"),
+]
+
+
+@pytest.mark.parametrize("extra,expected", CASES)
+def test_bad_input_exits_2_with_one_line(extra, expected, capsys, tmp_path):
+    code = main(["run", SMALL, "--out", str(tmp_path), *extra])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err
+    assert err.count("\n") == 1 and err.startswith("parasim: error: ")
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_missing_file_and_bad_yaml(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read scenario" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ncluster: [unclosed\n")
+    assert main(["run", str(bad)]) == 2
+    assert "not valid YAML at line" in capsys.readouterr().err
+
+
+def test_a_failed_run_leaves_earlier_results_intact(tmp_path):
+    assert main(["run", SMALL, "--out", str(tmp_path)]) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"result.json", "trace.json", "timeline.html"}
+    assert main(["run", SMALL, "--out", str(tmp_path), "--set", "parallel.tp=3"]) == 2
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_command_line_prints_no_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "run", SMALL, "--set", "parallel.tpp=2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "parasim: error: parallel.tpp: unknown key (did you mean 'tp'?); "
+        "valid keys: dp, placement, pp, schedule, tp"
+    ]
+
+
+def test_recv_without_send_names_the_stuck_rank_and_op():
+    programs = {
+        0: Program(0, [Compute(0, "compute", 1e9, 0, "gemm", "work")]),
+        1: Program(
+            1,
+            [
+                Recv(0, "pp_recv_fwd", 0, 1024, 7, "recv.act.mb0"),
+                Compute(1, "compute", 1e9, 0, "gemm", "needs.act", deps=(0,)),
+            ],
+        ),
+    }
+    with pytest.raises(DeadlockError) as info:
+        simulate(Schedule(programs, {}), cluster(nodes=1))
+    message = str(info.value)
+    assert "rank 1" in message and "recv.act.mb0" in message and "no matching send" in message
+    assert "needs.act" in message
+
+
+def test_collective_a_member_never_reaches_names_the_missing_rank():
+    programs = {
+        0: Program(0, [Collective(0, "tp", "all_reduce", "g", 1e6, "L0.ar")]),
+        1: Program(1, [Compute(0, "compute", 1e9, 0, "gemm", "busy")]),
+    }
+    with pytest.raises(
+        DeadlockError, match=r"rank 0 tp: op 0 L0.ar \(all_reduce on g: ranks \[1\] never arrived\)"
+    ):
+        simulate(Schedule(programs, {"g": (0, 1)}), cluster(nodes=1))

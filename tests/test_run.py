@@ -1,0 +1,149 @@
+"""End to end: scenarios through the builder, the engine and the accounting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simulator.cli import main
+from simulator.metrics import CATEGORIES
+from simulator.run import build_schedule, run_scenario
+from simulator.scenario import load_scenario
+from simulator.schedule.ir import Collective, Schedule
+
+from .conftest import SCENARIOS
+
+VARIANTS = [
+    ("small.yaml", []),
+    ("pipeline-demo.yaml", []),
+    ("pipeline-demo.yaml", ["parallel.schedule=gpipe"]),
+    ("small.yaml", ["parallel.tp=1", "parallel.dp=8", "training.global_batch=32"]),
+    (
+        "small.yaml",
+        [
+            "parallel.tp=4",
+            "parallel.pp=2",
+            "parallel.dp=1",
+            "training.micro_batch=1",
+            "training.recompute=full",
+        ],
+    ),
+    ("pipeline-demo.yaml", ["parallel.placement=[pp, tp, dp]", "training.recompute=selective"]),
+]
+
+
+@pytest.mark.parametrize("name,overrides", VARIANTS)
+def test_categories_add_up_to_the_step_time_on_every_rank(name, overrides):
+    run = run_scenario(load_scenario(SCENARIOS / name, overrides))
+    step = run.result["step_time_s"]
+    assert step > 0
+    for row in run.result["per_rank"]:
+        parts = row["breakdown"]
+        assert set(parts) == set(CATEGORIES)
+        assert all(value >= -1e-15 for value in parts.values())
+        assert sum(parts.values()) == pytest.approx(step, rel=1e-12, abs=1e-15)
+    mean = run.result["breakdown"]["mean"]
+    assert sum(mean.values()) == pytest.approx(step, rel=1e-12)
+
+
+def test_headline_figures_are_consistent():
+    run = run_scenario(load_scenario(SCENARIOS / "pipeline-demo.yaml"))
+    r = run.result
+    gpus = r["cluster"]["gpus"]
+    assert r["tflops_per_gpu"] == pytest.approx(
+        r["model_flops_per_step"] / r["step_time_s"] / gpus / 1e12
+    )
+    assert r["mfu"] == pytest.approx(
+        r["tflops_per_gpu"] * 1e12 / r["cluster"]["peak_flops_per_gpu"]
+    )
+    assert r["tokens_per_s"] == pytest.approx(8 * 2048 / r["step_time_s"])
+    assert 0 < r["mfu"] < 1
+    # Full recompute would run one more forward: hardware FLOPs exceed model FLOPs only by
+    # the non-matmul work here.
+    assert r["hardware_flops_per_step"] >= r["model_flops_per_step"]
+
+
+def test_pipeline_stages_have_a_bubble_and_tp_has_exposed_comm():
+    run = run_scenario(load_scenario(SCENARIOS / "pipeline-demo.yaml"))
+    mean = run.result["breakdown"]["mean"]
+    assert mean["bubble"] > 0
+    assert mean["exposed_comm"] > 0
+    first = run.result["per_rank"][0]
+    assert first["exposed_comm_by_axis"].keys() == {"tp"}
+
+
+def test_dp_all_reduce_overlaps_backward():
+    """Most of the gradient all-reduce hides behind the backward pass."""
+    run = run_scenario(
+        load_scenario(
+            SCENARIOS / "small.yaml",
+            [
+                "parallel.tp=1",
+                "parallel.dp=8",
+                "training.global_batch=64",
+                "training.micro_batch=8",
+            ],
+        )
+    )
+    schedule, times = run.schedule, run.times
+    buckets = [
+        op
+        for op in schedule.programs[0].ops
+        if isinstance(op, Collective) and op.tags["axis"] == "dp"
+    ]
+    assert len(buckets) > 3
+    # DDP closes a bucket once it reaches its cap: 1 MiB for the first, 25 MiB after.
+    assert 1024**2 <= buckets[0].bytes < 25 * 1024**2
+    assert all(op.bytes >= 25 * 1024**2 for op in buckets[1:-1])
+    comm_time = sum(times.end[0][op.id] - times.start[0][op.id] for op in buckets)
+    exposed = run.result["per_rank"][0]["exposed_comm_by_axis"].get("dp", 0.0)
+    assert exposed < 0.5 * comm_time
+
+
+def test_schedule_json_round_trip_is_lossless():
+    schedule = build_schedule(
+        load_scenario(SCENARIOS / "pipeline-demo.yaml", ["training.recompute=full"])
+    )
+    text = schedule.to_json()
+    again = Schedule.from_json(text)
+    assert again == schedule
+    assert again.to_json() == text
+
+
+def test_two_runs_write_byte_identical_results(tmp_path):
+    for out in ("a", "b"):
+        assert (
+            main(["run", str(SCENARIOS / "pipeline-demo.yaml"), "--out", str(tmp_path / out)]) == 0
+        )
+    for name in ("result.json", "trace.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    result = json.loads((tmp_path / "a" / "result.json").read_text())
+    for key in (
+        "step_time_s",
+        "tokens_per_s",
+        "model_flops_per_step",
+        "tflops_per_gpu",
+        "mfu",
+        "breakdown",
+        "per_rank",
+        "memory",
+        "warnings",
+    ):
+        assert key in result
+    assert {"peak_bytes_per_gpu", "capacity_bytes", "oom"} <= set(result["memory"])
+
+
+def test_json_flag_prints_the_result(capsys, tmp_path):
+    assert main(["run", str(SCENARIOS / "small.yaml"), "--out", str(tmp_path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads((tmp_path / "result.json").read_text())
+
+
+def test_tp_group_across_nodes_is_legal_but_warned():
+    scenario = load_scenario(SCENARIOS / "pipeline-demo.yaml", ["parallel.placement=[pp, tp, dp]"])
+    run = run_scenario(scenario)
+    assert any("span nodes" in w for w in run.result["warnings"])
+    inside = run_scenario(load_scenario(SCENARIOS / "pipeline-demo.yaml"))
+    assert not any("span nodes" in w for w in inside.result["warnings"])
+    assert run.result["step_time_s"] > 1.5 * inside.result["step_time_s"]
