@@ -83,7 +83,7 @@ class Collective:
 
 
 @dataclass(slots=True)
-class Send:
+class _PointToPoint:
     id: int
     stream: str
     peer: int
@@ -92,19 +92,15 @@ class Send:
     label: str = ""
     deps: tuple[int, ...] = ()
     tags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Send(_PointToPoint):
     type = "send"
 
 
 @dataclass(slots=True)
-class Recv:
-    id: int
-    stream: str
-    peer: int
-    bytes: float
-    tag: int
-    label: str = ""
-    deps: tuple[int, ...] = ()
-    tags: dict[str, Any] = field(default_factory=dict)
+class Recv(_PointToPoint):
     type = "recv"
 
 
