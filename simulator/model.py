@@ -36,7 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "ModelSpec",
@@ -69,10 +76,16 @@ class ModelSpec(BaseModel):
     ffn_hidden: int | None = Field(default=None, gt=0)
     activation: Literal["gelu"] = "gelu"
 
+    @field_validator("heads")
+    @classmethod
+    def _heads_divide_hidden(cls, heads: int, info: ValidationInfo) -> int:
+        hidden = info.data.get("hidden")
+        if hidden is not None and hidden % heads:
+            raise ValueError(f"hidden({hidden}) is not divisible by heads({heads})")
+        return heads
+
     @model_validator(mode="after")
-    def _check(self) -> ModelSpec:
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden({self.hidden}) is not divisible by heads({self.heads})")
+    def _default_ffn(self) -> ModelSpec:
         if self.ffn_hidden is None:
             self.ffn_hidden = 4 * self.hidden
         return self

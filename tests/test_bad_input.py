@@ -63,6 +63,13 @@ CASES = [
     (["--set", "parallel.schedule=zigzag"], "parallel.schedule"),
     (["--set", "cluster.preset=dgx-a200"], "dgx-a200"),
     (["--set", "noequals"], "--set 'noequals': expected key.path=value"),
+    (
+        ["--set", "training.micro_batch=0"],
+        "training.micro_batch: Input should be greater than 0 (got 0)",
+    ),
+    (["--set", "model.hidden=100"], "model.heads: hidden(100) is not divisible by heads(12)"),
+    (["--set", "cluster.nodes=0"], "cluster.nodes: must be >= 1 (got 0)"),
+    (["--set", "cluster.nods=2"], "cluster.nods: unknown key (did you mean 'nodes'?)"),
 ]
 
 

@@ -364,13 +364,34 @@ def test_timeline_prefers_representative_ranks():
 
 
 def test_timeline_truncates_a_single_huge_rank():
-    trace = big_trace(ranks=1, ops=500)
+    # alternating categories: merging cannot shrink it, so the cap must cut it
+    records = [
+        rec(
+            0,
+            i,
+            "compute",
+            "compute",
+            "gemm",
+            f"L{i}",
+            i * MS,
+            (i + 0.9) * MS,
+            tags={"phase": "fwd" if i % 2 else "bwd"},
+        )
+        for i in range(500)
+    ]
+    trace = Trace(records=records, step_time=500 * MS, meta={})
     fig, info = timeline_figure(trace, title="one", max_bars=100)
     assert info["truncated"] and info["bars"] == 100
     assert sum(len(t.x) for t in fig.data) == 100
-    # ops too close together to tell apart were merged into bars before the cap applied
-    assert info["coalesced_from"] == 500
-    assert f"first 100 of {info['bars_total']} ops" in fig.layout.annotations[0].text
+    assert "first 100 of 500 ops" in fig.layout.annotations[0].text
+
+
+def test_timeline_merges_ops_before_dropping_any():
+    fig, info = timeline_figure(big_trace(ranks=1, ops=500), title="one", max_bars=100)
+    assert not info["truncated"] and info["coalesced_from"] == 500 and info["bars"] <= 100
+    assert "drawn as one bar" in fig.layout.annotations[0].text
+    opacities = [o for t in fig.data for o in t.marker.opacity]
+    assert all(0.25 <= o <= 1.0 for o in opacities) and min(opacities) < 1.0
 
 
 def test_timeline_notes_a_trace_that_holds_only_some_ranks():

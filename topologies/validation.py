@@ -57,5 +57,7 @@ def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str
         message = message[len("Value error, ") :]
     if error["type"] == "missing":
         return f"{path}: required field is missing"
-    shown = repr(error.get("input"))
-    return f"{path}: {message}" if shown in message else f"{path}: {message} (got {shown})"
+    value = error.get("input")
+    if isinstance(value, (dict, list)) or (isinstance(value, str) and repr(value) in message):
+        return f"{path}: {message}"
+    return f"{path}: {message} (got {value!r})"

@@ -101,6 +101,8 @@ def _merge(run: list[OpRecord]) -> OpRecord:
         return run[0]
     first, last = run[0], run[-1]
     shared = {k: v for k, v in first.tags.items() if all(r.tags.get(k) == v for r in run)}
+    # how much of the merged span its ops were busy: drawn as the bar's opacity
+    shared["busy_s"] = sum(r.end - r.start for r in run)
     return replace(
         first,
         label=f"{len(run)} ops: {first.label} … {last.label}",
@@ -128,6 +130,8 @@ def _hover(rec: OpRecord, cat: str, lane: str) -> str:
     lines.append(
         f"start {rec.start * 1e3:.4f} ms · duration {_human_time(max(0.0, rec.end - rec.start))}"
     )
+    if tags.get("busy_s") is not None:
+        lines.append(f"busy {_human_time(tags['busy_s'])} of that span")
     if rec.start > rec.ready:
         lines.append(f"waited {_human_time(rec.start - rec.ready)} before starting")
     size = [_human_bytes(rec.bytes)]
@@ -186,6 +190,16 @@ def _pick_records(trace: Trace, max_bars: int) -> tuple[list[OpRecord], dict[str
 
 
 def _cap_note(info: dict[str, Any], max_bars: int) -> str:
+    note = _rank_note(info, max_bars)
+    if "merge_gap_s" in info:
+        note += (
+            f"; ops of one kind less than {_human_time(info['merge_gap_s'])} apart are drawn "
+            f"as one bar ({info['coalesced_from']:,} ops; trace.json has each one)"
+        )
+    return note
+
+
+def _rank_note(info: dict[str, Any], max_bars: int) -> str:
     shown, total = len(info["ranks_shown"]), info["ranks_total"]
     if info["truncated"] and shown == total:
         return (
@@ -214,14 +228,21 @@ def timeline_figure(
     ``selection`` (how the ranks shown were chosen)."""
     if max_bars < 1:
         raise ValueError(f"max_bars must be at least 1, got {max_bars}")
+    info_extra: dict[str, Any] = {}
     if len(trace.records) > max_bars and trace.step_time > 0:
-        coalesced = coalesce(trace.records, trace.step_time / 5000)
-        info_extra = {"coalesced_from": len(trace.records)}
+        # Merge touching ops first; widen the merge only as far as the budget needs.
+        for divisions in (1e9, 3e4, 1e4, 5e3, 2e3):
+            coalesced = coalesce(trace.records, trace.step_time / divisions)
+            if len(coalesced) <= max_bars:
+                break
+        info_extra = {
+            "coalesced_from": len(trace.records),
+            "merge_gap_s": trace.step_time / divisions,
+        }
         trace = replace(trace, records=coalesced)
-    else:
-        info_extra = {}
     records, info = _pick_records(trace, max_bars)
-    info.update(info_extra)
+    if info_extra:
+        info.update(info_extra, capped=True)
 
     streams: dict[int, set[str]] = defaultdict(set)
     for rec in records:
@@ -242,9 +263,14 @@ def timeline_figure(
         lane = lane_of[(rec.rank, rec.stream)]
         col = bars.get(cat)
         if col is None:
-            col = bars[cat] = {"base": [], "x": [], "y": [], "text": []}
+            col = bars[cat] = {"base": [], "x": [], "y": [], "text": [], "opacity": []}
+        span = max(0.0, rec.end - rec.start)
+        busy = rec.tags.get("busy_s")
+        col["opacity"].append(
+            1.0 if busy is None or span <= 0 else max(0.25, min(1.0, busy / span))
+        )
         col["base"].append(rec.start * 1e3)
-        col["x"].append(max(0.0, rec.end - rec.start) * 1e3)
+        col["x"].append(span * 1e3)
         col["y"].append(lane)
         col["text"].append(_hover(rec, cat, lane_names[lane]))
 
@@ -260,7 +286,13 @@ def timeline_figure(
                 x=col["x"],
                 y=col["y"],
                 width=0.78,
-                marker={"color": CATEGORY_COLORS[cat], "line": {"width": 0.4, "color": "white"}},
+                # no outline: on narrow bars a white outline washes the colour out
+                # merged bars are as opaque as their ops were busy over the span
+                marker={
+                    "color": CATEGORY_COLORS[cat],
+                    "line": {"width": 0},
+                    "opacity": col["opacity"],
+                },
                 hovertext=col["text"],
                 hovertemplate="%{hovertext}<extra></extra>",
             )
@@ -334,7 +366,15 @@ def timeline_figure(
         )
 
     fig.update_layout(
-        title={"text": title_text, "x": 0.01, "xanchor": "left", "y": 0.995, "yanchor": "top"},
+        title={
+            "text": title_text,
+            "x": 0.01,
+            "xanchor": "left",
+            "yref": "container",
+            "y": 1,
+            "yanchor": "top",
+            "pad": {"t": 14},
+        },
         template="plotly_white",
         font={"family": _FONT, "size": 12, "color": "#222"},
         barmode="overlay",
