@@ -16,6 +16,7 @@ from rich.console import Console
 
 from topologies import TopologyError
 
+from . import __version__
 from .errors import ParasimError
 from .outputs import dumps_result, write_atomically, write_json
 
@@ -27,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="parasim",
         description="Predict how a training job behaves when split across GPUs.",
     )
+    parser.add_argument("--version", action="version", version=f"parasim {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="simulate one training step of a scenario")
     run.add_argument("scenario", help="scenario YAML file")
