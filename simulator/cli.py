@@ -1,9 +1,15 @@
 """The ``parasim`` command line.
 
-``parasim run SCENARIO [--set key.path=value ...] [--out DIR] [--json]`` simulates one
-training step, prints a summary, and writes ``result.json``, ``trace.json`` (Chrome /
-Perfetto trace events) and ``timeline.html`` (plotly) to DIR. Bad input ends with one
-line on stderr naming the field and the numbers, and exit status 2.
+* ``parasim run SCENARIO [--set key.path=value ...] [--out DIR] [--json]`` simulates
+  one training step, prints a summary, and writes ``result.json``, ``trace.json``
+  (Chrome / Perfetto trace events) and ``timeline.html`` (plotly) to DIR.
+* ``parasim calibrate --nproc N --backend gloo|nccl --out profile.json`` measures this
+  machine and fits the model's parameters (needs torch).
+* ``parasim replay SCENARIO --nproc N --backend ...`` runs the same step for real.
+* ``parasim compare PREDICTED_DIR MEASURED_DIR`` sets the two side by side.
+
+Bad input ends with one line on stderr naming the field and the numbers, and exit
+status 2; a failed distributed run says which rank failed and how.
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ from pathlib import Path
 from rich.console import Console
 
 from topologies import TopologyError
+from topologies.units import format_time
 
 from . import __version__
 from .errors import ParasimError
-from .outputs import dumps_result, write_atomically, write_json
+from .outputs import dumps_result, write_run_outputs
 
 __all__ = ["main"]
 
@@ -44,41 +51,168 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--json", action="store_true", help="print result.json on stdout instead of the summary"
     )
+    calibrate = commands.add_parser(
+        "calibrate", help="measure this machine and write a calibration profile (needs torch)"
+    )
+    _launch_options(calibrate)
+    calibrate.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    calibrate.add_argument("--quick", action="store_true", help="a short sweep (seconds)")
+    calibrate.add_argument(
+        "--preset", help="preset whose peak FLOP/s efficiency is measured against"
+    )
+    calibrate.add_argument("--peak-flops", help="peak FLOP/s of one device, e.g. '989 TFLOP/s'")
+
+    replay = commands.add_parser(
+        "replay", help="run a scenario's step for real with torch.distributed and measure it"
+    )
+    replay.add_argument("scenario", help="scenario YAML file")
+    replay.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE"
+    )
+    _launch_options(replay)
+    replay.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-measured)")
+    replay.add_argument(
+        "--warmup", type=int, default=1, help="warm-up steps (the first checks results)"
+    )
+    replay.add_argument(
+        "--steps", type=int, default=3, help="measured steps (the median is reported)"
+    )
+
+    compare = commands.add_parser("compare", help="compare a predicted run with a measured one")
+    compare.add_argument("predicted", type=Path, help="folder written by parasim run")
+    compare.add_argument("measured", type=Path, help="folder written by parasim replay")
+    compare.add_argument("--out", type=Path, help="where compare.json/.html go (default: MEASURED)")
+    compare.add_argument("--json", action="store_true", help="print compare.json on stdout")
     return parser
 
 
+def _launch_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, help="processes (ranks) to start on this machine")
+    parser.add_argument(
+        "--backend", choices=["gloo", "nccl"], help="default: nccl with GPUs, gloo without"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds a rank may wait before the run fails"
+    )
+
+
+def _launcher():
+    try:
+        from hardware.launch import launch_local
+    except ImportError as exc:
+        raise ParasimError(
+            f"this command needs torch ({exc}); install it with: pip install 'parasim[hardware]'"
+        ) from None
+    return launch_local
+
+
+def _backend(args: argparse.Namespace) -> str:
+    if args.backend:
+        return args.backend
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _command_calibrate(args: argparse.Namespace) -> int:
+    launch = _launcher()
+    forwarded = ["--out", str(args.out.resolve())]
+    if args.quick:
+        forwarded.append("--quick")
+    if args.preset:
+        forwarded += ["--preset", args.preset]
+    if args.peak_flops:
+        forwarded += ["--peak-flops", args.peak_flops]
+    launch("hardware.calibrate", forwarded, args.nproc or 1, _backend(args), args.timeout)
+    return 0
+
+
+def _command_replay(args: argparse.Namespace) -> int:
+    from .scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, args.overrides)  # bad input fails here, at once
+    world = scenario.layout.world
+    if args.nproc is not None and args.nproc != world:
+        raise ParasimError(
+            f"--nproc: scenario {scenario.name} needs {world} ranks "
+            f"({scenario.layout.describe()}), not {args.nproc}"
+        )
+    launch = _launcher()
+    out = args.out if args.out is not None else Path("out") / f"{scenario.name}-measured"
+    forwarded = [str(Path(args.scenario).resolve()), "--out", str(out.resolve())]
+    forwarded += [f"--set={o}" for o in args.overrides]
+    forwarded += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+    launch("hardware.replay", forwarded, world, _backend(args), args.timeout)
+    return 0
+
+
+def _command_compare(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from .compare import compare_runs, load_run_dir, write_overlay
+    from .outputs import write_atomically, write_json
+
+    predicted, measured = load_run_dir(args.predicted), load_run_dir(args.measured)
+    report = compare_runs(predicted, measured)
+    out = args.out if args.out is not None else args.measured
+    write_json(out / "compare.json", report)
+    write_atomically(
+        out / "compare.html", lambda tmp: write_overlay(predicted[1], measured[1], tmp)
+    )
+    if args.json:
+        sys.stdout.write(dumps_result(report))
+        return 0
+    console = Console()
+
+    def pct(error: float | None) -> str:
+        return "-" if error is None else f"{100 * error:+.1f}%"
+
+    step = report["step_time"]
+    console.print(
+        f"step time: predicted {format_time(step['predicted_s'])}, measured "
+        f"{format_time(step['measured_s'])}, error {pct(step['error'])}"
+    )
+    table = Table(title="time per rank by op class (ranks in both runs)", title_justify="left")
+    for column in ("op class", "predicted", "measured", "error"):
+        table.add_column(column, justify="left" if column == "op class" else "right")
+    for row in report["op_classes"]:
+        table.add_row(
+            row["class"],
+            format_time(row["predicted_s"]),
+            format_time(row["measured_s"]),
+            pct(row["error"]),
+        )
+    console.print(table)
+    console.print(f"wrote {out / 'compare.json'}, {out / 'compare.html'}")
+    return 0
+
+
 def _command_run(args: argparse.Namespace) -> int:
-    from .report import write_chrome_trace, write_timeline_html
-    from .run import make_trace, run_scenario, trace_ranks
+    from .run import run_scenario
     from .scenario import load_scenario
     from .summary import print_summary
 
     scenario = load_scenario(args.scenario, args.overrides)
     run = run_scenario(scenario)
-    ranks, note = trace_ranks(run)
-    if note:
-        run.result["warnings"].append(note)
     out = args.out if args.out is not None else Path("out") / scenario.name
-    trace = make_trace(run, ranks)
-    write_json(out / "result.json", run.result)
-    write_atomically(out / "trace.json", lambda tmp: write_chrome_trace(trace, tmp))
-    title = f"{scenario.name}: one training step"
-    write_atomically(
-        out / "timeline.html", lambda tmp: write_timeline_html(trace, tmp, title=title)
-    )
+    paths = write_run_outputs(run, out, title=f"{scenario.name}: one training step")
     if args.json:
         sys.stdout.write(dumps_result(run.result))
     else:
-        outputs = [str(out / name) for name in ("result.json", "trace.json", "timeline.html")]
-        print_summary(run.result, Console(), outputs)
+        print_summary(run.result, Console(), [str(p) for p in paths])
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "run":
-            return _command_run(args)
+        handler = {
+            "run": _command_run,
+            "calibrate": _command_calibrate,
+            "replay": _command_replay,
+            "compare": _command_compare,
+        }[args.command]
+        return handler(args)
     except (ParasimError, TopologyError) as exc:
         print(f"parasim: error: {exc}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_atomically", "write_json", "dumps_result"]
+__all__ = ["write_atomically", "write_json", "dumps_result", "write_run_outputs"]
 
 
 def write_atomically(path: Path, write: Callable[[Path], Any]) -> Any:
@@ -42,3 +42,23 @@ def dumps_result(result: dict[str, Any]) -> str:
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(dumps_result(payload)))
+
+
+def write_run_outputs(run: Any, out: Path, title: str) -> list[Path]:
+    """Write ``result.json``, ``trace.json`` and ``timeline.html`` of a run to ``out``.
+
+    ``run`` is a :class:`simulator.run.RunResult`, simulated or measured. Large runs
+    keep representative ranks in the trace files and say so in the result's warnings.
+    """
+    from .report import write_chrome_trace, write_timeline_html
+    from .run import make_trace, trace_ranks
+
+    ranks, note = trace_ranks(run)
+    if note and note not in run.result["warnings"]:
+        run.result["warnings"].append(note)
+    trace = make_trace(run, ranks)
+    paths = [out / "result.json", out / "trace.json", out / "timeline.html"]
+    write_json(paths[0], run.result)
+    write_atomically(paths[1], lambda tmp: write_chrome_trace(trace, tmp))
+    write_atomically(paths[2], lambda tmp: write_timeline_html(trace, tmp, title=title))
+    return paths

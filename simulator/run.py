@@ -20,7 +20,15 @@ from .schedule.ir import Compute, Schedule
 from .schedule.step import StepConfig, build_step
 from .trace import OpRecord, Trace
 
-__all__ = ["RunResult", "run_scenario", "build_schedule", "make_trace", "representative_ranks"]
+__all__ = [
+    "RunResult",
+    "run_scenario",
+    "assemble_result",
+    "build_schedule",
+    "make_trace",
+    "representative_ranks",
+    "trace_ranks",
+]
 
 # Above this many ops, trace.json and the timeline keep a representative set of ranks.
 FULL_TRACE_OP_LIMIT = 300_000
@@ -88,7 +96,7 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
             )
     meta = {
         "scenario": run.scenario.name,
-        "fidelity": run.scenario.spec.simulation.fidelity,
+        "fidelity": run.result["fidelity"],
         "gpus_per_node": run.scenario.cluster_spec.gpus_per_node,
         "world": run.scenario.layout.world,
         "ranks_shown": chosen,
@@ -113,8 +121,15 @@ def trace_ranks(run: RunResult) -> tuple[list[int] | None, str | None]:
 def run_scenario(scenario: Scenario) -> RunResult:
     """Simulate one step of ``scenario``; the result dict is ``result.json``'s content."""
     schedule = build_schedule(scenario)
-    cluster = scenario.cluster
-    times = simulate(schedule, cluster)
+    times = simulate(schedule, scenario.cluster)
+    result = assemble_result(scenario, schedule, times, scenario.spec.simulation.fidelity)
+    return RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
+
+
+def assemble_result(
+    scenario: Scenario, schedule: Schedule, times: SimulationTimes, fidelity: str
+) -> dict[str, Any]:
+    """``result.json`` for a step whose op times are known: simulated or measured."""
     layout = scenario.layout
     gpu = scenario.cluster_spec.gpu
     training = scenario.training
@@ -147,7 +162,7 @@ def run_scenario(scenario: Scenario) -> RunResult:
     result: dict[str, Any] = {
         "parasim_version": __version__,
         "scenario": scenario.name,
-        "fidelity": scenario.spec.simulation.fidelity,
+        "fidelity": fidelity,
         "cluster": {
             "name": scenario.cluster_spec.name,
             "nodes": scenario.cluster_spec.nodes,
@@ -183,4 +198,4 @@ def run_scenario(scenario: Scenario) -> RunResult:
         "warnings": warnings,
         "simulation": dict(times.stats),
     }
-    return RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
+    return result

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from .cluster import Cluster
 from .errors import TopologyError
+from .profile import load_profile, profile_overrides
 from .spec import ClusterSpec, check_cluster_spec
 from .validation import nearest_key_hint, validation_message
 
@@ -73,20 +74,25 @@ def load_cluster_spec(config: Mapping[str, Any], prefix: str = "cluster") -> Clu
         raise TopologyError(
             f"{prefix}: expected a mapping such as {{preset: dgx-a100, nodes: 2}} (got {config!r})"
         )
-    valid = ["preset", *ClusterSpec.model_fields]
+    valid = ["preset", "profile", *ClusterSpec.model_fields]
     for key in config:
         if key not in valid:
             hint = nearest_key_hint(str(key), valid)
             raise TopologyError(
                 f"{prefix}.{key}: unknown key{hint}; valid keys: {', '.join(sorted(valid))}"
             )
-    overrides = {k: v for k, v in config.items() if k != "preset"}
+    overrides = {k: v for k, v in config.items() if k not in ("preset", "profile")}
     base: dict[str, Any] = {}
     if "preset" in config:
         try:
             base = load_preset(config["preset"])
         except TopologyError as exc:
             raise TopologyError(f"{prefix}.preset: {exc}") from None
+    if config.get("profile") is not None:
+        source = str(config["profile"])
+        profile = load_profile(source, f"{prefix}.profile")
+        per_node = overrides.get("gpus_per_node", base.get("gpus_per_node"))
+        base = _deep_merge(base, profile_overrides(profile, per_node, source, f"{prefix}.profile"))
     try:
         spec = ClusterSpec.model_validate(_deep_merge(base, overrides))
     except ValidationError as exc:

@@ -30,6 +30,9 @@ __all__ = [
     "NICSpec",
     "NetworkSpec",
     "ClusterSpec",
+    "CommFit",
+    "ScopedFits",
+    "CalibrationSpec",
     "check_cluster_spec",
 ]
 
@@ -118,6 +121,33 @@ class NetworkSpec(_Spec):
     """Leaf downlink : uplink bandwidth; 1 is non-blocking, 2 halves the uplinks."""
 
 
+class CommFit(_Spec):
+    """A measured latency–bandwidth fit ``t = steps·alpha + factor·S / bandwidth``."""
+
+    alpha: Seconds
+    """Latency per algorithm step, seconds."""
+    bandwidth: PositiveBandwidth
+    """Effective (bus) bandwidth per link, bytes/s."""
+
+
+class ScopedFits(_Spec):
+    """Fits of one communication kind inside a node and across nodes."""
+
+    intra_node: CommFit | None = None
+    inter_node: CommFit | None = None
+
+
+class CalibrationSpec(_Spec):
+    """Measured communication parameters that replace the links' line rates.
+
+    ``comm`` maps a collective kind (``all_reduce``, ``all_gather``, ...) or ``p2p`` to
+    its fits; a kind or scope without a fit keeps the modelled links.
+    """
+
+    source: str = ""
+    comm: dict[str, ScopedFits] = {}
+
+
 class ClusterSpec(_Spec):
     """A whole cluster: ``nodes`` identical nodes of ``gpus_per_node`` GPUs."""
 
@@ -128,6 +158,7 @@ class ClusterSpec(_Spec):
     nvswitch: NVSwitchSpec
     nic: NICSpec
     network: NetworkSpec
+    calibration: CalibrationSpec | None = None
 
 
 def check_cluster_spec(spec: ClusterSpec, prefix: str = "cluster") -> None:

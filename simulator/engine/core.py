@@ -27,7 +27,7 @@ from topologies import Cluster
 
 from ..errors import DeadlockError, ScenarioError
 from ..schedule.ir import Collective, Compute, Recv, Schedule, Send
-from .collectives import collective_transfers
+from .collectives import collective_transfers, p2p_transfer
 from .compute import ComputeModel
 from .network import FlowNetwork
 
@@ -223,9 +223,10 @@ class _Engine:
                     f"but its recv expects {partner_bytes:g}"
                 )
             pair.start = self.env.now
-            route = self.cluster.route(src, dst)
-            transfer = self.network.transfer(dict.fromkeys(route.links, 1), op.bytes, route.latency)
-            self._when_all([transfer], pair.done)
+            spec = p2p_transfer(self.cluster, src, dst, op.bytes)
+            self._when_all(
+                [self.network.transfer(spec.usage, spec.volume, spec.latency)], pair.done
+            )
             return pair
         pair = _Rendezvous(self.env, "p2p", op.bytes, 2)
         mine.append((pair, op.bytes))

@@ -30,16 +30,33 @@ from typing import Any
 
 from simulator.trace import OpRecord, Trace, category_of
 
-__all__ = ["chrome_trace_events", "write_chrome_trace", "select_ranks", "stream_order"]
+__all__ = [
+    "chrome_trace_events",
+    "write_chrome_trace",
+    "trace_from_chrome",
+    "select_ranks",
+    "stream_order",
+]
 
 _COMM_OPS = frozenset({"collective", "send", "recv"})
 
 
+SIDES = ("predicted", "measured")
+
+
 def stream_order(streams: Iterable[str]) -> list[str]:
-    """Streams in display order: ``compute`` first, then the others sorted by name."""
-    unique = set(streams)
-    head = ["compute"] if "compute" in unique else []
-    return head + sorted(unique - {"compute"})
+    """Streams in display order: ``compute`` first, then the others sorted by name.
+
+    Streams of an overlay (``"predicted compute"``, ``"measured tp"``) keep the
+    predicted ones above the measured ones, each side in that order."""
+
+    def key(name: str) -> tuple[int, int, str]:
+        side, _, stream = name.partition(" ")
+        if side in SIDES and stream:
+            return (SIDES.index(side), stream != "compute", stream)
+        return (-1, name != "compute", name)
+
+    return sorted(set(streams), key=key)
 
 
 def select_ranks(
@@ -317,3 +334,37 @@ def write_chrome_trace(trace: Trace, path: str | Path, max_events: int | None = 
             fh.write(",\n".join(map(encode, chunk)))
             first = False
         fh.write("\n]}\n")
+
+
+def trace_from_chrome(document: dict[str, Any]) -> Trace:
+    """Read back a Trace written by :func:`write_chrome_trace` (op records only)."""
+    thread_names: dict[tuple[int, int], str] = {}
+    for event in document.get("traceEvents", []):
+        if event.get("ph") == "M" and event.get("name") == "thread_name":
+            thread_names[(event["pid"], event["tid"])] = event["args"]["name"]
+    records = []
+    for event in document.get("traceEvents", []):
+        if event.get("ph") != "X":
+            continue
+        args = event["args"]
+        start = event["ts"] / 1e6
+        records.append(
+            OpRecord(
+                rank=event["pid"],
+                op_id=args["op_id"],
+                stream=thread_names.get((event["pid"], event["tid"]), str(event["tid"])),
+                op=args["op"],
+                kind=args["kind"],
+                label=args.get("label", event["name"]),
+                tags=args.get("tags", {}),
+                ready=args.get("ready_us", event["ts"]) / 1e6,
+                start=start,
+                end=start + event["dur"] / 1e6,
+                bytes=args.get("bytes", 0.0),
+                flops=args.get("flops", 0.0),
+                group=args.get("group"),
+                peer=args.get("peer"),
+            )
+        )
+    other = dict(document.get("otherData", {}))
+    return Trace(records=records, step_time=float(other.pop("step_time_s", 0.0)), meta=other)

@@ -473,6 +473,12 @@ def build_step(config: StepConfig) -> Schedule:
     }
     groups = {name: members for name, members in layout.groups.items() if name in used}
     meta = {
+        "layout": {
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "dp": layout.dp,
+            "placement": list(layout.placement),
+        },
         "schedule": config.schedule,
         "microbatches": config.microbatches,
         "pipeline_orders": {str(s): [str(a) for a in actions] for s, actions in orders.items()},

@@ -1,0 +1,249 @@
+"""Calibrate parasim's model on the machine it runs on, and write a profile.
+
+Under torchrun::
+
+    torchrun --nnodes N --nproc-per-node G -m hardware.calibrate --out profile.json
+
+Every rank runs the microbenchmarks (:mod:`hardware.microbench`); rank 0 fits the
+model's parameters by least squares and writes a versioned profile
+(:mod:`topologies.profile`) atomically:
+
+* matmul: ``t = t0 + flops / R`` over the GEMM sweep gives ``matmul_efficiency =
+  R / peak_flops`` and ``kernel_launch_overhead = t0`` — exactly the roofline the
+  simulator uses, so the efficiency is a function of size through ``t0``;
+* memory copy: ``t = t0 + bytes / BW`` gives ``hbm_bandwidth``;
+* each collective kind, inside a node and across nodes (one rank per node):
+  ``t = a + b·S`` gives ``α = a / steps`` and ``B = factor / b`` of the ring model
+  (``steps`` and ``factor`` as in :mod:`simulator.engine.collectives`);
+* send/recv ping-pong: ``α = a``, ``B = 1 / b``.
+
+The peak FLOP rate the efficiency is measured against comes from ``--peak-flops`` or
+a preset (``--preset``; by default the one matching the device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from simulator.engine.collectives import algorithm_steps, bus_factor
+from simulator.outputs import write_json
+from topologies import load_cluster_spec, parse_flops
+from topologies.profile import PROFILE_FORMAT, PROFILE_VERSION
+
+from .microbench import collective_sweep, matmul_sweep, memcopy_sweep, p2p_sweep
+from .runtime import HardwareError, Runtime, init_runtime, run_rank
+
+__all__ = ["fit_line", "fit_profile", "main"]
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+# Sweeps: a full one for clusters, a quick one for CPU checks and CI.
+SWEEPS = {
+    "cuda": {
+        "matmul": [512, 1024, 2048, 4096, 8192],
+        "memcopy": [2**24, 2**26, 2**28, 2**30],
+        "comm": [2**p for p in range(10, 31, 2)],
+        "iters": 20,
+    },
+    "cpu": {
+        "matmul": [64, 128, 256, 384, 512],
+        "memcopy": [2**20, 2**22, 2**24, 2**26],
+        "comm": [2**p for p in range(12, 25, 2)],
+        "iters": 15,
+    },
+    "quick": {
+        "matmul": [64, 128, 256],
+        "memcopy": [2**20, 2**22, 2**24],
+        "comm": [2**12, 2**16, 2**20, 2**22],
+        "iters": 7,
+    },
+}
+DEVICE_PRESETS = {"A100": "dgx-a100", "H100": "dgx-h100"}
+
+
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float, float]:
+    """Least squares ``y = a + b·x`` with ``a >= 0``, in relative terms (each point
+    weighted by ``1/y``, so the small sizes that pin the fixed cost count as much as
+    the large ones that pin the rate); returns ``(a, b, rms residual in seconds)``."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    weights = 1.0 / ys
+    design = np.vstack([np.ones_like(xs), xs]).T * weights[:, None]
+    a, b = np.linalg.lstsq(design, ys * weights, rcond=None)[0]
+    if a < 0:  # a negative fixed cost is noise: fit through the origin instead
+        a, b = 0.0, float(np.sum(xs / ys) / np.sum((xs / ys) ** 2))
+    if b <= 0:
+        raise HardwareError(
+            f"cannot fit a positive slope to {len(xs)} points (times do not grow with size)"
+        )
+    rms = float(np.sqrt(np.mean((ys - (a + b * xs)) ** 2)))
+    return float(a), float(b), rms
+
+
+def _peak_flops(args: argparse.Namespace, runtime: Runtime) -> tuple[float, str]:
+    if args.peak_flops:
+        return parse_flops(args.peak_flops), f"--peak-flops {args.peak_flops}"
+    preset = args.preset
+    if preset is None:
+        if not runtime.is_cuda:
+            preset = "cpu-localhost"
+        else:
+            name = runtime.device_name()
+            preset = next((p for key, p in DEVICE_PRESETS.items() if key in name), None)
+            if preset is None:
+                raise HardwareError(
+                    f"no preset matches device {name!r}: give --preset or --peak-flops"
+                )
+    spec = load_cluster_spec({"preset": preset, "nodes": 1})
+    return spec.gpu.peak_flops, f"preset {preset}"
+
+
+def fit_profile(raw: dict, runtime: Runtime, peak: float, peak_source: str) -> dict:
+    """The profile (a JSON-ready dict) from the gathered measurements."""
+    matmul = raw["matmul"]
+    t0, per_flop, matmul_rms = fit_line(
+        [r["flops"] for r in matmul], [r["seconds"] for r in matmul]
+    )
+    efficiency = min(1.0, 1.0 / per_flop / peak)
+    _, per_byte, copy_rms = fit_line(
+        [r["bytes"] for r in raw["memcopy"]], [r["seconds"] for r in raw["memcopy"]]
+    )
+    comm: dict[str, dict[str, dict]] = {}
+    for (kind, scope), rows in sorted(raw["comm"].items()):
+        n = rows[0]["ranks"]
+        a, b, rms = fit_line([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+        steps = algorithm_steps(kind, n)
+        factor = bus_factor(kind, n)
+        comm.setdefault(kind, {})[scope] = {
+            "alpha": a / steps,
+            "bandwidth": factor / b,
+            "rms_residual_s": rms,
+            "points": len(rows),
+            "ranks": n,
+        }
+    return {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": {
+            "name": runtime.device_name(),
+            "type": runtime.device.type,
+            "count": runtime.world,
+            "per_node": runtime.local_world,
+            "nodes": runtime.nodes,
+        },
+        "software": {
+            "torch": torch.__version__,
+            "backend": runtime.backend,
+            "backend_version": (
+                ".".join(str(v) for v in torch.cuda.nccl.version())
+                if runtime.backend == "nccl"
+                else "gloo"
+            ),
+        },
+        "gpu": {
+            "peak_flops": peak,
+            "matmul_efficiency": efficiency,
+            # parasim's executor runs the attention core as a GEMM of the same FLOPs, so
+            # the matmul fit stands for it until a fused-attention benchmark is added.
+            "attention_efficiency": efficiency,
+            "kernel_launch_overhead": t0,
+            "hbm_bandwidth": 1.0 / per_byte,
+        },
+        "comm": comm,
+        "fits": {
+            "peak_flops_source": peak_source,
+            "matmul_rms_residual_s": matmul_rms,
+            "memcopy_rms_residual_s": copy_rms,
+        },
+        "matmul": matmul,
+        "memcopy": raw["memcopy"],
+        "comm_rows": {f"{k}/{s}": rows for (k, s), rows in sorted(raw["comm"].items())},
+    }
+
+
+def _scope_groups(runtime: Runtime) -> dict[str, tuple[object, list[int]]]:
+    """The groups this rank benchmarks in: its node, and one rank per node."""
+    scopes: dict[str, tuple[object, list[int]]] = {}
+    per_node = runtime.local_world
+    for node in range(runtime.nodes):  # every rank creates every group, in order
+        members = list(range(node * per_node, (node + 1) * per_node))
+        group = dist.new_group(members)
+        if runtime.node == node and len(members) > 1:
+            scopes["intra_node"] = (group, members)
+    if runtime.nodes > 1:
+        members = list(range(0, runtime.world, per_node))
+        group = dist.new_group(members)
+        if runtime.rank in members:
+            scopes["inter_node"] = (group, members)
+    return scopes
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    runtime = init_runtime()
+    peak, peak_source = _peak_flops(args, runtime)
+    sweep = SWEEPS["quick" if args.quick else runtime.device.type]
+    raw: dict = {
+        "matmul": matmul_sweep(runtime, sweep["matmul"], sweep["iters"]),
+        "memcopy": memcopy_sweep(runtime, sweep["memcopy"], sweep["iters"]),
+        "comm": {},
+    }
+    scopes = _scope_groups(runtime)
+    for scope, (group, members) in scopes.items():
+        for kind in KINDS:
+            rows = collective_sweep(runtime, kind, group, members, sweep["comm"], sweep["iters"])
+            raw["comm"][(kind, scope)] = rows
+    pairs = {
+        "intra_node": (0, 1) if runtime.local_world > 1 else None,
+        "inter_node": (0, runtime.local_world) if runtime.nodes > 1 else None,
+    }
+    for scope, pair in pairs.items():
+        dist.barrier()
+        if pair is not None and runtime.rank in pair:
+            peer = pair[1] if runtime.rank == pair[0] else pair[0]
+            rows = p2p_sweep(
+                runtime, peer, sweep["comm"], sweep["iters"], initiator=runtime.rank == pair[0]
+            )
+            for row in rows:
+                row["ranks"] = 2
+            raw["comm"][("p2p", scope)] = rows
+    dist.barrier()
+    if runtime.rank == 0:
+        profile = fit_profile(raw, runtime, peak, peak_source)
+        write_json(args.out, profile)
+        gpu = profile["gpu"]
+        print(
+            f"parasim: wrote {args.out}: matmul efficiency {gpu['matmul_efficiency']:.3f} of "
+            f"{peak:.4g} FLOP/s, launch overhead {gpu['kernel_launch_overhead'] * 1e6:.1f} us, "
+            f"memory {gpu['hbm_bandwidth'] / 1e9:.1f} GB/s, "
+            f"{sum(len(v) for v in profile['comm'].values())} communication fits"
+        )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hardware.calibrate", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--quick", action="store_true", help="a short sweep (seconds, for checks and CI)"
+    )
+    parser.add_argument(
+        "--preset", help="cluster preset whose peak FLOP/s the efficiency is measured against"
+    )
+    parser.add_argument("--peak-flops", help="peak FLOP/s of one device, e.g. '989 TFLOP/s'")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    run_rank(lambda: calibrate(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The hardware backend for real: gloo CPU processes, no mocks.
+
+Each test launches 2-4 local ranks through torch's elastic launcher, as
+``parasim replay`` and ``parasim calibrate`` do.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from hardware.launch import launch_local  # noqa: E402
+from hardware.runtime import HardwareError  # noqa: E402
+from simulator.cli import main  # noqa: E402
+from simulator.run import run_scenario  # noqa: E402
+from simulator.scenario import load_scenario  # noqa: E402
+
+from .conftest import SCENARIOS  # noqa: E402
+
+TINY = [
+    "model.layers=2",
+    "model.hidden=64",
+    "model.heads=2",
+    "model.seq_len=32",
+    "model.vocab=128",
+    "training.global_batch=4",
+    "training.micro_batch=1",
+]
+LAYOUTS = {
+    "dp": ["parallel.tp=1", "parallel.dp=2"],
+    "tp": ["parallel.tp=2", "parallel.dp=1"],
+    "pp": ["parallel.tp=1", "parallel.pp=2", "parallel.dp=1"],
+    "tp-pp-dp": ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.pp=2", "parallel.dp=1"],
+    "tp-dp": ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.dp=2"],
+}
+SCENARIO = str(SCENARIOS / "cpu-tiny.yaml")
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [f"--set={o}" for o in overrides]
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_replay_times_every_op_and_checks_collectives(name, tmp_path):
+    overrides = TINY + LAYOUTS[name]
+    scenario = load_scenario(SCENARIO, overrides)
+    launch_local(
+        "hardware.replay",
+        [SCENARIO, "--out", str(tmp_path), "--warmup", "1", "--steps", "2", *_sets(overrides)],
+        scenario.layout.world,
+        "gloo",
+        60,
+    )
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["fidelity"] == "measured"
+    assert result["measured"]["verified_collectives"] is True
+    assert len(result["measured"]["step_times_s"]) == 2
+    assert result["step_time_s"] > 0
+    for row in result["per_rank"]:
+        assert sum(row["breakdown"].values()) == pytest.approx(result["step_time_s"], rel=1e-9)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    timed = [e for e in events if e["ph"] == "X"]
+    total_ops = sum(len(p.ops) for p in run_scenario(scenario).schedule.programs.values())
+    assert len(timed) == total_ops
+    assert all(e["dur"] >= 0 and math.isfinite(e["ts"]) for e in timed)
+
+
+def test_every_collective_kind_and_uneven_all_to_all_are_correct(tmp_path, monkeypatch):
+    out = tmp_path / "counts"
+    monkeypatch.setenv("PARASIM_TEST_OUT", str(out))
+    launch_local("tests.hw_collectives_worker", [], 3, "gloo", 60)
+    counts = ast.literal_eval(out.read_text())
+    assert all(timed == total and total > 0 for timed, total in counts)
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    assert (
+        main(["calibrate", "--nproc", "2", "--backend", "gloo", "--quick", "--out", str(path)]) == 0
+    )
+    return path
+
+
+def test_calibration_writes_a_profile_that_changes_the_prediction(profile):
+    data = json.loads(profile.read_text())
+    assert data["format"] == "parasim-calibration" and data["version"] == 1
+    assert data["device"]["count"] == 2 and data["software"]["backend"] == "gloo"
+    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p"} <= set(
+        data["comm"]
+    )
+    for scopes in data["comm"].values():
+        fit = scopes["intra_node"]
+        assert fit["bandwidth"] > 0 and fit["alpha"] >= 0 and math.isfinite(fit["rms_residual_s"])
+    assert 0 < data["gpu"]["matmul_efficiency"] <= 1
+    plain = run_scenario(load_scenario(SCENARIO))
+    calibrated = run_scenario(load_scenario(SCENARIO, [f"cluster.profile={profile}"]))
+    assert calibrated.scenario.cluster_spec.calibration is not None
+    assert (
+        calibrated.scenario.cluster_spec.gpu.matmul_efficiency == data["gpu"]["matmul_efficiency"]
+    )
+    assert calibrated.result["step_time_s"] != plain.result["step_time_s"]
+
+
+def test_closed_loop_calibrate_predict_replay_compare(profile, tmp_path, capsys):
+    predicted, measured = tmp_path / "predicted", tmp_path / "measured"
+    assert (
+        main(["run", SCENARIO, "--set", f"cluster.profile={profile}", "--out", str(predicted)]) == 0
+    )
+    assert (
+        main(["replay", SCENARIO, "--backend", "gloo", "--steps", "2", "--out", str(measured)]) == 0
+    )
+    capsys.readouterr()
+    assert main(["compare", str(predicted), str(measured), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    error = report["step_time"]["error"]
+    assert error is not None and math.isfinite(error)
+    assert report["op_classes"] and (measured / "compare.html").exists()
+
+
+def test_a_killed_rank_fails_the_run_in_time_and_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARASIM_FAULT", "1:4:kill")
+    overrides = TINY + LAYOUTS["tp"]
+    started = time.monotonic()
+    with pytest.raises(HardwareError) as info:
+        launch_local(
+            "hardware.replay", [SCENARIO, "--out", str(tmp_path), *_sets(overrides)], 2, "gloo", 20
+        )
+    assert time.monotonic() - started < 30
+    assert "rank 1 was killed by SIGKILL" in str(info.value)
+    assert not (tmp_path / "result.json").exists()
+
+
+def test_a_hung_rank_ends_the_run_within_the_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARASIM_FAULT", "1:4:hang")
+    overrides = TINY + LAYOUTS["tp"]
+    started = time.monotonic()
+    with pytest.raises(HardwareError) as info:
+        launch_local(
+            "hardware.replay", [SCENARIO, "--out", str(tmp_path), *_sets(overrides)], 2, "gloo", 4
+        )
+    assert time.monotonic() - started < 20
+    assert "rank 1" in str(info.value)
+
+
+def test_replay_refuses_a_wrong_process_count(capsys):
+    assert main(["replay", SCENARIO, "--nproc", "3", "--backend", "gloo"]) == 2
+    assert "needs 2 ranks" in capsys.readouterr().err

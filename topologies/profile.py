@@ -1,0 +1,130 @@
+"""Calibration profiles: measured parameters that replace a preset's.
+
+``parasim calibrate`` (the ``hardware`` extra) measures matmul throughput, memory copy
+bandwidth, collectives and point-to-point transfers, fits the model's parameters and
+writes a *profile*: versioned JSON. A scenario names it with
+``cluster: {preset: ..., profile: path}``; :func:`profile_overrides` turns it into
+overrides that the preset is merged with before the scenario's own overrides, so an
+explicit scenario value still wins.
+
+Format (``format: parasim-calibration``, ``version: 1``)::
+
+    {
+      "format": "parasim-calibration", "version": 1, "created": "2026-11-29T10:00:00Z",
+      "device": {"name": "...", "type": "cpu" | "cuda", "count": 2, "per_node": 2, "nodes": 1},
+      "software": {"torch": "2.13.0", "backend": "gloo", "backend_version": "..."},
+      "gpu": {"matmul_efficiency": 0.8, "attention_efficiency": 0.8,
+              "kernel_launch_overhead": 5e-06, "hbm_bandwidth": 1.2e12, "peak_flops": 9.9e14},
+      "comm": {"all_reduce": {"intra_node": {"alpha": 2e-05, "bandwidth": 3e9,
+                                              "rms_residual_s": 1e-06, "points": 8}}, ...},
+      "matmul": [...], "memcopy": [...]          # the raw measurements
+    }
+
+A profile is refused, with one line saying why, when it is not JSON, has another
+format or version, lacks a field, or was measured on nodes of a different size than
+the cluster it is applied to (``device.per_node != gpus_per_node``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import TopologyError
+from .validation import validation_message
+
+__all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "Profile", "load_profile", "profile_overrides"]
+
+PROFILE_FORMAT = "parasim-calibration"
+PROFILE_VERSION = 1
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ProfileDevice(_Open):
+    name: str
+    type: str
+    count: int = Field(ge=1)
+    per_node: int = Field(ge=1)
+    nodes: int = Field(ge=1)
+
+
+class ProfileSoftware(_Open):
+    torch: str
+    backend: str
+    backend_version: str = ""
+
+
+class ProfileGPU(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    peak_flops: float = Field(gt=0)
+    matmul_efficiency: float = Field(gt=0, le=1)
+    attention_efficiency: float = Field(gt=0, le=1)
+    kernel_launch_overhead: float = Field(ge=0)
+    hbm_bandwidth: float = Field(gt=0)
+
+
+class ProfileFit(_Open):
+    alpha: float = Field(ge=0)
+    bandwidth: float = Field(gt=0)
+    rms_residual_s: float = Field(ge=0)
+    points: int = Field(ge=2)
+
+
+class Profile(_Open):
+    format: str
+    version: int
+    created: str
+    device: ProfileDevice
+    software: ProfileSoftware
+    gpu: ProfileGPU
+    comm: dict[str, dict[str, ProfileFit]] = {}
+
+
+def load_profile(path: str | Path, prefix: str = "cluster.profile") -> Profile:
+    """Read and check a profile; every problem is one :class:`TopologyError` line."""
+    path = Path(path)
+    try:
+        payload: Any = json.loads(path.read_text())
+    except OSError as exc:
+        raise TopologyError(f"{prefix}: cannot read {path} ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"{prefix}: {path} is not JSON (line {exc.lineno})") from None
+    if not isinstance(payload, dict) or payload.get("format") != PROFILE_FORMAT:
+        raise TopologyError(f"{prefix}: {path} is not a parasim calibration profile")
+    if payload.get("version") != PROFILE_VERSION:
+        raise TopologyError(
+            f"{prefix}: {path} has profile version {payload.get('version')!r}; this parasim "
+            f"reads version {PROFILE_VERSION}"
+        )
+    try:
+        return Profile.model_validate(payload)
+    except ValidationError as exc:
+        raise TopologyError(validation_message(exc, Profile, f"{prefix} ({path.name})")) from None
+
+
+def profile_overrides(
+    profile: Profile, gpus_per_node: int, source: str, prefix: str = "cluster.profile"
+) -> dict[str, Any]:
+    """The cluster overrides a profile stands for, checked against the node size."""
+    if profile.device.per_node != gpus_per_node:
+        raise TopologyError(
+            f"{prefix}: profile {source} was measured with {profile.device.per_node} devices per "
+            f"node but the cluster has gpus_per_node({gpus_per_node})"
+        )
+    comm = {
+        kind: {
+            scope: {"alpha": fit.alpha, "bandwidth": fit.bandwidth} for scope, fit in scopes.items()
+        }
+        for kind, scopes in profile.comm.items()
+    }
+    return {
+        "gpu": profile.gpu.model_dump(),
+        "calibration": {"source": source, "comm": comm},
+    }
