@@ -19,16 +19,20 @@ from hardware.runtime import init_runtime, run_rank
 from simulator.schedule.ir import Collective, Compute, Program, Recv, Schedule, Send
 
 
+def _adder(ops: list):
+    def add(op_type, *fields, **kw) -> int:
+        ops.append(op_type(len(ops), *fields, **kw))
+        return len(ops) - 1
+
+    return add
+
+
 def build(world: int) -> Schedule:
     everyone = tuple(range(world))
     programs = {}
     for rank in range(world):
         ops: list = []
-
-        def add(op_type, *fields, **kw):
-            ops.append(op_type(len(ops), *fields, **kw))
-            return len(ops) - 1
-
+        add = _adder(ops)
         gemm = add(Compute, "compute", 2 * 64**3, 0, "gemm", "gemm", shape=(64, 64, 64))
         for kind in (
             "all_reduce",
@@ -57,7 +61,9 @@ def main() -> int:
     executor = ProgramExecutor(schedule, runtime, groups, peak_flops=1e11, memory_bandwidth=1e10)
     executor.run_step(verify=True)
     times = executor.run_step(verify=True)
-    timed = sum(1 for s, e in zip(times.start, times.end) if math.isfinite(s) and e >= s)
+    timed = sum(
+        1 for s, e in zip(times.start, times.end, strict=True) if math.isfinite(s) and e >= s
+    )
     counts = [None] * runtime.world if runtime.rank == 0 else None
     dist.gather_object((timed, len(times.end)), counts, dst=0)
     if runtime.rank == 0:
