@@ -50,15 +50,16 @@ SWEEPS = {
         "comm": [2**p for p in range(10, 31, 2)],
         "iters": 20,
     },
+    # CPU copies start at 16 MiB so that they stream from DRAM, not from the caches
     "cpu": {
         "matmul": [64, 128, 256, 384, 512],
-        "memcopy": [2**20, 2**22, 2**24, 2**26],
+        "memcopy": [2**24, 2**26, 2**27],
         "comm": [2**p for p in range(12, 25, 2)],
         "iters": 15,
     },
     "quick": {
         "matmul": [64, 128, 256],
-        "memcopy": [2**20, 2**22, 2**24],
+        "memcopy": [2**24, 2**26],
         "comm": [2**12, 2**16, 2**20, 2**22],
         "iters": 7,
     },

@@ -45,7 +45,7 @@ def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout
             PARASIM_BACKEND=backend,
             PARASIM_TIMEOUT=str(timeout_s),
             PARASIM_RUN_DIR=run_dir,
-            OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // nproc)),
+            OMP_NUM_THREADS="1",
         )
         config = LaunchConfig(
             min_nodes=1,

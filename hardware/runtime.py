@@ -90,8 +90,9 @@ def init_runtime(backend: str | None = None, timeout_s: float | None = None) -> 
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        # one share of the cores per process, so the ranks do not fight over them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        # One core per process, as the cpu-localhost preset describes a "device": the
+        # ranks do not fight over cores, and a run of N processes measures N cores.
+        torch.set_num_threads(1)
     if "MASTER_ADDR" not in os.environ:  # a lone process outside any launcher
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29517")

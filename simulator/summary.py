@@ -7,11 +7,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from topologies.units import format_bytes, format_time
+from topologies.units import format_bytes, format_flops, format_time
 
 from .metrics import CATEGORIES
 
 __all__ = ["print_summary"]
+
+
+def _parameters(count: float) -> str:
+    return f"{count / 1e9:.2f} B" if count >= 1e9 else f"{count / 1e6:.1f} M"
 
 
 def _share(part: float, whole: float) -> str:
@@ -30,7 +34,7 @@ def print_summary(result: dict[str, Any], console: Console, outputs: list[str]) 
     )
     head.add_row(
         "model",
-        f"{result['model']['name']} ({result['model']['parameters'] / 1e9:.2f} B parameters)",
+        f"{result['model']['name']} ({_parameters(result['model']['parameters'])} parameters)",
     )
     head.add_row(
         "layout",
@@ -42,7 +46,8 @@ def print_summary(result: dict[str, Any], console: Console, outputs: list[str]) 
     head.add_row("throughput", f"{result['tokens_per_s']:,.0f} tokens/s")
     head.add_row(
         "per GPU",
-        f"{result['tflops_per_gpu']:.1f} TFLOP/s (model FLOPs) · MFU {100 * result['mfu']:.1f}%",
+        f"{format_flops(result['tflops_per_gpu'] * 1e12)} (model FLOPs) · "
+        f"MFU {100 * result['mfu']:.1f}%",
     )
     memory = result["memory"]
     verdict = "[bold red]OUT OF MEMORY[/]" if memory["oom"] else "fits"

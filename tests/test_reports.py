@@ -449,3 +449,23 @@ def test_coalesce_merges_only_adjacent_ops_of_one_category_in_one_lane():
     assert compute[0].flops == 4.0 and compute[0].label.startswith("2 ops: op0")
     assert "layer" not in compute[0].tags and compute[0].tags["phase"] == "fwd"
     assert len(merged) == 4
+
+
+def test_chrome_trace_reads_back_into_the_same_records():
+    from simulator.report.chrome_trace import trace_from_chrome
+
+    trace = small_trace()
+    again = trace_from_chrome(chrome_trace_events(trace))
+    assert again.step_time == pytest.approx(trace.step_time)
+    originals = {(r.rank, r.op_id): r for r in trace.records}
+    assert len(again.records) == len(trace.records)
+    for record in again.records:
+        original = originals[(record.rank, record.op_id)]
+        assert (record.stream, record.kind, record.label, record.tags) == (
+            original.stream,
+            original.kind,
+            original.label,
+            original.tags,
+        )
+        assert record.start == pytest.approx(original.start, abs=1e-9)
+        assert record.end == pytest.approx(original.end, abs=1e-9)

@@ -16,7 +16,7 @@ from topologies import (
     preset_names,
 )
 
-PRESETS = ["dgx-a100", "dgx-h100"]
+PRESETS = ["dgx-a100", "dgx-h100"]  # the DGX presets: 8 GPUs, one NIC each
 
 
 def _cluster(preset: str = "dgx-a100", nodes: int = 2, **overrides) -> Cluster:
@@ -68,7 +68,7 @@ def _assert_valid_path(cluster: Cluster, src: int, dst: int) -> None:
 
 
 def test_preset_names():
-    assert preset_names() == PRESETS
+    assert preset_names() == ["cpu-localhost", *PRESETS]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -336,3 +336,16 @@ def test_large_cluster_builds_quickly():
     cluster = _cluster("dgx-h100", 128)
     assert cluster.num_gpus == 1024
     _assert_valid_path(cluster, 0, 1023)
+
+
+def test_cpu_localhost_builds_for_any_process_count():
+    for processes in (1, 2, 3, 4):
+        spec = load_cluster_spec(
+            {"preset": "cpu-localhost", "nodes": 1, "gpus_per_node": processes}
+        )
+        cluster = build_cluster(spec)
+        assert cluster.num_gpus == processes
+        for src in range(processes):
+            for dst in range(processes):
+                if src != dst:
+                    assert cluster.route(src, dst).latency == spec.nvswitch.latency

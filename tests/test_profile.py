@@ -1,0 +1,129 @@
+"""Calibration profiles: applied to a cluster, and refused when wrong (no torch needed)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from simulator.run import run_scenario
+from simulator.scenario import load_scenario
+from topologies import TopologyError, load_cluster_spec
+
+from .conftest import SCENARIOS
+
+VALID = {
+    "format": "parasim-calibration",
+    "version": 1,
+    "created": "2026-11-29T10:00:00+00:00",
+    "device": {"name": "cpu", "type": "cpu", "count": 2, "per_node": 2, "nodes": 1},
+    "software": {"torch": "2.13.0", "backend": "gloo", "backend_version": "gloo"},
+    "gpu": {
+        "peak_flops": 1.92e11,
+        "matmul_efficiency": 0.5,
+        "attention_efficiency": 0.5,
+        "kernel_launch_overhead": 1e-5,
+        "hbm_bandwidth": 1e10,
+    },
+    "comm": {
+        "all_reduce": {
+            "intra_node": {"alpha": 1e-4, "bandwidth": 1e9, "rms_residual_s": 1e-6, "points": 5}
+        },
+        "p2p": {
+            "intra_node": {"alpha": 5e-5, "bandwidth": 2e9, "rms_residual_s": 1e-6, "points": 5}
+        },
+    },
+}
+
+
+def write(tmp_path, payload, name="profile.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(payload) if not isinstance(payload, str) else payload)
+    return path
+
+
+def cluster_with(path):
+    return load_cluster_spec({"preset": "cpu-localhost", "nodes": 1, "profile": str(path)})
+
+
+def test_profile_values_replace_the_presets_and_overrides_still_win(tmp_path):
+    path = write(tmp_path, VALID)
+    spec = cluster_with(path)
+    assert spec.gpu.matmul_efficiency == 0.5 and spec.gpu.hbm_bandwidth == 1e10
+    assert spec.calibration.comm["all_reduce"].intra_node.bandwidth == 1e9
+    assert spec.calibration.comm["all_reduce"].inter_node is None
+    explicit = load_cluster_spec(
+        {
+            "preset": "cpu-localhost",
+            "nodes": 1,
+            "profile": str(path),
+            "gpu": {"matmul_efficiency": 0.7},
+        }
+    )
+    assert explicit.gpu.matmul_efficiency == 0.7
+
+
+def test_a_calibrated_all_reduce_alone_takes_the_fitted_time(tmp_path):
+    from simulator.engine.core import simulate
+    from simulator.schedule.ir import Collective, Program, Schedule
+    from topologies import build_cluster
+
+    cluster = build_cluster(cluster_with(write(tmp_path, VALID)))
+    size = 4e6
+    programs = {r: Program(r, [Collective(0, "c", "all_reduce", "g", size)]) for r in (0, 1)}
+    elapsed = simulate(Schedule(programs, {"g": (0, 1)}), cluster).step_time
+    # n = 2: 2(n-1) = 2 steps of alpha, factor 2(n-1)/n = 1
+    assert elapsed == pytest.approx(2 * 1e-4 + size / 1e9, rel=1e-9)
+
+
+def test_scenario_names_a_profile(tmp_path):
+    path = write(tmp_path, VALID)
+    base = run_scenario(load_scenario(SCENARIOS / "cpu-tiny.yaml"))
+    calibrated = run_scenario(
+        load_scenario(SCENARIOS / "cpu-tiny.yaml", [f"cluster.profile={path}"])
+    )
+    assert (
+        calibrated.result["step_time_s"] > base.result["step_time_s"]
+    )  # slower GPU in the profile
+
+
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda p: p.update(version=2), "has profile version 2; this parasim reads version 1"),
+        (lambda p: p.update(format="something"), "is not a parasim calibration profile"),
+        (
+            lambda p: p["device"].update(per_node=8),
+            "measured with 8 devices per node but the cluster has gpus_per_node(2)",
+        ),
+        (lambda p: p["gpu"].pop("hbm_bandwidth"), "gpu.hbm_bandwidth: required field is missing"),
+        (lambda p: p.pop("device"), "device: required field is missing"),
+        (lambda p: p["gpu"].update(matmul_efficiency=1.5), "gpu.matmul_efficiency"),
+        (lambda p: p["comm"]["p2p"]["intra_node"].update(bandwidth=0), "bandwidth"),
+    ],
+)
+def test_bad_profiles_are_refused_with_one_line(tmp_path, mutate, message):
+    payload = copy.deepcopy(VALID)
+    mutate(payload)
+    with pytest.raises(TopologyError) as info:
+        cluster_with(write(tmp_path, payload))
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unreadable_profiles(tmp_path):
+    with pytest.raises(TopologyError, match="is not JSON"):
+        cluster_with(write(tmp_path, "{not json"))
+    with pytest.raises(TopologyError, match="cannot read"):
+        cluster_with(tmp_path / "missing.json")
+
+
+def test_bad_profile_through_the_command_line(tmp_path, capsys):
+    from simulator.cli import main
+
+    payload = copy.deepcopy(VALID)
+    payload["version"] = 0
+    path = write(tmp_path, payload)
+    assert main(["run", str(SCENARIOS / "cpu-tiny.yaml"), "--set", f"cluster.profile={path}"]) == 2
+    assert "cluster.profile: " in capsys.readouterr().err
