@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import __version__
-from .engine.core import SimulationTimes, simulate
+from .engine.core import EngineOptions, SimulationTimes, simulate
 from .memory import memory_per_rank
 from .metrics import account_step
 from .model import model_flops_per_step, parameter_count
@@ -55,7 +55,7 @@ def build_schedule(scenario: Scenario) -> Schedule:
         grad_bucket_bytes=training.grad_bucket_bytes,
         first_grad_bucket_bytes=training.first_grad_bucket_bytes,
     )
-    return build_step(config)
+    return build_step(config, fold=scenario.spec.simulation.fidelity == "analytic")
 
 
 def representative_ranks(scenario: Scenario, critical_rank: int) -> list[int]:
@@ -121,7 +121,9 @@ def trace_ranks(run: RunResult) -> tuple[list[int] | None, str | None]:
 def run_scenario(scenario: Scenario) -> RunResult:
     """Simulate one step of ``scenario``; the result dict is ``result.json``'s content."""
     schedule = build_schedule(scenario)
-    times = simulate(schedule, scenario.cluster)
+    simulation = scenario.spec.simulation
+    options = EngineOptions(simulation.fidelity, simulation.algorithm, simulation.protocol)
+    times = simulate(schedule, scenario.cluster, options)
     result = assemble_result(scenario, schedule, times, scenario.spec.simulation.fidelity)
     return RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
 
@@ -196,6 +198,11 @@ def assemble_result(
         "per_rank": accounting["per_rank"],
         "memory": memory,
         "warnings": warnings,
-        "simulation": dict(times.stats),
+        "simulation": {
+            **times.stats,
+            "simulated_ranks": len(schedule.programs),
+            "folded": len(schedule.programs) < world,
+            "collective_choices": times.collective_choices,
+        },
     }
     return result

@@ -66,8 +66,10 @@ class ParallelSpec(_Strict):
 
 
 class SimulationSpec(_Strict):
-    fidelity: Literal["flow"] = "flow"
+    fidelity: Literal["flow", "analytic"] = "flow"
     seed: int = 0
+    algorithm: Literal["ring", "tree", "nvls", "direct"] | None = None
+    protocol: Literal["LL", "LL128", "Simple"] | None = None
 
 
 class ModelSection(_Strict):

@@ -1,48 +1,65 @@
-"""The flow network and the ring collectives against their closed forms."""
+"""The flow network and NCCL's algorithms against their closed forms."""
 
 from __future__ import annotations
 
 import pytest
 import simpy
 
-from simulator.engine.core import simulate
+from simulator.engine.collectives import bus_factor, plan_collective, plan_p2p
+from simulator.engine.core import EngineOptions, simulate
+from simulator.engine.nccl import latency_seconds
 from simulator.engine.network import FlowNetwork
 from simulator.schedule.ir import Collective, Program, Recv, Schedule, Send
 
 from .helpers import cluster
 
+RING_SIMPLE = EngineOptions(algorithm="ring", protocol="Simple")
 
-def collective_alone(machine, kind: str, members: list[int], size: float) -> float:
+
+def collective_alone(machine, kind, members, size, options=RING_SIMPLE, fidelity="flow") -> float:
     programs = {
         rank: Program(rank, [Collective(0, "comm", kind, "g", size, tags={"axis": "dp"})])
         for rank in members
     }
-    return simulate(Schedule(programs, {"g": tuple(members)}), machine).step_time
+    options = EngineOptions(fidelity, options.algorithm, options.protocol)
+    return simulate(Schedule(programs, {"g": tuple(members)}), machine, options).step_time
+
+
+def nvlink(machine) -> float:
+    return machine.spec.nvswitch.bandwidth * machine.spec.nvswitch.link_efficiency
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 @pytest.mark.parametrize("size", [1.0, 1e6, 3e9])
-def test_ring_all_reduce_inside_a_node(n, size):
+def test_ring_all_reduce_inside_a_node_is_alpha_beta(n, size):
+    """NCCL ring/Simple: base latency + 2(n−1)·α + 2(n−1)/n · S/B, with α NCCL's
+    per-step NVLink latency (3.4 µs) and B the NVLink data rate."""
     machine = cluster(nodes=1)
-    alpha = machine.spec.nvswitch.latency
-    bandwidth = machine.spec.nvswitch.bandwidth
-    expected = 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / bandwidth
+    alpha, base = 3.4e-6, 8.4e-6
+    expected = base + 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / nvlink(machine)
     assert collective_alone(machine, "all_reduce", list(range(n)), size) == pytest.approx(
         expected, rel=1e-6
     )
 
 
-def test_ring_all_reduce_across_nodes_runs_at_the_slowest_link():
+def test_ring_all_reduce_across_nodes_uses_one_ring_per_rail():
     machine = cluster(nodes=2)
-    members = list(range(16))
-    size = 1e9
-    edges = [(members[i], members[(i + 1) % 16]) for i in range(16)]
-    alpha = max(machine.route(a, b).latency for a, b in edges)
-    bandwidth = min(
-        machine.links[link].bandwidth for a, b in edges for link in machine.route(a, b).links
+    members, size = list(range(16)), 1e9
+    rails = 8
+    # every NIC carries one ring's crossing; the NIC (25 GB/s) is the slowest link of each ring
+    bandwidth = rails * machine.spec.nic.bandwidth
+    latency = latency_seconds("all_reduce", "ring", "Simple", 16, 2)
+    expected = latency + 2 * 15 / 16 * size / bandwidth
+    assert collective_alone(machine, "all_reduce", members, size) == pytest.approx(
+        expected, rel=1e-6
     )
-    assert bandwidth == machine.spec.nic.bandwidth
-    expected = 2 * 15 * alpha + 2 * 15 / 16 * size / bandwidth
+
+
+def test_one_gpu_per_node_rings_run_at_one_nic():
+    machine = cluster(nodes=4)
+    members, size = [0, 8, 16, 24], 4e8
+    latency = latency_seconds("all_reduce", "ring", "Simple", 4, 4)
+    expected = latency + 2 * 3 / 4 * size / machine.spec.nic.bandwidth
     assert collective_alone(machine, "all_reduce", members, size) == pytest.approx(
         expected, rel=1e-6
     )
@@ -52,11 +69,61 @@ def test_ring_all_reduce_across_nodes_runs_at_the_slowest_link():
 def test_ring_all_gather_and_reduce_scatter(kind):
     machine = cluster(nodes=1)
     n, size = 8, 2e8
-    alpha, bandwidth = machine.spec.nvswitch.latency, machine.spec.nvswitch.bandwidth
-    expected = (n - 1) * alpha + (n - 1) / n * size / bandwidth
+    expected = 8.4e-6 + (n - 1) * 3.4e-6 + (n - 1) / n * size / nvlink(machine)
     assert collective_alone(machine, kind, list(range(n)), size) == pytest.approx(
         expected, rel=1e-6
     )
+
+
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100"])
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+@pytest.mark.parametrize(
+    "kind", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
+)
+def test_bus_bandwidth_factors_hold_for_large_messages(preset, nodes, kind):
+    """algbw × nccl-tests factor = the bus bandwidth the plan reports."""
+    machine = cluster(preset, nodes)
+    gpus = list(range(machine.num_gpus))
+    size = 2**33
+    plan = plan_collective(machine, kind, gpus, size, "direct" if kind == "all_to_all" else "ring")
+    algbw = size / plan.choice.time(size)
+    # the bus bandwidth is the bottleneck links' rate, whatever the rank count
+    assert algbw * bus_factor(kind, len(gpus)) == pytest.approx(plan.choice.busbw, rel=0.01)
+    slowest = min(link.bandwidth for link in machine.links)
+    assert plan.choice.busbw >= slowest
+
+
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100"])
+def test_tree_wins_small_multi_node_all_reduce_and_ring_wins_large(preset):
+    machine = cluster(preset, nodes=16)
+    gpus = list(range(machine.num_gpus))
+    small = plan_collective(machine, "all_reduce", gpus, 4096).choice
+    large = plan_collective(machine, "all_reduce", gpus, 2**33).choice
+    assert small.algorithm == "tree" and small.protocol == "LL"
+    assert large.algorithm == "ring" and large.protocol == "Simple"
+    ring_small = plan_collective(machine, "all_reduce", gpus, 4096, "ring").choice
+    tree_large = plan_collective(machine, "all_reduce", gpus, 2**33, "tree").choice
+    assert small.time(4096) < ring_small.time(4096)
+    assert large.time(2**33) < tree_large.time(2**33)
+
+
+def test_latency_bound_small_and_bandwidth_bound_large_messages():
+    machine = cluster(nodes=1)
+    gpus = list(range(8))
+    tiny = plan_collective(machine, "all_reduce", gpus, 8).choice
+    assert tiny.protocol == "LL"
+    assert tiny.time(8) == pytest.approx(tiny.latency, rel=1e-3)  # all latency
+    huge = plan_collective(machine, "all_reduce", gpus, 2**33).choice
+    assert huge.latency / huge.time(2**33) < 1e-3  # all bandwidth
+
+
+def test_nvls_only_where_the_switch_reduces():
+    h100 = cluster("dgx-h100", nodes=1)
+    a100 = cluster("dgx-a100", nodes=1)
+    assert plan_collective(h100, "all_reduce", list(range(8)), 2**30).choice.algorithm == "nvls"
+    assert plan_collective(a100, "all_reduce", list(range(8)), 2**30).choice.algorithm == "ring"
+    with pytest.raises(ValueError, match="available algorithms: ring"):
+        plan_collective(a100, "all_reduce", list(range(8)), 2**30, "nvls")
 
 
 def _run_flows(bandwidths: list[float], flows: list[tuple[dict[int, int], float]]) -> list[float]:
@@ -113,8 +180,37 @@ def test_sends_through_one_nic_share_it_and_sends_on_other_rails_do_not():
     alone = simulate(p2p_schedule([(0, 8)], size), machine).step_time
     rails_apart = simulate(p2p_schedule([(0, 8), (1, 9)], size), machine).step_time
     same_nic = simulate(p2p_schedule([(0, 8), (0, 9)], size), machine).step_time
+    choice = plan_p2p(machine, 0, 8, size).choice
     nic = machine.spec.nic.bandwidth
-    assert alone == pytest.approx(machine.route(0, 8).latency + size / nic, rel=1e-9)
+    assert alone == pytest.approx(choice.latency + size / nic, rel=1e-9)
     assert rails_apart == pytest.approx(alone, rel=1e-9)
-    # The NIC link is busy from the first flow's arrival until both have crossed it.
-    assert same_nic == pytest.approx(machine.route(0, 8).latency + 2 * size / nic, rel=1e-9)
+    # the NIC link is busy from the flows' start until both have crossed it
+    assert same_nic == pytest.approx(choice.latency + 2 * size / nic, rel=1e-9)
+
+
+def test_dp_all_reduce_and_pipeline_sends_on_one_nic_slow_each_other():
+    machine = cluster(nodes=2)
+    size = 5e8
+    ring = [0, 8]  # one GPU per node: the ring crosses rail 0's NICs
+    programs = {
+        0: Program(
+            0,
+            [
+                Collective(0, "dp", "all_reduce", "dp", size, tags={"axis": "dp"}),
+                Send(1, "pp", 8, size, 0, tags={"axis": "pp"}),
+            ],
+        ),
+        8: Program(
+            8,
+            [
+                Collective(0, "dp", "all_reduce", "dp", size, tags={"axis": "dp"}),
+                Recv(1, "pp", 0, size, 0, tags={"axis": "pp"}),
+            ],
+        ),
+    }
+    together = simulate(Schedule(programs, {"dp": tuple(ring)}), machine)
+    dp_alone = collective_alone(machine, "all_reduce", ring, size, EngineOptions())
+    send_alone = simulate(p2p_schedule([(0, 8)], size), machine).step_time
+    dp_end = together.end[0][0]
+    assert dp_end > 1.3 * dp_alone
+    assert together.step_time > 1.3 * max(dp_alone, send_alone)

@@ -244,7 +244,8 @@ def test_link_bandwidths():
     cluster = _cluster("dgx-h100", 4)
     spec = cluster.spec
     edges = cluster.graph.edges
-    assert edges["n1.gpu3", "n1.nvswitch"]["bandwidth"] == spec.nvswitch.bandwidth
+    nvlink = spec.nvswitch.bandwidth * spec.nvswitch.link_efficiency
+    assert edges["n1.gpu3", "n1.nvswitch"]["bandwidth"] == pytest.approx(nvlink)
     assert edges["n1.gpu3", "n1.nic3"]["bandwidth"] == spec.nic.pcie_bandwidth
     assert edges["n1.nic3", "leaf3"]["bandwidth"] == spec.nic.bandwidth
     assert edges["leaf3", "spine"]["bandwidth"] == 4 * spec.nic.bandwidth

@@ -16,7 +16,8 @@ Vertices of :attr:`Cluster.graph` (a ``networkx.DiGraph``; attribute ``kind``):
 
 Every physical link is two directed edges, one per direction, each carrying
 ``bandwidth`` (bytes/s in that direction), ``latency`` (seconds) and ``link_id``,
-its index in :attr:`Cluster.links`. Bandwidths: GPU–NVSwitch ``nvswitch.bandwidth``;
+its index in :attr:`Cluster.links`. Bandwidths: GPU–NVSwitch ``nvswitch.bandwidth ×
+nvswitch.link_efficiency`` (the data rate NVLink packets leave);
 GPU–NIC ``nic.pcie_bandwidth``; NIC–leaf ``nic.bandwidth``; leaf–spine
 ``nodes * nic.bandwidth / network.oversubscription`` (non-blocking at 1).
 
@@ -157,7 +158,8 @@ class Cluster:
 
         for node in range(self.num_nodes):
             for i in range(self.gpus_per_node):
-                self._add_link(f"n{node}.gpu{i}", f"n{node}.nvswitch", spec.nvswitch.bandwidth)
+                nvlink = spec.nvswitch.bandwidth * spec.nvswitch.link_efficiency
+                self._add_link(f"n{node}.gpu{i}", f"n{node}.nvswitch", nvlink)
             for i in range(self.gpus_per_node):
                 rail = i // self._gpus_per_rail
                 self._add_link(f"n{node}.gpu{i}", f"n{node}.nic{rail}", spec.nic.pcie_bandwidth)

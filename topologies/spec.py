@@ -97,6 +97,10 @@ class NVSwitchSpec(_Spec):
     """NVLink bandwidth of one GPU into the switch, per direction, bytes/s."""
     latency: Seconds
     """One-way GPU-to-GPU latency through the switch, seconds."""
+    link_efficiency: Fraction = 1.0
+    """Fraction of ``bandwidth`` that carries data (packet headers take the rest)."""
+    nvls: bool = False
+    """Whether the switch reduces in-network (NVLink SHARP), enabling NCCL's NVLS."""
 
 
 class NICSpec(_Spec):

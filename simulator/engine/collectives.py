@@ -1,27 +1,29 @@
-"""Collective algorithms as flows on the cluster's links.
+"""Collectives and send/recv as NCCL runs them, turned into flows on the cluster's links.
 
-Each collective becomes one or more network transfers (see
-:mod:`simulator.engine.network`). Members are ordered by GPU id, so a ring visits the
-GPUs of one node consecutively and then moves to the next node, as NCCL's rings do.
-With ``n`` members, buffer size ``S`` (nccl-tests' convention, see the Schedule IR),
-per-step latency ``α`` (the slowest ring edge's route latency) and link bandwidth
-``B``, alone on the network:
+For each call :func:`plan_collective` builds the candidate algorithms on the group's
+GPUs, prices every (algorithm, protocol) pair with NCCL's cost model
+(:mod:`simulator.engine.nccl`) and keeps the cheapest, unless the scenario pins one.
+The chosen plan is one network *transfer* (a coflow, see
+:mod:`simulator.engine.network`) whose link crossings are the algorithm's, and whose
+volume is set so that alone on the network it takes exactly NCCL's
+``latency + size / algbw``; under contention it shares the links max–min fairly.
 
-===============  ==============================  ====================================
-collective       algorithm                       time
-===============  ==============================  ====================================
-all_reduce       ring (reduce-scatter+all-gather) ``2(n−1)·α + 2(n−1)/n · S/B``
-all_gather       ring                            ``(n−1)·α + (n−1)/n · S/B``
-reduce_scatter   ring                            ``(n−1)·α + (n−1)/n · S/B``
-broadcast        pipelined chain from member 0   ``(n−1)·α + S/B``
-all_to_all       direct: every pair at once      ``α + S/n / B`` per pair (uneven
-                                                 ``splits``: one flow per pair)
-barrier          all-reduce of nothing           ``2(n−1)·α``
-===============  ==============================  ====================================
+Algorithms, with ``n`` ranks on ``nodes`` nodes (``ppn`` per node):
 
-Tree, hierarchical and NVLS algorithms and NCCL's protocol choice are not modelled
-here (see docs/modelling.md). A calibration profile replaces ``α`` and ``B`` per
-collective kind and scope with measured fits (:func:`calibrated`).
+* **ring** (all-reduce, all-gather, reduce-scatter, broadcast): members ordered by GPU,
+  a node's GPUs consecutive. With several nodes NCCL runs one ring per rail
+  (channel): ring ``r`` visits each node's GPUs rotated by ``r`` and leaves the node
+  from a different GPU, so every NIC of the group carries ``1/R`` of the traffic.
+  Bus bandwidth = ``R`` × the rate of the ring's most loaded link.
+* **tree** (all-reduce, several nodes): NCCL's double binary tree; latency grows with
+  ``log2(nodes)``, bandwidth is half the bus bandwidth of the same links (every byte
+  goes up and down the tree).
+* **nvls** (all-reduce inside one node whose switch reduces in-network): each GPU sends
+  and receives its buffer once through the switch.
+* **direct** (all-to-all, send/recv): every pair at once.
+
+A calibration profile replaces NCCL's latency and bandwidth with the fitted ``α`` and
+``B`` for its (kind, scope).
 """
 
 from __future__ import annotations
@@ -31,10 +33,23 @@ from dataclasses import dataclass
 
 from topologies import Cluster
 
+from .nccl import (
+    ALGORITHMS,
+    PROTOCOLS,
+    CollectiveChoice,
+    algorithm_bandwidth,
+    bus_bandwidth,
+    latency_seconds,
+    ring_steps,
+)
+
 __all__ = [
     "TransferSpec",
+    "Plan",
     "algorithm_steps",
     "bus_factor",
+    "plan_collective",
+    "plan_p2p",
     "collective_transfers",
     "p2p_transfer",
     "ring_edges",
@@ -51,21 +66,12 @@ class TransferSpec:
     latency: float
 
 
-def ring_edges(gpus: list[int]) -> list[tuple[int, int]]:
-    """Directed edges of the ring through ``gpus`` in order, closing back to the first."""
-    return [(gpus[i], gpus[(i + 1) % len(gpus)]) for i in range(len(gpus))]
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How one collective runs: NCCL's choice and the transfers that carry it."""
 
-
-def _usage_and_latency(
-    cluster: Cluster, edges: list[tuple[int, int]]
-) -> tuple[dict[int, int], float]:
-    usage: Counter[int] = Counter()
-    latency = 0.0
-    for src, dst in edges:
-        route = cluster.route(src, dst)
-        usage.update(route.links)
-        latency = max(latency, route.latency)
-    return dict(usage), latency
+    choice: CollectiveChoice
+    transfers: list[TransferSpec]
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -78,12 +84,13 @@ def bus_factor(kind: str, n: int) -> float:
 
 
 def algorithm_steps(kind: str, n: int) -> int:
-    """Latency-bound steps of the algorithm (``α`` is paid once per step)."""
-    if kind in ("all_reduce", "barrier"):
-        return 2 * (n - 1)
-    if kind in ("all_gather", "reduce_scatter", "broadcast"):
-        return n - 1
-    return 1  # all_to_all (direct) and p2p
+    """Latency-bound steps of the ring model (``α`` is paid once per step)."""
+    return ring_steps(kind, n)
+
+
+def ring_edges(gpus: list[int]) -> list[tuple[int, int]]:
+    """Directed edges of the ring through ``gpus`` in order, closing back to the first."""
+    return [(gpus[i], gpus[(i + 1) % len(gpus)]) for i in range(len(gpus))]
 
 
 def scope_of(cluster: Cluster, gpus: list[int]) -> str:
@@ -92,25 +99,149 @@ def scope_of(cluster: Cluster, gpus: list[int]) -> str:
     return "intra_node" if all(cluster.node_of(g) == first for g in gpus) else "inter_node"
 
 
-def calibrated(cluster: Cluster, kind: str, gpus: list[int], spec: TransferSpec) -> TransferSpec:
-    """Apply a calibration profile's fit for (kind, scope), if the cluster has one.
+def _by_node(cluster: Cluster, gpus: list[int]) -> list[list[int]]:
+    nodes: dict[int, list[int]] = {}
+    for gpu in sorted(gpus):
+        nodes.setdefault(cluster.node_of(gpu), []).append(gpu)
+    return list(nodes.values())
 
-    The step latency becomes the fitted ``α`` and the volume is scaled by
-    ``B_links / B_fit``, so that alone on the network the transfer takes the fitted
-    ``steps·α + factor·S/B_fit``; under contention it still shares the links.
-    """
+
+def _usage(cluster: Cluster, edges: list[tuple[int, int]]) -> dict[int, int]:
+    usage: Counter[int] = Counter()
+    for src, dst in edges:
+        usage.update(cluster.route(src, dst).links)
+    return dict(usage)
+
+
+def _rate(cluster: Cluster, usage: dict[int, int]) -> float:
+    """Rate of a transfer alone on the network: its most loaded link's share."""
+    return min(cluster.links[link].bandwidth / mult for link, mult in usage.items())
+
+
+def _rings(cluster: Cluster, gpus: list[int]) -> tuple[list[tuple[int, int]], int]:
+    """Edges of NCCL's rings over ``gpus`` and how many rings (channels) share the data."""
+    nodes = _by_node(cluster, gpus)
+    if len(nodes) == 1:
+        return ring_edges(nodes[0]), 1
+    rails = min(len({cluster.rail_of(g) for g in local}) for local in nodes)
+    edges = []
+    for r in range(rails):
+        order = [g for local in nodes for g in local[r:] + local[:r]]
+        edges += ring_edges(order)
+    return edges, rails
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    algorithm: str
+    usage: dict[int, int]
+    link_busbw: float
+
+
+def _candidates(cluster: Cluster, kind: str, gpus: list[int]) -> list[_Candidate]:
+    n = len(gpus)
+    nodes = len(_by_node(cluster, gpus))
+    if kind == "all_to_all":
+        usage = _usage(cluster, [(a, b) for a in gpus for b in gpus if a != b])
+        return [_Candidate("direct", usage, (n - 1) * _rate(cluster, usage))]
+    if kind == "p2p":
+        usage = _usage(cluster, [(gpus[0], gpus[1])])
+        return [_Candidate("direct", usage, _rate(cluster, usage))]
+    if kind == "broadcast":
+        edges = ring_edges(sorted(gpus))[:-1]
+        usage = _usage(cluster, edges)
+        return [_Candidate("ring", usage, _rate(cluster, usage))]
+    edges, rings = _rings(cluster, gpus)
+    usage = _usage(cluster, edges)
+    ring_busbw = rings * _rate(cluster, usage)
+    candidates = [_Candidate("ring", usage, ring_busbw)]
+    if kind in ("all_reduce", "barrier") and nodes > 1:
+        candidates.append(_Candidate("tree", usage, ring_busbw))
+    if kind in ("all_reduce", "barrier") and nodes == 1 and cluster.spec.nvswitch.nvls and n > 2:
+        up_down = _usage(
+            cluster, [(g, g2) for g, g2 in zip(gpus, gpus[1:] + gpus[:1], strict=True)]
+        )
+        candidates.append(_Candidate("nvls", up_down, _rate(cluster, up_down)))
+    return candidates
+
+
+def _calibrated_choice(
+    cluster: Cluster, kind: str, gpus: list[int], algorithm: str
+) -> CollectiveChoice | None:
     calibration = cluster.spec.calibration
     if calibration is None or kind not in calibration.comm:
-        return spec
+        return None
     fit = getattr(calibration.comm[kind], scope_of(cluster, gpus))
     if fit is None:
-        return spec
-    link_bandwidth = min(cluster.links[link].bandwidth for link in spec.usage)
-    return TransferSpec(
-        spec.usage,
-        spec.volume * link_bandwidth / fit.bandwidth,
-        algorithm_steps(kind, len(gpus)) * fit.alpha,
+        return None
+    n = len(gpus)
+    algbw = fit.bandwidth / bus_factor(kind, n)
+    return CollectiveChoice(
+        algorithm, "calibrated", ring_steps(kind, n) * fit.alpha, algbw, fit.bandwidth
     )
+
+
+def plan_collective(
+    cluster: Cluster,
+    kind: str,
+    gpus: list[int],
+    size: float,
+    algorithm: str | None = None,
+    protocol: str | None = None,
+) -> Plan:
+    """NCCL's choice for ``kind`` of ``size`` bytes on ``gpus``, and its transfer."""
+    gpus = sorted(gpus)
+    n = len(gpus)
+    if n <= 1:
+        return Plan(CollectiveChoice("none", "none", 0.0, float("inf"), float("inf")), [])
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r} (one of {', '.join(ALGORITHMS)})")
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r} (one of {', '.join(PROTOCOLS)})")
+    groups = _by_node(cluster, gpus)
+    nodes, ppn = len(groups), max(len(g) for g in groups)
+    intra = "nvlink"
+    best: tuple[float, CollectiveChoice, _Candidate] | None = None
+    candidates = _candidates(cluster, kind, gpus)
+    for candidate in candidates:
+        if algorithm is not None and candidate.algorithm != algorithm:
+            continue
+        for proto in PROTOCOLS:
+            if protocol is not None and proto != protocol:
+                continue
+            busbw = bus_bandwidth(
+                kind, candidate.algorithm, proto, candidate.link_busbw, nodes, ppn
+            )
+            if busbw <= 0:
+                continue
+            algbw = algorithm_bandwidth(kind, candidate.algorithm, busbw, n)
+            latency = latency_seconds(kind, candidate.algorithm, proto, n, nodes, intra)
+            choice = CollectiveChoice(candidate.algorithm, proto, latency, algbw, busbw)
+            cost = choice.time(size)
+            if best is None or cost < best[0] - 1e-15:
+                best = (cost, choice, candidate)
+    if best is None:
+        available = sorted({c.algorithm for c in candidates})
+        raise ValueError(
+            f"{kind} on {n} ranks ({nodes} nodes) cannot run with algorithm={algorithm} "
+            f"protocol={protocol}; available algorithms: {', '.join(available)}"
+        )
+    _, choice, candidate = best
+    calibrated = _calibrated_choice(cluster, kind, gpus, candidate.algorithm)
+    if calibrated is not None:
+        choice = calibrated
+    if kind == "barrier" or size <= 0:
+        return Plan(choice, [TransferSpec({}, 0.0, choice.latency)])
+    # volume per crossing so that alone the transfer takes size / algbw at its rate
+    volume = _rate(cluster, candidate.usage) * size / choice.algbw
+    return Plan(choice, [TransferSpec(candidate.usage, volume, choice.latency)])
+
+
+def plan_p2p(
+    cluster: Cluster, src: int, dst: int, size: float, protocol: str | None = None
+) -> Plan:
+    """A send/recv pair: NCCL's p2p on the route from ``src`` to ``dst``."""
+    return plan_collective(cluster, "p2p", [src, dst], size, "direct", protocol)
 
 
 def collective_transfers(
@@ -119,49 +250,30 @@ def collective_transfers(
     gpus: list[int],
     size: float,
     splits: dict[int, tuple[float, ...]] | None = None,
-) -> list[TransferSpec]:
-    """The transfers that carry one collective among ``gpus`` (sorted by the caller)."""
-    specs = _algorithm_transfers(cluster, kind, gpus, size, splits)
-    return [calibrated(cluster, kind, gpus, spec) for spec in specs if spec.usage]
-
-
-def p2p_transfer(cluster: Cluster, src: int, dst: int, size: float) -> TransferSpec:
-    """The flow of one send/recv pair along the route from ``src`` to ``dst``."""
-    route = cluster.route(src, dst)
-    spec = TransferSpec(dict.fromkeys(route.links, 1), size, route.latency)
-    return calibrated(cluster, "p2p", [src, dst], spec)
-
-
-def _algorithm_transfers(
-    cluster: Cluster,
-    kind: str,
-    gpus: list[int],
-    size: float,
-    splits: dict[int, tuple[float, ...]] | None,
-) -> list[TransferSpec]:
-    n = len(gpus)
-    if n <= 1:
-        return []
-    if kind in ("all_reduce", "barrier"):
-        usage, alpha = _usage_and_latency(cluster, ring_edges(gpus))
-        volume = 0.0 if kind == "barrier" else 2 * (n - 1) / n * size
-        return [TransferSpec(usage, volume, 2 * (n - 1) * alpha)]
-    if kind in ("all_gather", "reduce_scatter"):
-        usage, alpha = _usage_and_latency(cluster, ring_edges(gpus))
-        return [TransferSpec(usage, (n - 1) / n * size, (n - 1) * alpha)]
-    if kind == "broadcast":
-        usage, alpha = _usage_and_latency(cluster, ring_edges(gpus)[:-1])
-        return [TransferSpec(usage, size, (n - 1) * alpha)]
-    if kind == "all_to_all":
-        pairs = [(src, dst) for src in gpus for dst in gpus if src != dst]
-        if splits is None:
-            usage, alpha = _usage_and_latency(cluster, pairs)
-            return [TransferSpec(usage, size / n, alpha)]
-        specs = []
+    algorithm: str | None = None,
+    protocol: str | None = None,
+) -> tuple[CollectiveChoice, list[TransferSpec]]:
+    """NCCL's choice and the transfers of one collective (uneven all-to-all: a flow per pair)."""
+    if kind == "all_to_all" and splits is not None and len(gpus) > 1:
         index = {gpu: i for i, gpu in enumerate(gpus)}
-        for src, dst in pairs:
-            route = cluster.route(src, dst)
-            volume = splits[src][index[dst]]
-            specs.append(TransferSpec(dict(Counter(route.links)), volume, route.latency))
-        return specs
-    raise ValueError(f"unknown collective kind {kind!r}")
+        specs = []
+        choice = None
+        for src in gpus:
+            for dst in gpus:
+                volume = splits[src][index[dst]] if src != dst else 0.0
+                if volume <= 0:
+                    continue
+                plan = plan_p2p(cluster, src, dst, volume, protocol)
+                choice = choice or plan.choice
+                specs += plan.transfers
+        return choice or plan_p2p(cluster, gpus[0], gpus[1], 0.0).choice, specs
+    plan = plan_collective(cluster, kind, gpus, size, algorithm, protocol)
+    return plan.choice, plan.transfers
+
+
+def p2p_transfer(
+    cluster: Cluster, src: int, dst: int, size: float, protocol: str | None = None
+) -> TransferSpec:
+    """The flow of one send/recv pair (zero bytes: its latency only)."""
+    plan = plan_p2p(cluster, src, dst, size, protocol)
+    return plan.transfers[0] if plan.transfers else TransferSpec({}, 0.0, plan.choice.latency)

@@ -31,7 +31,7 @@ from .collectives import collective_transfers, p2p_transfer
 from .compute import ComputeModel
 from .network import FlowNetwork
 
-__all__ = ["simulate", "SimulationTimes"]
+__all__ = ["simulate", "SimulationTimes", "EngineOptions"]
 
 
 @dataclass
@@ -43,6 +43,7 @@ class SimulationTimes:
     end: dict[int, list[float]]
     step_time: float
     stats: dict[str, int] = field(default_factory=dict)
+    collective_choices: dict[str, int] = field(default_factory=dict)
 
 
 class _Rendezvous:
@@ -58,10 +59,34 @@ class _Rendezvous:
         self.start = math.nan
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine times communication.
+
+    ``fidelity``: ``flow`` moves every transfer as flows that share links max–min
+    fairly; ``analytic`` times each collective and send/recv in closed form from the
+    same NCCL plan, alone on the network. ``algorithm``/``protocol`` pin NCCL's choice
+    (None: chosen per call, as NCCL does).
+    """
+
+    fidelity: str = "flow"
+    algorithm: str | None = None
+    protocol: str | None = None
+
+
 class _Engine:
-    def __init__(self, schedule: Schedule, cluster: Cluster):
+    def __init__(self, schedule: Schedule, cluster: Cluster, options: EngineOptions):
         self.schedule = schedule
         self.cluster = cluster
+        self.options = options
+        self.analytic = options.fidelity == "analytic"
+        simulated = set(schedule.programs)
+        # groups with members that are not simulated: the layout makes them symmetric
+        # (folded), so every member arrives when the simulated one does
+        self.folded = {
+            name for name, members in schedule.groups.items() if not set(members) <= simulated
+        }
+        self.choices: dict[str, int] = {}
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
         self.compute = ComputeModel(cluster.spec)
@@ -160,6 +185,8 @@ class _Engine:
                 f"schedule: rank {rank} op {op.id} calls a collective on group {op.group} "
                 f"{list(members)} that it is not a member of"
             )
+        if op.group in self.folded:
+            return self._folded_collective(op)
         seq_key = (op.group, rank)
         seq = self.collective_seq.get(seq_key, 0)
         self.collective_seq[seq_key] = seq + 1
@@ -183,18 +210,53 @@ class _Engine:
             self._launch_collective(op.group, rendezvous)
         return rendezvous
 
+    def _folded_collective(self, op: Collective) -> _Rendezvous:
+        """A collective of a folded group: every member arrives now, by symmetry."""
+        if not self.analytic:
+            raise ScenarioError(
+                f"schedule: group {op.group} has members that are not simulated; folded "
+                "schedules need analytic fidelity"
+            )
+        rendezvous = _Rendezvous(self.env, op.kind, op.bytes, 1)
+        self._run_transfers(op.group, rendezvous, None)
+        return rendezvous
+
     def _launch_collective(self, group: str, rendezvous: _Rendezvous) -> None:
-        rendezvous.start = self.env.now
         splits = (
             rendezvous.splits if rendezvous.kind == "all_to_all" and rendezvous.splits else None
         )
-        specs = collective_transfers(
-            self.cluster, rendezvous.kind, self.group_gpus[group], rendezvous.size, splits
+        self._run_transfers(group, rendezvous, splits)
+
+    def _run_transfers(self, group: str, rendezvous: _Rendezvous, splits) -> None:
+        rendezvous.start = self.env.now
+        choice, specs = collective_transfers(
+            self.cluster,
+            rendezvous.kind,
+            self.group_gpus[group],
+            rendezvous.size,
+            splits,
+            self.options.algorithm,
+            self.options.protocol,
         )
-        self._when_all(
-            [self.network.transfer(s.usage, s.volume, s.latency) for s in specs],
-            rendezvous.done,
-        )
+        key = f"{rendezvous.kind}/{choice.algorithm}/{choice.protocol}"
+        self.choices[key] = self.choices.get(key, 0) + 1
+        if self.analytic:
+            seconds = max((self._alone(spec) for spec in specs), default=choice.latency)
+            self._after(seconds, rendezvous.done)
+        else:
+            transfers = [self.network.transfer(s.usage, s.volume, s.latency) for s in specs]
+            self._when_all(transfers, rendezvous.done)
+
+    def _alone(self, spec) -> float:
+        """Closed-form time of a transfer alone on the network."""
+        if spec.volume <= 0 or not spec.usage:
+            return spec.latency
+        links = self.cluster.links
+        rate = min(links[link].bandwidth / mult for link, mult in spec.usage.items())
+        return spec.latency + spec.volume / rate
+
+    def _after(self, seconds: float, done: simpy.Event) -> None:
+        self.env.timeout(seconds).callbacks.append(lambda _ev: done.succeed())
 
     def _when_all(self, events: list[simpy.Event], done: simpy.Event) -> None:
         if not events:
@@ -223,10 +285,12 @@ class _Engine:
                     f"but its recv expects {partner_bytes:g}"
                 )
             pair.start = self.env.now
-            spec = p2p_transfer(self.cluster, src, dst, op.bytes)
-            self._when_all(
-                [self.network.transfer(spec.usage, spec.volume, spec.latency)], pair.done
-            )
+            spec = p2p_transfer(self.cluster, src, dst, op.bytes, self.options.protocol)
+            if self.analytic:
+                self._after(self._alone(spec), pair.done)
+            else:
+                transfer = self.network.transfer(spec.usage, spec.volume, spec.latency)
+                self._when_all([transfer], pair.done)
             return pair
         pair = _Rendezvous(self.env, "p2p", op.bytes, 2)
         mine.append((pair, op.bytes))
@@ -266,9 +330,11 @@ class _Engine:
         return f"recv from rank {op.peer} tag {op.tag}: no matching send"
 
 
-def simulate(schedule: Schedule, cluster: Cluster) -> SimulationTimes:
+def simulate(
+    schedule: Schedule, cluster: Cluster, options: EngineOptions | None = None
+) -> SimulationTimes:
     """Run every rank's program to completion and return the op times."""
-    engine = _Engine(schedule, cluster)
+    engine = _Engine(schedule, cluster, options or EngineOptions())
     engine.start_processes()
     engine.env.run()
     report = engine.stuck_report()
@@ -285,4 +351,5 @@ def simulate(schedule: Schedule, cluster: Cluster) -> SimulationTimes:
             "transfers": engine.network.transfers_started,
             "rate_recomputations": engine.network.recomputations,
         },
+        collective_choices=dict(sorted(engine.choices.items())),
     )

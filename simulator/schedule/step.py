@@ -448,12 +448,13 @@ def _retarget(op: Op, rank: int, layout: Layout) -> Op:
     return replace(op, peer=layout.stage_rank(rank, peer_stage))
 
 
-def build_step(config: StepConfig) -> Schedule:
+def build_step(config: StepConfig, fold: bool = False) -> Schedule:
     """The Schedule of one training step for every rank of ``config.layout``.
 
     Ranks of one pipeline stage run the same program up to their process groups and
     neighbours, so each stage is built once, for its rank with TP and DP coordinate 0,
-    and the other ranks of the stage share its compute ops.
+    and the other ranks of the stage share its compute ops. With ``fold`` only those
+    representative ranks get a program: the others are symmetric to them.
     """
     layout = config.layout
     orders = pipeline_order(config.schedule, layout.pp, config.microbatches)
@@ -462,7 +463,8 @@ def build_step(config: StepConfig) -> Schedule:
         rank = layout.rank_of(pp=stage)
         templates[stage] = (rank, _RankBuilder(rank, config).build(orders[stage]).ops)
     programs = {}
-    for rank in range(layout.world):
+    ranks = sorted(rank for rank, _ in templates.values()) if fold else range(layout.world)
+    for rank in ranks:
         template_rank, ops = templates[layout.coords(rank)["pp"]]
         if rank == template_rank:
             programs[rank] = Program(rank, ops)
