@@ -27,6 +27,15 @@ from . import __version__
 from .errors import ParasimError
 from .outputs import dumps_result, write_run_outputs
 
+COLLBENCH_OPS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "sendrecv",
+)
+
 __all__ = ["main"]
 
 
@@ -51,6 +60,22 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--json", action="store_true", help="print result.json on stdout instead of the summary"
     )
+    collbench = commands.add_parser(
+        "collbench", help="nccl-tests-style table of one collective, from the model"
+    )
+    collbench.add_argument("--preset", required=True, help="cluster preset, e.g. dgx-h100")
+    collbench.add_argument("--nodes", type=int, default=1)
+    collbench.add_argument("--gpus-per-node", type=int, help="override the preset's")
+    collbench.add_argument("--op", default="all_reduce", choices=COLLBENCH_OPS)
+    collbench.add_argument("--sizes", default="8B-8GiB", help="8B-8GiB (doubling) or a list")
+    collbench.add_argument(
+        "--algo", choices=["ring", "tree", "nvls", "direct"], help="pin NCCL's algorithm"
+    )
+    collbench.add_argument("--proto", choices=["LL", "LL128", "Simple"], help="pin NCCL's protocol")
+    collbench.add_argument("--fidelity", choices=["flow", "analytic"], default="flow")
+    collbench.add_argument("--profile", help="calibration profile to apply to the preset")
+    collbench.add_argument("--json", action="store_true", help="print the rows as JSON")
+
     calibrate = commands.add_parser(
         "calibrate", help="measure this machine and write a calibration profile (needs torch)"
     )
@@ -187,6 +212,41 @@ def _command_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_collbench(args: argparse.Namespace) -> int:
+    import json
+
+    from .collbench import collbench_cluster, collbench_rows, parse_sizes
+
+    cluster = collbench_cluster(args.preset, args.nodes, args.gpus_per_node, args.profile)
+    sizes = parse_sizes(args.sizes)
+    rows = collbench_rows(cluster, args.op, sizes, args.algo, args.proto, args.fidelity)
+    if args.json:
+        keys = ("bytes", "time_s", "algbw_GBps", "busbw_GBps", "algorithm", "protocol")
+        sys.stdout.write(json.dumps([{k: row[k] for k in keys} for row in rows], indent=2) + "\n")
+        return 0
+    out = sys.stdout
+    out.write(
+        f"# parasim collbench: {args.op} on {cluster.num_gpus} GPUs "
+        f"({cluster.num_nodes} x {cluster.spec.name}), {args.fidelity} fidelity\n"
+    )
+    out.write(
+        f"#{'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>7} "
+        f"{'busbw':>7}  algorithm/protocol\n"
+    )
+    out.write(
+        f"#{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}\n"
+    )
+    for row in rows:
+        out.write(
+            f" {row['bytes']:>12.0f} {row['count']:>12} {row['type']:>6} {row['redop']:>6} "
+            f"{row['time_s'] * 1e6:>10.2f} {row['algbw_GBps']:>7.2f} {row['busbw_GBps']:>7.2f}  "
+            f"{row['algorithm']}/{row['protocol']}\n"
+        )
+    average = sum(row["busbw_GBps"] for row in rows) / len(rows)
+    out.write(f"# Avg bus bandwidth    : {average:.3f}\n")
+    return 0
+
+
 def _command_run(args: argparse.Namespace) -> int:
     from .run import run_scenario
     from .scenario import load_scenario
@@ -208,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         handler = {
             "run": _command_run,
+            "collbench": _command_collbench,
             "calibrate": _command_calibrate,
             "replay": _command_replay,
             "compare": _command_compare,

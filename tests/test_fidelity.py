@@ -1,0 +1,157 @@
+"""Analytic fidelity (closed form, folded ranks) against flow fidelity (every flow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simulator.cli import main
+from simulator.engine.core import EngineOptions, simulate
+from simulator.run import run_scenario
+from simulator.scenario import load_scenario
+from simulator.schedule.ir import Collective, Program, Schedule
+
+from .conftest import SCENARIOS
+from .helpers import cluster
+
+SIZES = [8.0, 65536.0, 8 * 2**20, 8 * 2**30]
+
+
+def alone(machine, kind, world, size, fidelity) -> float:
+    programs = {r: Program(r, [Collective(0, "c", kind, "g", size)]) for r in range(world)}
+    return simulate(
+        Schedule(programs, {"g": tuple(range(world))}), machine, EngineOptions(fidelity)
+    ).step_time
+
+
+@pytest.mark.parametrize(
+    "preset,nodes,gpus_per_node",
+    [
+        ("dgx-a100", 1, 2),
+        ("dgx-h100", 1, 8),
+        ("dgx-a100", 2, 8),
+        ("dgx-h100", 8, 8),
+        ("dgx-a100", 128, 8),
+    ],
+)
+@pytest.mark.parametrize(
+    "kind", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+)
+def test_isolated_collectives_agree_within_3_percent(preset, nodes, gpus_per_node, kind):
+    machine = cluster(
+        preset, nodes, gpus_per_node=gpus_per_node, nic={"per_node": min(8, gpus_per_node)}
+    )
+    world = machine.num_gpus
+    if kind == "all_to_all" and world > 64:
+        pytest.skip(
+            "a direct all-to-all on 1024 ranks is a million flows; the 64-rank case covers it"
+        )
+    for size in SIZES:
+        flow = alone(machine, kind, world, size, "flow")
+        analytic = alone(machine, kind, world, size, "analytic")
+        assert analytic == pytest.approx(flow, rel=0.03), (size, flow, analytic)
+
+
+STEP_SCENARIOS = [
+    ("small.yaml", []),
+    ("pipeline-demo.yaml", []),
+    ("pipeline-demo.yaml", ["parallel.schedule=gpipe", "training.recompute=full"]),
+    ("pipeline-demo.yaml", ["parallel.tp=4", "parallel.dp=2", "training.global_batch=16"]),
+    (
+        "small.yaml",
+        [
+            "cluster.nodes=4",
+            "parallel.tp=4",
+            "parallel.dp=8",
+            "training.global_batch=32",
+            "training.micro_batch=1",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("name,overrides", STEP_SCENARIOS)
+def test_whole_steps_agree_within_5_percent(name, overrides):
+    flow = run_scenario(load_scenario(SCENARIOS / name, overrides))
+    analytic = run_scenario(
+        load_scenario(SCENARIOS / name, [*overrides, "simulation.fidelity=analytic"])
+    )
+    assert analytic.result["simulation"]["folded"] == (
+        analytic.scenario.layout.world > analytic.scenario.layout.pp
+    )
+    assert analytic.result["simulation"]["simulated_ranks"] == analytic.scenario.layout.pp
+    assert analytic.result["step_time_s"] == pytest.approx(flow.result["step_time_s"], rel=0.05)
+    for category, value in flow.result["breakdown"]["mean"].items():
+        assert analytic.result["breakdown"]["mean"][category] == pytest.approx(
+            value, rel=0.05, abs=0.01 * flow.result["step_time_s"]
+        )
+
+
+def test_analytic_ignores_contention_that_flow_sees():
+    """Concurrent sends through one NIC: flow halves their bandwidth, analytic does not."""
+    from simulator.schedule.ir import Recv, Send
+
+    machine = cluster(nodes=2)
+    size = 1e9
+    programs = {
+        0: Program(0, [Send(0, "a", 8, size, 0), Send(1, "b", 9, size, 1)]),
+        8: Program(8, [Recv(0, "a", 0, size, 0)]),
+        9: Program(9, [Recv(0, "b", 0, size, 1)]),
+    }
+    flow = simulate(Schedule(programs, {}), machine, EngineOptions("flow")).step_time
+    analytic = simulate(Schedule(programs, {}), machine, EngineOptions("analytic")).step_time
+    assert flow == pytest.approx(2 * analytic, rel=0.01)
+
+
+def test_collbench_table_and_json(capsys):
+    assert (
+        main(
+            [
+                "collbench",
+                "--preset",
+                "dgx-a100",
+                "--nodes",
+                "2",
+                "--op",
+                "all_reduce",
+                "--sizes",
+                "8B-1GiB",
+            ]
+        )
+        == 0
+    )
+    table = capsys.readouterr().out
+    assert "algbw" in table and "busbw" in table and "Avg bus bandwidth" in table
+    assert "tree/LL" in table and "ring/Simple" in table
+    assert (
+        main(
+            [
+                "collbench",
+                "--preset",
+                "dgx-h100",
+                "--op",
+                "all_gather",
+                "--sizes",
+                "1MiB,1GiB",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    rows = json.loads(capsys.readouterr().out)
+    assert [row["bytes"] for row in rows] == [2**20, 2**30]
+    for row in rows:
+        assert set(row) == {"bytes", "time_s", "algbw_GBps", "busbw_GBps", "algorithm", "protocol"}
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 7 / 8)
+    # at 1 GiB an 8-GPU all-gather runs at NVLink's data rate (450 GB/s x 0.824)
+    assert rows[1]["busbw_GBps"] == pytest.approx(450 * 0.824, rel=0.02)
+
+
+def test_collbench_bad_input(capsys):
+    assert main(["collbench", "--preset", "dgx-a100", "--sizes", "8GiB-8B"]) == 2
+    assert "--sizes" in capsys.readouterr().err
+    assert main(["collbench", "--preset", "dgx-a100", "--algo", "nvls"]) == 2
+    assert "available algorithms" in capsys.readouterr().err
+    assert main(["collbench", "--preset", "dgx-z100"]) == 2
+    assert "dgx-z100" in capsys.readouterr().err
