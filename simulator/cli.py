@@ -234,7 +234,8 @@ def _command_collbench(args: argparse.Namespace) -> int:
         f"{'busbw':>7}  algorithm/protocol\n"
     )
     out.write(
-        f"#{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}\n"
+        f"#{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} "
+        f"{'(GB/s)':>7} {'(GB/s)':>7}\n"
     )
     for row in rows:
         out.write(
