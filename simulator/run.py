@@ -12,6 +12,7 @@ from typing import Any
 
 from . import __version__
 from .engine.core import EngineOptions, SimulationTimes, simulate
+from .links import link_summary
 from .memory import memory_per_rank
 from .metrics import account_step
 from .model import model_flops_per_step, parameter_count
@@ -204,5 +205,6 @@ def assemble_result(
             "folded": len(schedule.programs) < world,
             "collective_choices": times.collective_choices,
         },
+        "network": {"busiest_links": link_summary(scenario.cluster, times.link_utilisation, step)},
     }
     return result

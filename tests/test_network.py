@@ -214,3 +214,26 @@ def test_dp_all_reduce_and_pipeline_sends_on_one_nic_slow_each_other():
     dp_end = together.end[0][0]
     assert dp_end > 1.3 * dp_alone
     assert together.step_time > 1.3 * max(dp_alone, send_alone)
+
+
+def test_link_utilisation_is_recorded_per_link():
+    from simulator.links import link_summary, utilisation_bins
+
+    machine = cluster(nodes=2)
+    size = 1e9
+    times = simulate(p2p_schedule([(0, 8), (0, 9)], size), machine)
+    rows = {
+        row["link"]: row for row in link_summary(machine, times.link_utilisation, times.step_time)
+    }
+    nic = rows["n0.nic0->leaf0"]
+    assert nic["bytes"] == pytest.approx(2 * size, rel=1e-6)  # both sends crossed it
+    assert nic["peak_utilisation"] == pytest.approx(1.0)
+    assert rows["n1.nic0->n1.gpu0"]["bytes"] == pytest.approx(size, rel=1e-6)
+    link_id = next(
+        link.id for link in machine.links if (link.src, link.dst) == ("n0.nic0", "leaf0")
+    )
+    bins = utilisation_bins(
+        times.link_utilisation[link_id], machine.links[link_id].bandwidth, times.step_time, 10
+    )
+    assert all(0 <= b <= 1 + 1e-9 for b in bins) and bins[5] == pytest.approx(1.0)
+    assert sum(bins) / 10 == pytest.approx(nic["mean_utilisation"], rel=1e-6)

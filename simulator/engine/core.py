@@ -44,6 +44,8 @@ class SimulationTimes:
     step_time: float
     stats: dict[str, int] = field(default_factory=dict)
     collective_choices: dict[str, int] = field(default_factory=dict)
+    link_utilisation: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    """Flow fidelity: link id -> [(time, bytes/s carried from then on)]."""
 
 
 class _Rendezvous:
@@ -352,4 +354,5 @@ def simulate(
             "rate_recomputations": engine.network.recomputations,
         },
         collective_choices=dict(sorted(engine.choices.items())),
+        link_utilisation=engine.network.utilisation,
     )

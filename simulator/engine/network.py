@@ -15,6 +15,9 @@ change keep their scheduled completion.
 
 A transfer first waits its ``latency`` (it holds no bandwidth then), then moves its
 volume: alone on links of bandwidth ``B`` it takes ``latency + volume / B``.
+
+Every change of a link's carried rate is recorded (:attr:`FlowNetwork.utilisation`),
+so reports can show each link's utilisation over the step.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class FlowNetwork:
         self._next_id = 0
         self.transfers_started = 0
         self.recomputations = 0
+        # link id -> [(time, bytes/s carried from then on)], only for links ever used
+        self.utilisation: dict[int, list[tuple[float, float]]] = {}
 
     def transfer(self, usage: dict[int, int], volume: float, latency: float) -> simpy.Event:
         """Start a transfer now; the returned event fires when its last byte arrives."""
@@ -92,6 +97,7 @@ class FlowNetwork:
         transfer.done.succeed()
         if neighbours:
             self._rebalance(neighbours.values())
+        self._record([link for link, _ in transfer.usage])
 
     def _component(self, seeds: Iterable[Transfer]) -> tuple[list[Transfer], list[int]]:
         members: dict[int, Transfer] = {}
@@ -130,6 +136,23 @@ class FlowNetwork:
             version = t.version
             delay = max(t.remaining, 0.0) / rate
             self._after(delay, lambda _ev, t=t, v=version: self._finish(t, v))
+        self._record(links)
+
+    def _record(self, links: Iterable[int]) -> None:
+        """Note the rate each of ``links`` carries from now on, where it changed."""
+        now = self.env.now
+        for link in links:
+            load = sum(
+                mult * t.rate
+                for t in self._on_link[link].values()
+                for used, mult in t.usage
+                if used == link
+            )
+            series = self.utilisation.setdefault(link, [])
+            if series and series[-1][0] == now:
+                series[-1] = (now, load)
+            elif not series or series[-1][1] != load:
+                series.append((now, load))
 
 
 def _max_min_rates(
