@@ -69,7 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     collbench.add_argument("--op", default="all_reduce", choices=COLLBENCH_OPS)
     collbench.add_argument("--sizes", default="8B-8GiB", help="8B-8GiB (doubling) or a list")
     collbench.add_argument(
-        "--algo", choices=["ring", "tree", "nvls", "direct"], help="pin NCCL's algorithm"
+        "--algo",
+        choices=["ring", "tree", "nvls", "direct", "hierarchical"],
+        help="pin NCCL's algorithm",
     )
     collbench.add_argument("--proto", choices=["LL", "LL128", "Simple"], help="pin NCCL's protocol")
     collbench.add_argument("--fidelity", choices=["flow", "analytic"], default="flow")

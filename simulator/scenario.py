@@ -68,7 +68,7 @@ class ParallelSpec(_Strict):
 class SimulationSpec(_Strict):
     fidelity: Literal["flow", "analytic"] = "flow"
     seed: int = 0
-    algorithm: Literal["ring", "tree", "nvls", "direct"] | None = None
+    algorithm: Literal["ring", "tree", "nvls", "direct", "hierarchical"] | None = None
     protocol: Literal["LL", "LL128", "Simple"] | None = None
 
 

@@ -21,6 +21,8 @@ Algorithms, with ``n`` ranks on ``nodes`` nodes (``ppn`` per node):
 * **nvls** (all-reduce inside one node whose switch reduces in-network): each GPU sends
   and receives its buffer once through the switch.
 * **direct** (all-to-all, send/recv): every pair at once.
+* **hierarchical** (all-to-all across nodes): over NVLink to the GPU on the
+  destination's rail, then one message per remote node along each rail.
 
 A calibration profile replaces NCCL's latency and bandwidth with the fitted ``α`` and
 ``B`` for its (kind, scope).
@@ -136,6 +138,31 @@ class _Candidate:
     algorithm: str
     usage: dict[int, int]
     link_busbw: float
+    # concurrent phases of a multi-phase algorithm: (usage, bytes per crossing per byte)
+    phases: tuple[tuple[dict[int, int], float], ...] = ()
+
+
+def _hierarchical_all_to_all(cluster: Cluster, nodes: list[list[int]], n: int) -> _Candidate:
+    """Two-level all-to-all (PXN-style): over NVLink a GPU hands each local peer the
+    data bound for that peer's rail on every node, then each GPU sends one aggregated
+    message per remote node along its own rail. The phases pipeline, so the slower
+    one sets the time."""
+    ppn = len(nodes[0])
+    intra = [(a, b) for local in nodes for a in local for b in local if a != b]
+    inter = [
+        (local_a[i], local_b[i])
+        for local_a in nodes
+        for local_b in nodes
+        if local_a is not local_b
+        for i in range(ppn)
+    ]
+    phases = (
+        (_usage(cluster, intra), len(nodes) / n),  # to each local peer: its rail's share
+        (_usage(cluster, inter), ppn / n),  # to each remote rail peer: ppn senders' share
+    )
+    algbw = 1.0 / max(coef / _rate(cluster, usage) for usage, coef in phases)
+    usage = dict(Counter(phases[0][0]) + Counter(phases[1][0]))
+    return _Candidate("hierarchical", usage, algbw * (n - 1) / n, phases)
 
 
 def _candidates(cluster: Cluster, kind: str, gpus: list[int]) -> list[_Candidate]:
@@ -143,7 +170,11 @@ def _candidates(cluster: Cluster, kind: str, gpus: list[int]) -> list[_Candidate
     nodes = len(_by_node(cluster, gpus))
     if kind == "all_to_all":
         usage = _usage(cluster, [(a, b) for a in gpus for b in gpus if a != b])
-        return [_Candidate("direct", usage, (n - 1) * _rate(cluster, usage))]
+        candidates = [_Candidate("direct", usage, (n - 1) * _rate(cluster, usage))]
+        groups = _by_node(cluster, gpus)
+        if nodes > 1 and len({len(g) for g in groups}) == 1 and len(groups[0]) > 1:
+            candidates.append(_hierarchical_all_to_all(cluster, groups, n))
+        return candidates
     if kind == "p2p":
         usage = _usage(cluster, [(gpus[0], gpus[1])])
         return [_Candidate("direct", usage, _rate(cluster, usage))]
@@ -232,6 +263,14 @@ def plan_collective(
         choice = calibrated
     if kind == "barrier" or size <= 0:
         return Plan(choice, [TransferSpec({}, 0.0, choice.latency)])
+    if candidate.phases:
+        link_algbw = algorithm_bandwidth(kind, "direct", candidate.link_busbw, n)
+        scale = link_algbw / choice.algbw  # the protocol's overhead, spread over the phases
+        transfers = [
+            TransferSpec(usage, coef * size * scale, choice.latency)
+            for usage, coef in candidate.phases
+        ]
+        return Plan(choice, transfers)
     # volume per crossing so that alone the transfer takes size / algbw at its rate
     volume = _rate(cluster, candidate.usage) * size / choice.algbw
     return Plan(choice, [TransferSpec(candidate.usage, volume, choice.latency)])

@@ -34,7 +34,7 @@ __all__ = [
     "ring_steps",
 ]
 
-ALGORITHMS = ("ring", "tree", "nvls", "direct")
+ALGORITHMS = ("ring", "tree", "nvls", "direct", "hierarchical")
 PROTOCOLS = ("LL", "LL128", "Simple")
 
 # NCCL tuning.cc baseLat (µs), indexed (algorithm, protocol). "direct" (pairwise
@@ -97,7 +97,7 @@ def latency_seconds(
     kind: str, algorithm: str, protocol: str, n: int, nodes: int, intra: str = "nvlink"
 ) -> float:
     """NCCL's latency of one call, in seconds."""
-    key = ("ring", protocol) if algorithm == "direct" else (algorithm, protocol)
+    key = ("ring", protocol) if algorithm in ("direct", "hierarchical") else (algorithm, protocol)
     intra_table = _HW_LAT_US[intra]
     intra_lat = intra_table.get(key, intra_table.get(("ring", protocol), 0.0))
     inter_lat = _HW_LAT_US["net"].get(key, 0.0)
@@ -111,6 +111,8 @@ def latency_seconds(
         extra = intra_lat + (inter_lat if nodes > 1 else 0.0)
     elif algorithm == "direct":
         extra = inter_lat if nodes > 1 else intra_lat
+    elif algorithm == "hierarchical":
+        extra = inter_lat + intra_lat  # one NVLink hand-off, then the network
     else:
         steps = ring_steps(kind, n)
         if kind == "broadcast":
@@ -135,7 +137,7 @@ def bus_bandwidth(
     """The bus bandwidth a protocol reaches on links that give ``link_busbw``; 0 if the
     pair is unavailable."""
     ll_cap = _LL_MAX_BUSBW[min(nodes, 3)]
-    if algorithm in ("ring", "direct"):
+    if algorithm in ("ring", "direct", "hierarchical"):
         if protocol == "LL":
             share = 0.25 if (nodes > 1 or kind == "all_reduce") else 1.0 / 3.0
             return min(ll_cap, link_busbw * share)
@@ -160,6 +162,6 @@ def algorithm_bandwidth(kind: str, algorithm: str, busbw: float, n: int) -> floa
         return busbw * 0.5
     if algorithm == "nvls":
         return busbw * 5.0 / 6.0
-    if algorithm == "direct":
+    if algorithm in ("direct", "hierarchical"):
         return busbw * n / max(1, n - 1) if kind == "all_to_all" else busbw
     return busbw * n / ring_steps(kind, n) if kind != "broadcast" else busbw
