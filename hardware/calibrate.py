@@ -64,7 +64,14 @@ SWEEPS = {
         "iters": 7,
     },
 }
-DEVICE_PRESETS = {"A100": "dgx-a100", "H100": "dgx-h100"}
+# device name (as torch.cuda.get_device_name reports it) -> preset; checked in order
+DEVICE_PRESETS = {
+    "GB200": "gb200-nvl72",
+    "B200": "dgx-b200",
+    "H200": "hgx-h200",
+    "H100": "dgx-h100",
+    "A100": "dgx-a100",
+}
 
 
 def fit_line(x: list[float], y: list[float]) -> tuple[float, float, float]:
