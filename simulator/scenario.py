@@ -199,12 +199,16 @@ def _layout_warnings(layout: Layout, cluster_spec: ClusterSpec) -> list[str]:
     return [
         f"tensor-parallel groups span nodes ({len(spanning)} of {len(tp_groups)} TP groups, "
         f"e.g. ranks {list(spanning[0])} on nodes {sorted({r // per_node for r in spanning[0]})}): "
-        "every layer's all-reduces cross the network instead of NVLink"
+        "every layer's all-reduces cross the network instead of the node's "
+        f"{'NVLink' if cluster_spec.nvswitch is not None else 'PCIe'}"
     ]
 
 
-def scenario_from_dict(raw: Any, source: str = "scenario") -> Scenario:
-    """Validate and resolve a scenario given as a parsed YAML mapping."""
+def scenario_from_dict(
+    raw: Any, source: str = "scenario", base_dir: Path | None = None
+) -> Scenario:
+    """Validate and resolve a scenario given as a parsed YAML mapping; relative paths
+    (a custom topology, a calibration profile) are read next to ``base_dir``."""
     if not isinstance(raw, dict):
         raise ScenarioError(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
     try:
@@ -212,7 +216,7 @@ def scenario_from_dict(raw: Any, source: str = "scenario") -> Scenario:
     except ValidationError as exc:
         raise ScenarioError(validation_message(exc, ScenarioSpec)) from None
     try:
-        cluster_spec = load_cluster_spec(spec.cluster, prefix="cluster")
+        cluster_spec = load_cluster_spec(spec.cluster, prefix="cluster", base_dir=base_dir)
     except TopologyError as exc:
         raise ScenarioError(str(exc)) from None
     model = _resolve_model(spec.model)
@@ -258,4 +262,4 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ScenarioError(f"{path}: not valid YAML{where}") from None
     raw = apply_overrides(raw or {}, overrides or [])
-    return scenario_from_dict(raw, source=str(path))
+    return scenario_from_dict(raw, source=str(path), base_dir=path.parent)

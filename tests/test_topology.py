@@ -68,14 +68,17 @@ def _assert_valid_path(cluster: Cluster, src: int, dst: int) -> None:
 
 
 def test_preset_names():
-    assert preset_names() == ["cpu-localhost", *PRESETS]
+    names = preset_names()
+    assert names == sorted(names)
+    assert {"cpu-localhost", "pcie-l40s", *PRESETS} <= set(names)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_yaml_has_every_field_in_human_units(preset):
     raw = load_preset(preset)
     assert raw["name"] == preset
-    assert set(raw) == set(ClusterSpec.model_fields) - {"nodes", "calibration"}
+    # an NVSwitch preset: every group but the PCIe-only and custom-topology alternatives
+    assert set(raw) == set(ClusterSpec.model_fields) - {"nodes", "calibration", "pcie", "topology"}
     assert isinstance(raw["nic"]["bandwidth"], str) and raw["nic"]["bandwidth"].endswith("Gb/s")
 
 

@@ -8,12 +8,21 @@ by giving the same nesting::
       nodes: 16
       gpu: {matmul_efficiency: 0.6}
       nic: {bandwidth: "100 Gb/s"}
+      network: {pod_size: 4, oversubscription: 2}
 
 :func:`load_cluster_spec` reads the preset YAML from ``topologies/presets/``,
 deep-merges the overrides into it (mappings merge key by key, anything else
-replaces) and validates the result as a :class:`~topologies.spec.ClusterSpec`.
-Without ``preset`` the block must give every field itself. Any problem becomes one
-:class:`~topologies.errors.TopologyError` line such as
+replaces, ``null`` removes: ``nvswitch: null`` with a ``pcie`` group turns NVLink
+nodes into PCIe-only ones) and validates the result as a
+:class:`~topologies.spec.ClusterSpec`. Without ``preset`` the block must give every
+field itself.
+
+With ``topology`` (a file path or an inline mapping) the fabric comes from a custom
+topology instead of a preset; :mod:`topologies.custom` documents that format. Its
+nodes and GPUs per node follow from the file, so ``nodes`` and ``gpus_per_node`` are
+optional there and, when given, must agree with it.
+
+Any problem becomes one :class:`~topologies.errors.TopologyError` line such as
 ``cluster.gpu.matmul_effciency: unknown key (did you mean 'matmul_efficiency'?)``.
 :func:`build_cluster` then turns the spec into the network graph.
 """
@@ -29,6 +38,7 @@ import yaml
 from pydantic import ValidationError
 
 from .cluster import Cluster
+from .custom import read_topology
 from .errors import TopologyError
 from .profile import load_profile, profile_overrides
 from .spec import ClusterSpec, check_cluster_spec
@@ -40,7 +50,7 @@ PRESET_DIR = Path(__file__).parent / "presets"
 
 
 def preset_names() -> list[str]:
-    """Names of the shipped cluster presets, sorted (``['dgx-a100', 'dgx-h100']``)."""
+    """Names of the shipped cluster presets, sorted (``['cpu-localhost', 'dgx-a100', ...]``)."""
     return sorted(path.stem for path in PRESET_DIR.glob("*.yaml"))
 
 
@@ -68,8 +78,12 @@ def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str,
     return merged
 
 
-def load_cluster_spec(config: Mapping[str, Any], prefix: str = "cluster") -> ClusterSpec:
-    """Validate a scenario's ``cluster:`` mapping (preset + nodes + overrides)."""
+def load_cluster_spec(
+    config: Mapping[str, Any], prefix: str = "cluster", base_dir: str | Path | None = None
+) -> ClusterSpec:
+    """Validate a scenario's ``cluster:`` mapping (preset + nodes + overrides, or a
+    custom ``topology``); ``base_dir`` is where a relative topology path is looked up
+    first (the scenario's folder)."""
     if not isinstance(config, Mapping):
         raise TopologyError(
             f"{prefix}: expected a mapping such as {{preset: dgx-a100, nodes: 2}} (got {config!r})"
@@ -81,15 +95,24 @@ def load_cluster_spec(config: Mapping[str, Any], prefix: str = "cluster") -> Clu
             raise TopologyError(
                 f"{prefix}.{key}: unknown key{hint}; valid keys: {', '.join(sorted(valid))}"
             )
-    overrides = {k: v for k, v in config.items() if k not in ("preset", "profile")}
+    if config.get("topology") is not None:
+        return _load_custom(config, prefix, base_dir)
+    overrides = {k: v for k, v in config.items() if k not in ("preset", "profile", "topology")}
     base: dict[str, Any] = {}
     if "preset" in config:
         try:
             base = load_preset(config["preset"])
         except TopologyError as exc:
             raise TopologyError(f"{prefix}.preset: {exc}") from None
-    if config.get("profile") is not None:
-        source = str(config["profile"])
+    return _validate(base, overrides, config.get("profile"), prefix)
+
+
+def _validate(
+    base: dict[str, Any], overrides: dict[str, Any], profile_source: Any, prefix: str
+) -> ClusterSpec:
+    """Merge a calibration profile and the overrides into ``base``, validate, check."""
+    if profile_source is not None:
+        source = str(profile_source)
         profile = load_profile(source, f"{prefix}.profile")
         per_node = overrides.get("gpus_per_node", base.get("gpus_per_node"))
         base = _deep_merge(base, profile_overrides(profile, per_node, source, f"{prefix}.profile"))
@@ -101,6 +124,51 @@ def load_cluster_spec(config: Mapping[str, Any], prefix: str = "cluster") -> Clu
     return spec
 
 
+def _load_custom(
+    config: Mapping[str, Any], prefix: str, base_dir: str | Path | None
+) -> ClusterSpec:
+    """A ``cluster:`` block with ``topology``: the file gives the fabric, nodes and GPU."""
+    for key in ("preset", "nvswitch", "pcie", "nic", "network"):
+        if key in config:
+            what = (
+                "borrow a preset's GPU with gpu_preset in the topology"
+                if key == "preset"
+                else "the topology gives every link"
+            )
+            raise TopologyError(f"{prefix}.{key}: not used with {prefix}.topology ({what})")
+    where = f"{prefix}.topology"
+    custom = read_topology(config["topology"], where, base_dir)
+    gpus = custom.nodes * custom.gpus_per_node
+    for key, derived in (("nodes", custom.nodes), ("gpus_per_node", custom.gpus_per_node)):
+        given = config.get(key)
+        if given is not None and given != derived:
+            raise TopologyError(
+                f"{prefix}.{key}: {key}({given}) does not match the topology, which has "
+                f"{gpus} GPUs on {custom.nodes} nodes of {custom.gpus_per_node}"
+            )
+    gpu: dict[str, Any] = {}
+    if custom.gpu_preset is not None:
+        try:
+            gpu = dict(load_preset(custom.gpu_preset).get("gpu") or {})
+        except TopologyError as exc:
+            raise TopologyError(f"{where}.gpu_preset: {exc}") from None
+    gpu = _deep_merge(gpu, custom.gpu)
+    if not gpu and "gpu" not in config:
+        raise TopologyError(
+            f"{where}.gpu: required field is missing (give gpu, or gpu_preset to borrow a preset's)"
+        )
+    base = {
+        "name": custom.name,
+        "nodes": custom.nodes,
+        "gpus_per_node": custom.gpus_per_node,
+        "gpu": gpu,
+        "topology": custom.topology,
+    }
+    skip = ("topology", "profile", "nodes", "gpus_per_node")
+    overrides = {k: v for k, v in config.items() if k not in skip}
+    return _validate(base, overrides, config.get("profile"), prefix)
+
+
 def build_cluster(spec: ClusterSpec) -> Cluster:
-    """The network graph and routing of ``spec``."""
+    """The network graph and routing of ``spec`` (the subclass its fabric needs)."""
     return Cluster(spec)

@@ -1,15 +1,26 @@
 """Validated description of a cluster: the numbers a ``Cluster`` is built from.
 
 A :class:`ClusterSpec` is what a scenario's ``cluster:`` block becomes once its
-preset is merged with the overrides (see :mod:`topologies.build`). It has four
-groups whose names are part of parasim's file format:
+preset is merged with the overrides (see :mod:`topologies.build`). Its groups'
+names are part of parasim's file format:
 
 - ``gpu`` — peak dense bf16 rate, HBM bandwidth and capacity, the fractions of
   peak that large GEMMs and fused attention reach, and the kernel launch overhead;
-- ``nvswitch`` — per-GPU NVLink bandwidth per direction and GPU-to-GPU latency;
+- ``nvswitch`` — per-GPU NVLink bandwidth per direction and GPU-to-GPU latency, for
+  nodes whose GPUs meet at an NVLink switch;
+- ``pcie`` — for nodes without NVLink: the GPUs' PCIe links, their PCIe switches
+  (``gpus_per_switch`` GPUs each) and the host bridge that joins the switches;
 - ``nic`` — NICs per node, their line rate, adapter latency and the PCIe bandwidth
   between a GPU and its NIC;
-- ``network`` — switch port-to-port latency and the leaf oversubscription.
+- ``network`` — switch port-to-port latency, the leaf oversubscription, and the
+  pods (``pod_size`` nodes each) joined by a core;
+- ``topology`` — instead of ``nvswitch``/``pcie``, ``nic`` and ``network``: a custom
+  fabric, either per dimension (``dimensions``) or as an explicit graph
+  (``devices`` and ``links``); see :mod:`topologies.custom` for the file format.
+
+A cluster built from groups gives ``nic``, ``network`` and exactly one of
+``nvswitch`` or ``pcie``; a cluster with a ``topology`` gives none of those four.
+:func:`check_cluster_spec` enforces this and the other checks that span groups.
 
 Fields take human units (``"450 GB/s"``) and hold SI floats. Unknown keys are
 errors, and so is a bandwidth, capacity or FLOP rate that is zero or negative.
@@ -17,23 +28,32 @@ errors, and so is a bandwidth, capacity or FLOP rate that is zero or negative.
 
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from typing import Annotated, Literal
 
+import networkx as nx
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 from .errors import TopologyError
 from .units import Bandwidth, Bytes, FlopRate, Seconds
+from .validation import nearest_key_hint
 
 __all__ = [
     "GPUSpec",
     "NVSwitchSpec",
+    "PCIeSpec",
     "NICSpec",
     "NetworkSpec",
+    "DimensionSpec",
+    "DeviceSpec",
+    "GraphLinkSpec",
+    "TopologySpec",
     "ClusterSpec",
     "CommFit",
     "ScopedFits",
     "CalibrationSpec",
     "check_cluster_spec",
+    "check_topology",
 ]
 
 
@@ -64,6 +84,7 @@ def _at_least_one(value: int) -> int:
 PositiveBandwidth = Annotated[Bandwidth, AfterValidator(_positive)]
 PositiveBytes = Annotated[Bytes, AfterValidator(_positive)]
 PositiveFlopRate = Annotated[FlopRate, AfterValidator(_positive)]
+PositiveRatio = Annotated[float, AfterValidator(_positive)]
 Fraction = Annotated[float, AfterValidator(_fraction)]
 Count = Annotated[int, BeforeValidator(_not_bool), AfterValidator(_at_least_one)]
 
@@ -103,6 +124,39 @@ class NVSwitchSpec(_Spec):
     """Whether the switch reduces in-network (NVLink SHARP), enabling NCCL's NVLS."""
 
 
+class PCIeSpec(_Spec):
+    """A node without NVLink: GPUs on PCIe switches joined by the host bridge.
+
+    GPU ``i`` of a node sits on switch ``i // gpus_per_switch``. Two GPUs on one
+    switch talk through it; two on different switches go up to the host bridge
+    (the CPU's root complex) and down again.
+    """
+
+    bandwidth: PositiveBandwidth
+    """Data rate of a GPU's PCIe link into its switch, per direction, bytes/s."""
+    latency: Seconds
+    """One-way GPU-to-GPU latency through one PCIe switch, seconds."""
+    gpus_per_switch: Count
+    """GPUs below each PCIe switch; must divide ``gpus_per_node``."""
+    host_bandwidth: PositiveBandwidth | None = None
+    """Data rate of each switch's uplink to the host bridge, per direction, bytes/s.
+    Default: ``bandwidth`` (an uplink as wide as one GPU's link, e.g. both x16)."""
+    host_latency: Seconds | None = None
+    """Latency the host bridge adds when a transfer crosses it, seconds. Default:
+    ``latency``. NCCL's tuner (src/graph/tuning.cc, hwLat) prices every PCIe hop
+    alike, whether the path crosses a switch or the host bridge."""
+
+    @property
+    def uplink_bandwidth(self) -> float:
+        """Switch-to-host bandwidth per direction, bytes/s (``host_bandwidth`` or ``bandwidth``)."""
+        return self.bandwidth if self.host_bandwidth is None else self.host_bandwidth
+
+    @property
+    def bridge_latency(self) -> float:
+        """Latency of the host bridge, seconds (``host_latency`` or ``latency``)."""
+        return self.latency if self.host_latency is None else self.host_latency
+
+
 class NICSpec(_Spec):
     """The scale-out network adapters of one node."""
 
@@ -117,12 +171,82 @@ class NICSpec(_Spec):
 
 
 class NetworkSpec(_Spec):
-    """The rail-optimised leaf/spine fabric between nodes."""
+    """The rail-optimised fat tree between nodes: leaves and a spine per pod, a core.
+
+    Nodes are grouped into pods of ``pod_size`` consecutive nodes (the last pod may
+    be smaller), as the NVIDIA DGX SuperPOD reference architecture groups DGX
+    systems into scalable units (32 DGX H100 systems per SU), each with its own
+    rail-aligned leaves and spine, the SUs joined by core switches.
+    """
 
     switch_latency: Seconds
-    """Port-to-port latency of one switch, seconds."""
-    oversubscription: Annotated[float, AfterValidator(_positive)]
+    """Port-to-port latency of one switch (leaf, spine or core), seconds."""
+    oversubscription: PositiveRatio
     """Leaf downlink : uplink bandwidth; 1 is non-blocking, 2 halves the uplinks."""
+    pod_size: Count | None = None
+    """Nodes per pod; default: every node in one pod (no core)."""
+    core_oversubscription: PositiveRatio = 1.0
+    """A pod's leaf uplinks : its spine's uplink to the core; 1 is non-blocking."""
+
+
+class DimensionSpec(_Spec):
+    """One dimension of a per-dimension custom topology (innermost first)."""
+
+    kind: Literal["switch", "ring"]
+    """``switch``: the GPUs along the dimension share one switch; ``ring``: each
+    GPU links to its two neighbours along the dimension (wrapping around)."""
+    size: Count
+    """GPUs along the dimension."""
+    bandwidth: PositiveBandwidth
+    """Per direction, bytes/s: of each GPU's link into the switch, or of each ring hop."""
+    latency: Seconds
+    """Seconds: GPU to GPU through the switch, or one ring hop."""
+
+
+class DeviceSpec(_Spec):
+    """One vertex of an explicit-graph custom topology."""
+
+    name: str
+    kind: Literal["gpu", "switch", "nic"]
+
+
+class GraphLinkSpec(_Spec):
+    """One link of an explicit-graph custom topology."""
+
+    a: str
+    b: str
+    bandwidth: PositiveBandwidth
+    """Per direction, bytes/s."""
+    latency: Seconds
+    """One way, seconds."""
+    bidirectional: bool = True
+    """``false``: only ``a -> b`` exists."""
+
+
+class TopologySpec(_Spec):
+    """A custom fabric: ``dimensions``, or ``devices`` and ``links`` (one form only)."""
+
+    dimensions: tuple[DimensionSpec, ...] | None = None
+    devices: tuple[DeviceSpec, ...] | None = None
+    links: tuple[GraphLinkSpec, ...] | None = None
+    intra_node_link: Literal["nvlink", "pci"] = "nvlink"
+    """What joins the GPUs of a node, for NCCL's intra-node latency table."""
+    nvls: bool = False
+    """Whether the node's switch reduces in-network (NCCL's NVLS algorithm)."""
+    source: str = ""
+    """The file the topology was read from ('' when given inline)."""
+
+    @property
+    def form(self) -> str:
+        """``'dimensions'`` or ``'graph'``."""
+        return "dimensions" if self.dimensions is not None else "graph"
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of the fabric: product of the sizes, or devices of kind ``gpu``."""
+        if self.dimensions is not None:
+            return math.prod(d.size for d in self.dimensions)
+        return sum(1 for d in self.devices or () if d.kind == "gpu")
 
 
 class CommFit(_Spec):
@@ -159,17 +283,167 @@ class ClusterSpec(_Spec):
     gpus_per_node: Count
     nodes: Count
     gpu: GPUSpec
-    nvswitch: NVSwitchSpec
-    nic: NICSpec
-    network: NetworkSpec
+    nvswitch: NVSwitchSpec | None = None
+    pcie: PCIeSpec | None = None
+    nic: NICSpec | None = None
+    network: NetworkSpec | None = None
+    topology: TopologySpec | None = None
     calibration: CalibrationSpec | None = None
+
+    @property
+    def num_gpus(self) -> int:
+        """``nodes * gpus_per_node``."""
+        return self.nodes * self.gpus_per_node
 
 
 def check_cluster_spec(spec: ClusterSpec, prefix: str = "cluster") -> None:
     """Checks across groups that field validation cannot make; raises :class:`TopologyError`."""
+    if spec.topology is not None:
+        for group in ("nvswitch", "pcie", "nic", "network"):
+            if getattr(spec, group) is not None:
+                raise TopologyError(
+                    f"{prefix}.{group}: not used with a custom topology ({prefix}.topology "
+                    f"gives every link); remove it"
+                )
+        check_topology(spec.topology, spec.gpus_per_node, spec.nodes, f"{prefix}.topology")
+        return
+    if spec.nvswitch is not None and spec.pcie is not None:
+        raise TopologyError(
+            f"{prefix}.pcie: give exactly one of nvswitch (NVLink switch in every node) or "
+            f"pcie (PCIe switches only), not both; set nvswitch: null to drop a preset's"
+        )
+    if spec.nvswitch is None and spec.pcie is None:
+        raise TopologyError(
+            f"{prefix}.nvswitch: required field is missing (give exactly one of nvswitch, "
+            f"for NVLink nodes, or pcie, for PCIe-only nodes)"
+        )
+    for group in ("nic", "network"):
+        if getattr(spec, group) is None:
+            raise TopologyError(f"{prefix}.{group}: required field is missing")
+    assert spec.nic is not None
     nics, gpus = spec.nic.per_node, spec.gpus_per_node
     if nics > gpus or gpus % nics:
         raise TopologyError(
             f"{prefix}.nic.per_node: per_node({nics}) must divide gpus_per_node({gpus}) "
             f"so that every NIC serves the same number of GPUs"
+        )
+    if spec.pcie is not None:
+        per_switch = spec.pcie.gpus_per_switch
+        if per_switch > gpus or gpus % per_switch:
+            raise TopologyError(
+                f"{prefix}.pcie.gpus_per_switch: gpus_per_switch({per_switch}) must divide "
+                f"gpus_per_node({gpus}) so that every PCIe switch serves the same number of GPUs"
+            )
+
+
+def _sizes(dimensions: tuple[DimensionSpec, ...]) -> str:
+    return " x ".join(str(d.size) for d in dimensions)
+
+
+def check_topology(
+    topology: TopologySpec, gpus_per_node: int, nodes: int, prefix: str = "cluster.topology"
+) -> None:
+    """A custom topology against the node size and count; raises :class:`TopologyError`.
+
+    Checks that exactly one form is given, that the GPU count is ``nodes *
+    gpus_per_node`` (per dimension: the innermost size is ``gpus_per_node``), that
+    device names are unique and links name known devices, and that every GPU has a
+    route to every other.
+    """
+    gpus = nodes * gpus_per_node
+    graph_form = topology.devices is not None or topology.links is not None
+    if topology.dimensions is not None and graph_form:
+        raise TopologyError(
+            f"{prefix}: give either dimensions (per-dimension form) or devices and links "
+            f"(explicit graph), not both"
+        )
+    if topology.dimensions is not None:
+        dims = topology.dimensions
+        if not dims:
+            raise TopologyError(f"{prefix}.dimensions: must list at least one dimension")
+        if dims[0].size != gpus_per_node:
+            raise TopologyError(
+                f"{prefix}.dimensions[0].size: the innermost dimension is a node, but "
+                f"size({dims[0].size}) != gpus_per_node({gpus_per_node})"
+            )
+        if topology.num_gpus != gpus:
+            raise TopologyError(
+                f"{prefix}.dimensions: sizes {_sizes(dims)} = {topology.num_gpus} GPUs, but "
+                f"nodes({nodes}) x gpus_per_node({gpus_per_node}) = {gpus}"
+            )
+        return
+    if topology.devices is None:
+        raise TopologyError(
+            f"{prefix}: required field is missing: dimensions, or devices and links"
+        )
+    if topology.links is None:
+        raise TopologyError(
+            f"{prefix}.links: required field is missing (an explicit graph needs devices and links)"
+        )
+    _check_graph(topology.devices, topology.links, gpus_per_node, nodes, prefix)
+
+
+def _check_graph(
+    devices: tuple[DeviceSpec, ...],
+    links: tuple[GraphLinkSpec, ...],
+    gpus_per_node: int,
+    nodes: int,
+    prefix: str,
+) -> None:
+    first: dict[str, int] = {}
+    for i, device in enumerate(devices):
+        if device.name in first:
+            raise TopologyError(
+                f"{prefix}.devices[{i}].name: duplicate device name {device.name!r} "
+                f"(first at devices[{first[device.name]}])"
+            )
+        first[device.name] = i
+    gpu_names = [d.name for d in devices if d.kind == "gpu"]
+    gpus = nodes * gpus_per_node
+    if len(gpu_names) != gpus:
+        raise TopologyError(
+            f"{prefix}.devices: {len(gpu_names)} devices of kind gpu, but nodes({nodes}) x "
+            f"gpus_per_node({gpus_per_node}) = {gpus}"
+        )
+    graph = nx.DiGraph()
+    graph.add_nodes_from(first)
+    seen: dict[tuple[str, str], int] = {}
+    for i, link in enumerate(links):
+        for end in ("a", "b"):
+            name = getattr(link, end)
+            if name not in first:
+                hint = nearest_key_hint(name, list(first))
+                raise TopologyError(
+                    f"{prefix}.links[{i}].{end}: unknown device {name!r}{hint} "
+                    f"(link {link.a} <-> {link.b})"
+                )
+        if link.a == link.b:
+            raise TopologyError(f"{prefix}.links[{i}]: link from {link.a!r} to itself")
+        pairs = [(link.a, link.b), (link.b, link.a)] if link.bidirectional else [(link.a, link.b)]
+        for pair in pairs:
+            if pair in seen:
+                raise TopologyError(
+                    f"{prefix}.links[{i}]: duplicate link {pair[0]} -> {pair[1]} "
+                    f"(also in links[{seen[pair]}])"
+                )
+            seen[pair] = i
+            graph.add_edge(*pair)
+    _check_connected(graph, gpu_names, prefix)
+
+
+def _check_connected(graph: nx.DiGraph, gpu_names: list[str], prefix: str) -> None:
+    """Every GPU reaches every other: all GPUs lie in one strongly connected component."""
+    if len(gpu_names) < 2:
+        return
+    component = {
+        name: i for i, c in enumerate(nx.strongly_connected_components(graph)) for name in c
+    }
+    home = component[gpu_names[0]]
+    for index, name in enumerate(gpu_names[1:], start=1):
+        if component[name] == home:
+            continue
+        src, dst = (0, index) if not nx.has_path(graph, gpu_names[0], name) else (index, 0)
+        raise TopologyError(
+            f"{prefix}.links: no route from GPU {src} ({gpu_names[src]!r}) to GPU {dst} "
+            f"({gpu_names[dst]!r}); every GPU must reach every other"
         )

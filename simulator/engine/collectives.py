@@ -188,7 +188,7 @@ def _candidates(cluster: Cluster, kind: str, gpus: list[int]) -> list[_Candidate
     candidates = [_Candidate("ring", usage, ring_busbw)]
     if kind in ("all_reduce", "barrier") and nodes > 1:
         candidates.append(_Candidate("tree", usage, ring_busbw))
-    if kind in ("all_reduce", "barrier") and nodes == 1 and cluster.spec.nvswitch.nvls and n > 2:
+    if kind in ("all_reduce", "barrier") and nodes == 1 and cluster.has_nvls and n > 2:
         up_down = _usage(
             cluster, [(g, g2) for g, g2 in zip(gpus, gpus[1:] + gpus[:1], strict=True)]
         )
@@ -231,7 +231,7 @@ def plan_collective(
         raise ValueError(f"unknown protocol {protocol!r} (one of {', '.join(PROTOCOLS)})")
     groups = _by_node(cluster, gpus)
     nodes, ppn = len(groups), max(len(g) for g in groups)
-    intra = "nvlink"
+    intra = cluster.intra_node_link
     best: tuple[float, CollectiveChoice, _Candidate] | None = None
     candidates = _candidates(cluster, kind, gpus)
     for candidate in candidates:
