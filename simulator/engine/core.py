@@ -89,6 +89,7 @@ class _Engine:
             name for name, members in schedule.groups.items() if not set(members) <= simulated
         }
         self.choices: dict[str, int] = {}
+        self._plans: dict[tuple, tuple] = {}  # (group, kind, bytes) -> NCCL plan, reused
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
         self.compute = ComputeModel(cluster.spec)
@@ -231,15 +232,21 @@ class _Engine:
 
     def _run_transfers(self, group: str, rendezvous: _Rendezvous, splits) -> None:
         rendezvous.start = self.env.now
-        choice, specs = collective_transfers(
-            self.cluster,
-            rendezvous.kind,
-            self.group_gpus[group],
-            rendezvous.size,
-            splits,
-            self.options.algorithm,
-            self.options.protocol,
-        )
+        key = (group, rendezvous.kind, rendezvous.size)
+        planned = None if splits is not None else self._plans.get(key)
+        if planned is None:
+            planned = collective_transfers(
+                self.cluster,
+                rendezvous.kind,
+                self.group_gpus[group],
+                rendezvous.size,
+                splits,
+                self.options.algorithm,
+                self.options.protocol,
+            )
+            if splits is None:
+                self._plans[key] = planned
+        choice, specs = planned
         key = f"{rendezvous.kind}/{choice.algorithm}/{choice.protocol}"
         self.choices[key] = self.choices.get(key, 0) + 1
         if self.analytic:
@@ -287,7 +294,11 @@ class _Engine:
                     f"but its recv expects {partner_bytes:g}"
                 )
             pair.start = self.env.now
-            spec = p2p_transfer(self.cluster, src, dst, op.bytes, self.options.protocol)
+            key = ("p2p", src, dst, op.bytes)
+            spec = self._plans.get(key)
+            if spec is None:
+                spec = p2p_transfer(self.cluster, src, dst, op.bytes, self.options.protocol)
+                self._plans[key] = spec
             if self.analytic:
                 self._after(self._alone(spec), pair.done)
             else:

@@ -95,9 +95,10 @@ class FlowNetwork:
             neighbours.update(on_link)
         transfer.remaining = 0.0
         transfer.done.succeed()
+        idle = {link: 0.0 for link, _ in transfer.usage if not self._on_link[link]}
+        self._record(idle)
         if neighbours:
             self._rebalance(neighbours.values())
-        self._record([link for link, _ in transfer.usage])
 
     def _component(self, seeds: Iterable[Transfer]) -> tuple[list[Transfer], list[int]]:
         members: dict[int, Transfer] = {}
@@ -136,18 +137,16 @@ class FlowNetwork:
             version = t.version
             delay = max(t.remaining, 0.0) / rate
             self._after(delay, lambda _ev, t=t, v=version: self._finish(t, v))
-        self._record(links)
+        loads = dict.fromkeys(links, 0.0)
+        for t in transfers:
+            for link, mult in t.usage:
+                loads[link] += mult * t.rate
+        self._record(loads)
 
-    def _record(self, links: Iterable[int]) -> None:
-        """Note the rate each of ``links`` carries from now on, where it changed."""
+    def _record(self, loads: dict[int, float]) -> None:
+        """Note the rate (bytes/s) each link carries from now on, where it changed."""
         now = self.env.now
-        for link in links:
-            load = sum(
-                mult * t.rate
-                for t in self._on_link[link].values()
-                for used, mult in t.usage
-                if used == link
-            )
+        for link, load in loads.items():
             series = self.utilisation.setdefault(link, [])
             if series and series[-1][0] == now:
                 series[-1] = (now, load)
