@@ -108,6 +108,10 @@ MODEL_PRESETS: dict[str, dict] = {
     "gpt3-175b": dict(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=51200),
     "mt-nlg-530b": dict(layers=105, hidden=20480, heads=128, seq_len=2048, vocab=51200),
     "megatron-1t": dict(layers=128, hidden=25600, heads=160, seq_len=2048, vocab=51200),
+    # A 70B-class dense decoder with LLaMA-2-70B's depth, width, heads, context and
+    # vocabulary (Touvron et al. 2023, table 1), but parasim's GPT block (GELU MLP of
+    # 4h, full multi-head attention): about 65 B parameters.
+    "dense-70b": dict(layers=80, hidden=8192, heads=64, seq_len=4096, vocab=32000),
 }
 
 
@@ -146,14 +150,18 @@ def _elementwise(
     )
 
 
-def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int) -> list[OpCost]:
+def layer_forward_ops(
+    model: ModelSpec, micro_batch: int, tp: int, sp: bool = False
+) -> list[OpCost]:
     """The forward ops of one transformer layer on one TP rank, in execution order.
 
     The two TP all-reduces fall after ``proj`` and after ``fc2``; the schedule builder
-    inserts them (Megatron-LM's ``g`` operator).
+    inserts them (Megatron-LM's ``g`` operator). With sequence parallelism (``sp``)
+    the norms, dropout and residual adds work on ``1/tp`` of the sequence.
     """
     b, s, h, f = micro_batch, model.seq_len, model.hidden, model.ffn
     tokens = b * s
+    sequence_share = tokens / tp if sp else tokens
     local_heads_width = h // tp
     attn_flops = 4.0 * b * s * s * h / tp
     attn = OpCost(
@@ -164,16 +172,16 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int) -> list[OpCos
         attn_flops,
     )
     return [
-        _elementwise("ln1", tokens * h, 8, 2, params=2 * h),
+        _elementwise("ln1", sequence_share * h, 8, 2, params=2 * h),
         _gemm("qkv", tokens, 3 * h // tp, h),
         attn,
         _gemm("proj", tokens, h, h // tp),
-        _elementwise("residual1", tokens * h, 2, 3),  # dropout + residual add
-        _elementwise("ln2", tokens * h, 8, 2, params=2 * h),
+        _elementwise("residual1", sequence_share * h, 2, 3),  # dropout + residual add
+        _elementwise("ln2", sequence_share * h, 8, 2, params=2 * h),
         _gemm("fc1", tokens, f // tp, h),
         _elementwise("gelu", tokens * f / tp, 8, 2),
         _gemm("fc2", tokens, h, f // tp),
-        _elementwise("residual2", tokens * h, 2, 3),
+        _elementwise("residual2", sequence_share * h, 2, 3),
     ]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import __version__
 from .engine.core import EngineOptions, SimulationTimes, simulate
+from .errors import ScenarioError
 from .links import link_summary
 from .memory import memory_per_rank
 from .metrics import account_step
@@ -45,18 +46,55 @@ class RunResult:
 
 def build_schedule(scenario: Scenario) -> Schedule:
     """The Schedule IR of one training step of ``scenario``."""
-    training = scenario.training
-    config = StepConfig(
+    return build_step(step_config(scenario), fold=scenario.spec.simulation.fidelity == "analytic")
+
+
+def step_config(scenario: Scenario) -> StepConfig:
+    """The builder's view of a scenario (the pipeline order read from its CSV if custom)."""
+    training, parallel = scenario.training, scenario.parallel
+    orders, virtual = None, parallel.virtual_stages
+    if parallel.schedule == "custom":
+        orders = load_custom_order(scenario, parallel.schedule_file)
+        virtual = (
+            max(a.stage for actions in orders.values() for a in actions) + 1
+        ) // scenario.layout.pp
+        if scenario.model.layers % (scenario.layout.pp * virtual):
+            raise ScenarioError(
+                f"parallel.schedule_file: layers({scenario.model.layers}) is not divisible by "
+                f"the order's {scenario.layout.pp * virtual} stages"
+            )
+    return StepConfig(
         model=scenario.model,
         layout=scenario.layout,
         micro_batch=training.micro_batch,
         microbatches=scenario.microbatches,
-        schedule=scenario.parallel.schedule,
+        schedule=parallel.schedule,
         recompute=training.recompute,
         grad_bucket_bytes=training.grad_bucket_bytes,
         first_grad_bucket_bytes=training.first_grad_bucket_bytes,
+        sp=parallel.sp,
+        virtual_stages=virtual,
+        zero1=training.optimizer_sharding,
+        orders=orders,
     )
-    return build_step(config, fold=scenario.spec.simulation.fidelity == "analytic")
+
+
+def load_custom_order(scenario: Scenario, path: str) -> dict:
+    """A custom pipeline order from torch.distributed.pipelining's CSV format, checked."""
+    from .schedule.pipeline import load_csv_order, validate_order
+
+    try:
+        order = load_csv_order(path)
+        stages = max(a.stage for actions in order.values() for a in actions) + 1
+        validate_order(order, stages, scenario.microbatches)
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(f"parallel.schedule_file: {path}: {exc}") from None
+    if sorted(order) != list(range(scenario.layout.pp)) or stages % scenario.layout.pp:
+        raise ScenarioError(
+            f"parallel.schedule_file: {path} orders {len(order)} ranks and {stages} stages; "
+            f"the layout has pp({scenario.layout.pp})"
+        )
+    return order
 
 
 def representative_ranks(scenario: Scenario, critical_rank: int) -> list[int]:
@@ -139,22 +177,16 @@ def assemble_result(
     accounting = account_step(schedule, times, layout, scenario.cluster_spec.gpus_per_node)
     step = times.step_time
     model_flops = model_flops_per_step(scenario.model, training.global_batch)
-    hardware_flops = sum(
+    world = layout.world
+    # each simulated rank stands for world / simulated ranks (folded runs: its TP and DP peers)
+    replicas = world / len(schedule.programs)
+    hardware_flops = replicas * sum(
         op.flops
         for program in schedule.programs.values()
         for op in program.ops
         if type(op) is Compute
     )
-    world = layout.world
-    memory = memory_per_rank(
-        scenario.model,
-        layout,
-        training.micro_batch,
-        scenario.microbatches,
-        scenario.parallel.schedule,
-        training.recompute,
-        gpu.hbm_capacity,
-    )
+    memory = memory_per_rank(step_config(scenario), gpu.hbm_capacity)
     warnings = list(scenario.warnings)
     if memory["oom"]:
         warnings.append(
@@ -191,6 +223,8 @@ def assemble_result(
         "hardware_flops_per_step": hardware_flops,
         "tflops_per_gpu": model_flops / step / world / 1e12,
         "mfu": model_flops / (step * world * gpu.peak_flops),
+        "hardware_tflops_per_gpu": hardware_flops / step / world / 1e12,
+        "hfu": hardware_flops / (step * world * gpu.peak_flops),
         "breakdown": {
             "critical_rank": accounting["critical_rank"],
             "critical": accounting["critical"],

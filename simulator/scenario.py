@@ -53,6 +53,7 @@ class TrainingSpec(_Strict):
     micro_batch: int = Field(default=1, gt=0)
     dtype: Literal["bf16", "fp16"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
+    optimizer_sharding: bool = False  # ZeRO-1: Adam state sharded across dp
     grad_bucket_bytes: Bytes = float(DDP_BUCKET_BYTES)
     first_grad_bucket_bytes: Bytes = float(DDP_FIRST_BUCKET_BYTES)
 
@@ -61,7 +62,10 @@ class ParallelSpec(_Strict):
     tp: int = Field(default=1, gt=0)
     pp: int = Field(default=1, gt=0)
     dp: int | None = Field(default=None, gt=0)
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    sp: bool = False
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "custom"] = "1f1b"
+    virtual_stages: int = Field(default=1, gt=0)
+    schedule_file: str | None = None  # custom: torch.distributed.pipelining CSV order
     placement: list[Literal["tp", "dp", "pp"]] = ["tp", "dp", "pp"]
 
 
@@ -190,6 +194,35 @@ def _check_divisibility(model: ModelSpec, training: TrainingSpec, layout: Layout
             raise ScenarioError(message)
 
 
+def _check_schedule(
+    spec: ScenarioSpec, model: ModelSpec, layout: Layout, microbatches: int
+) -> None:
+    parallel = spec.parallel
+    v, pp = parallel.virtual_stages, layout.pp
+    if parallel.schedule == "interleaved-1f1b":
+        if model.layers % (pp * v):
+            raise ScenarioError(
+                f"parallel.virtual_stages: layers({model.layers}) is not divisible by "
+                f"pp({pp}) * virtual_stages({v}) = {pp * v}"
+            )
+        if microbatches % pp:
+            raise ScenarioError(
+                f"parallel.schedule: interleaved-1f1b needs micro-batches({microbatches}) "
+                f"divisible by pp({pp}) (global_batch / (dp * micro_batch))"
+            )
+    elif v != 1:
+        raise ScenarioError(
+            f"parallel.virtual_stages: {v} virtual stages need schedule interleaved-1f1b "
+            f"(got {parallel.schedule})"
+        )
+    if parallel.schedule == "custom" and not parallel.schedule_file:
+        raise ScenarioError("parallel.schedule_file: schedule custom needs a CSV order file")
+    if parallel.schedule_file and parallel.schedule != "custom":
+        raise ScenarioError(
+            f"parallel.schedule_file: only used with schedule custom (got {parallel.schedule})"
+        )
+
+
 def _layout_warnings(layout: Layout, cluster_spec: ClusterSpec) -> list[str]:
     per_node = cluster_spec.gpus_per_node
     tp_groups = [m for name, m in layout.groups.items() if name.startswith("tp")]
@@ -239,6 +272,9 @@ def scenario_from_dict(
             )
     layout = Layout(tp=tp, pp=pp, dp=dp, placement=tuple(parallel.placement))
     _check_divisibility(model, spec.training, layout)
+    _check_schedule(
+        spec, model, layout, spec.training.global_batch // (dp * spec.training.micro_batch)
+    )
     return Scenario(
         spec=spec,
         model=model,

@@ -1,30 +1,36 @@
 """Write one training step of a GPT model into the Schedule IR.
 
-For every rank the builder walks its pipeline stage's action list (GPipe or 1F1B,
-see :mod:`simulator.schedule.pipeline`) and emits, per action:
+For every rank the builder walks its action list (GPipe, 1F1B, interleaved 1F1B,
+ZB-H1/H2 or a custom order, see :mod:`simulator.schedule.pipeline`). An action names
+a *global* stage ``s``: with ``v`` virtual stages rank ``r`` holds stages
+``r, r+p, …``, each with ``L/(p·v)`` layers. Per action it emits:
 
-* **forward** ``sFm``: receive the activation from stage ``s−1`` (``pp_recv_fwd``),
-  run the embedding (first stage), each layer's ops, the final norm, logits and loss
-  (last stage), and send the activation to stage ``s+1`` (``pp_send_fwd``). Each
-  layer's two tensor-parallel all-reduces (after the attention projection and after
-  the second MLP GEMM, Megatron-LM's ``g`` operator) run on the ``tp`` stream, and the
-  next op waits for them: they sit on the critical path.
-* **backward** ``sBm``: receive the output gradient (``pp_recv_bwd``), recompute the
-  forward when ``recompute`` says so, run the layers' backward in reverse, send the
-  input gradient back (``pp_send_bwd``). The two TP all-reduces of the backward (the
-  input gradients of the QKV and first MLP GEMMs, Megatron's ``f`` operator) overlap
-  the weight-gradient GEMM that follows, as Megatron-LM's asynchronous TP all-reduce
-  does; the op after the weight gradient waits for both.
-* **data-parallel gradient all-reduce**: during the stage's last backward, each
-  weight gradient joins a bucket in the order backward produces them; a bucket is
-  all-reduced on the ``dp`` stream as soon as it holds at least its cap (1 MiB for the
-  first bucket, then 25 MiB: PyTorch DDP's defaults), so it overlaps the rest of the
-  backward. The optimizer step waits for the last bucket.
+* **forward** ``sFm``: receive the activation from stage ``s−1``, run the embedding
+  (stage 0), the stage's layers, the final norm, logits and loss (last stage), and
+  send the activation to stage ``s+1``. Tensor parallelism (Megatron-LM) puts two
+  all-reduces in each layer's forward, after the attention projection and after the
+  second MLP GEMM, on the ``tp`` stream; the next op waits for them. With sequence
+  parallelism each becomes a reduce-scatter, and an all-gather precedes the QKV and
+  first MLP GEMMs: the same bytes, while norms, dropout and residuals work on ``1/t``
+  of the sequence and stage boundaries carry ``1/t`` of the activation.
+* **backward** ``sBm`` (or ``sIm`` then ``sWm`` when a zero-bubble schedule splits it):
+  receive the output gradient, recompute the forward when ``recompute`` says so, run
+  the layers' backward in reverse and send the input gradient back. ``I`` runs the
+  input-gradient half (every ``dgrad`` and the communication); ``W`` runs the weight
+  gradients later. The TP all-reduces (SP: reduce-scatters) of the input gradients of
+  the QKV and first MLP GEMMs overlap the weight-gradient GEMM that follows, as
+  Megatron-LM's asynchronous TP all-reduce does.
+* **data-parallel gradients**: during a stage's last backward, each weight gradient
+  joins a bucket in the order backward produces them; a bucket is all-reduced (ZeRO-1:
+  reduce-scattered) on the ``dp`` stream once it holds its cap (1 MiB for the first,
+  then 25 MiB: PyTorch DDP's defaults), overlapping the rest of the backward. The
+  optimizer step waits for the last bucket; with ZeRO-1 it updates ``1/dp`` of the
+  parameters and all-gathers them back.
 
-Sends and receives use one stream per direction and neighbour, so each stream pairs
-with exactly one stream of the neighbour, in the same order, and matching can never
-deadlock. Receives are posted eagerly (like pre-posted ``irecv``); the compute that
-needs the data waits for them.
+Sends and receives use one stream per direction, neighbour and chunk, so each stream
+pairs with exactly one stream of the neighbour in the same micro-batch order and
+matching cannot deadlock. Receives are posted eagerly (like pre-posted ``irecv``); the
+compute that needs the data waits for them. Tags are ``(stage·m + mb)·2 + direction``.
 """
 
 from __future__ import annotations
@@ -68,6 +74,10 @@ class StepConfig:
         recompute: str = "none",
         grad_bucket_bytes: float = 25 * 1024 * 1024,
         first_grad_bucket_bytes: float = 1024 * 1024,
+        sp: bool = False,
+        virtual_stages: int = 1,
+        zero1: bool = False,
+        orders: dict[int, list[Action]] | None = None,
     ):
         self.model = model
         self.layout = layout
@@ -77,6 +87,20 @@ class StepConfig:
         self.recompute = recompute
         self.grad_bucket_bytes = grad_bucket_bytes
         self.first_grad_bucket_bytes = first_grad_bucket_bytes
+        self.sp = sp
+        self.virtual_stages = virtual_stages
+        self.zero1 = zero1
+        self.orders = orders
+
+    @property
+    def stages(self) -> int:
+        """Global pipeline stages: ``pp × virtual_stages``."""
+        return self.layout.pp * self.virtual_stages
+
+    def pipeline_orders(self) -> dict[int, list[Action]]:
+        if self.orders is not None:
+            return self.orders
+        return pipeline_order(self.schedule, self.layout.pp, self.microbatches, self.virtual_stages)
 
 
 def _embedding_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
@@ -87,8 +111,9 @@ def _embedding_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
     return OpCost("embedding", "elementwise", elements, ACT_BYTES * elements * 2, 0.0, None, params)
 
 
-def _final_norm_op(model: ModelSpec, micro_batch: int) -> OpCost:
-    elements = micro_batch * model.seq_len * model.hidden
+def _final_norm_op(model: ModelSpec, micro_batch: int, shard: int = 1) -> OpCost:
+    """The last stage's layer norm (on ``1/shard`` of the sequence with SP)."""
+    elements = micro_batch * model.seq_len * model.hidden / shard
     return OpCost(
         "final_ln",
         "elementwise",
@@ -197,31 +222,44 @@ class _RankBuilder:
         self.layout = layout = config.layout
         self.rank = rank
         self.w = _ProgramWriter(rank, config)
-        coords = layout.coords(rank)
-        self.stage = coords["pp"]
-        self.pp = layout.pp
-        self.tp = layout.tp
+        self.pipeline_rank = layout.coords(rank)["pp"]
+        self.pp, self.tp, self.sp = layout.pp, layout.tp, config.sp and layout.tp > 1
+        self.stages = config.stages
         model = config.model
         self.model = model
         b = config.micro_batch
-        self.layers = range(
-            self.stage * model.layers // self.pp, (self.stage + 1) * model.layers // self.pp
-        )
-        self.fwd_ops = layer_forward_ops(model, b, self.tp)
+        self.layers_per_stage = model.layers // self.stages
+        self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp)
         self.bwd_ops = [(op, backward_of(op)) for op in reversed(self.fwd_ops)]
-        self.boundary_bytes = ACT_BYTES * b * model.seq_len * model.hidden
+        self.activation_bytes = ACT_BYTES * b * model.seq_len * model.hidden
+        # SP keeps the residual stream sharded, so stage boundaries carry 1/t of it
+        self.boundary_bytes = self.activation_bytes / (self.tp if self.sp else 1)
         self.tp_group = layout.group_name("tp", rank) if self.tp > 1 else None
         self.dp_group = layout.group_name("dp", rank) if layout.dp > 1 else None
-        self.prev = layout.stage_rank(rank, self.stage - 1) if self.stage > 0 else None
-        self.next = layout.stage_rank(rank, self.stage + 1) if self.stage < self.pp - 1 else None
         self.embedding = _embedding_op(model, b, self.tp)
-        self.final_norm = _final_norm_op(model, b)
+        self.final_norm = _final_norm_op(model, b, self.tp if self.sp else 1)
         self.logits = logits_forward_op(model, b, self.tp)
         self.loss = _loss_op(model, b, self.tp)
         self.last = 0  # the latest compute op
         self.waits: list[int] = []  # ops on other streams the next compute op must wait for
+        self.deferred: dict[tuple[int, int], list[tuple[OpCost, str, dict]]] = {}
+        self.stage = 0  # the stage of the action being written
 
     # -- helpers ----------------------------------------------------------------------
+    def _layers(self, stage: int) -> range:
+        first = stage * self.layers_per_stage
+        return range(first, first + self.layers_per_stage)
+
+    def _neighbour(self, stage: int) -> int:
+        """The rank (in this rank's pipeline) that holds global ``stage``."""
+        return self.layout.stage_rank(self.rank, stage % self.pp)
+
+    def _stream(self, name: str, stage: int) -> str:
+        return name if self.config.virtual_stages == 1 else f"{name}.c{stage // self.pp}"
+
+    def _tag(self, stage: int, mb: int, direction: int) -> int:
+        return (stage * self.config.microbatches + mb) * 2 + direction
+
     def _run(self, cost: OpCost, label: str, **tags: Any) -> int:
         deps, self.waits = tuple(self.waits), []
         self.last = self.w.compute(cost, label, deps, stage=self.stage, **tags)
@@ -231,20 +269,20 @@ class _RankBuilder:
         """Deps of an op that must follow everything the compute stream has done."""
         return (*([self.last] if self.w.ops else []), *self.waits)
 
-    def _tp_all_reduce(self, label: str, **tags: Any) -> int | None:
-        """All-reduce, over the TP group, of the activation-sized tensor the last compute
-        op produced."""
+    def _tp_collective(self, kind: str, label: str, **tags: Any) -> int | None:
+        """A TP (SP) collective of the full activation, after the last compute op."""
         if self.tp_group is None:
             return None
+        axis = "sp" if self.sp else "tp"
         return self.w.collective(
-            "all_reduce",
+            kind,
             self.tp_group,
-            self.boundary_bytes,
+            self.activation_bytes,
             "tp",
             label,
             (self.last,),
             stage=self.stage,
-            axis="tp",
+            axis=axis,
             **tags,
         )
 
@@ -265,8 +303,9 @@ class _RankBuilder:
         w = self.w
         if w.bucket_bytes <= 0 or self.dp_group is None:
             return
+        kind = "reduce_scatter" if self.config.zero1 else "all_reduce"
         w.last_bucket = w.collective(
-            "all_reduce",
+            kind,
             self.dp_group,
             w.bucket_bytes,
             "dp",
@@ -280,101 +319,124 @@ class _RankBuilder:
         w.bucket_index += 1
         w.bucket_bytes = 0.0
 
+    def _wait_for(self, op: int | None) -> None:
+        if op is not None:
+            self.waits.append(op)
+
     # -- forward ----------------------------------------------------------------------
-    def forward(self, mb: int) -> None:
+    def forward(self, stage: int, mb: int) -> None:
+        self.stage = stage
         w, fwd = self.w, dict(phase="fwd", microbatch=mb)
-        if self.prev is not None:
-            self.waits.append(
-                w.p2p(
-                    Recv,
-                    "pp_recv_fwd",
-                    self.prev,
-                    self.boundary_bytes,
-                    2 * mb,
-                    f"recv.act.mb{mb}",
-                    (),
-                    stage=self.stage,
-                    axis="pp",
-                    **fwd,
-                )
+        if stage > 0:
+            recv = w.p2p(
+                Recv,
+                self._stream("pp_recv_fwd", stage),
+                self._neighbour(stage - 1),
+                self.boundary_bytes,
+                self._tag(stage - 1, mb, 0),
+                f"recv.act.s{stage}.mb{mb}",
+                (),
+                stage=stage,
+                axis="pp",
+                **fwd,
             )
+            self.waits.append(recv)
         else:
             self._run(self.embedding, f"embedding.fwd.mb{mb}", **fwd)
-            self._wait_for(self._tp_all_reduce(f"embedding.ar.mb{mb}", **fwd))
-        for layer in self.layers:
+            kind = "reduce_scatter" if self.sp else "all_reduce"
+            self._wait_for(self._tp_collective(kind, f"embedding.{kind}.mb{mb}", **fwd))
+        for layer in self._layers(stage):
             self._layer_forward(layer, mb, "fwd")
-        if self.next is not None:
+        if stage < self.stages - 1:
             w.p2p(
                 Send,
-                "pp_send_fwd",
-                self.next,
+                self._stream("pp_send_fwd", stage),
+                self._neighbour(stage + 1),
                 self.boundary_bytes,
-                2 * mb,
-                f"send.act.mb{mb}",
+                self._tag(stage, mb, 0),
+                f"send.act.s{stage}.mb{mb}",
                 self._after_last(),
-                stage=self.stage,
+                stage=stage,
                 axis="pp",
                 **fwd,
             )
         else:
             self._run(self.final_norm, f"final_ln.fwd.mb{mb}", **fwd)
+            if self.sp:
+                self._wait_for(self._tp_collective("all_gather", f"final_ln.ag.mb{mb}", **fwd))
             self._run(self.logits, f"logits.fwd.mb{mb}", **fwd)
             self._run(self.loss, f"loss.fwd.mb{mb}", **fwd)
 
-    def _wait_for(self, op: int | None) -> None:
-        if op is not None:
-            self.waits.append(op)
+    # forward op name -> the TP/SP collective that follows it
+    _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce"},
+                 True: {"ln1": "all_gather", "proj": "reduce_scatter",
+                        "ln2": "all_gather", "fc2": "reduce_scatter"}}  # fmt: skip
 
     def _layer_forward(self, layer: int, mb: int, phase: str) -> None:
         tags = dict(layer=layer, microbatch=mb, phase=phase)
+        after = self._FWD_COMM[self.sp]
         for cost in self.fwd_ops:
             self._run(cost, f"L{layer}.{cost.name}.{phase}.mb{mb}", **tags)
-            if cost.name in ("proj", "fc2"):
-                self._wait_for(
-                    self._tp_all_reduce(f"L{layer}.{cost.name}.ar.{phase}.mb{mb}", **tags)
-                )
+            kind = after.get(cost.name)
+            if kind is not None:
+                label = f"L{layer}.{cost.name}.{kind}.{phase}.mb{mb}"
+                self._wait_for(self._tp_collective(kind, label, **tags))
 
     # -- backward ---------------------------------------------------------------------
-    def backward(self, mb: int, final: bool) -> None:
-        w, bwd = self.w, dict(phase="bwd", microbatch=mb)
-        if self.next is not None:
-            self.waits.append(
-                w.p2p(
-                    Recv,
-                    "pp_recv_bwd",
-                    self.next,
-                    self.boundary_bytes,
-                    2 * mb + 1,
-                    f"recv.grad.mb{mb}",
-                    (),
-                    stage=self.stage,
-                    axis="pp",
-                    **bwd,
-                )
+    def backward(self, stage: int, mb: int, final: bool, part: str) -> None:
+        """``part``: ``B`` (all of it), ``I`` (input gradients, weight gradients
+        deferred) or ``W`` (the deferred weight gradients)."""
+        self.stage = stage
+        if part == "W":
+            self._weight_gradients(stage, mb, final)
+            return
+        w = self.w
+        phase = "bwd" if part == "B" else "bwd_input"
+        bwd = dict(phase=phase, microbatch=mb)
+        defer = part == "I"
+        if stage < self.stages - 1:
+            recv = w.p2p(
+                Recv,
+                self._stream("pp_recv_bwd", stage),
+                self._neighbour(stage + 1),
+                self.boundary_bytes,
+                self._tag(stage + 1, mb, 1),
+                f"recv.grad.s{stage}.mb{mb}",
+                (),
+                stage=stage,
+                axis="pp",
+                **bwd,
             )
+            self.waits.append(recv)
         else:
-            # The logits and embedding weights are tied when one stage holds both.
-            tied = self.pp == 1
-            self._grads(backward_of(self.loss), "", mb, final, bwd)
-            self._grads(backward_of(self.logits), "", mb, final, bwd, tied=tied)
-            self._grads(backward_of(self.final_norm), "", mb, final, bwd)
-        for layer in reversed(self.layers):
-            self._layer_backward(layer, mb, final)
-        if self.prev is not None:
+            tied = self.stages == 1  # logits and embedding weights tied on one stage
+            self._grads(backward_of(self.loss), "", mb, final, bwd, stage, defer)
+            self._grads(backward_of(self.logits), "", mb, final, bwd, stage, defer, tied=tied)
+            self._grads(backward_of(self.final_norm), "", mb, final, bwd, stage, defer)
+        for layer in reversed(self._layers(stage)):
+            self._layer_backward(layer, mb, final, phase, defer)
+        if stage > 0:
             w.p2p(
                 Send,
-                "pp_send_bwd",
-                self.prev,
+                self._stream("pp_send_bwd", stage),
+                self._neighbour(stage - 1),
                 self.boundary_bytes,
-                2 * mb + 1,
-                f"send.grad.mb{mb}",
+                self._tag(stage, mb, 1),
+                f"send.grad.s{stage}.mb{mb}",
                 self._after_last(),
-                stage=self.stage,
+                stage=stage,
                 axis="pp",
                 **bwd,
             )
         else:
-            self._grads(backward_of(self.embedding), "", mb, final, bwd)
+            self._grads(backward_of(self.embedding), "", mb, final, bwd, stage, defer)
+
+    # backward op name -> (collective, overlapped with the next op?) in Megatron-LM
+    _BWD_COMM = {False: {"logits.dgrad": "all_reduce", "qkv.dgrad": "all_reduce",
+                         "fc1.dgrad": "all_reduce"},
+                 True: {"logits.dgrad": "reduce_scatter", "qkv.dgrad": "reduce_scatter",
+                        "fc1.dgrad": "reduce_scatter", "residual2.bwd": "all_gather",
+                        "residual1.bwd": "all_gather"}}  # fmt: skip
 
     def _grads(
         self,
@@ -383,24 +445,41 @@ class _RankBuilder:
         mb: int,
         final: bool,
         tags: dict[str, Any],
+        stage: int,
+        defer: bool,
         tied: bool = False,
     ) -> None:
-        """Run backward ops. After the input gradient (``dgrad``) of a column-parallel
-        GEMM (logits, QKV, first MLP) its TP all-reduce starts and overlaps the weight
-        gradient; the op after the weight gradient waits for it."""
+        """Run backward ops. The collective after an input gradient (``dgrad``) of a
+        column-parallel GEMM overlaps the weight gradient that follows; the op after the
+        weight gradient waits for it. An all-gather before a row-parallel GEMM's
+        backward (SP) is waited for at once. With ``defer`` the weight gradients are
+        kept for the ``W`` action."""
         pending = None
+        comm = self._BWD_COMM[self.sp]
         for grad in grads:
+            if defer and grad.name.endswith(".wgrad"):
+                params = 0 if tied else grad.weight_params
+                key = (stage, mb)
+                self.deferred.setdefault(key, []).append((grad, f"{prefix}{grad.name}", params))
+                continue
             op = self._run(grad, f"{prefix}{grad.name}.mb{mb}", **tags)
             self._grad_ready(0 if tied else grad.weight_params, op, mb, final)
-            if grad.name in ("logits.dgrad", "qkv.dgrad", "fc1.dgrad"):
-                pending = self._tp_all_reduce(f"{prefix}{grad.name[:-6]}.ar.bwd.mb{mb}", **tags)
+            kind = comm.get(grad.name)
+            if kind is None:
+                continue
+            label = f"{prefix}{grad.name.split('.')[0]}.{kind}.bwd.mb{mb}"
+            collective = self._tp_collective(kind, label, **tags)
+            if grad.name.endswith(".dgrad"):
+                pending = collective  # overlaps the weight gradient
+            else:
+                self._wait_for(collective)
         self._wait_for(pending)
 
-    def _layer_backward(self, layer: int, mb: int, final: bool) -> None:
+    def _layer_backward(self, layer: int, mb: int, final: bool, phase: str, defer: bool) -> None:
         recompute = self.config.recompute
         if recompute == "full":
             self._layer_forward(layer, mb, "recompute")
-        tags = dict(layer=layer, microbatch=mb, phase="bwd")
+        tags = dict(layer=layer, microbatch=mb, phase=phase)
         for cost, grads in self.bwd_ops:
             if recompute == "selective" and cost.kind == "attention":
                 self._run(
@@ -410,29 +489,53 @@ class _RankBuilder:
                     microbatch=mb,
                     phase="recompute",
                 )
-            self._grads(grads, f"L{layer}.", mb, final, tags)
+            self._grads(grads, f"L{layer}.", mb, final, tags, self.stage, defer)
+
+    def _weight_gradients(self, stage: int, mb: int, final: bool) -> None:
+        for grad, label, params in self.deferred.pop((stage, mb), []):
+            op = self._run(grad, f"{label}.mb{mb}", phase="bwd_weight", microbatch=mb)
+            self._grad_ready(params, op, mb, final)
 
     # -- whole step -------------------------------------------------------------------
     def build(self, order: list[Action]) -> Program:
-        last_backward = max(i for i, a in enumerate(order) if a.type == "B")
+        # a stage's gradients are complete after its last backward (B) or weight (W) action
+        last_grad = {}
         for index, action in enumerate(order):
+            if action.type in ("B", "W"):
+                last_grad[action.stage] = index
+        for index, action in enumerate(order):
+            final = last_grad.get(action.stage) == index
             if action.type == "F":
-                self.forward(action.microbatch)
-            elif action.type == "B":
-                self.backward(action.microbatch, final=index == last_backward)
+                self.forward(action.stage, action.microbatch)
+            elif action.type in ("B", "I", "W"):
+                self.backward(action.stage, action.microbatch, final, action.type)
             else:
                 raise ValueError(f"unsupported pipeline action {action}")
-        self._flush_bucket(self.last, order[last_backward].microbatch)
-        total = stage_parameter_count(self.model, self.layout, self.stage)
+        self._flush_bucket(self.last, order[-1].microbatch)
+        total = stage_parameter_count(self.model, self.layout, self.pipeline_rank)
+        shard = self.layout.dp if self.config.zero1 else 1
         optimizer = OpCost(
             "optimizer",
             "optimizer",
-            ADAM_FLOPS_PER_PARAM * total,
-            ADAM_BYTES_PER_PARAM * total,
+            ADAM_FLOPS_PER_PARAM * total / shard,
+            ADAM_BYTES_PER_PARAM * total / shard,
             0.0,
         )
         self._wait_for(self.w.last_bucket)
         self._run(optimizer, "optimizer.step", phase="optimizer")
+        if self.config.zero1 and self.dp_group is not None:
+            # ZeRO-1: every rank updated 1/dp of the weights; gather the updated bf16 weights
+            self.w.collective(
+                "all_gather",
+                self.dp_group,
+                total * ACT_BYTES,
+                "dp",
+                "dp.param_all_gather",
+                (self.last,),
+                stage=self.stage,
+                axis="dp",
+                phase="optimizer",
+            )
         return Program(self.rank, self.w.ops)
 
 
@@ -457,11 +560,12 @@ def build_step(config: StepConfig, fold: bool = False) -> Schedule:
     representative ranks get a program: the others are symmetric to them.
     """
     layout = config.layout
-    orders = pipeline_order(config.schedule, layout.pp, config.microbatches)
+    orders = config.pipeline_orders()
     templates: dict[int, tuple[int, list[Op]]] = {}
-    for stage in range(layout.pp):
-        rank = layout.rank_of(pp=stage)
-        templates[stage] = (rank, _RankBuilder(rank, config).build(orders[stage]).ops)
+    for pipeline_rank in range(layout.pp):
+        rank = layout.rank_of(pp=pipeline_rank)
+        ops = _RankBuilder(rank, config).build(orders[pipeline_rank]).ops
+        templates[pipeline_rank] = (rank, ops)
     programs = {}
     ranks = sorted(rank for rank, _ in templates.values()) if fold else range(layout.world)
     for rank in ranks:
@@ -475,6 +579,8 @@ def build_step(config: StepConfig, fold: bool = False) -> Schedule:
     }
     groups = {name: members for name, members in layout.groups.items() if name in used}
     meta = {
+        "virtual_stages": config.virtual_stages,
+        "sequence_parallel": config.sp,
         "layout": {
             "tp": layout.tp,
             "pp": layout.pp,

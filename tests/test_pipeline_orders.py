@@ -1,0 +1,516 @@
+"""Pipeline orders: their structure, the same orders as torch.distributed.pipelining's
+schedule classes, torch's CSV format, and the bubble each one leaves when replayed
+through the engine with free communication."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from simulator.engine.core import simulate
+from simulator.metrics import account_rank
+from simulator.schedule.ir import Compute, Program, Recv, Schedule, Send
+from simulator.schedule.pipeline import (
+    SCHEDULES,
+    Action,
+    dump_csv_order,
+    gpipe_order,
+    in_flight_peak,
+    interleaved_1f1b_order,
+    load_csv_order,
+    one_f_one_b_order,
+    pipeline_order,
+    validate_order,
+    zb_h1_order,
+    zb_h2_order,
+)
+
+from .helpers import FREE_NETWORK, cluster, seconds_to_flops
+
+SIZES = [(1, 1), (1, 4), (2, 1), (2, 2), (2, 8), (3, 7), (4, 3), (4, 4), (4, 8), (8, 16)]
+INTERLEAVED = [(1, 2, 2), (2, 2, 2), (2, 4, 3), (4, 4, 2), (4, 8, 2), (4, 12, 3), (8, 16, 4)]
+
+
+def as_text(order):
+    return {rank: [str(a) for a in actions] for rank, actions in order.items()}
+
+
+# ---------------------------------------------------------------- structure
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1", "zb-h2"])
+@pytest.mark.parametrize("stages,microbatches", SIZES)
+def test_orders_are_complete_and_run(schedule, stages, microbatches):
+    order = pipeline_order(schedule, stages, microbatches)
+    validate_order(order, stages, microbatches)
+    split = schedule.startswith("zb")
+    for rank, actions in order.items():
+        assert {a.stage for a in actions} == {rank}
+        counts = Counter(a.type for a in actions)
+        expected = {"F": microbatches}
+        expected.update({"I": microbatches, "W": microbatches} if split else {"B": microbatches})
+        assert counts == expected
+        for kind in counts:
+            # each kind of pass takes the micro-batches in order
+            assert [a.microbatch for a in actions if a.type == kind] == list(range(microbatches))
+        if split:
+            position = {(a.type, a.microbatch): i for i, a in enumerate(actions)}
+            for mb in range(microbatches):
+                assert position["F", mb] < position["I", mb] < position["W", mb]
+
+
+@pytest.mark.parametrize("stages,microbatches,virtual", INTERLEAVED)
+def test_interleaved_order_is_complete_and_runs(stages, microbatches, virtual):
+    order = interleaved_1f1b_order(stages, microbatches, virtual)
+    validate_order(order, stages, microbatches, virtual)
+    assert order == pipeline_order("interleaved-1f1b", stages, microbatches, virtual)
+    for rank, actions in order.items():
+        assert {a.stage for a in actions} == set(range(rank, stages * virtual, stages))
+        for stage in range(rank, stages * virtual, stages):
+            for kind in "FB":
+                mbs = [a.microbatch for a in actions if a.stage == stage and a.type == kind]
+                assert mbs == list(range(microbatches))
+        # warm-up: (v-1)·p + 2(p-1-r) forwards, then one more before the first backward
+        warmup = (virtual - 1) * stages + 2 * (stages - 1 - rank)
+        assert in_flight_peak(actions) == min(warmup + 1, virtual * microbatches)
+
+
+@pytest.mark.parametrize("stages,microbatches", SIZES)
+def test_in_flight_micro_batches(stages, microbatches):
+    for s in range(stages):
+        assert in_flight_peak(gpipe_order(stages, microbatches)[s]) == microbatches
+        one_f_one_b = min(stages - s, microbatches)
+        assert in_flight_peak(one_f_one_b_order(stages, microbatches)[s]) == one_f_one_b
+        # ZB-H1 keeps 1F1B's activation memory; ZB-H2 up to 2p-1 on the first stage
+        assert in_flight_peak(zb_h1_order(stages, microbatches)[s]) == one_f_one_b
+        two_p = min(2 * (stages - 1 - s) + 1, microbatches)
+        assert in_flight_peak(zb_h2_order(stages, microbatches)[s]) == two_p
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 2), (4, 4), (4, 9), (8, 16)])
+def test_zb_h1_holds_p_micro_batches_before_their_weight_pass(stages, microbatches):
+    """The paper's memory argument: every stage keeps ``p`` micro-batches whose W has
+    not run (stage 0 as many as 1F1B holds), so ZB-H1 needs no more than 1F1B."""
+    for actions in zb_h1_order(stages, microbatches).values():
+        pending = peak = 0
+        for action in actions:
+            pending += {"F": 1, "W": -1}.get(action.type, 0)
+            peak = max(peak, pending)
+        assert peak == stages
+
+
+def test_in_flight_counts_chunks_separately():
+    actions = [Action(0, "F", 0), Action(2, "F", 0), Action(2, "I", 0), Action(0, "B", 0)]
+    assert in_flight_peak(actions) == 2
+    assert in_flight_peak([]) == 0
+
+
+def test_pipeline_order_names_and_errors():
+    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"}
+    assert pipeline_order("1f1b", 4, 8) == one_f_one_b_order(4, 8)
+    assert pipeline_order("zb-h2", 4, 8) == zb_h2_order(4, 8)
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'pipedream'"):
+        pipeline_order("pipedream", 4, 8)
+    with pytest.raises(ValueError, match=r"virtual stages \(2\).*'1f1b'"):
+        pipeline_order("1f1b", 4, 8, virtual=2)
+    with pytest.raises(ValueError, match=r"microbatches\(6\) % stages\(4\) = 2"):
+        interleaved_1f1b_order(4, 6, 2)
+    with pytest.raises(ValueError, match=r"microbatches \(0\)"):
+        zb_h1_order(4, 0)
+    with pytest.raises(ValueError, match=r"virtual \(0\)"):
+        interleaved_1f1b_order(4, 8, 0)
+
+
+def parse(rows):
+    return {rank: [Action(int(t[0]), t[1], int(t[2:])) for t in row] for rank, row in rows.items()}
+
+
+@pytest.mark.parametrize(
+    "rows,microbatches,message",
+    [
+        ({0: ["0F0", "0I0"], 1: ["1F0", "1B0"]}, 1, "never runs 0W0"),
+        ({0: ["0F0", "0W0", "0I0"], 1: ["1F0", "1B0"]}, 1, "rank 0: 0W0 runs before 0I0"),
+        ({0: ["0F0", "0B0", "0F0"], 1: ["1F0", "1B0"]}, 1, "0F0 appears twice"),
+        ({0: ["0F0", "0B0"], 1: ["1F0", "1I0", "1B0", "1W0"]}, 1, "either B or I and W"),
+        ({0: ["0F0"], 1: ["1F0", "1B0"]}, 1, r"never runs 0B0 \(nor 0I0\)"),
+        ({0: ["0F0", "0B0"], 1: ["1F0"]}, 1, "never runs 1B0"),
+        ({0: ["0F0", "0B0"], 1: ["0F1", "1B0"]}, 2, "stage 0 does not live on rank 1"),
+        ({0: ["0F0", "0B0"], 1: ["1F0", "1B3"]}, 1, "out of range"),
+        ({0: ["0F0", "0B0"]}, 1, r"has ranks \[0\], expected 0..1"),
+        # rank 0 wants 1's gradient of micro-batch 0 before sending it micro-batch 1
+        (
+            {0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F0", "1F1", "1B0", "1B1"]},
+            2,
+            "can never finish: rank 0 waits at 0B0 for 1B/I0; rank 1 waits at 1F1 for 0F1",
+        ),
+    ],
+)
+def test_validate_order_errors(rows, microbatches, message):
+    with pytest.raises(ValueError, match=message) as info:
+        validate_order(parse(rows), 2, microbatches)
+    assert "\n" not in str(info.value)
+
+
+def test_validate_order_rejects_communication_actions():
+    order = one_f_one_b_order(2, 1)
+    order[0].insert(1, Action(0, "SEND_F", 0))
+    with pytest.raises(ValueError, match="0SEND_F0 is not a compute action"):
+        validate_order(order, 2, 1)
+
+
+# ---------------------------------------------------------------- torch's own orders
+
+
+@pytest.fixture(scope="module")
+def torch_schedules():
+    pytest.importorskip("torch")
+    return pytest.importorskip("torch.distributed.pipelining.schedules")
+
+
+def stage_stand_in(stage_index: int, num_stages: int, ranks: int) -> SimpleNamespace:
+    """What torch's schedule classes read from a pipeline stage to build their orders.
+
+    The orders are computed for every rank in the constructor; no process group, model
+    or device is needed. ``submod=None`` passes the zero-bubble schedule's
+    torch.compile check."""
+    return SimpleNamespace(
+        stage_index=stage_index,
+        num_stages=num_stages,
+        group_rank=stage_index % ranks,
+        group_size=ranks,
+        is_first=stage_index == 0,
+        is_last=stage_index == num_stages - 1,
+        submod=None,
+    )
+
+
+def torch_compute_order(pipeline_order_):
+    """torch's order with idle steps (None) and non-compute actions (REDUCE_GRAD) left out."""
+    return {
+        rank: [
+            str(a)
+            for a in actions
+            if a is not None and a.computation_type.value in ("F", "B", "I", "W")
+        ]
+        for rank, actions in pipeline_order_.items()
+    }
+
+
+@pytest.mark.parametrize("stages,microbatches", [(1, 1), (2, 1), (2, 8), (4, 4), (4, 10), (8, 3)])
+def test_gpipe_matches_torch(torch_schedules, stages, microbatches):
+    schedule = torch_schedules.ScheduleGPipe(stage_stand_in(0, stages, stages), microbatches)
+    assert torch_compute_order(schedule.pipeline_order) == as_text(
+        gpipe_order(stages, microbatches)
+    )
+
+
+@pytest.mark.parametrize("stages,microbatches", [(1, 1), (2, 2), (2, 8), (4, 4), (4, 10), (8, 32)])
+def test_one_f_one_b_matches_torch(torch_schedules, stages, microbatches):
+    """``Schedule1F1B`` needs ``m >= p``. Its ``_get_pipeline_order`` (the order its
+    visualiser and the CSV export see; its own ``_step_microbatches`` loop runs the right
+    micro-batches) numbers the last rank's forwards 1..m instead of 0..m-1 in torch 2.13:
+    with no warm-up the counter is incremented before the first steady-state forward.
+    That rank is compared after shifting those indices back."""
+    schedule = torch_schedules.Schedule1F1B(stage_stand_in(0, stages, stages), microbatches)
+    theirs = torch_compute_order(schedule.pipeline_order)
+    last = theirs[stages - 1]
+    forwards = sorted(int(a[len(f"{stages - 1}F") :]) for a in last if "F" in a)
+    if forwards == list(range(1, microbatches + 1)):
+        theirs[stages - 1] = [
+            f"{stages - 1}F{int(a.split('F')[1]) - 1}" if "F" in a else a for a in last
+        ]
+    assert theirs == as_text(one_f_one_b_order(stages, microbatches))
+
+
+@pytest.mark.parametrize(
+    "stages,microbatches,virtual",
+    [(1, 2, 2), (2, 2, 2), (2, 6, 3), (4, 4, 2), (4, 8, 2), (4, 12, 3), (4, 8, 4), (8, 16, 2)],
+)
+def test_interleaved_matches_torch(torch_schedules, stages, microbatches, virtual):
+    local = [stage_stand_in(c * stages, stages * virtual, stages) for c in range(virtual)]
+    schedule = torch_schedules.ScheduleInterleaved1F1B(local, microbatches)
+    assert torch_compute_order(schedule.pipeline_order) == as_text(
+        interleaved_1f1b_order(stages, microbatches, virtual)
+    )
+
+
+@pytest.mark.parametrize("stages,microbatches", [(1, 3), (2, 1), (2, 6), (4, 2), (4, 8), (8, 16)])
+def test_zb_h1_matches_torch(torch_schedules, stages, microbatches):
+    """torch's ``ScheduleInterleavedZeroBubble`` with one stage per rank is the paper's
+    ZB-H1 (ZB1P). torch has no class for ZB-H2; its order is checked against torch's
+    validator and dry run in :func:`test_torch_loads_and_runs_our_csv`."""
+    local = [stage_stand_in(0, stages, stages)]
+    schedule = torch_schedules.ScheduleInterleavedZeroBubble(local, microbatches)
+    assert torch_compute_order(schedule.pipeline_order) == as_text(
+        zb_h1_order(stages, microbatches)
+    )
+
+
+# ---------------------------------------------------------------- CSV
+
+
+ALL_ORDERS = [
+    ("gpipe", 4, 6, 1),
+    ("1f1b", 4, 6, 1),
+    ("interleaved-1f1b", 4, 8, 2),
+    ("interleaved-1f1b", 2, 4, 3),
+    ("zb-h1", 4, 6, 1),
+    ("zb-h2", 4, 8, 1),
+]
+
+
+@pytest.mark.parametrize("schedule,stages,microbatches,virtual", ALL_ORDERS)
+def test_csv_round_trip(tmp_path, schedule, stages, microbatches, virtual):
+    order = pipeline_order(schedule, stages, microbatches, virtual)
+    path = tmp_path / "schedule.csv"
+    dump_csv_order(order, path)
+    first = path.read_text().splitlines()[0]
+    assert first == ",".join(str(a) for a in order[0])
+    assert load_csv_order(path) == order
+
+
+def test_csv_skips_idle_communication_and_bookkeeping_cells(tmp_path):
+    path = tmp_path / "schedule.csv"
+    path.write_text(
+        "0UNSHARD,0F0,0SEND_F0,,0F1,0SEND_F1, ,0RECV_B0,0I0,(0F2;0W0)OVERLAP_F_B,0I1,0W1,"
+        "0RECV_B1,0I2,0W2,0REDUCE_GRAD,0RESHARD\n"
+        ",1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1,1RECV_F2,1F2,1B2,1SEND_B2\n"
+    )
+    order = load_csv_order(path)
+    assert as_text(order) == {
+        0: ["0F0", "0F1", "0I0", "0F2", "0W0", "0I1", "0W1", "0I2", "0W2"],
+        1: ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2"],
+    }
+    validate_order(order, 2, 3)
+
+
+@pytest.mark.parametrize("cell", ["0X1", "F0", "0F", "0F0x", "abc"])
+def test_csv_bad_cell_names_row_column_and_cell(tmp_path, cell):
+    path = tmp_path / "bad.csv"
+    path.write_text(f"0F0,0B0\n1F0,{cell},1B0\n")
+    with pytest.raises(ValueError, match=rf"row 2 \(rank 1\), column 2: cannot read '{cell}'"):
+        load_csv_order(path)
+
+
+@pytest.mark.parametrize("fmt", ["compute_only", "compute_comms"])
+def test_csv_written_by_torch_loads(torch_schedules, tmp_path, fmt):
+    stages, microbatches, virtual = 4, 8, 2
+    local = [stage_stand_in(c * stages, stages * virtual, stages) for c in range(virtual)]
+    schedule = torch_schedules.ScheduleInterleaved1F1B(local, microbatches)
+    path = tmp_path / f"{fmt}.csv"
+    schedule._dump_csv(str(path), format=fmt)
+    if fmt == "compute_comms":
+        assert "SEND_F" in path.read_text()
+    else:
+        assert ",," in path.read_text()  # torch writes its idle steps as empty cells
+    assert load_csv_order(path) == interleaved_1f1b_order(stages, microbatches, virtual)
+
+
+@pytest.mark.parametrize("schedule,stages,microbatches,virtual", ALL_ORDERS)
+def test_torch_loads_and_runs_our_csv(
+    torch_schedules, tmp_path, schedule, stages, microbatches, virtual
+):
+    """torch's runtime reads our CSV, validates it, adds its sends and receives, and its
+    dry run finishes every rank's actions; its own CSV dump reads back to our order."""
+    order = pipeline_order(schedule, stages, microbatches, virtual)
+    path = tmp_path / "ours.csv"
+    dump_csv_order(order, path)
+    local = [stage_stand_in(c * stages, stages * virtual, stages) for c in range(virtual)]
+    runtime = torch_schedules._PipelineScheduleRuntime(local, microbatches)
+    runtime._load_csv(str(path), format="compute_only")
+    assert runtime.stage_index_to_group_rank == {s: s % stages for s in range(stages * virtual)}
+    # torch 2.13's dry run knows compute and send/recv actions only; leave out the
+    # FSDP and gradient-reduction bookkeeping its lowering adds
+    bookkeeping = {"UNSHARD", "RESHARD", "REDUCE_GRAD"}
+    with_comms = {
+        rank: [a for a in actions if a.computation_type.value not in bookkeeping]
+        for rank, actions in runtime.pipeline_order_with_comms.items()
+    }
+    ran = torch_schedules._simulate_comms_compute(
+        with_comms, lambda s: runtime.stage_index_to_group_rank[s], stages * virtual
+    )
+    assert torch_compute_order(ran) == as_text(order)
+    exported = tmp_path / "theirs.csv"
+    runtime._dump_csv(str(exported), format="compute_comms")
+    assert load_csv_order(exported) == order
+
+
+# ---------------------------------------------------------------- bubbles
+
+
+def replay_schedule(order, ranks: int, microbatches: int, flops: dict[str, float]) -> Schedule:
+    """Each action one compute op of ``flops[type]``; activations and gradients travel as
+    zero-byte sends between neighbouring stages (``s`` on rank ``s % ranks``).
+
+    Every (direction, chunk) has its own send and receive stream, so a rank waiting for
+    one chunk's input never holds up another chunk's; a transfer's tag names its
+    sending stage, micro-batch and direction."""
+    stages = 1 + max(a.stage for actions in order.values() for a in actions)
+    phase = {"F": "fwd", "B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
+
+    def tag(stage: int, mb: int, direction: int) -> int:
+        return (stage * microbatches + mb) * 2 + direction
+
+    programs = {}
+    for rank, actions in order.items():
+        ops: list = []
+        for action in actions:
+            stage, mb, chunk = action.stage, action.microbatch, action.stage // ranks
+            deps: tuple[int, ...] = ()
+            if action.type == "F" and stage > 0:
+                peer, key = (stage - 1) % ranks, tag(stage - 1, mb, 0)
+                ops.append(
+                    Recv(len(ops), f"pp_recv_fwd.c{chunk}", peer, 0, key, tags={"axis": "pp"})
+                )
+                deps = (len(ops) - 1,)
+            if action.type in ("B", "I") and stage < stages - 1:
+                peer, key = (stage + 1) % ranks, tag(stage + 1, mb, 1)
+                ops.append(
+                    Recv(len(ops), f"pp_recv_bwd.c{chunk}", peer, 0, key, tags={"axis": "pp"})
+                )
+                deps = (len(ops) - 1,)
+            ops.append(
+                Compute(
+                    len(ops),
+                    "compute",
+                    flops[action.type],
+                    0,
+                    "gemm",
+                    str(action),
+                    deps,
+                    {"phase": phase[action.type], "stage": stage, "microbatch": mb},
+                )
+            )
+            done = (len(ops) - 1,)
+            if action.type == "F" and stage < stages - 1:
+                peer, key = (stage + 1) % ranks, tag(stage, mb, 0)
+                ops.append(
+                    Send(
+                        len(ops),
+                        f"pp_send_fwd.c{chunk}",
+                        peer,
+                        0,
+                        key,
+                        deps=done,
+                        tags={"axis": "pp"},
+                    )
+                )
+            if action.type in ("B", "I") and stage > 0:
+                peer, key = (stage - 1) % ranks, tag(stage, mb, 1)
+                ops.append(
+                    Send(
+                        len(ops),
+                        f"pp_send_bwd.c{chunk}",
+                        peer,
+                        0,
+                        key,
+                        deps=done,
+                        tags={"axis": "pp"},
+                    )
+                )
+        programs[rank] = Program(rank, ops)
+    return Schedule(programs=programs, groups={})
+
+
+def run_free(order, ranks: int, microbatches: int, seconds: dict[str, float]):
+    """Replay with free communication: the step time and each rank's bubble (seconds)."""
+    machine = cluster(nodes=1, **FREE_NETWORK)
+    flops = {kind: seconds_to_flops(machine, t) for kind, t in seconds.items()}
+    schedule = replay_schedule(order, ranks, microbatches, flops)
+    times = simulate(schedule, machine)
+    bubbles = {}
+    for rank, program in schedule.programs.items():
+        row = account_rank(
+            program.ops,
+            times.ready[rank],
+            times.start[rank],
+            times.end[rank],
+            times.step_time,
+            pipelined=True,
+        )
+        assert sum(row["breakdown"].values()) == pytest.approx(times.step_time, rel=1e-12)
+        bubbles[rank] = row["breakdown"]["bubble"]
+    return schedule, times, bubbles
+
+
+@pytest.mark.parametrize(
+    "stages,microbatches,virtual",
+    [(2, 2, 2), (2, 8, 3), (4, 4, 2), (4, 8, 2), (4, 16, 4), (8, 8, 2), (8, 32, 3)],
+)
+def test_interleaved_idle_fraction(stages, microbatches, virtual):
+    """Each chunk's forward takes ``f/v`` and its backward ``2f/v``: the idle fraction
+    is ``(p−1)/(v·m + p−1)`` on every rank (Narayanan et al., SC'21, section 2.2)."""
+    f = 1e-3
+    order = interleaved_1f1b_order(stages, microbatches, virtual)
+    _, times, bubbles = run_free(
+        order, stages, microbatches, {"F": f / virtual, "B": 2 * f / virtual}
+    )
+    reference = (stages - 1) / (virtual * microbatches + stages - 1)
+    step = (virtual * microbatches + stages - 1) * 3 * f / virtual
+    assert times.step_time == pytest.approx(step, rel=1e-9)
+    for bubble in bubbles.values():
+        assert bubble / times.step_time == pytest.approx(reference, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 2), (4, 4), (4, 10), (8, 8), (8, 24)])
+@pytest.mark.parametrize(
+    "t_f,t_b,t_w",
+    [(1.0, 1.0, 1.0), (1.0, 1.0, 0.5), (2.0, 1.0, 1.0), (1.0, 2.0, 1.0), (3.0, 2.0, 1.5)],
+)
+def test_zb_h1_bubble(stages, microbatches, t_f, t_b, t_w):
+    """ZB-H1 idles ``(p−1)(T_F + T_B − T_W)`` per stage against 1F1B's
+    ``(p−1)(T_F + T_B + T_W)`` (Qi et al., ICLR 2024, section 2.1), with ``T_B`` the
+    input-backward time, here for ``m ≥ p`` and ``T_W ≤ min(T_F, T_B)``."""
+    unit = 1e-3
+    seconds = {"F": t_f * unit, "I": t_b * unit, "W": t_w * unit, "B": (t_b + t_w) * unit}
+    busy = microbatches * (t_f + t_b + t_w) * unit
+
+    _, times, bubbles = run_free(zb_h1_order(stages, microbatches), stages, microbatches, seconds)
+    bubble = (stages - 1) * (t_f + t_b - t_w) * unit
+    assert times.step_time == pytest.approx(busy + bubble, rel=1e-9)
+    for rank_bubble in bubbles.values():
+        assert rank_bubble == pytest.approx(bubble, rel=1e-9, abs=1e-15)
+
+    _, times, bubbles = run_free(
+        one_f_one_b_order(stages, microbatches), stages, microbatches, seconds
+    )
+    bubble = (stages - 1) * (t_f + t_b + t_w) * unit
+    assert times.step_time == pytest.approx(busy + bubble, rel=1e-9)
+    for rank_bubble in bubbles.values():
+        assert rank_bubble == pytest.approx(bubble, rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("t_f,t_b,t_w", [(1.0, 1.0, 2.0), (1.0, 2.0, 1.5), (2.0, 1.0, 3.0)])
+def test_zb_h1_bubble_with_a_long_weight_pass(t_f, t_b, t_w):
+    """Outside the paper's case, a ``W`` longer than ``T_F`` or ``T_B`` no longer fits
+    the gaps it fills: the bubble stays at ``(p−1)·max(T_F, T_B)``, as the docstring of
+    :func:`zb_h1_order` says."""
+    stages, microbatches, unit = 4, 8, 1e-3
+    seconds = {"F": t_f * unit, "I": t_b * unit, "W": t_w * unit}
+    _, _, bubbles = run_free(zb_h1_order(stages, microbatches), stages, microbatches, seconds)
+    for bubble in bubbles.values():
+        assert bubble == pytest.approx((stages - 1) * max(t_f, t_b) * unit, rel=1e-9)
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 3), (2, 8), (4, 7), (4, 12), (8, 15), (8, 24)])
+def test_zb_h2_has_no_bubble_inside_a_stage(stages, microbatches):
+    """ZB-H2 with ``T_F = T_B = T_W = T`` and ``m ≥ 2p−1`` (Qi et al., ICLR 2024,
+    section 2.2): stage ``s`` computes without a gap from ``s·T`` to ``s·T + 3mT``;
+    the step is a parallelogram whose only idle time is the ``(p−1)·T`` offset."""
+    t = 1e-3
+    seconds = {"F": t, "I": t, "W": t}
+    schedule, times, bubbles = run_free(
+        zb_h2_order(stages, microbatches), stages, microbatches, seconds
+    )
+    assert times.step_time == pytest.approx((3 * microbatches + stages - 1) * t, rel=1e-9)
+    for rank, program in schedule.programs.items():
+        computes = [op for op in program.ops if isinstance(op, Compute)]
+        starts = [times.start[rank][op.id] for op in computes]
+        ends = [times.end[rank][op.id] for op in computes]
+        assert starts[0] == pytest.approx(rank * t, rel=1e-9, abs=1e-15)
+        assert ends[-1] == pytest.approx(rank * t + 3 * microbatches * t, rel=1e-9)
+        for previous_end, start in zip(ends, starts[1:], strict=False):
+            assert start == pytest.approx(previous_end, rel=1e-9)
+        assert bubbles[rank] == pytest.approx((stages - 1) * t, rel=1e-9)
