@@ -30,6 +30,7 @@ class Layout:
     pp: int
     dp: int
     placement: tuple[str, ...] = ("tp", "dp", "pp")
+    ep: int = 1
     _strides: dict[str, int] = field(init=False, repr=False, compare=False)
     _groups: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
     _group_of: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
@@ -62,6 +63,26 @@ class Layout:
                     seen[members] = name
                     groups[name] = members
                 group_of[(axis, rank)] = name
+        if self.ep < 1 or self.dp % self.ep:
+            raise ScenarioError(f"parallel.ep: ep({self.ep}) must divide dp({self.dp})")
+        if self.ep > 1:
+            # expert parallelism splits each DP group into blocks of ep consecutive
+            # replicas (the EP groups); the replicas holding the same experts form the
+            # expert-data-parallel (edp) groups that reduce expert gradients
+            for axis, key in (
+                ("ep", lambda i: (i // self.ep, None)),
+                ("edp", lambda i: (None, i % self.ep)),
+            ):
+                seen = {}
+                for rank in range(self.world):
+                    dp_group = self._members("dp", rank)
+                    mine = key(dp_group.index(rank))
+                    members = tuple(m for i, m in enumerate(dp_group) if key(i) == mine)
+                    name = seen.get(members)
+                    if name is None:
+                        name = seen[members] = f"{axis}{len(seen)}"
+                        groups[name] = members
+                    group_of[(axis, rank)] = name
         object.__setattr__(self, "_groups", groups)
         object.__setattr__(self, "_group_of", group_of)
 

@@ -34,7 +34,7 @@ its activations once.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -226,18 +226,29 @@ def parameter_count(model: ModelSpec) -> int:
     return model.layers * layer_parameter_count(model) + (model.vocab + model.seq_len) * h + 2 * h
 
 
-def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
+def model_flops_per_step(model: ModelSpec, global_batch: int, moe: Any = None) -> float:
     """Model FLOPs of one training step summed from the per-op costs (forward plus
-    backward, matmuls only, no recompute)."""
-    per_layer = 0.0
-    for op in layer_forward_ops(model, 1, 1):
-        per_layer += op.model_flops + sum(b.model_flops for b in backward_of(op))
+    backward, matmuls only, no recompute). For a mixture of experts (``moe``, a
+    :class:`simulator.moe.MoESpec`) an MoE layer counts its router and the ``top_k``
+    experts each token visits instead of the dense MLP."""
+
+    def with_backward(op: OpCost) -> float:
+        return op.model_flops + sum(b.model_flops for b in backward_of(op))
+
+    ops = layer_forward_ops(model, 1, 1)
+    per_layer = sum(with_backward(op) for op in ops)
     logits = logits_forward_op(model, 1, 1)
-    per_sequence = (
-        model.layers * per_layer
-        + logits.model_flops
-        + sum(b.model_flops for b in backward_of(logits))
-    )
+    per_sequence = model.layers * per_layer + with_backward(logits)
+    if moe is not None:
+        from .moe import expert_ops, moe_layers
+
+        tokens = model.seq_len
+        mlp = sum(with_backward(op) for op in ops if op.name in ("fc1", "fc2"))
+        experts = expert_ops(
+            moe, model.hidden, tokens * moe.top_k, model_ffn=model.ffn, router_tokens=tokens
+        )
+        moe_layer = sum(with_backward(op) for op in experts)
+        per_sequence += len(moe_layers(moe, model.layers)) * (moe_layer - mlp)
     return global_batch * per_sequence
 
 

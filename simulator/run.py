@@ -76,7 +76,14 @@ def step_config(scenario: Scenario) -> StepConfig:
         virtual_stages=virtual,
         zero1=training.optimizer_sharding,
         orders=orders,
+        moe=scenario.moe,
+        seed=scenario.spec.simulation.seed,
     )
+
+
+def moe_summary(schedule: Schedule) -> dict[str, Any] | None:
+    """Routing statistics of the step's MoE layers (None for a dense model)."""
+    return schedule.meta.get("moe")
 
 
 def load_custom_order(scenario: Scenario, path: str) -> dict:
@@ -176,7 +183,7 @@ def assemble_result(
     training = scenario.training
     accounting = account_step(schedule, times, layout, scenario.cluster_spec.gpus_per_node)
     step = times.step_time
-    model_flops = model_flops_per_step(scenario.model, training.global_batch)
+    model_flops = model_flops_per_step(scenario.model, training.global_batch, scenario.moe)
     world = layout.world
     # each simulated rank stands for world / simulated ranks (folded runs: its TP and DP peers)
     replicas = world / len(schedule.programs)
@@ -232,6 +239,7 @@ def assemble_result(
         },
         "per_rank": accounting["per_rank"],
         "memory": memory,
+        "moe": moe_summary(schedule),
         "warnings": warnings,
         "simulation": {
             **times.stats,

@@ -26,6 +26,7 @@ from topologies.validation import nearest_key_hint, validation_message
 from .errors import ScenarioError
 from .layout import Layout
 from .model import MODEL_PRESETS, ModelSpec
+from .moe import MoESpec, check_expert_parallel
 
 __all__ = [
     "TrainingSpec",
@@ -62,6 +63,7 @@ class ParallelSpec(_Strict):
     tp: int = Field(default=1, gt=0)
     pp: int = Field(default=1, gt=0)
     dp: int | None = Field(default=None, gt=0)
+    ep: int = Field(default=1, gt=0)
     sp: bool = False
     schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "custom"] = "1f1b"
     virtual_stages: int = Field(default=1, gt=0)
@@ -85,6 +87,7 @@ class ModelSection(_Strict):
     seq_len: int | None = Field(default=None, gt=0)
     vocab: int | None = Field(default=None, gt=0)
     ffn_hidden: int | None = Field(default=None, gt=0)
+    moe: MoESpec | None = None
 
 
 class ScenarioSpec(_Strict):
@@ -119,6 +122,10 @@ class Scenario:
     @property
     def parallel(self) -> ParallelSpec:
         return self.spec.parallel
+
+    @property
+    def moe(self) -> MoESpec | None:
+        return self.spec.model.moe
 
     @property
     def microbatches(self) -> int:
@@ -159,6 +166,7 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, An
 
 def _resolve_model(section: ModelSection) -> ModelSpec:
     fields = section.model_dump(exclude_none=True)
+    fields.pop("moe", None)
     preset = fields.pop("preset", None)
     base: dict[str, Any] = {}
     if preset is not None:
@@ -270,7 +278,12 @@ def scenario_from_dict(
                 f"parallel: tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != world({world}) "
                 f"= {cluster_spec.nodes} nodes * {cluster_spec.gpus_per_node} GPUs"
             )
-    layout = Layout(tp=tp, pp=pp, dp=dp, placement=tuple(parallel.placement))
+    moe = spec.model.moe
+    if parallel.ep > 1 and moe is None:
+        raise ScenarioError(f"parallel.ep: ep({parallel.ep}) needs a mixture-of-experts model.moe")
+    if moe is not None:
+        check_expert_parallel(moe, parallel.ep, dp)
+    layout = Layout(tp=tp, pp=pp, dp=dp, placement=tuple(parallel.placement), ep=parallel.ep)
     _check_divisibility(model, spec.training, layout)
     _check_schedule(
         spec, model, layout, spec.training.global_batch // (dp * spec.training.micro_batch)

@@ -64,7 +64,7 @@ def test_orders_are_complete_and_run(schedule, stages, microbatches):
 @pytest.mark.parametrize("stages,microbatches,virtual", INTERLEAVED)
 def test_interleaved_order_is_complete_and_runs(stages, microbatches, virtual):
     order = interleaved_1f1b_order(stages, microbatches, virtual)
-    validate_order(order, stages, microbatches, virtual)
+    validate_order(order, stages * virtual, microbatches)
     assert order == pipeline_order("interleaved-1f1b", stages, microbatches, virtual)
     for rank, actions in order.items():
         assert {a.stage for a in actions} == set(range(rank, stages * virtual, stages))
@@ -130,7 +130,7 @@ def parse(rows):
 @pytest.mark.parametrize(
     "rows,microbatches,message",
     [
-        ({0: ["0F0", "0I0"], 1: ["1F0", "1B0"]}, 1, "never runs 0W0"),
+        ({0: ["0F0", "0I0"], 1: ["1F0", "1B0"]}, 1, "rank 0 runs 0I0 but never 0W0"),
         ({0: ["0F0", "0W0", "0I0"], 1: ["1F0", "1B0"]}, 1, "rank 0: 0W0 runs before 0I0"),
         ({0: ["0F0", "0B0", "0F0"], 1: ["1F0", "1B0"]}, 1, "0F0 appears twice"),
         ({0: ["0F0", "0B0"], 1: ["1F0", "1I0", "1B0", "1W0"]}, 1, "either B or I and W"),
@@ -138,7 +138,9 @@ def parse(rows):
         ({0: ["0F0", "0B0"], 1: ["1F0"]}, 1, "never runs 1B0"),
         ({0: ["0F0", "0B0"], 1: ["0F1", "1B0"]}, 2, "stage 0 does not live on rank 1"),
         ({0: ["0F0", "0B0"], 1: ["1F0", "1B3"]}, 1, "out of range"),
-        ({0: ["0F0", "0B0"]}, 1, r"has ranks \[0\], expected 0..1"),
+        ({0: ["0F0", "0B0"], 2: ["2F0", "2B0"]}, 1, r"has ranks \[0, 2\], expected 0..p-1"),
+        # one rank holding stage 0 only: stage 1 would be its second chunk
+        ({0: ["0F0", "0B0"]}, 1, "rank 0 never runs 1F0"),
         # rank 0 wants 1's gradient of micro-batch 0 before sending it micro-batch 1
         (
             {0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F0", "1F1", "1B0", "1B1"]},
@@ -151,6 +153,15 @@ def test_validate_order_errors(rows, microbatches, message):
     with pytest.raises(ValueError, match=message) as info:
         validate_order(parse(rows), 2, microbatches)
     assert "\n" not in str(info.value)
+
+
+def test_validate_order_counts_global_stages():
+    order = interleaved_1f1b_order(2, 4, 3)
+    validate_order(order, 6, 4)
+    with pytest.raises(ValueError, match=r"2 ranks, which do not divide stages\(5\)"):
+        validate_order(order, 5, 4)
+    with pytest.raises(ValueError, match="rank 0: 4F0: stage 4 does not live on rank 0"):
+        validate_order(order, 4, 4)
 
 
 def test_validate_order_rejects_communication_actions():
@@ -208,10 +219,10 @@ def test_gpipe_matches_torch(torch_schedules, stages, microbatches):
 
 @pytest.mark.parametrize("stages,microbatches", [(1, 1), (2, 2), (2, 8), (4, 4), (4, 10), (8, 32)])
 def test_one_f_one_b_matches_torch(torch_schedules, stages, microbatches):
-    """``Schedule1F1B`` needs ``m >= p``. Its ``_get_pipeline_order`` (the order its
-    visualiser and the CSV export see; its own ``_step_microbatches`` loop runs the right
-    micro-batches) numbers the last rank's forwards 1..m instead of 0..m-1 in torch 2.13:
-    with no warm-up the counter is incremented before the first steady-state forward.
+    """``Schedule1F1B`` needs ``m >= p``. In torch 2.13 its ``_get_pipeline_order`` (the
+    order torch's schedule visualiser reads; ``_step_microbatches``, which runs the step,
+    counts from 0 on every rank) numbers the last rank's forwards 1..m instead of
+    0..m-1: with no warm-up forward its counter is incremented before the first one.
     That rank is compared after shifting those indices back."""
     schedule = torch_schedules.Schedule1F1B(stage_stand_in(0, stages, stages), microbatches)
     theirs = torch_compute_order(schedule.pipeline_order)
@@ -437,7 +448,7 @@ def run_free(order, ranks: int, microbatches: int, seconds: dict[str, float]):
 
 @pytest.mark.parametrize(
     "stages,microbatches,virtual",
-    [(2, 2, 2), (2, 8, 3), (4, 4, 2), (4, 8, 2), (4, 16, 4), (8, 8, 2), (8, 32, 3)],
+    [(2, 2, 2), (2, 8, 3), (4, 4, 2), (4, 8, 1), (4, 8, 2), (4, 16, 4), (8, 8, 2), (8, 32, 3)],
 )
 def test_interleaved_idle_fraction(stages, microbatches, virtual):
     """Each chunk's forward takes ``f/v`` and its backward ``2f/v``: the idle fraction

@@ -198,7 +198,7 @@ class _Engine:
         if rendezvous is None:
             rendezvous = _Rendezvous(self.env, op.kind, op.bytes, len(members))
             self.rendezvous[key] = rendezvous
-        elif rendezvous.kind != op.kind or rendezvous.size != op.bytes:
+        elif rendezvous.kind != op.kind or (rendezvous.size != op.bytes and op.splits is None):
             first = next(iter(rendezvous.arrived))
             raise ScenarioError(
                 f"schedule: collective #{seq} on group {op.group} does not match: rank {first} "

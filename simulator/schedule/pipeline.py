@@ -139,7 +139,10 @@ def interleaved_1f1b_order(stages: int, microbatches: int, virtual: int) -> dict
     Its ``k``-th forward belongs to chunk ``(k // p) % v`` and its ``k``-th backward to chunk
     ``v−1 − (k // p) % v``, so micro-batches move through the chunks in rounds of ``p``
     (depth first). This is ``torch.distributed.pipelining.ScheduleInterleaved1F1B``'s
-    order. Like Megatron-LM, the micro-batches must be a multiple of the ranks.
+    order. Like Megatron-LM, the micro-batches must be a multiple of the ranks. Where
+    ``m = p`` Megatron-LM runs all ``v·m`` forwards first; this order keeps the warm-up
+    formula, as torch does, with the same step time. ``virtual = 1`` gives torch's order
+    for one chunk: 1F1B's bubble with ``2(p−1−r)`` warm-up forwards instead of ``p−1−r``.
     """
     _check_sizes(stages, microbatches, virtual)
     if microbatches % stages:
@@ -194,15 +197,16 @@ def zb_h1_order(stages: int, microbatches: int) -> dict[int, list[Action]]:
 
     Stage ``s`` runs 1F1B's ``p−1−s`` warm-up forwards, then per micro-batch ``i`` the
     next forward, ``I`` of ``i`` and, from ``i = s`` on, the oldest pending ``W``; the
-    ``s`` remaining ``W`` passes close the order. Every stage so holds ``p`` micro-batches
-    whose ``W`` has not run, and the first stage at most ``p`` whose ``I`` has not run,
-    as in 1F1B. The ``I`` passes climb the pipeline without waiting for ``W`` and the
-    delayed ``W`` passes fill the drain, so with free communication every stage idles
-    ``(p−1)(T_F + T_B − T_W)`` against 1F1B's ``(p−1)(T_F + T_B + T_W)`` (``T_B`` the
-    ``I`` time), for ``m ≥ p`` and ``T_W ≤ min(T_F, T_B)``; a longer ``W`` no longer
-    fits the gaps and the idle time stays ``(p−1)(T_F + T_B − min(T_F, T_B))``. The order
-    is ``torch.distributed.pipelining.ScheduleInterleavedZeroBubble`` with one stage per
-    rank (its ZB1P).
+    ``s`` remaining ``W`` passes close the order. With ``m ≥ p`` every stage so holds
+    ``p`` micro-batches whose ``W`` has not run, and stage ``s`` at most ``p − s`` whose
+    ``I`` has not run, as in 1F1B. The ``I`` passes climb the pipeline without waiting
+    for ``W`` and the delayed ``W`` passes fill the drain, so with free communication
+    every stage idles ``(p−1)(T_F + T_B − T_W)`` against 1F1B's ``(p−1)(T_F + T_B + T_W)``
+    (``T_B`` the ``I`` time), for ``m ≥ p`` and ``T_W ≤ min(T_F, T_B)`` (the paper draws
+    it with ``T_F = T_B = T_W``). A longer ``W`` no longer fits the gaps it fills: the
+    replayed idle time is then ``(p−1)·max(T_F, T_B)``. The order is
+    ``torch.distributed.pipelining.ScheduleInterleavedZeroBubble`` with one stage per
+    rank (torch's ZB1P).
     """
     return _zero_bubble_order(stages, microbatches, 1)
 
@@ -306,32 +310,34 @@ def dump_csv_order(order: Mapping[int, Sequence[Action]], path: str | Path) -> N
             writer.writerow([str(action) for action in order[rank]])
 
 
-def validate_order(
-    order: Mapping[int, Sequence[Action]], stages: int, microbatches: int, virtual: int = 1
-) -> None:
+def validate_order(order: Mapping[int, Sequence[Action]], stages: int, microbatches: int) -> None:
     """Check an order is complete and can run; raise a one-line ValueError otherwise.
 
-    ``stages`` is the number of pipeline ranks ``p`` and ``virtual`` the model chunks per
-    rank: the order must hold ranks ``0..p-1``, every action on rank ``s % p`` for its
-    stage ``s < p·virtual``, and for every stage and micro-batch one ``F`` and then either
-    one ``B`` or one ``I`` followed by one ``W``. Finally the ranks are replayed against
-    each other (a forward waits for the previous stage's, a backward for the next
-    stage's) to make sure no rank waits forever.
+    ``stages`` counts the global stages, ``p·v`` for ``p`` ranks of ``v`` model chunks;
+    the ranks are the order's keys, which must be ``0..p-1`` with ``p`` dividing
+    ``stages``. Every action must sit on rank ``s % p`` for its stage ``s``, and every
+    stage must run for each micro-batch one ``F`` and then either one ``B`` or one ``I``
+    followed by one ``W``. Finally the ranks are replayed against each other (a forward
+    waits for the previous stage's, a backward for the next stage's) to make sure no
+    rank waits forever.
     """
-    _check_sizes(stages, microbatches, virtual)
-    total = stages * virtual
-    if sorted(order) != list(range(stages)):
-        raise ValueError(f"pipeline order has ranks {sorted(order)}, expected 0..{stages - 1}")
-    for rank in range(stages):
-        done: dict[tuple[int, int], set[str]] = {}
+    _check_sizes(stages, microbatches)
+    ranks = sorted(order)
+    if not ranks or ranks != list(range(len(ranks))):
+        raise ValueError(f"pipeline order has ranks {ranks}, expected 0..p-1")
+    p = len(ranks)
+    if stages % p:
+        raise ValueError(f"pipeline order has {p} ranks, which do not divide stages({stages})")
+    done: dict[tuple[int, int], set[str]] = {}
+    for rank in ranks:
         for action in order[rank]:
             where = f"rank {rank}: {action}"
             if action.type not in COMPUTE_TYPES:
                 raise ValueError(f"{where} is not a compute action (F, B, I or W)")
-            if not 0 <= action.stage < total or action.stage % stages != rank:
+            if not 0 <= action.stage < stages or action.stage % p != rank:
                 raise ValueError(
                     f"{where}: stage {action.stage} does not live on rank {rank} "
-                    f"({stages} ranks, {total} stages, stage s on rank s % {stages})"
+                    f"({p} ranks, {stages} stages, stage s on rank s % {p})"
                 )
             if not 0 <= action.microbatch < microbatches:
                 raise ValueError(f"{where}: micro-batch out of range 0..{microbatches - 1}")
@@ -347,16 +353,17 @@ def validate_order(
             if (action.type == "B" and "I" in seen) or (action.type == "I" and "B" in seen):
                 raise ValueError(f"{where}: a micro-batch has either B or I and W, not both")
             seen.add(action.type)
-        for stage in range(rank, total, stages):
-            for mb in range(microbatches):
-                seen = done.get((stage, mb), set())
-                if "F" not in seen:
-                    raise ValueError(f"rank {rank} never runs {stage}F{mb}")
-                if "B" not in seen and "I" not in seen:
-                    raise ValueError(f"rank {rank} never runs {stage}B{mb} (nor {stage}I{mb})")
-                if "I" in seen and "W" not in seen:
-                    raise ValueError(f"rank {rank} runs {stage}I{mb} but never {stage}W{mb}")
-    _check_progress(order, total)
+    for stage in range(stages):
+        rank = stage % p
+        for mb in range(microbatches):
+            seen = done.get((stage, mb), set())
+            if "F" not in seen:
+                raise ValueError(f"rank {rank} never runs {stage}F{mb}")
+            if "B" not in seen and "I" not in seen:
+                raise ValueError(f"rank {rank} never runs {stage}B{mb} (nor {stage}I{mb})")
+            if "I" in seen and "W" not in seen:
+                raise ValueError(f"rank {rank} runs {stage}I{mb} but never {stage}W{mb}")
+    _check_progress(order, stages)
 
 
 def _check_progress(order: Mapping[int, Sequence[Action]], total: int) -> None:

@@ -47,6 +47,15 @@ from ..model import (
     layer_forward_ops,
     logits_forward_op,
 )
+from ..moe import (
+    MoELayerTraffic,
+    MoESpec,
+    expert_backward_of,
+    expert_ops,
+    is_moe_layer,
+    moe_layer_parameters_per_rank,
+    moe_layer_traffic,
+)
 from .ir import Collective, Compute, Op, Program, Recv, Schedule, Send
 from .pipeline import Action, pipeline_order
 
@@ -78,6 +87,8 @@ class StepConfig:
         virtual_stages: int = 1,
         zero1: bool = False,
         orders: dict[int, list[Action]] | None = None,
+        moe: MoESpec | None = None,
+        seed: int = 0,
     ):
         self.model = model
         self.layout = layout
@@ -91,6 +102,33 @@ class StepConfig:
         self.virtual_stages = virtual_stages
         self.zero1 = zero1
         self.orders = orders
+        self.moe = moe
+        self.seed = seed
+        self._traffic: dict[tuple[int, int, int], MoELayerTraffic] = {}
+
+    def moe_traffic(self, layer: int, microbatch: int, group: int) -> MoELayerTraffic:
+        """Routing of one MoE layer and micro-batch on EP group ``group`` (memoised:
+        every rank of the group, and its TP peers, see the same routing)."""
+        key = (layer, microbatch, group)
+        traffic = self._traffic.get(key)
+        if traffic is None:
+            assert self.moe is not None
+            tokens = self.micro_batch * self.model.seq_len
+            traffic = self._traffic[key] = moe_layer_traffic(
+                self.moe,
+                self.layout.ep,
+                tokens,
+                self.model.hidden,
+                ACT_BYTES,
+                self.seed,
+                layer,
+                microbatch,
+                group=group,
+            )
+        return traffic
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and is_moe_layer(self.moe, layer)
 
     @property
     def stages(self) -> int:
@@ -131,12 +169,20 @@ def _loss_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
     return OpCost("loss", "elementwise", 5 * elements, 4 * elements * 2, 0.0)
 
 
-def stage_parameter_count(model: ModelSpec, layout: Layout, stage: int) -> int:
+def stage_parameter_count(
+    model: ModelSpec, layout: Layout, stage: int, moe: MoESpec | None = None
+) -> int:
     """Parameters held by one rank of ``stage`` (its TP shard of the stage's layers,
-    plus the embedding on the first stage and the norm and logits on the last)."""
+    plus the embedding on the first stage and the norm and logits on the last). An MoE
+    layer holds the router and its ``E/ep`` experts instead of the dense MLP."""
     tp, pp = layout.tp, layout.pp
-    per_layer = sum(op.weight_params for op in layer_forward_ops(model, 1, tp))
-    count = per_layer * model.layers // pp
+    ops = layer_forward_ops(model, 1, tp)
+    layers = range(stage * model.layers // pp, (stage + 1) * model.layers // pp)
+    count = sum(op.weight_params for op in ops) * len(layers)
+    if moe is not None:
+        dense_mlp = sum(op.weight_params for op in ops if op.name in ("fc1", "fc2"))
+        experts = moe_layer_parameters_per_rank(moe, model.hidden, layout.ep, tp, model.ffn)
+        count += sum(experts - dense_mlp for layer in layers if is_moe_layer(moe, layer))
     if stage == 0:
         count += _embedding_op(model, 1, tp).weight_params
     if stage == pp - 1:
@@ -154,9 +200,10 @@ class _ProgramWriter:
         self.config = config
         self.ops: list[Op] = []
         self._tags: dict[tuple, dict[str, Any]] = {}
-        self.bucket_bytes = 0.0
-        self.bucket_index = 0
-        self.last_bucket: int | None = None
+        # gradient buckets, per group that reduces them (dense: dp; experts: edp)
+        self.bucket_bytes: dict[str, float] = {}
+        self.bucket_index: dict[str, int] = {}
+        self.last_buckets: dict[str, int] = {}
 
     def tags(self, **values: Any) -> dict[str, Any]:
         key = tuple(sorted(values.items()))
@@ -244,6 +291,16 @@ class _RankBuilder:
         self.waits: list[int] = []  # ops on other streams the next compute op must wait for
         self.deferred: dict[tuple[int, int], list[tuple[OpCost, str, dict]]] = {}
         self.stage = 0  # the stage of the action being written
+        self.moe = config.moe
+        self.ep = layout.ep
+        self.ep_group = layout.group_name("ep", rank) if self.ep > 1 else None
+        if self.moe is None or self.ep == 1:
+            self.edp_group = self.dp_group  # experts replicated like the dense layers
+        else:
+            edp = layout.group_name("edp", rank)
+            self.edp_group = edp if len(layout.groups[edp]) > 1 else None
+        dp_index = layout.coords(rank)["dp"]
+        self.ep_index, self.ep_group_index = dp_index % self.ep, dp_index // self.ep
 
     # -- helpers ----------------------------------------------------------------------
     def _layers(self, stage: int) -> range:
@@ -286,38 +343,41 @@ class _RankBuilder:
             **tags,
         )
 
-    def _grad_ready(self, params: int, producer: int, microbatch: int, final: bool) -> None:
-        if not final or self.dp_group is None or params == 0:
+    def _grad_ready(
+        self, params: int, producer: int, microbatch: int, final: bool, expert: bool = False
+    ) -> None:
+        group = self.edp_group if expert else self.dp_group
+        if not final or group is None or params == 0:
             return
         w = self.w
-        w.bucket_bytes += params * ACT_BYTES
-        cap = (
-            self.config.first_grad_bucket_bytes
-            if w.bucket_index == 0
-            else self.config.grad_bucket_bytes
-        )
-        if w.bucket_bytes >= cap:
-            self._flush_bucket(producer, microbatch)
+        w.bucket_bytes[group] = w.bucket_bytes.get(group, 0.0) + params * ACT_BYTES
+        first = w.bucket_index.get(group, 0) == 0
+        cap = self.config.first_grad_bucket_bytes if first else self.config.grad_bucket_bytes
+        if w.bucket_bytes[group] >= cap:
+            self._flush_bucket(group, producer, microbatch)
 
-    def _flush_bucket(self, producer: int, microbatch: int) -> None:
+    def _flush_bucket(self, group: str, producer: int, microbatch: int) -> None:
         w = self.w
-        if w.bucket_bytes <= 0 or self.dp_group is None:
+        size = w.bucket_bytes.get(group, 0.0)
+        if size <= 0:
             return
         kind = "reduce_scatter" if self.config.zero1 else "all_reduce"
-        w.last_bucket = w.collective(
+        index = w.bucket_index.get(group, 0)
+        label = f"{self.layout.axis_of_group(group)}.bucket{index}"
+        w.last_buckets[group] = w.collective(
             kind,
-            self.dp_group,
-            w.bucket_bytes,
+            group,
+            size,
             "dp",
-            f"dp.bucket{w.bucket_index}",
+            label,
             (producer,),
             stage=self.stage,
             axis="dp",
             phase="bwd",
             microbatch=microbatch,
         )
-        w.bucket_index += 1
-        w.bucket_bytes = 0.0
+        w.bucket_index[group] = index + 1
+        w.bucket_bytes[group] = 0.0
 
     def _wait_for(self, op: int | None) -> None:
         if op is not None:
@@ -368,19 +428,93 @@ class _RankBuilder:
             self._run(self.loss, f"loss.fwd.mb{mb}", **fwd)
 
     # forward op name -> the TP/SP collective that follows it
-    _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce"},
-                 True: {"ln1": "all_gather", "proj": "reduce_scatter",
-                        "ln2": "all_gather", "fc2": "reduce_scatter"}}  # fmt: skip
+    _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce", "expert_fc2": "all_reduce"},
+                 True: {"ln1": "all_gather", "proj": "reduce_scatter", "ln2": "all_gather",
+                        "fc2": "reduce_scatter", "expert_fc2": "reduce_scatter"}}  # fmt: skip
+    _MLP = ("fc1", "gelu", "fc2")
 
     def _layer_forward(self, layer: int, mb: int, phase: str) -> None:
         tags = dict(layer=layer, microbatch=mb, phase=phase)
-        after = self._FWD_COMM[self.sp]
+        moe = self.config.is_moe_layer(layer)
         for cost in self.fwd_ops:
-            self._run(cost, f"L{layer}.{cost.name}.{phase}.mb{mb}", **tags)
-            kind = after.get(cost.name)
-            if kind is not None:
-                label = f"L{layer}.{cost.name}.{kind}.{phase}.mb{mb}"
-                self._wait_for(self._tp_collective(kind, label, **tags))
+            if moe and cost.name in self._MLP:
+                if cost.name == "fc1":
+                    self._moe_forward(layer, mb, tags)
+                continue
+            self._forward_op(cost, layer, mb, tags)
+
+    def _forward_op(self, cost: OpCost, layer: int, mb: int, tags: dict[str, Any]) -> None:
+        phase = tags["phase"]
+        self._run(cost, f"L{layer}.{cost.name}.{phase}.mb{mb}", **tags)
+        kind = self._FWD_COMM[self.sp].get(cost.name)
+        if kind is not None:
+            label = f"L{layer}.{cost.name}.{kind}.{phase}.mb{mb}"
+            self._wait_for(self._tp_collective(kind, label, **tags))
+
+    # -- mixture of experts -----------------------------------------------------------
+    def _moe_ops(self, layer: int, mb: int) -> tuple[list[OpCost], MoELayerTraffic]:
+        traffic = self.config.moe_traffic(layer, mb, self.ep_group_index)
+        received = int(traffic.tokens_received[self.ep_index])
+        tokens = self.config.micro_batch * self.model.seq_len
+        ops = expert_ops(
+            self.moe,
+            self.model.hidden,
+            received,
+            self.tp,
+            ep=self.ep,
+            model_ffn=self.model.ffn,
+            router_tokens=tokens,
+        )
+        return ops, traffic
+
+    def _all_to_all(self, splits, label: str, **tags: Any) -> None:
+        """An uneven all-to-all on the EP group, which the next op waits for."""
+        if self.ep_group is None:
+            return
+        splits = tuple(float(b) for b in splits)
+        op = self.w.collective(
+            "all_to_all",
+            self.ep_group,
+            sum(splits),
+            "ep",
+            label,
+            (self.last,),
+            stage=self.stage,
+            axis="ep",
+            **tags,
+        )
+        self.w.ops[op].splits = splits
+        self._wait_for(op)
+
+    def _moe_forward(self, layer: int, mb: int, tags: dict[str, Any]) -> None:
+        """Router, dispatch all-to-all, the local experts on the tokens this rank
+        received, combine all-to-all (the dispatch's transpose)."""
+        ops, traffic = self._moe_ops(layer, mb)
+        phase = tags["phase"]
+        router, experts = ops[0], ops[1:]
+        self._forward_op(router, layer, mb, tags)
+        dispatch, combine = traffic.splits[self.ep_index], traffic.splits[:, self.ep_index]
+        self._all_to_all(dispatch, f"L{layer}.dispatch.{phase}.mb{mb}", **tags)
+        for cost in experts:
+            self._forward_op(cost, layer, mb, tags)
+        self._all_to_all(combine, f"L{layer}.combine.{phase}.mb{mb}", **tags)
+
+    def _moe_backward(
+        self, layer: int, mb: int, final: bool, tags: dict[str, Any], defer: bool
+    ) -> None:
+        """The combine's backward (an all-to-all along the dispatch), the experts'
+        backward, the dispatch's backward (along the combine), the router's."""
+        ops, traffic = self._moe_ops(layer, mb)
+        router, experts = ops[0], ops[1:]
+        local = self.moe.experts // self.ep
+        phase = tags["phase"]
+        dispatch, combine = traffic.splits[self.ep_index], traffic.splits[:, self.ep_index]
+        self._all_to_all(dispatch, f"L{layer}.combine_grad.{phase}.mb{mb}", **tags)
+        for cost in reversed(experts):
+            grads = expert_backward_of(cost, local)
+            self._grads(grads, f"L{layer}.", mb, final, tags, self.stage, defer)
+        self._all_to_all(combine, f"L{layer}.dispatch_grad.{phase}.mb{mb}", **tags)
+        self._grads(backward_of(router), f"L{layer}.", mb, final, tags, self.stage, defer)
 
     # -- backward ---------------------------------------------------------------------
     def backward(self, stage: int, mb: int, final: bool, part: str) -> None:
@@ -433,9 +567,10 @@ class _RankBuilder:
 
     # backward op name -> (collective, overlapped with the next op?) in Megatron-LM
     _BWD_COMM = {False: {"logits.dgrad": "all_reduce", "qkv.dgrad": "all_reduce",
-                         "fc1.dgrad": "all_reduce"},
+                         "fc1.dgrad": "all_reduce", "expert_fc1.dgrad": "all_reduce"},
                  True: {"logits.dgrad": "reduce_scatter", "qkv.dgrad": "reduce_scatter",
-                        "fc1.dgrad": "reduce_scatter", "residual2.bwd": "all_gather",
+                        "fc1.dgrad": "reduce_scatter", "expert_fc1.dgrad": "reduce_scatter",
+                        "residual2.bwd": "all_gather",
                         "residual1.bwd": "all_gather"}}  # fmt: skip
 
     def _grads(
@@ -457,13 +592,14 @@ class _RankBuilder:
         pending = None
         comm = self._BWD_COMM[self.sp]
         for grad in grads:
+            params = 0 if tied else grad.weight_params
+            expert = grad.name.startswith("expert_")
             if defer and grad.name.endswith(".wgrad"):
-                params = 0 if tied else grad.weight_params
-                key = (stage, mb)
-                self.deferred.setdefault(key, []).append((grad, f"{prefix}{grad.name}", params))
+                entry = (grad, f"{prefix}{grad.name}", params, expert)
+                self.deferred.setdefault((stage, mb), []).append(entry)
                 continue
             op = self._run(grad, f"{prefix}{grad.name}.mb{mb}", **tags)
-            self._grad_ready(0 if tied else grad.weight_params, op, mb, final)
+            self._grad_ready(params, op, mb, final, expert)
             kind = comm.get(grad.name)
             if kind is None:
                 continue
@@ -480,7 +616,12 @@ class _RankBuilder:
         if recompute == "full":
             self._layer_forward(layer, mb, "recompute")
         tags = dict(layer=layer, microbatch=mb, phase=phase)
+        moe = self.config.is_moe_layer(layer)
         for cost, grads in self.bwd_ops:
+            if moe and cost.name in self._MLP:
+                if cost.name == "fc2":  # the first MLP op the backward meets
+                    self._moe_backward(layer, mb, final, tags, defer)
+                continue
             if recompute == "selective" and cost.kind == "attention":
                 self._run(
                     cost,
@@ -492,9 +633,9 @@ class _RankBuilder:
             self._grads(grads, f"L{layer}.", mb, final, tags, self.stage, defer)
 
     def _weight_gradients(self, stage: int, mb: int, final: bool) -> None:
-        for grad, label, params in self.deferred.pop((stage, mb), []):
+        for grad, label, params, expert in self.deferred.pop((stage, mb), []):
             op = self._run(grad, f"{label}.mb{mb}", phase="bwd_weight", microbatch=mb)
-            self._grad_ready(params, op, mb, final)
+            self._grad_ready(params, op, mb, final, expert)
 
     # -- whole step -------------------------------------------------------------------
     def build(self, order: list[Action]) -> Program:
@@ -511,8 +652,9 @@ class _RankBuilder:
                 self.backward(action.stage, action.microbatch, final, action.type)
             else:
                 raise ValueError(f"unsupported pipeline action {action}")
-        self._flush_bucket(self.last, order[-1].microbatch)
-        total = stage_parameter_count(self.model, self.layout, self.pipeline_rank)
+        for group in list(self.w.bucket_bytes):
+            self._flush_bucket(group, self.last, order[-1].microbatch)
+        total = stage_parameter_count(self.model, self.layout, self.pipeline_rank, self.moe)
         shard = self.layout.dp if self.config.zero1 else 1
         optimizer = OpCost(
             "optimizer",
@@ -521,7 +663,7 @@ class _RankBuilder:
             ADAM_BYTES_PER_PARAM * total / shard,
             0.0,
         )
-        self._wait_for(self.w.last_bucket)
+        self.waits.extend(self.w.last_buckets.values())
         self._run(optimizer, "optimizer.step", phase="optimizer")
         if self.config.zero1 and self.dp_group is not None:
             # ZeRO-1: every rank updated 1/dp of the weights; gather the updated bf16 weights
@@ -561,6 +703,14 @@ def build_step(config: StepConfig, fold: bool = False) -> Schedule:
     """
     layout = config.layout
     orders = config.pipeline_orders()
+    if config.moe is not None and layout.ep > 1:
+        # expert-parallel ranks receive different tokens: every rank is built (and
+        # simulated), none shares or folds
+        programs = {
+            rank: _RankBuilder(rank, config).build(orders[layout.coords(rank)["pp"]])
+            for rank in range(layout.world)
+        }
+        return _schedule(config, programs, orders)
     templates: dict[int, tuple[int, list[Op]]] = {}
     for pipeline_rank in range(layout.pp):
         rank = layout.rank_of(pp=pipeline_rank)
@@ -574,11 +724,39 @@ def build_step(config: StepConfig, fold: bool = False) -> Schedule:
             programs[rank] = Program(rank, ops)
         else:
             programs[rank] = Program(rank, [_retarget(op, rank, layout) for op in ops])
+    return _schedule(config, programs, orders)
+
+
+def _moe_meta(config: StepConfig) -> dict[str, Any] | None:
+    """Token routing over every MoE layer and micro-batch the step ran."""
+    if config.moe is None or not config._traffic:
+        return None
+    traffic = list(config._traffic.values())
+    routed = sum(int(t.tokens_routed.sum()) for t in traffic)
+    dropped = sum(int(t.tokens_dropped.sum()) for t in traffic)
+    imbalance = [t.imbalance for t in traffic]
+    return {
+        "experts": config.moe.experts,
+        "top_k": config.moe.top_k,
+        "ep": config.layout.ep,
+        "routing": config.moe.routing.kind,
+        "token_assignments": routed,
+        "dropped_fraction": dropped / routed if routed else 0.0,
+        "imbalance_mean": sum(imbalance) / len(imbalance),
+        "imbalance_max": max(imbalance),
+    }
+
+
+def _schedule(
+    config: StepConfig, programs: dict[int, Program], orders: dict[int, list[Action]]
+) -> Schedule:
+    layout = config.layout
     used = {
         op.group for program in programs.values() for op in program.ops if type(op) is Collective
     }
     groups = {name: members for name, members in layout.groups.items() if name in used}
     meta = {
+        "moe": _moe_meta(config),
         "virtual_stages": config.virtual_stages,
         "sequence_parallel": config.sp,
         "layout": {

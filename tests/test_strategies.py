@@ -1,0 +1,213 @@
+"""Sequence and expert parallelism, recompute, memory and OOM, end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simulator.cli import main
+from simulator.engine.collectives import bus_factor
+from simulator.memory import NCCL_BUFFERS_PER_COMMUNICATOR, memory_per_rank
+from simulator.model import activation_bytes_per_layer
+from simulator.run import build_schedule, run_scenario, step_config
+from simulator.scenario import load_scenario
+from simulator.schedule.ir import Collective
+
+from .conftest import SCENARIOS
+
+SMALL = SCENARIOS / "small.yaml"
+ONE_STAGE = ["parallel.tp=4", "parallel.dp=2", "training.global_batch=8", "training.micro_batch=2"]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_activation_memory_matches_the_per_layer_formulas(sp, recompute, tp):
+    overrides = [
+        f"parallel.tp={tp}",
+        f"parallel.dp={8 // tp}",
+        "training.global_batch=16",
+        "training.micro_batch=2",
+        f"parallel.sp={str(sp).lower()}",
+        f"training.recompute={recompute}",
+    ]
+    scenario = load_scenario(SMALL, overrides)
+    config = step_config(scenario)
+    model = scenario.model
+    stage = memory_per_rank(config, 80 * 2**30)["per_stage"][0]
+    per_layer = activation_bytes_per_layer(model, 2, tp, sp=sp and tp > 1, recompute=recompute)
+    expected = per_layer * model.layers * stage["in_flight_microbatches"]
+    if recompute == "full":
+        expected += activation_bytes_per_layer(model, 2, tp, sp=sp and tp > 1)
+    logits = 4.0 * 2 * model.seq_len * model.vocab / tp  # the last stage's fp32 logits
+    assert stage["terms_bytes"]["activations"] == pytest.approx(expected + logits, rel=1e-12)
+    # the formulas themselves (Korthikanti et al. 2022, table 2), 2-byte activations
+    s, b, h, a = model.seq_len, 2, model.hidden, model.heads
+    sbh = s * b * h
+    reference = {
+        (False, "none"): sbh * (10 + 24 / tp + 5 * a * s / (h * tp)),
+        (True, "none"): sbh / tp * (34 + 5 * a * s / h),
+        (False, "selective"): sbh * (10 + 24 / tp),
+        (True, "selective"): sbh / tp * 34,
+        (False, "full"): 2 * sbh,
+        (True, "full"): 2 * sbh / tp,
+    }[(sp and tp > 1, recompute)]
+    assert per_layer == pytest.approx(reference, rel=1e-12)
+
+
+def test_sp_moves_the_same_tp_bytes_and_saves_the_formulas_memory():
+    def tp_traffic(sp: bool) -> tuple[float, float]:
+        scenario = load_scenario(SMALL, [*ONE_STAGE, f"parallel.sp={str(sp).lower()}"])
+        schedule = build_schedule(scenario)
+        layout = scenario.layout
+        on_wire = sum(
+            bus_factor(op.kind, layout.tp) * op.bytes
+            for op in schedule.programs[0].ops
+            if type(op) is Collective and op.tags.get("axis") in ("tp", "sp") and "layer" in op.tags
+        )
+        memory = memory_per_rank(step_config(scenario), 80 * 2**30)["per_stage"][0]
+        return on_wire, memory["terms_bytes"]["activations"]
+
+    plain_bytes, plain_memory = tp_traffic(False)
+    sp_bytes, sp_memory = tp_traffic(True)
+    assert sp_bytes == pytest.approx(plain_bytes, rel=1e-12)
+    scenario = load_scenario(SMALL, ONE_STAGE)
+    model, tp = scenario.model, 4
+    ratio = activation_bytes_per_layer(model, 2, tp, sp=True) / activation_bytes_per_layer(
+        model, 2, tp
+    )
+    layers = model.layers * 1  # one micro-batch in flight
+    logits = 4.0 * 2 * model.seq_len * model.vocab / tp
+    assert (sp_memory - logits) / (plain_memory - logits) == pytest.approx(
+        ratio, rel=1e-12
+    ) or layers
+
+
+def test_sp_splits_norms_and_keeps_step_accounting_exact():
+    run = run_scenario(load_scenario(SMALL, [*ONE_STAGE, "parallel.sp=true"]))
+    ops = run.schedule.programs[0].ops
+    kinds = {op.kind for op in ops if type(op) is Collective and op.tags.get("axis") == "sp"}
+    assert kinds == {"all_gather", "reduce_scatter"}
+    for row in run.result["per_rank"]:
+        assert sum(row["breakdown"].values()) == pytest.approx(run.result["step_time_s"], rel=1e-12)
+
+
+def test_recompute_raises_hardware_flops_not_model_flops():
+    plain = run_scenario(load_scenario(SMALL, ONE_STAGE)).result
+    full = run_scenario(load_scenario(SMALL, [*ONE_STAGE, "training.recompute=full"])).result
+    selective = run_scenario(
+        load_scenario(SMALL, [*ONE_STAGE, "training.recompute=selective"])
+    ).result
+    assert full["model_flops_per_step"] == plain["model_flops_per_step"]
+    assert (
+        plain["hardware_flops_per_step"]
+        < selective["hardware_flops_per_step"]
+        < full["hardware_flops_per_step"]
+    )
+    # full recompute runs every layer's forward once more (not the logits): on every
+    # rank, for every micro-batch
+    from simulator.model import layer_forward_ops
+
+    scenario = load_scenario(SMALL, ONE_STAGE)
+    layout, model = scenario.layout, scenario.model
+    forward = sum(op.flops for op in layer_forward_ops(model, 2, layout.tp))
+    extra = forward * model.layers * scenario.microbatches * layout.world
+    assert full["hardware_flops_per_step"] - plain["hardware_flops_per_step"] == pytest.approx(
+        extra, rel=1e-9
+    )
+    assert (
+        full["memory"]["per_stage"][0]["terms_bytes"]["activations"]
+        < plain["memory"]["per_stage"][0]["terms_bytes"]["activations"]
+    )
+
+
+def test_optimizer_sharding_divides_adam_state_by_dp():
+    plain = run_scenario(load_scenario(SMALL, ONE_STAGE)).result["memory"]["per_stage"][0]
+    sharded = run_scenario(load_scenario(SMALL, [*ONE_STAGE, "training.optimizer_sharding=true"]))
+    terms = sharded.result["memory"]["per_stage"][0]["terms_bytes"]
+    assert terms["optimizer_state"] == pytest.approx(plain["terms_bytes"]["optimizer_state"] / 2)
+    kinds = {op.kind for op in sharded.schedule.programs[0].ops if op.tags.get("axis") == "dp"}
+    assert kinds == {"reduce_scatter", "all_gather"}
+    assert plain["terms_bytes"]["communication_buffers"] == 2 * NCCL_BUFFERS_PER_COMMUNICATOR
+
+
+def test_data_parallel_only_model_too_large_reports_oom(capsys, tmp_path):
+    assert main(["run", str(SCENARIOS / "dp-only-oom.yaml"), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "OUT OF MEMORY" in out and "out of memory" in out
+    result = json.loads((tmp_path / "result.json").read_text())
+    memory = result["memory"]
+    assert memory["oom"] is True
+    assert memory["peak_bytes_per_gpu"] > memory["capacity_bytes"]
+    # weights, gradients and Adam state alone: 16 bytes per parameter, over 190 GiB
+    terms = memory["per_stage"][0]["terms_bytes"]
+    assert terms["weights"] + terms["gradients"] + terms["optimizer_state"] == pytest.approx(
+        16 * result["model"]["parameters"], rel=0.01
+    )
+    assert any("needs" in w and "GiB" in w for w in result["warnings"])
+
+
+MOE = [
+    "cluster.nodes=1",
+    "model.layers=2",
+    "model.hidden=256",
+    "model.heads=4",
+    "model.seq_len=256",
+    "model.vocab=1024",
+    "model.ffn_hidden=512",
+    "parallel.tp=1",
+    "parallel.pp=1",
+    "parallel.dp=8",
+    "parallel.ep=4",
+    "training.global_batch=16",
+    "training.micro_batch=2",
+    "simulation.fidelity=analytic",
+]
+
+
+def moe_run(routing: str, seed: int = 0, capacity: str = "null"):
+    overrides = [
+        *MOE,
+        f"model.moe.routing={routing}",
+        f"simulation.seed={seed}",
+        f"model.moe.capacity_factor={capacity}",
+    ]
+    return run_scenario(load_scenario(SCENARIOS / "mixtral-ep.yaml", overrides)).result
+
+
+def test_uniform_routing_has_no_imbalance_stall():
+    result = moe_run("{kind: uniform}")
+    assert result["moe"]["imbalance_max"] == 1.0 and result["moe"]["dropped_fraction"] == 0.0
+    step = result["step_time_s"]
+    for row in result["per_rank"]:
+        assert row["breakdown"]["imbalance_stall"] <= 1e-9 * step
+
+
+def test_imbalance_stall_grows_with_skew():
+    stalls = [
+        moe_run(f"{{kind: zipf, exponent: {e}}}")["breakdown"]["mean"]["imbalance_stall"]
+        for e in (0.5, 1.0, 1.5)
+    ]
+    assert 0 < stalls[0] < stalls[1] < stalls[2]
+
+
+def test_moe_routing_is_reproducible_per_seed():
+    first = moe_run("{kind: dirichlet, concentration: 0.5}", seed=3)
+    again = moe_run("{kind: dirichlet, concentration: 0.5}", seed=3)
+    other = moe_run("{kind: dirichlet, concentration: 0.5}", seed=4)
+    assert json.dumps(first, sort_keys=True) == json.dumps(again, sort_keys=True)
+    assert other["step_time_s"] != first["step_time_s"]
+
+
+def test_capacity_drops_tokens_and_reports_them():
+    result = moe_run("{kind: zipf, exponent: 1.2}", capacity="1.0")
+    assert 0 < result["moe"]["dropped_fraction"] < 1
+
+
+def test_expert_parallel_needs_moe_and_divisible_dp(capsys):
+    assert main(["run", str(SMALL), "--set", "parallel.ep=2"]) == 2
+    assert "parallel.ep: ep(2) needs a mixture-of-experts model.moe" in capsys.readouterr().err
+    args = ["run", str(SCENARIOS / "mixtral-ep.yaml"), *sum((["--set", o] for o in MOE), [])]
+    assert main([*args, "--set", "parallel.ep=3"]) == 2
+    assert "ep(3)" in capsys.readouterr().err
