@@ -70,7 +70,7 @@ def memory_per_rank(config: StepConfig, capacity_bytes: float) -> dict[str, Any]
     communicators = sum(1 for size in (layout.tp, layout.dp) if size > 1) + (layout.pp > 1)
     ranks = []
     for pipeline_rank in range(layout.pp):
-        params = stage_parameter_count(model, layout, pipeline_rank)
+        params = stage_parameter_count(model, layout, pipeline_rank, config.moe)
         terms = {name: float(params * size) for name, size in BYTES_PER_PARAM.items()}
         if config.zero1:
             terms["optimizer_state"] /= layout.dp
