@@ -38,6 +38,13 @@ LAYOUTS = {
     "pp": ["parallel.tp=1", "parallel.pp=2", "parallel.dp=1"],
     "tp-pp-dp": ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.pp=2", "parallel.dp=1"],
     "tp-dp": ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.dp=2"],
+    "zb-h1": ["parallel.tp=1", "parallel.pp=2", "parallel.dp=1", "parallel.schedule=zb-h1"],
+    "moe-ep": [
+        "parallel.tp=1",
+        "parallel.dp=2",
+        "parallel.ep=2",
+        "model.moe={experts: 4, top_k: 2, routing: {kind: zipf, exponent: 1.0}}",
+    ],
 }
 SCENARIO = str(SCENARIOS / "cpu-tiny.yaml")
 

@@ -216,23 +216,47 @@ def test_expert_parallel_needs_moe_and_divisible_dp(capsys):
 def test_a_custom_order_from_torch_csv_runs_like_the_named_schedule(tmp_path):
     from simulator.schedule.pipeline import dump_csv_order, one_f_one_b_order
 
-    base = ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "training.global_batch=16",
-            "training.micro_batch=2", "model.layers=12"]
+    base = [
+        "parallel.tp=2",
+        "parallel.pp=2",
+        "parallel.dp=2",
+        "training.global_batch=16",
+        "training.micro_batch=2",
+        "model.layers=12",
+    ]
     path = tmp_path / "order.csv"
     dump_csv_order(one_f_one_b_order(2, 4), path)
     named = run_scenario(load_scenario(SMALL, base)).result
-    custom = run_scenario(load_scenario(SMALL, [*base, "parallel.schedule=custom",
-                                                f"parallel.schedule_file={path}"])).result
+    custom = run_scenario(
+        load_scenario(SMALL, [*base, "parallel.schedule=custom", f"parallel.schedule_file={path}"])
+    ).result
     assert custom["step_time_s"] == pytest.approx(named["step_time_s"], rel=1e-12)
     bad = tmp_path / "bad.csv"
     bad.write_text("0F0,0X1\n")
-    assert main(["run", str(SMALL), *sum((["--set", o] for o in base), []), "--set",
-                 "parallel.schedule=custom", "--set", f"parallel.schedule_file={bad}"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                str(SMALL),
+                *sum((["--set", o] for o in base), []),
+                "--set",
+                "parallel.schedule=custom",
+                "--set",
+                f"parallel.schedule_file={bad}",
+            ]
+        )
+        == 2
+    )
 
 
 def test_interleaved_and_zero_bubble_shrink_the_bubble():
-    base = ["parallel.tp=1", "parallel.pp=4", "parallel.dp=2", "training.global_batch=32",
-            "training.micro_batch=2"]
+    base = [
+        "parallel.tp=1",
+        "parallel.pp=4",
+        "parallel.dp=2",
+        "training.global_batch=32",
+        "training.micro_batch=2",
+    ]
     bubble = {}
     for name, extra in {
         "1f1b": [],
