@@ -250,11 +250,27 @@ class _Engine:
         key = f"{rendezvous.kind}/{choice.algorithm}/{choice.protocol}"
         self.choices[key] = self.choices.get(key, 0) + 1
         if self.analytic:
-            seconds = max((self._alone(spec) for spec in specs), default=choice.latency)
-            self._after(seconds, rendezvous.done)
+            self._after(self._together(specs, choice.latency), rendezvous.done)
         else:
             transfers = [self.network.transfer(s.usage, s.volume, s.latency) for s in specs]
             self._when_all(transfers, rendezvous.done)
+
+    def _together(self, specs, latency: float) -> float:
+        """Closed-form time of transfers that start together (an uneven all-to-all's
+        flows): their latency plus the busiest link's bytes over its bandwidth."""
+        if not specs:
+            return latency
+        if len(specs) == 1:
+            return self._alone(specs[0])
+        load: dict[int, float] = {}
+        for spec in specs:
+            for link, mult in spec.usage.items():
+                load[link] = load.get(link, 0.0) + spec.volume * mult
+        links = self.cluster.links
+        busiest = max(
+            (volume / links[link].bandwidth for link, volume in load.items()), default=0.0
+        )
+        return max(spec.latency for spec in specs) + busiest
 
     def _alone(self, spec) -> float:
         """Closed-form time of a transfer alone on the network."""

@@ -703,9 +703,9 @@ def build_step(config: StepConfig, fold: bool = False) -> Schedule:
     """
     layout = config.layout
     orders = config.pipeline_orders()
-    if config.moe is not None and layout.ep > 1:
-        # expert-parallel ranks receive different tokens: every rank is built (and
-        # simulated), none shares or folds
+    if config.moe is not None:
+        # each data-parallel replica routes its own tokens, so MoE ranks differ: every
+        # rank is built (and simulated), none shares or folds
         programs = {
             rank: _RankBuilder(rank, config).build(orders[layout.coords(rank)["pp"]])
             for rank in range(layout.world)
