@@ -3,6 +3,9 @@
 * ``parasim run SCENARIO [--set key.path=value ...] [--out DIR] [--json]`` simulates
   one training step, prints a summary, and writes ``result.json``, ``trace.json``
   (Chrome / Perfetto trace events) and ``timeline.html`` (plotly) to DIR.
+* ``parasim sweep SCENARIO`` ranks every valid layout; ``parasim scale SCENARIO --gpus
+  8,16,...`` draws scaling curves; ``parasim explain SCENARIO`` finds layering mistakes
+  and quantifies each against its fix.
 * ``parasim calibrate --nproc N --backend gloo|nccl --out profile.json`` measures this
   machine and fits the model's parameters (needs torch).
 * ``parasim replay SCENARIO --nproc N --backend ...`` runs the same step for real.
@@ -23,7 +26,7 @@ from rich.console import Console
 from topologies import TopologyError
 from topologies.units import format_time
 
-from . import __version__
+from . import __version__, explain, scale, sweep
 from .errors import ParasimError
 from .outputs import dumps_result, write_run_outputs
 
@@ -77,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     collbench.add_argument("--fidelity", choices=["flow", "analytic"], default="flow")
     collbench.add_argument("--profile", help="calibration profile to apply to the preset")
     collbench.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+    sweep.add_parser(commands)
+    scale.add_parser(commands)
+    explain.add_parser(commands)
 
     calibrate = commands.add_parser(
         "calibrate", help="measure this machine and write a calibration profile (needs torch)"
@@ -272,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         handler = {
             "run": _command_run,
             "collbench": _command_collbench,
+            "sweep": sweep.command,
+            "scale": scale.command,
+            "explain": explain.command,
             "calibrate": _command_calibrate,
             "replay": _command_replay,
             "compare": _command_compare,
