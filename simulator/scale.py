@@ -1,0 +1,628 @@
+"""Scaling curves: one scenario simulated at several cluster sizes.
+
+``parasim scale SCENARIO --gpus 8,16,...,4096`` resizes the scenario's cluster to each
+GPU count (``nodes = gpus / gpus_per_node``; the count must be a whole number of nodes)
+and simulates one step there. How the layout follows the size:
+
+* by default the scenario's rule holds: ``tp``, ``pp`` (and ``ep``, the schedule, the
+  micro-batch, recompute and placement) stay as written and ``dp`` takes the rest.
+  ``--mode weak`` (the default) grows the global batch with ``dp``, so every replica
+  keeps the scenario's share of it; ``--mode strong`` keeps the global batch, which must
+  still divide into ``dp`` replicas of whole micro-batches;
+* ``--best`` runs a small sweep at each size (:func:`simulator.sweep.run_sweep` over
+  ``tp`` and ``pp``, ``dp`` the rest, everything else pinned to the scenario's values)
+  and keeps the fastest layout that fits in memory. Weak mode then grows the global
+  batch with the number of GPUs.
+
+Each size reports its layout, step time, tokens/s, TFLOP/s per GPU, MFU, memory and the
+scaling efficiency against the smallest size: in weak mode the throughput per GPU
+relative to the smallest size's, in strong mode the speedup divided by the ratio of
+GPUs. Both are 1 for perfect linear scaling.
+
+``--gpus`` takes a comma-separated list in which ``...`` continues the progression of
+the two numbers before it up to the number after it: geometric when the second is a
+multiple of the first (``8,16,...,4096`` doubles), arithmetic otherwise
+(``64,96,...,256`` adds 32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from topologies.units import format_time
+
+from .errors import ParasimError, ScenarioError
+from .outputs import write_atomically, write_json
+from .scenario import Scenario, apply_overrides, scenario_from_dict
+from .sweep import (
+    Candidate,
+    ProgressBar,
+    SweepBase,
+    no_layout_message,
+    prepare,
+    print_table,
+    process_pool,
+    resolve_workers,
+    run_chunked,
+    run_sweep,
+    simulate_chunk,
+    wide_console,
+)
+
+__all__ = [
+    "MODES",
+    "parse_gpus",
+    "run_scale",
+    "print_scale",
+    "write_scale_outputs",
+    "scale_figure",
+    "add_parser",
+    "command",
+]
+
+MODES = ("weak", "strong")
+CSV_FIELDS = (
+    "gpus",
+    "nodes",
+    "layout",
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "global_batch",
+    "micro_batch",
+    "microbatches",
+    "step_time_s",
+    "tokens_per_s",
+    "ideal_tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "peak_bytes_per_gpu",
+    "capacity_bytes",
+    "oom",
+    "speedup",
+    "efficiency",
+    "overrides",
+)
+
+
+def parse_gpus(text: str) -> list[int]:
+    """``'8,16,...,128'`` → ``[8, 16, 32, 64, 128]``; ``'8,16,24'`` as written.
+
+    The result is sorted and free of repeats."""
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    numbers: list[int] = []
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item in ("...", "…"):
+            if len(numbers) < 2 or i + 1 >= len(items):
+                raise ParasimError(
+                    f"--gpus {text}: '...' needs two numbers before it and one after, "
+                    "e.g. 8,16,...,1024"
+                )
+            end = _count(items[i + 1], text)
+            a, b = numbers[-2], numbers[-1]
+            if b > a and b % a == 0:
+                value = b * (b // a)
+                while value <= end:
+                    numbers.append(value)
+                    value *= b // a
+            elif b > a:
+                value = b + (b - a)
+                while value <= end:
+                    numbers.append(value)
+                    value += b - a
+            else:
+                raise ParasimError(f"--gpus {text}: the numbers before '...' must grow")
+            if numbers[-1] != end:
+                raise ParasimError(
+                    f"--gpus {text}: the progression {a}, {b}, ... does not reach {end}"
+                )
+            i += 2
+            continue
+        numbers.append(_count(item, text))
+        i += 1
+    if not numbers:
+        raise ParasimError(f"--gpus {text!r}: expected GPU counts such as 8,16,...,1024")
+    return sorted(set(numbers))
+
+
+def _gpus_argument(text: str) -> list[int]:
+    """``--gpus`` for argparse, which reports a bad value as a usage error (exit 2)."""
+    try:
+        return parse_gpus(text)
+    except ParasimError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--gpus {text}: ")) from None
+
+
+def _count(item: str, text: str) -> int:
+    try:
+        value = int(item)
+    except ValueError:
+        raise ParasimError(f"--gpus {text}: {item!r} is not a number of GPUs") from None
+    if value < 1:
+        raise ParasimError(f"--gpus {text}: {value} is not a number of GPUs")
+    return value
+
+
+def _whole_nodes(gpus: int, per_node: int, cluster: str) -> int:
+    if gpus % per_node:
+        raise ParasimError(
+            f"--gpus: {gpus} GPUs is not a whole number of {cluster} nodes "
+            f"({per_node} GPUs per node; {gpus} / {per_node} = {gpus / per_node:g})"
+        )
+    return gpus // per_node
+
+
+def run_scale(
+    scenario_path: str | Path,
+    gpus: list[int],
+    mode: str = "weak",
+    best: bool = False,
+    overrides: list[str] | None = None,
+    fidelity: str = "analytic",
+    workers: int | None = None,
+    progress: bool = True,
+    max_tp: int | None = None,
+) -> dict[str, Any]:
+    """Simulate the scenario at each GPU count; rows in ascending GPU count.
+
+    Returns ``scenario``, ``mode``, ``best``, ``fidelity``, ``gpus``,
+    ``reference_gpus`` (the smallest size with a result), ``rows`` (per size: layout,
+    step time, tokens/s, TFLOP/s per GPU, MFU, memory, ``efficiency``, the overrides
+    that reproduce it with ``parasim run``; ``layout`` None where no layout fits) and
+    ``wall_s``.
+    """
+    started = time.perf_counter()
+    if mode not in MODES:
+        raise ParasimError(f"--mode: expected weak or strong (got {mode!r})")
+    if fidelity not in ("analytic", "flow"):
+        raise ParasimError(f"--fidelity: expected analytic or flow (got {fidelity!r})")
+    if not gpus:
+        raise ParasimError("--gpus: expected at least one GPU count")
+    gpus = sorted(set(gpus))
+    workers = resolve_workers(workers)
+    overrides = list(overrides or [])
+    base = prepare(scenario_path, overrides)
+    try:  # the scenario at its own size sets tp, pp and each replica's share of the batch
+        written = scenario_from_dict(base.raw, source=base.source, base_dir=Path(base.base_dir))
+    except ScenarioError as exc:
+        raise ScenarioError(f"{base.source} as written: {exc}") from None
+    for count in gpus:
+        _whole_nodes(count, base.gpus_per_node, base.cluster_name)
+    if best:
+        rows = _best_rows(base, written, gpus, mode, overrides, fidelity, workers, progress, max_tp)
+    else:
+        rows = _rule_rows(base, written, gpus, mode, overrides, fidelity, workers, progress)
+    reference = next((row for row in rows if row["layout"] is not None), None)
+    for row in rows:
+        if row["layout"] is None or reference is None:
+            continue
+        ratio = row["gpus"] / reference["gpus"]
+        row["ideal_tokens_per_s"] = reference["tokens_per_s"] * ratio
+        row["speedup"] = reference["step_time_s"] / row["step_time_s"]
+        if mode == "weak":
+            per_gpu = row["tokens_per_s"] / row["gpus"]
+            row["efficiency"] = per_gpu / (reference["tokens_per_s"] / reference["gpus"])
+        else:
+            row["efficiency"] = row["speedup"] / ratio
+    return {
+        "scenario": base.name,
+        "source": base.source,
+        "model": base.model_name,
+        "cluster": {
+            "name": base.cluster_name,
+            "gpus_per_node": base.gpus_per_node,
+            "gpu": base.gpu_name,
+            "capacity_bytes": base.capacity_bytes,
+        },
+        "mode": mode,
+        "best": best,
+        "fidelity": fidelity,
+        "gpus": gpus,
+        "reference_gpus": reference["gpus"] if reference is not None else None,
+        "rows": rows,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def _candidate(scenario: Scenario, dp: int) -> Candidate:
+    parallel, training = scenario.parallel, scenario.training
+    return Candidate(
+        tp=scenario.layout.tp,
+        pp=scenario.layout.pp,
+        dp=dp,
+        ep=scenario.layout.ep,
+        sp=parallel.sp,
+        micro_batch=training.micro_batch,
+        schedule=parallel.schedule,
+        virtual_stages=parallel.virtual_stages,
+        recompute=training.recompute,
+        placement=tuple(parallel.placement),
+    )
+
+
+def _rule_rows(
+    base: SweepBase,
+    written: Scenario,
+    gpus: list[int],
+    mode: str,
+    overrides: list[str],
+    fidelity: str,
+    workers: int,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    tp, pp, dp0 = written.layout.tp, written.layout.pp, written.layout.dp
+    per_replica = Fraction(written.training.global_batch, dp0)
+    plans = []
+    for count in gpus:
+        nodes = _whole_nodes(count, base.gpus_per_node, base.cluster_name)
+        if count % (tp * pp):
+            raise ParasimError(
+                f"--gpus: tp({tp}) * pp({pp}) = {tp * pp} does not divide {count} GPUs, "
+                "so dp cannot take the rest"
+            )
+        dp = count // (tp * pp)
+        batch = per_replica * dp if mode == "weak" else Fraction(written.training.global_batch)
+        size = [
+            f"cluster.nodes={nodes}",
+            f"parallel.dp={dp}",
+            f"training.global_batch={int(batch)}",
+            f"simulation.fidelity={fidelity}",
+        ]
+        try:  # bad sizes fail here, before anything is simulated
+            scenario_from_dict(
+                apply_overrides(base.raw, size), source=base.source, base_dir=Path(base.base_dir)
+            )
+        except ParasimError as exc:
+            raise ParasimError(f"{mode} scaling at {count} GPUs: {exc}") from None
+        plans.append((count, nodes, _candidate(written, dp), size))
+    args = (base.raw, base.source, base.base_dir)
+    items = [size for *_, size in plans]
+    executor = process_pool(workers) if workers > 1 and len(items) > 1 else None
+    try:
+        with ProgressBar(progress) as bar:
+            runs = run_chunked(
+                simulate_chunk,
+                args,
+                items,
+                executor,
+                workers,
+                bar.stage(f"simulating {len(items)} sizes ({fidelity})", len(items)),
+                largest=1,
+            )
+    finally:
+        if executor is not None:
+            executor.shutdown(cancel_futures=True)
+    rows = []
+    for (count, nodes, candidate, size), run in zip(plans, runs, strict=True):
+        if run["status"] != "simulated":
+            raise ParasimError(f"at {count} GPUs: {run['reason']}")
+        rows.append(_row(count, nodes, candidate, run, [*overrides, *size]))
+    return rows
+
+
+def _best_rows(
+    base: SweepBase,
+    written: Scenario,
+    gpus: list[int],
+    mode: str,
+    overrides: list[str],
+    fidelity: str,
+    workers: int,
+    progress: bool,
+    max_tp: int | None,
+) -> list[dict[str, Any]]:
+    parallel, training = written.parallel, written.training
+    pins = {
+        "ep": written.layout.ep,
+        "sp": parallel.sp,
+        "micro_batch": training.micro_batch,
+        "schedule": parallel.schedule,
+        "virtual_stages": parallel.virtual_stages,
+        "recompute": training.recompute,
+        "placement": list(parallel.placement),
+    }
+    if parallel.schedule == "custom":
+        raise ParasimError(
+            "--best: a custom pipeline order fits one layout only; scale it without --best"
+        )
+    per_gpu = Fraction(training.global_batch, written.layout.world)
+    rows = []
+    for count in gpus:
+        nodes = _whole_nodes(count, base.gpus_per_node, base.cluster_name)
+        batch = per_gpu * count if mode == "weak" else Fraction(training.global_batch)
+        if batch.denominator != 1:
+            raise ParasimError(
+                f"weak scaling at {count} GPUs: global_batch({training.global_batch}) * "
+                f"{count} / {written.layout.world} GPUs = {float(batch):g} is not a whole batch"
+            )
+        sweep = run_sweep(
+            base.source,
+            overrides=[*overrides, f"training.global_batch={int(batch)}"],
+            gpus=count,
+            fixed=pins,
+            max_tp=max_tp,
+            fidelity=fidelity,
+            workers=workers,
+            progress=progress,
+        )
+        if not sweep["rows"]:
+            rows.append(
+                {
+                    "gpus": count,
+                    "nodes": nodes,
+                    "layout": None,
+                    "global_batch": int(batch),
+                    "reason": no_layout_message(sweep),
+                }
+            )
+            continue
+        top = sweep["rows"][0]
+        candidate = Candidate(
+            **{k: top[k] for k in ("tp", "pp", "dp", "ep", "sp", "micro_batch", "schedule")},
+            virtual_stages=top["virtual_stages"],
+            recompute=top["recompute"],
+            placement=tuple(top["placement"]),
+        )
+        rows.append(_row(count, nodes, candidate, top, top["overrides"]))
+    return rows
+
+
+def _row(
+    count: int, nodes: int, candidate: Candidate, run: dict[str, Any], overrides: list[str]
+) -> dict[str, Any]:
+    return {
+        "gpus": count,
+        "nodes": nodes,
+        "layout": candidate.label(),
+        **candidate.fields(),
+        "global_batch": run["global_batch"],
+        "microbatches": run["microbatches"],
+        "step_time_s": run["step_time_s"],
+        "tokens_per_s": run["tokens_per_s"],
+        "tflops_per_gpu": run["tflops_per_gpu"],
+        "mfu": run["mfu"],
+        "peak_bytes_per_gpu": run["peak_bytes_per_gpu"],
+        "capacity_bytes": run["capacity_bytes"],
+        "oom": run["oom"],
+        "breakdown_mean_s": run["breakdown_mean_s"],
+        "warnings": run["warnings"],
+        "overrides": list(overrides),
+    }
+
+
+# -- outputs ---------------------------------------------------------------------------
+
+
+def _csv_value(row: dict[str, Any], key: str) -> Any:
+    value = row.get(key)
+    if value is None:
+        return ""
+    if key == "overrides":
+        return " ".join(value)
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    import csv
+
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CSV_FIELDS)
+        for row in rows:
+            writer.writerow([_csv_value(row, key) for key in CSV_FIELDS])
+
+
+def scale_figure(result: dict[str, Any]):
+    """Plotly figure: tokens/s against GPUs with the ideal linear line, and the scaling
+    efficiency on a second axis."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rows = [row for row in result["rows"] if row["layout"] is not None]
+    x = [row["gpus"] for row in rows]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[row["tokens_per_s"] for row in rows],
+            name="throughput",
+            mode="lines+markers",
+            customdata=[row["layout"] for row in rows],
+            hovertemplate="%{x} GPUs: %{y:,.0f} tokens/s<br>%{customdata}<extra></extra>",
+            line={"color": "#4C78A8", "width": 3},
+        ),
+        secondary_y=False,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[row["ideal_tokens_per_s"] for row in rows],
+            name="ideal (linear)",
+            mode="lines",
+            hovertemplate="%{x} GPUs: %{y:,.0f} tokens/s if linear<extra></extra>",
+            line={"color": "#9D9D9D", "dash": "dash"},
+        ),
+        secondary_y=False,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[100 * row["efficiency"] for row in rows],
+            name="scaling efficiency",
+            mode="lines+markers",
+            hovertemplate="%{x} GPUs: efficiency %{y:.1f}%<extra></extra>",
+            line={"color": "#E45756", "dash": "dot"},
+        ),
+        secondary_y=True,
+    )
+    how = "fastest layout at each size" if result["best"] else "the scenario's tp and pp"
+    fig.update_layout(
+        title=(
+            f"{result['scenario']}: {result['mode']} scaling of {result['model']} "
+            f"({how}; {result['fidelity']} fidelity)"
+        ),
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.2},
+        hovermode="x unified",
+    )
+    fig.update_xaxes(title_text="GPUs", type="log", tickvals=x, ticktext=[str(v) for v in x])
+    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(
+        title_text="scaling efficiency (%)", range=[0, 110], showgrid=False, secondary_y=True
+    )
+    return fig
+
+
+def write_scale_outputs(result: dict[str, Any], out: Path) -> list[Path]:
+    """Write ``scale.csv``, ``scale.json`` and ``scale.html`` to ``out``."""
+    out = Path(out)
+    paths = [out / "scale.csv", out / "scale.json", out / "scale.html"]
+    write_atomically(paths[0], lambda tmp: _write_csv(result["rows"], tmp))
+    write_json(paths[1], {k: v for k, v in result.items() if k != "wall_s"})
+    fig = scale_figure(result)
+    write_atomically(
+        paths[2],
+        lambda tmp: fig.write_html(
+            str(tmp),
+            include_plotlyjs=True,
+            full_html=True,
+            div_id="parasim-scale",
+            config={"displaylogo": False, "responsive": True},
+        ),
+    )
+    return paths
+
+
+def print_scale(result: dict[str, Any], console: Console, outputs: Iterable[str] = ()) -> None:
+    """The scaling table."""
+    cluster = result["cluster"]
+    how = "fastest layout per size" if result["best"] else "scenario's tp and pp, dp the rest"
+    table = Table(
+        title=(
+            f"parasim scale · {result['scenario']} · {result['model']} on {cluster['name']} · "
+            f"{result['mode']} scaling ({how})"
+        ),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for name in (
+        "GPUs",
+        "layout",
+        "batch",
+        "step time",
+        "tokens/s",
+        "TFLOP/s/GPU",
+        "MFU",
+        "memory",
+        "efficiency",
+    ):
+        table.add_column(name, justify="left" if name == "layout" else "right", no_wrap=True)
+    for row in result["rows"]:
+        if row["layout"] is None:
+            table.add_row(str(row["gpus"]), Text("no layout fits"), str(row["global_batch"]))
+            continue
+        memory = f"{row['peak_bytes_per_gpu'] / 2**30:.1f}/{row['capacity_bytes'] / 2**30:.0f} GiB"
+        table.add_row(
+            str(row["gpus"]),
+            Text(row["layout"]),
+            str(row["global_batch"]),
+            format_time(row["step_time_s"]),
+            f"{row['tokens_per_s']:,.0f}",
+            f"{row['tflops_per_gpu']:.1f}",
+            f"{100 * row['mfu']:.1f}%",
+            Text(memory + (" OOM" if row["oom"] else ""), style="bold red" if row["oom"] else ""),
+            f"{100 * row['efficiency']:.1f}%",
+        )
+    print_table(console, table, lead=2)
+    for row in result["rows"]:
+        if row["layout"] is None:
+            console.print(Text(f"{row['gpus']} GPUs: {row['reason']}", style="yellow"))
+        elif row["oom"]:
+            console.print(Text(f"{row['gpus']} GPUs: does not fit in GPU memory", style="bold red"))
+    if outputs:
+        console.print("wrote " + ", ".join(str(p) for p in outputs))
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``parasim scale`` to the CLI's subparsers."""
+    parser = subparsers.add_parser(
+        "scale",
+        help="scaling curves: the scenario at several GPU counts",
+        description=(
+            "Simulate the scenario at each GPU count (whole nodes), keeping its tp and pp "
+            "(dp the rest) or, with --best, the fastest layout at each size; report "
+            "throughput and scaling efficiency."
+        ),
+    )
+    parser.add_argument("scenario", help="scenario YAML file")
+    parser.add_argument(
+        "--gpus",
+        required=True,
+        type=_gpus_argument,
+        help="GPU counts, e.g. 8,16,32 or 8,16,...,4096 (doubling)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default="weak",
+        help="weak: global batch grows with the replicas (default); strong: it stays",
+    )
+    parser.add_argument(
+        "--best", action="store_true", help="sweep tp and pp at each size and keep the fastest"
+    )
+    parser.add_argument("--max-tp", type=int, help="with --best: largest tp to try")
+    parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-scale)")
+    parser.add_argument(
+        "--fidelity",
+        choices=["analytic", "flow"],
+        default="analytic",
+        help="simulation fidelity (default analytic: fast, folded)",
+    )
+    parser.add_argument("--workers", type=int, help="processes (default: every core)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a scenario field first (repeatable)",
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run ``parasim scale``: print the table and write the outputs."""
+    result = run_scale(
+        args.scenario,
+        args.gpus,
+        mode=args.mode,
+        best=args.best,
+        overrides=args.overrides,
+        fidelity=args.fidelity,
+        workers=args.workers,
+        progress=True,
+        max_tp=args.max_tp,
+    )
+    if result["reference_gpus"] is None:
+        raise ParasimError(f"no layout fits at any size: {result['rows'][0]['reason']}")
+    out = args.out if args.out is not None else Path("out") / f"{result['scenario']}-scale"
+    paths = write_scale_outputs(result, out)
+    print_scale(result, wide_console(), [str(p) for p in paths])
+    return 0

@@ -1,0 +1,1114 @@
+"""Layout sweeps: every valid way to split a scenario's model over its cluster, ranked.
+
+``parasim sweep SCENARIO`` keeps the scenario's model, cluster and training recipe and
+tries every layout of the space below, each built by applying ``--set``-style overrides
+to the scenario's own YAML, so every rule of the scenario validator applies to it.
+
+The space (``--gpus N`` first resizes the cluster to ``N / gpus_per_node`` nodes;
+``--fix KEY=VALUE`` replaces one dimension's list by that single value, which may lie
+outside the list, and the validator then judges it):
+
+================ ===================================================================
+``tp``           divisors of the GPUs per node, up to ``--max-tp``; a ``--max-tp``
+                 above the node size adds the multiples of the node size that divide
+                 the world (TP groups that span nodes)
+``pp``           divisors of the model's layers such that ``tp · pp`` divides the world
+``dp``           the rest: ``world / (tp · pp)``
+``ep``           mixture-of-experts models only: divisors of ``dp`` that divide the
+                 experts
+``sp``           off, and on when ``tp > 1`` (with ``tp = 1`` it is always off)
+``micro_batch``  divisors of ``global_batch / dp`` up to 8
+``schedule``     ``1f1b`` alone when ``pp = 1``; otherwise ``1f1b``, ``gpipe``,
+                 ``zb-h1`` and ``interleaved-1f1b`` with 2 and 4 virtual stages where
+                 ``layers % (pp · v) == 0`` and ``micro-batches % pp == 0``
+                 (``interleaved-1f1b`` needs ``pp > 1``, even when pinned)
+``recompute``    ``none``, ``selective``, ``full``
+``placement``    ``[tp,dp,pp]``, ``[tp,pp,dp]`` and ``[dp,tp,pp]`` (TP across nodes,
+                 the classic mistake); orders that differ only in where an axis of
+                 size 1 sits give the same rank grid and are tried once
+================ ===================================================================
+
+Each candidate then meets these filters, in order, and the count of each is reported:
+
+1. *invalid*: the scenario validator rejects it (counted by the first line of its
+   message, e.g. ``parallel.tp: heads(12) is not divisible by tp(8)``);
+2. *pruned*: it is valid but does not fit in memory (:func:`simulator.memory.memory_per_rank`,
+   no simulation needed); the dominant memory term of the pruned layouts is reported;
+3. *dominated*: the same layout with lighter recompute (``none`` < ``selective`` < ``full``)
+   also fits. Recompute only adds work to a step, so the lighter one is never slower
+   and the heavier one is not simulated; ``--exhaustive`` simulates them anyway;
+4. *simulated*: one step with :func:`simulator.run.run_scenario`, in ``analytic``
+   fidelity by default (collectives in closed form, symmetric ranks folded), on every
+   core, and ranked by step time (ties broken by the layout string). A simulation
+   that ends in an error (a schedule that cannot finish) is counted as *failed*.
+
+The size of the space: GPT-3 175B on 1024 A100s (``scenarios/gpt3-175b.yaml --gpus
+1024``, global batch 64) enumerates 1,929 candidates. The global batch rules out
+``dp > 64`` (255 invalid), 540 do not fit in memory, 756 are dominated, and 378
+analytic runs of 0.1–0.5 s remain: about a minute on two cores, all in all.
+Mixture-of-experts steps are not folded (every rank routes differently), so their runs
+take seconds each; pin some dimensions with ``--fix`` to keep such a sweep short.
+
+:func:`run_sweep` does the work and returns a plain dict; ``command`` prints the top
+layouts and the counts and writes ``sweep.csv``, ``sweep.json`` and ``sweep.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.padding import Padding
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from topologies import TopologyError, load_cluster_spec
+from topologies.units import format_time
+from topologies.validation import nearest_key_hint, validation_message
+
+from .errors import ParasimError, ScenarioError
+from .memory import memory_per_rank
+from .metrics import CATEGORIES
+from .outputs import write_atomically, write_json
+from .run import run_scenario, step_config
+from .scenario import ScenarioSpec, apply_overrides, scenario_from_dict
+
+__all__ = [
+    "FIX_KEYS",
+    "SCHEDULES",
+    "RECOMPUTE",
+    "PLACEMENTS",
+    "MAX_MICRO_BATCH",
+    "VIRTUAL_STAGES",
+    "Candidate",
+    "SweepBase",
+    "prepare",
+    "parse_fixes",
+    "check_fixed",
+    "enumerate_layouts",
+    "run_sweep",
+    "run_chunked",
+    "process_pool",
+    "ProgressBar",
+    "resolve_workers",
+    "wide_console",
+    "no_layout_message",
+    "count_lines",
+    "print_table",
+    "check_chunk",
+    "simulate_chunk",
+    "simulate_overrides",
+    "read_raw",
+    "print_sweep",
+    "write_sweep_outputs",
+    "sweep_figure",
+    "add_parser",
+    "command",
+]
+
+#: Dimensions ``--fix`` can pin, in the order a layout string shows them.
+FIX_KEYS = (
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "sp",
+    "micro_batch",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "placement",
+)
+_FIX_ALIASES = {"mb": "micro_batch", "v": "virtual_stages", "rc": "recompute"}
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1")
+_ALL_SCHEDULES = (*SCHEDULES, "zb-h2")
+RECOMPUTE = ("none", "selective", "full")
+PLACEMENTS = (("tp", "dp", "pp"), ("tp", "pp", "dp"), ("dp", "tp", "pp"))
+MAX_MICRO_BATCH = 8
+VIRTUAL_STAGES = (2, 4)
+_RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE)}
+BAR_COLORS = {
+    "compute": "#4C78A8",
+    "exposed_comm": "#E45756",
+    "bubble": "#EECA3B",
+    "imbalance_stall": "#B279A2",
+    "other": "#BAB0AC",
+}
+CSV_FIELDS = (
+    "rank",
+    "layout",
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "sp",
+    "micro_batch",
+    "microbatches",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "placement",
+    "step_time_s",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "peak_bytes_per_gpu",
+    "capacity_bytes",
+    "memory_fraction",
+    *(f"{c}_s" for c in CATEGORIES),
+    "bubble_fraction",
+    "exposed_comm_fraction",
+    "stall_fraction",
+    "overrides",
+)
+
+
+# -- the space ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the layout space."""
+
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    sp: bool
+    micro_batch: int
+    schedule: str
+    virtual_stages: int
+    recompute: str
+    placement: tuple[str, ...]
+
+    def overrides(self) -> list[str]:
+        """The ``key.path=value`` assignments that turn the scenario into this layout."""
+        return [
+            f"parallel.tp={self.tp}",
+            f"parallel.pp={self.pp}",
+            f"parallel.dp={self.dp}",
+            f"parallel.ep={self.ep}",
+            f"parallel.sp={'true' if self.sp else 'false'}",
+            f"parallel.schedule={self.schedule}",
+            f"parallel.virtual_stages={self.virtual_stages}",
+            f"parallel.placement=[{','.join(self.placement)}]",
+            f"training.micro_batch={self.micro_batch}",
+            f"training.recompute={self.recompute}",
+        ]
+
+    def label(self) -> str:
+        """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.sp:
+            parts.append("sp")
+        parts.append(f"mb{self.micro_batch}")
+        parts.append(self.schedule)
+        if self.virtual_stages > 1:
+            parts.append(f"v{self.virtual_stages}")
+        parts.append(f"rc={self.recompute}")
+        parts.append(f"[{','.join(self.placement)}]")
+        return " ".join(parts)
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "ep": self.ep,
+            "sp": self.sp,
+            "micro_batch": self.micro_batch,
+            "schedule": self.schedule,
+            "virtual_stages": self.virtual_stages,
+            "recompute": self.recompute,
+            "placement": list(self.placement),
+        }
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ParasimError(f"--fix {key}={value!r}: expected a positive integer")
+    return value
+
+
+def check_fixed(fixed: dict[str, Any]) -> dict[str, Any]:
+    """Check and normalise pinned dimensions (``{'tp': 8, 'placement': 'tp,dp,pp'}``)."""
+    result: dict[str, Any] = {}
+    for raw_key, value in fixed.items():
+        key = str(raw_key).strip()
+        for prefix in ("parallel.", "training."):
+            key = key.removeprefix(prefix)
+        key = _FIX_ALIASES.get(key, key)
+        if key not in FIX_KEYS:
+            hint = nearest_key_hint(key, list(FIX_KEYS))
+            raise ParasimError(
+                f"--fix {raw_key}: unknown dimension{hint}; dimensions: {', '.join(FIX_KEYS)}"
+            )
+        if key in ("tp", "pp", "dp", "ep", "micro_batch", "virtual_stages"):
+            value = _positive_int(key, value)
+        elif key == "sp":
+            if isinstance(value, str) and value.lower() in ("on", "off", "true", "false"):
+                value = value.lower() in ("on", "true")
+            if not isinstance(value, bool):
+                raise ParasimError(f"--fix sp={value!r}: expected true or false")
+        elif key == "schedule":
+            if value not in _ALL_SCHEDULES:
+                hint = nearest_key_hint(str(value), list(_ALL_SCHEDULES))
+                raise ParasimError(
+                    f"--fix schedule={value!r}: unknown schedule{hint}; "
+                    f"schedules: {', '.join(_ALL_SCHEDULES)}"
+                )
+        elif key == "recompute":
+            if value not in RECOMPUTE:
+                raise ParasimError(
+                    f"--fix recompute={value!r}: expected one of {', '.join(RECOMPUTE)}"
+                )
+        elif key == "placement":
+            if isinstance(value, str):
+                value = [part.strip() for part in value.strip("[]").split(",")]
+            if not isinstance(value, (list, tuple)) or sorted(map(str, value)) != sorted(
+                ("tp", "dp", "pp")
+            ):
+                raise ParasimError(
+                    f"--fix placement={value!r}: must order each of tp, dp, pp exactly once, "
+                    "e.g. [tp,dp,pp]"
+                )
+            value = tuple(str(axis) for axis in value)
+        result[key] = value
+    return result
+
+
+def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
+    """``['tp=8', 'placement=[tp,dp,pp]']`` → checked pins (values read as YAML)."""
+    fixed: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ParasimError(f"--fix {item!r}: expected KEY=VALUE, e.g. --fix tp=8")
+        key, text = item.split("=", 1)
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise ParasimError(f"--fix {key}: cannot read value {text!r}") from None
+        fixed[key.strip()] = value
+    return check_fixed(fixed)
+
+
+def _distinct_placements(tp: int, dp: int, pp: int) -> list[tuple[str, ...]]:
+    sizes = {"tp": tp, "dp": dp, "pp": pp}
+    seen: set[tuple[str, ...]] = set()
+    kept = []
+    for placement in PLACEMENTS:
+        grid = tuple(axis for axis in placement if sizes[axis] > 1)
+        if grid not in seen:
+            seen.add(grid)
+            kept.append(placement)
+    return kept
+
+
+def enumerate_layouts(
+    world: int,
+    gpus_per_node: int,
+    layers: int,
+    global_batch: int,
+    experts: int | None = None,
+    fixed: dict[str, Any] | None = None,
+    max_tp: int | None = None,
+) -> list[Candidate]:
+    """Every candidate of the space (module docstring), before any validation."""
+    fixed = check_fixed(fixed or {})
+    limit = gpus_per_node if max_tp is None else max_tp
+
+    def pick(key: str, default: list) -> list:
+        return [fixed[key]] if key in fixed else default
+
+    tps = pick(
+        "tp",
+        [
+            d
+            for d in _divisors(world)
+            if d <= limit and (gpus_per_node % d == 0 or d % gpus_per_node == 0)
+        ],
+    )
+    candidates = []
+    for tp in tps:
+        for pp in pick("pp", _divisors(layers)):
+            if world % (tp * pp):
+                continue
+            dp = world // (tp * pp)
+            if fixed.get("dp", dp) != dp:
+                continue
+            ep_default = [d for d in _divisors(dp) if experts % d == 0] if experts else [1]
+            sps = [False] if tp == 1 else pick("sp", [False, True])
+            if global_batch % dp == 0:
+                mb_default = [d for d in _divisors(global_batch // dp) if d <= MAX_MICRO_BATCH]
+            else:
+                mb_default = [1]  # every micro-batch size is invalid: the validator says why
+            for ep, sp, mb in itertools.product(
+                pick("ep", ep_default), sps, pick("micro_batch", mb_default)
+            ):
+                schedules = _schedules(pp, layers, global_batch, dp, mb, fixed)
+                for (schedule, v), recompute in itertools.product(
+                    schedules, pick("recompute", list(RECOMPUTE))
+                ):
+                    for placement in pick("placement", _distinct_placements(tp, dp, pp)):
+                        candidates.append(
+                            Candidate(tp, pp, dp, ep, sp, mb, schedule, v, recompute, placement)
+                        )
+    return candidates
+
+
+def _schedules(
+    pp: int, layers: int, global_batch: int, dp: int, mb: int, fixed: dict[str, Any]
+) -> list[tuple[str, int]]:
+    if "schedule" in fixed:
+        names = [fixed["schedule"]]
+    else:
+        names = ["1f1b"] if pp == 1 else list(SCHEDULES)
+    microbatches = global_batch // (dp * mb) if global_batch % (dp * mb) == 0 else None
+    pairs = []
+    for name in names:
+        if name == "interleaved-1f1b":
+            if pp == 1:  # chunks of one stage would hand activations to themselves
+                continue
+            if "virtual_stages" in fixed:
+                pairs.append((name, fixed["virtual_stages"]))
+                continue
+            for v in VIRTUAL_STAGES:
+                if layers % (pp * v) == 0 and microbatches is not None and microbatches % pp == 0:
+                    pairs.append((name, v))
+        elif fixed.get("virtual_stages", 1) == 1:
+            pairs.append((name, 1))
+    return pairs
+
+
+# -- the scenario being swept -----------------------------------------------------------
+
+
+@dataclass
+class SweepBase:
+    """A scenario's raw YAML (overrides and resize applied) and what the space needs."""
+
+    raw: dict[str, Any]
+    source: str
+    base_dir: str
+    name: str
+    world: int
+    nodes: int
+    gpus_per_node: int
+    cluster_name: str
+    gpu_name: str
+    capacity_bytes: float
+    model_name: str
+    layers: int
+    global_batch: int
+    experts: int | None
+    scenario_parallel: dict[str, Any]
+    scenario_training: dict[str, Any]
+    extra_overrides: list[str]
+
+    def candidate_overrides(self, candidate: Candidate, fidelity: str) -> list[str]:
+        """Everything to pass to ``parasim run SCENARIO --set ...`` for this layout."""
+        fixed = [f"simulation.fidelity={fidelity}"]
+        if self.raw.get("parallel", {}).get("schedule_file") is not None:
+            fixed.append("parallel.schedule_file=null")
+        return [*self.extra_overrides, *candidate.overrides(), *fixed]
+
+
+def read_raw(path: str | Path) -> dict[str, Any]:
+    """The parsed YAML of a scenario file, with the loader's messages for bad files."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ScenarioError(f"{path}: not valid YAML") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{path}: expected a mapping of sections")
+    return raw
+
+
+def _cluster_spec(raw: dict[str, Any], base_dir: str):
+    try:
+        return load_cluster_spec(raw.get("cluster"), prefix="cluster", base_dir=base_dir)
+    except TopologyError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
+def prepare(
+    scenario_path: str | Path, overrides: list[str] | None = None, gpus: int | None = None
+) -> SweepBase:
+    """Read a scenario, apply ``--set`` overrides and resize its cluster to ``gpus``."""
+    path = Path(scenario_path)
+    base_dir = str(path.parent)
+    overrides = list(overrides or [])
+    raw = apply_overrides(read_raw(path), overrides)
+    try:
+        spec = ScenarioSpec(**raw)
+    except ValidationError as exc:
+        raise ScenarioError(validation_message(exc, ScenarioSpec)) from None
+    cluster = _cluster_spec(raw, base_dir)
+    per_node = cluster.gpus_per_node
+    if gpus is not None:
+        if gpus < 1 or gpus % per_node:
+            raise ParasimError(
+                f"--gpus: {gpus} GPUs is not a whole number of {cluster.name} nodes "
+                f"({per_node} GPUs per node)"
+            )
+        resize = [f"cluster.nodes={gpus // per_node}"]
+        raw = apply_overrides(raw, resize)
+        overrides = overrides + resize
+        cluster = _cluster_spec(raw, base_dir)
+        if cluster.nodes * cluster.gpus_per_node != gpus:
+            raise ParasimError(
+                f"--gpus: cannot resize {cluster.name} to {gpus} GPUs "
+                f"(it has {cluster.nodes} nodes of {cluster.gpus_per_node} GPUs)"
+            )
+    world = cluster.nodes * cluster.gpus_per_node
+    # the model and cluster as the validator resolves them, on the simplest layout
+    probe = apply_overrides(raw, [f"training.global_batch={world}", "training.micro_batch=1"])
+    probe["parallel"] = {"tp": 1, "pp": 1}
+    resolved = scenario_from_dict(probe, source=str(path), base_dir=path.parent)
+    moe = resolved.moe
+    return SweepBase(
+        raw=raw,
+        source=str(path),
+        base_dir=base_dir,
+        name=spec.name,
+        world=world,
+        nodes=cluster.nodes,
+        gpus_per_node=cluster.gpus_per_node,
+        cluster_name=cluster.name,
+        gpu_name=cluster.gpu.name,
+        capacity_bytes=cluster.gpu.hbm_capacity,
+        model_name=resolved.model.name,
+        layers=resolved.model.layers,
+        global_batch=spec.training.global_batch,
+        experts=moe.experts if moe is not None else None,
+        scenario_parallel=spec.parallel.model_dump(),
+        scenario_training=spec.training.model_dump(),
+        extra_overrides=overrides,
+    )
+
+
+# -- work done in worker processes (plain, picklable inputs) ----------------------------
+
+_CLUSTERS: dict[str, Any] = {}
+
+
+def _load(raw: dict[str, Any], source: str, base_dir: str, overrides: list[str]):
+    return scenario_from_dict(
+        apply_overrides(raw, overrides), source=source, base_dir=Path(base_dir)
+    )
+
+
+def _check(raw: dict[str, Any], source: str, base_dir: str, overrides: list[str]) -> dict:
+    """Validate one candidate and estimate its memory."""
+    try:
+        scenario = _load(raw, source, base_dir, overrides)
+        memory = memory_per_rank(step_config(scenario), scenario.cluster_spec.gpu.hbm_capacity)
+    except ParasimError as exc:
+        return {"status": "invalid", "reason": (str(exc).splitlines() or [""])[0]}
+    return {
+        "status": "pruned" if memory["oom"] else "fits",
+        "peak_bytes_per_gpu": memory["peak_bytes_per_gpu"],
+        "capacity_bytes": memory["capacity_bytes"],
+        "dominant_term": memory["dominant_term"],
+    }
+
+
+def check_chunk(
+    raw: dict[str, Any], source: str, base_dir: str, chunk: list[list[str]]
+) -> list[dict]:
+    """:func:`_check` of several candidates (one task of the process pool)."""
+    return [_check(raw, source, base_dir, overrides) for overrides in chunk]
+
+
+def simulate_overrides(
+    raw: dict[str, Any], source: str, base_dir: str, overrides: list[str]
+) -> dict[str, Any]:
+    """Simulate one candidate; the headline numbers of its ``result.json``."""
+    try:
+        raw = apply_overrides(raw, overrides)
+        scenario = scenario_from_dict(raw, source=source, base_dir=Path(base_dir))
+        key = json.dumps([raw.get("cluster"), base_dir], sort_keys=True, default=str)
+        cluster = _CLUSTERS.get(key)
+        if cluster is None:
+            _CLUSTERS.clear()  # one cluster at a time: a sweep has one, a scale run one per size
+            _CLUSTERS[key] = scenario.cluster
+        else:  # the network graph and its routes do not depend on the layout: reuse them
+            scenario = dataclasses.replace(scenario, _cluster=cluster)
+        result = run_scenario(scenario).result
+    except ParasimError as exc:
+        return {"status": "failed", "reason": (str(exc).splitlines() or [""])[0]}
+    step = result["step_time_s"]
+    mean = result["breakdown"]["mean"]
+    memory = result["memory"]
+    return {
+        "status": "simulated",
+        "step_time_s": step,
+        "tokens_per_s": result["tokens_per_s"],
+        "tflops_per_gpu": result["tflops_per_gpu"],
+        "mfu": result["mfu"],
+        "microbatches": result["layout"]["microbatches"],
+        "global_batch": result["layout"]["global_batch"],
+        "peak_bytes_per_gpu": memory["peak_bytes_per_gpu"],
+        "capacity_bytes": memory["capacity_bytes"],
+        "memory_fraction": memory["peak_bytes_per_gpu"] / memory["capacity_bytes"],
+        "oom": memory["oom"],
+        "dominant_memory_term": memory["dominant_term"],
+        "breakdown_mean_s": {c: mean[c] for c in CATEGORIES},
+        "bubble_fraction": mean["bubble"] / step,
+        "exposed_comm_fraction": mean["exposed_comm"] / step,
+        "stall_fraction": mean["imbalance_stall"] / step,
+        "warnings": result["warnings"],
+    }
+
+
+def simulate_chunk(
+    raw: dict[str, Any], source: str, base_dir: str, chunk: list[list[str]]
+) -> list[dict]:
+    """:func:`simulate_overrides` of several candidates (one task of the process pool)."""
+    return [simulate_overrides(raw, source, base_dir, overrides) for overrides in chunk]
+
+
+# -- running tasks on every core --------------------------------------------------------
+
+
+def process_pool(workers: int) -> ProcessPoolExecutor:
+    # fork starts workers in milliseconds and they inherit the imported modules; the
+    # progress bar refreshes by hand, so no thread is running when they start
+    method = "fork" if sys.platform.startswith("linux") else None
+    context = multiprocessing.get_context(method)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+
+
+def _chunks(items: list, workers: int, largest: int) -> list[list]:
+    size = max(1, min(largest, math.ceil(len(items) / (4 * workers))))
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def run_chunked(
+    function: Callable[..., list[dict]],
+    args: tuple,
+    items: list,
+    executor: Executor | None,
+    workers: int,
+    advance: Callable[[int], None],
+    largest: int = 16,
+) -> list[dict]:
+    """``function(*args, chunk)`` over chunks of ``items``, in the pool when there is one;
+    the results in the order of ``items``."""
+    if executor is None:
+        results = []
+        for item in items:
+            results.extend(function(*args, [item]))
+            advance(1)
+        return results
+    chunks = _chunks(items, workers, largest)
+    futures = {executor.submit(function, *args, chunk): i for i, chunk in enumerate(chunks)}
+    done: dict[int, list[dict]] = {}
+    for future in as_completed(futures):
+        index = futures[future]
+        done[index] = future.result()
+        advance(len(chunks[index]))
+    return [row for i in range(len(chunks)) for row in done[i]]
+
+
+class ProgressBar:
+    """A rich progress bar on stderr that refreshes only when told (no thread), and
+    prints nothing when disabled."""
+
+    def __init__(self, enabled: bool):
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            auto_refresh=False,
+            transient=True,
+            disable=not enabled,
+        )
+
+    def __enter__(self) -> ProgressBar:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def stage(self, description: str, total: int) -> Callable[[int], None]:
+        task = self.progress.add_task(description, total=total)
+        self.progress.refresh()
+
+        def advance(n: int) -> None:
+            self.progress.update(task, advance=n, refresh=True)
+
+        return advance
+
+
+def wide_console() -> Console:
+    """A console on stdout; when stdout is not a terminal, wide enough for a layout table."""
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 150))
+
+
+def resolve_workers(workers: int | None) -> int:
+    if workers is None:
+        return os.cpu_count() or 1
+    if workers < 1:
+        raise ParasimError(f"--workers: expected a positive number (got {workers})")
+    return workers
+
+
+# -- the sweep ---------------------------------------------------------------------------
+
+
+def run_sweep(
+    scenario_path: str | Path,
+    overrides: list[str] | None = None,
+    gpus: int | None = None,
+    fixed: dict[str, Any] | None = None,
+    max_tp: int | None = None,
+    fidelity: str = "analytic",
+    workers: int | None = None,
+    progress: bool = True,
+    exhaustive: bool = False,
+) -> dict[str, Any]:
+    """Enumerate, validate, prune and simulate every layout; rows ranked by step time.
+
+    Returns ``scenario``, ``gpus``, ``cluster``, ``model``, ``fidelity``, ``fixed``,
+    ``max_tp``, ``counts`` (enumerated, invalid with ``invalid_by_reason``, pruned with
+    ``pruned_by_term``, dominated, failed, simulated), ``rows`` (one per simulated
+    layout, fastest first, each with the overrides that produce it) and ``wall_s``.
+    """
+    started = time.perf_counter()
+    if fidelity not in ("analytic", "flow"):
+        raise ParasimError(f"--fidelity: expected analytic or flow (got {fidelity!r})")
+    if max_tp is not None and max_tp < 1:
+        raise ParasimError(f"--max-tp: expected a positive number (got {max_tp})")
+    workers = resolve_workers(workers)
+    fixed = check_fixed(fixed or {})
+    base = prepare(scenario_path, overrides, gpus)
+    candidates = enumerate_layouts(
+        base.world,
+        base.gpus_per_node,
+        base.layers,
+        base.global_batch,
+        base.experts,
+        fixed,
+        max_tp,
+    )
+    if not candidates:
+        pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "no pins"
+        raise ParasimError(
+            f"no layout to try for {base.name} on {base.world} GPUs ({pins}): tp * pp must "
+            f"divide the {base.world} GPUs and pp the {base.layers} layers"
+        )
+    all_overrides = [base.candidate_overrides(c, fidelity) for c in candidates]
+    args = (base.raw, base.source, base.base_dir)
+    executor = process_pool(workers) if workers > 1 and len(candidates) > 1 else None
+    try:
+        with ProgressBar(progress) as bar:
+            checks = run_chunked(
+                check_chunk,
+                args,
+                all_overrides,
+                executor,
+                workers,
+                bar.stage(f"checking {len(candidates)} layouts", len(candidates)),
+                largest=64,
+            )
+            chosen, dominated = _select(candidates, checks, exhaustive)
+            runs = run_chunked(
+                simulate_chunk,
+                args,
+                [all_overrides[i] for i in chosen],
+                executor,
+                workers,
+                bar.stage(f"simulating {len(chosen)} layouts ({fidelity})", len(chosen)),
+                largest=4,
+            )
+    finally:
+        if executor is not None:
+            executor.shutdown(cancel_futures=True)
+
+    invalid = Counter(c["reason"] for c in checks if c["status"] == "invalid")
+    pruned = [c for c in checks if c["status"] == "pruned"]
+    failed = Counter(r["reason"] for r in runs if r["status"] == "failed")
+    rows = []
+    for index, run in zip(chosen, runs, strict=True):
+        if run["status"] != "simulated":
+            continue
+        candidate = candidates[index]
+        rows.append(
+            {
+                "layout": candidate.label(),
+                **candidate.fields(),
+                **{k: v for k, v in run.items() if k != "status"},
+                "overrides": all_overrides[index],
+            }
+        )
+    rows.sort(key=lambda row: (row["step_time_s"], row["layout"]))
+    for position, row in enumerate(rows, 1):
+        row["rank"] = position
+    counts = {
+        "enumerated": len(candidates),
+        "invalid": sum(invalid.values()),
+        "invalid_by_reason": dict(sorted(invalid.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "pruned_memory": len(pruned),
+        "pruned_by_term": dict(Counter(c["dominant_term"] for c in pruned).most_common()),
+        "smallest_pruned_bytes": min((c["peak_bytes_per_gpu"] for c in pruned), default=None),
+        "dominated": dominated,
+        "failed": sum(failed.values()),
+        "failed_by_reason": dict(sorted(failed.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "simulated": len(rows),
+    }
+    return {
+        "scenario": base.name,
+        "source": base.source,
+        "gpus": base.world,
+        "cluster": {
+            "name": base.cluster_name,
+            "nodes": base.nodes,
+            "gpus_per_node": base.gpus_per_node,
+            "gpu": base.gpu_name,
+            "capacity_bytes": base.capacity_bytes,
+        },
+        "model": base.model_name,
+        "global_batch": base.global_batch,
+        "fidelity": fidelity,
+        "fixed": {k: list(v) if isinstance(v, tuple) else v for k, v in fixed.items()},
+        "max_tp": max_tp,
+        "exhaustive": exhaustive,
+        "counts": counts,
+        "rows": rows,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def _select(
+    candidates: list[Candidate], checks: list[dict], exhaustive: bool
+) -> tuple[list[int], int]:
+    """Indices of the candidates to simulate, and how many were dominated."""
+    fits = [i for i, check in enumerate(checks) if check["status"] == "fits"]
+    if exhaustive:
+        return fits, 0
+    lightest: dict[Candidate, int] = {}
+    for i in fits:
+        key = dataclasses.replace(candidates[i], recompute="")
+        level = _RECOMPUTE_RANK[candidates[i].recompute]
+        if key not in lightest or level < _RECOMPUTE_RANK[candidates[lightest[key]].recompute]:
+            lightest[key] = i
+    chosen = sorted(lightest.values())
+    return chosen, len(fits) - len(chosen)
+
+
+def no_layout_message(result: dict[str, Any]) -> str:
+    """One line saying why a sweep has nothing to rank."""
+    counts = result["counts"]
+    head = (
+        f"no layout of {result['model']} runs on {result['gpus']} GPUs "
+        f"({counts['enumerated']} tried"
+    )
+    if counts["invalid"]:
+        reason, n = next(iter(counts["invalid_by_reason"].items()))
+        head += f"; {counts['invalid']} invalid, most often {n} x '{reason}'"
+    if counts["pruned_memory"]:
+        term = next(iter(counts["pruned_by_term"]))
+        head += (
+            f"; {counts['pruned_memory']} out of memory, the smallest needs "
+            f"{counts['smallest_pruned_bytes'] / 2**30:.1f} GiB of "
+            f"{result['cluster']['capacity_bytes'] / 2**30:.1f} GiB per GPU (mostly {term})"
+        )
+    if counts["failed"]:
+        reason = next(iter(counts["failed_by_reason"]))
+        head += f"; {counts['failed']} failed to simulate: {reason}"
+    return head + ")"
+
+
+# -- outputs ---------------------------------------------------------------------------
+
+
+def _csv_value(row: dict[str, Any], key: str) -> Any:
+    if key.endswith("_s") and key[:-2] in CATEGORIES:
+        return repr(row["breakdown_mean_s"][key[:-2]])
+    value = row[key]
+    if key == "placement":
+        return "[" + ",".join(value) + "]"
+    if key == "overrides":
+        return " ".join(value)
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CSV_FIELDS)
+        for row in rows:
+            writer.writerow([_csv_value(row, key) for key in CSV_FIELDS])
+
+
+def sweep_figure(result: dict[str, Any], top: int):
+    """Plotly figure: one horizontal stacked bar per top layout, mean breakdown (s)."""
+    import plotly.graph_objects as go
+
+    rows = result["rows"][:top]
+    labels = [f"{row['rank']}. {row['layout']}" for row in rows]
+    fig = go.Figure()
+    for category in CATEGORIES:
+        values = [row["breakdown_mean_s"][category] for row in rows]
+        shares = [100 * v / row["step_time_s"] for v, row in zip(values, rows, strict=True)]
+        fig.add_trace(
+            go.Bar(
+                name=category,
+                y=labels,
+                x=values,
+                orientation="h",
+                marker_color=BAR_COLORS[category],
+                customdata=shares,
+                hovertemplate=(
+                    f"%{{y}}<br>{category}: %{{x:.4g}} s (%{{customdata:.1f}}% of the step)"
+                    "<extra></extra>"
+                ),
+            )
+        )
+    fig.update_layout(
+        barmode="stack",
+        title=(
+            f"{result['scenario']}: the {len(rows)} fastest layouts on {result['gpus']} GPUs "
+            f"({result['fidelity']} fidelity; mean over ranks)"
+        ),
+        xaxis_title="time per step (s)",
+        yaxis={"autorange": "reversed", "automargin": True},
+        legend_title="category",
+        height=max(360, 140 + 28 * len(rows)),
+        template="plotly_white",
+    )
+    return fig
+
+
+def write_sweep_outputs(result: dict[str, Any], out: Path, top: int = 10) -> list[Path]:
+    """Write ``sweep.csv``, ``sweep.json`` and ``sweep.html`` (the top layouts) to ``out``."""
+    out = Path(out)
+    paths = [out / "sweep.csv", out / "sweep.json", out / "sweep.html"]
+    payload = {k: v for k, v in result.items() if k != "wall_s"}  # same inputs, same bytes
+    write_atomically(paths[0], lambda tmp: _write_csv(result["rows"], tmp))
+    write_json(paths[1], payload)
+    fig = sweep_figure(result, top)
+    write_atomically(
+        paths[2],
+        lambda tmp: fig.write_html(
+            str(tmp),
+            include_plotlyjs=True,
+            full_html=True,
+            div_id="parasim-sweep",
+            config={"displaylogo": False, "responsive": True},
+        ),
+    )
+    return paths
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def print_sweep(
+    result: dict[str, Any], console: Console, top: int = 10, outputs: Iterable[str] = ()
+) -> None:
+    """The top layouts as a rich table, then the counts."""
+    cluster = result["cluster"]
+    table = Table(
+        title=(
+            f"parasim sweep · {result['scenario']} · {result['model']} on {result['gpus']} × "
+            f"{cluster['gpu']} ({cluster['nodes']} × {cluster['name']}) · "
+            f"global batch {result['global_batch']}"
+        ),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for name, justify in (
+        ("#", "right"),
+        ("layout", "left"),
+        ("step time", "right"),
+        ("TFLOP/s/GPU", "right"),
+        ("MFU", "right"),
+        ("memory", "right"),
+        ("bubble", "right"),
+        ("exp. comm", "right"),
+        ("stall", "right"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for row in result["rows"][:top]:
+        table.add_row(
+            str(row["rank"]),
+            Text(row["layout"]),
+            format_time(row["step_time_s"]),
+            f"{row['tflops_per_gpu']:.1f}",
+            _percent(row["mfu"]),
+            f"{row['peak_bytes_per_gpu'] / 2**30:.1f}/{row['capacity_bytes'] / 2**30:.0f} GiB",
+            _percent(row["bubble_fraction"]),
+            _percent(row["exposed_comm_fraction"]),
+            _percent(row["stall_fraction"]),
+        )
+    print_table(console, table, lead=2)
+    for line in count_lines(result):
+        console.print(line)
+    if outputs:
+        console.print("wrote " + ", ".join(str(p) for p in outputs))
+
+
+def print_table(console: Console, table: Table, lead: int) -> None:
+    """Print ``table``; on a console too narrow for it, print each row as two lines
+    instead (its first ``lead`` cells, then ``header value`` pairs), never squeezed."""
+    natural = Measurement.get(console, console.options.update_width(10**6), table).maximum
+    if natural <= console.width:
+        console.print(table)
+        return
+    if table.title:
+        console.print(table.title, style="italic")
+    columns = [(str(column.header), list(column.cells)) for column in table.columns]
+    for i in range(table.row_count):
+        head = []
+        for header, cells in columns[:lead]:
+            value = Text.assemble(cells[i])
+            suffix = {"#": ".", "layout": ""}.get(header, f" {header}")
+            head.append(value + suffix)
+        console.print(Text(" ").join(head))
+        pairs = [
+            Text.assemble(f"{header} ", cells[i])
+            for header, cells in columns[lead:]
+            if Text.assemble(cells[i]).plain
+        ]
+        console.print(Padding(Text(" · ").join(pairs), (0, 0, 0, 4)))
+
+
+def count_lines(result: dict[str, Any]) -> list[str]:
+    """The counts of a sweep, one line each (invalid and pruned with their reasons)."""
+    counts = result["counts"]
+    lines = [f"enumerated {counts['enumerated']} layouts"]
+    lines.append(f"invalid {counts['invalid']}")
+    for reason, n in list(counts["invalid_by_reason"].items())[:8]:
+        lines.append(f"  {n:>6} × {reason}")
+    if len(counts["invalid_by_reason"]) > 8:
+        lines.append(f"  ... {len(counts['invalid_by_reason']) - 8} more reasons in sweep.json")
+    terms = ", ".join(f"{term} {n}" for term, n in counts["pruned_by_term"].items())
+    lines.append(
+        f"pruned for memory {counts['pruned_memory']}"
+        + (f" (dominant term: {terms})" if terms else "")
+    )
+    lines.append(f"dominated {counts['dominated']} (a lighter recompute of the same layout fits)")
+    if counts["failed"]:
+        lines.append(f"failed {counts['failed']}")
+        for reason, n in counts["failed_by_reason"].items():
+            lines.append(f"  {n:>6} × {reason}")
+    lines.append(
+        f"simulated {counts['simulated']} ({result['fidelity']} fidelity) "
+        f"in {result['wall_s']:.1f} s"
+    )
+    return lines
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``parasim sweep`` to the CLI's subparsers."""
+    parser = subparsers.add_parser(
+        "sweep",
+        help="every valid layout of a scenario's model on its cluster, ranked",
+        description=(
+            "Try every layout (tp, pp, dp, ep, sp, micro-batch, schedule, recompute, "
+            "placement) of the scenario's model on its cluster; drop the invalid ones and "
+            "those that do not fit in memory, simulate the rest and rank them by step time."
+        ),
+    )
+    parser.add_argument("scenario", help="scenario YAML file")
+    parser.add_argument("--gpus", type=int, help="resize the cluster to N GPUs (whole nodes)")
+    parser.add_argument("--top", type=int, default=10, help="layouts to show (default 10)")
+    parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-sweep)")
+    parser.add_argument(
+        "--fix",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"pin a dimension, e.g. --fix tp=8 (repeatable; keys: {', '.join(FIX_KEYS)})",
+    )
+    parser.add_argument(
+        "--max-tp",
+        type=int,
+        help="largest tp to try (default: GPUs per node; larger values let TP span nodes)",
+    )
+    parser.add_argument(
+        "--fidelity",
+        choices=["analytic", "flow"],
+        default="analytic",
+        help="simulation fidelity (default analytic: fast, folded)",
+    )
+    parser.add_argument("--workers", type=int, help="processes (default: every core)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a scenario field before sweeping (repeatable)",
+    )
+    parser.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="also simulate layouts that a lighter recompute of the same layout beats",
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run ``parasim sweep``: print the ranking and write the outputs."""
+    if args.top < 1:
+        raise ParasimError(f"--top: expected a positive number (got {args.top})")
+    result = run_sweep(
+        args.scenario,
+        overrides=args.overrides,
+        gpus=args.gpus,
+        fixed=parse_fixes(args.fix),
+        max_tp=args.max_tp,
+        fidelity=args.fidelity,
+        workers=args.workers,
+        progress=True,
+        exhaustive=args.exhaustive,
+    )
+    if not result["rows"]:
+        raise ParasimError(no_layout_message(result))
+    out = args.out if args.out is not None else Path("out") / f"{result['scenario']}-sweep"
+    paths = write_sweep_outputs(result, out, top=args.top)
+    print_sweep(result, wide_console(), args.top, [str(p) for p in paths])
+    return 0

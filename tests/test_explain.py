@@ -1,0 +1,265 @@
+"""Tests of ``parasim explain`` and the teaching pairs built on it.
+
+Each teaching pair in ``scenarios/teaching/`` is a mistake and its fix: explain must find
+the mistake in the first file and nothing in the second, propose exactly the second as
+its fix, and that fix must simulate faster (or, for a layout that does not fit, fit).
+``docs/teaching.md`` is regenerated and compared with the checked-in page, so it never
+drifts from the simulator. The pairs are explained once per module (a few seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks import make_teaching
+from simulator.errors import ParasimError
+from simulator.explain import (
+    FINDING_IDS,
+    Finding,
+    add_parser,
+    command,
+    diagnose,
+    explain,
+    main,
+)
+from simulator.scenario import apply_overrides, scenario_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+TEACHING = ROOT / "scenarios" / "teaching"
+KEYS = [pair.key for pair in make_teaching.PAIRS]
+
+# The category each pair's fix moves most, as (category, axis); memory pairs fit instead.
+MOVES = {
+    "tp-across-nodes": ("exposed_comm", "tp"),
+    "pipeline-bubble": ("bubble", None),
+    "moe-imbalance": ("imbalance_stall", None),
+    "layering": ("exposed_comm", "tp"),
+}
+FINDING_KEYS = {
+    "id",
+    "also",
+    "title",
+    "problem",
+    "fix",
+    "fix_set",
+    "fix_summary",
+    "before",
+    "after",
+    "cost_s",
+    "cost_pct",
+    "moved",
+    "notes",
+    "alternatives",
+}
+
+
+@pytest.fixture(scope="module")
+def teaching() -> dict[str, make_teaching.PairResult]:
+    return {result.pair.key: result for result in make_teaching.collect()}
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="parasim")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["explain", *argv])
+
+
+def test_every_teaching_file_is_paired_and_says_what_it_teaches():
+    files = sorted(p.name for p in TEACHING.glob("*.yaml"))
+    expected = sorted(f"{key}-{kind}.yaml" for key in KEYS for kind in ("mistake", "fix"))
+    assert files == expected
+    for name in files:
+        text = (TEACHING / name).read_text()
+        header = [line for line in text.splitlines() if line.startswith("#")]
+        assert text.startswith("# Teaching pair"), name
+        assert len(header) >= 4, f"{name}: the header comment should say what it teaches"
+        assert yaml.safe_load(text)["simulation"]["fidelity"] == "analytic"
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_explain_finds_the_mistake_and_nothing_in_the_fix(teaching, key):
+    result = teaching[key]
+    ids = [i for finding in result.mistake.findings for i in finding.ids]
+    assert result.pair.finding in ids
+    assert all(finding.id in FINDING_IDS for finding in result.mistake.findings)
+    assert result.fix.findings == [], [f.id for f in result.fix.findings]
+    assert result.fix.ok and not result.mistake.ok
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_the_fix_file_is_the_fix_explain_proposes(teaching, key):
+    finding = teaching[key].finding
+    mistake = yaml.safe_load((TEACHING / f"{key}-mistake.yaml").read_text())
+    fixed = scenario_from_dict(apply_overrides(mistake, finding.set_args))
+    expected = scenario_from_dict(yaml.safe_load((TEACHING / f"{key}-fix.yaml").read_text()))
+    ignore = {"name", "description"}
+    assert fixed.spec.model_dump(exclude=ignore) == expected.spec.model_dump(exclude=ignore)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_the_proposed_fix_is_faster_or_fits(teaching, key):
+    finding = teaching[key].finding
+    before, after = finding.before, finding.after
+    assert after is not None and not after["memory"]["oom"]
+    assert after == teaching[key].fix.result  # the fix simulated by explain = the fix file
+    if before["memory"]["oom"]:
+        assert finding.cost_s is None
+        memory = [m for m in finding.moved if m["category"] == "memory"]
+        assert memory and memory[0]["after"] < memory[0]["before"]
+        assert memory[0]["after"] <= after["memory"]["capacity_bytes"] < memory[0]["before"]
+        return
+    assert after["step_time_s"] < before["step_time_s"]
+    assert finding.cost_s == pytest.approx(before["step_time_s"] - after["step_time_s"])
+    assert finding.cost_pct == pytest.approx(100 * finding.cost_s / before["step_time_s"])
+    category, axis = MOVES[key]
+    largest = finding.moved[0]
+    assert (largest["category"], largest["axis"]) == (category, axis)
+    assert largest["after"] < largest["before"]
+    label = category + (f" ({axis})" if axis else "")
+    assert largest["text"].startswith(label) and "→" in largest["text"]
+
+
+def test_teaching_mistakes_and_fixes_show_their_failure_modes(teaching):
+    def share(snap, category):
+        return snap["breakdown"]["critical"][category] / snap["step_time_s"]
+
+    dp = teaching["dp-oom"]
+    assert dp.mistake.result["memory"]["oom"] and not dp.fix.result["memory"]["oom"]
+    assert dp.mistake.result["memory"]["dominant_term"] in ("optimizer_state", "weights")
+    bubble = teaching["pipeline-bubble"]
+    assert share(bubble.mistake.result, "bubble") > 0.3
+    assert share(bubble.fix.result, "bubble") < 0.10
+    sp = teaching["sp-memory"]
+    assert sp.mistake.result["memory"]["dominant_term"] == "activations"
+    assert sp.mistake.result["memory"]["oom"] and not sp.fix.result["memory"]["oom"]
+    moe = teaching["moe-imbalance"]
+    assert share(moe.mistake.result, "imbalance_stall") > 0.10
+    assert share(moe.fix.result, "imbalance_stall") < 0.10
+    assert moe.mistake.result["moe"]["dropped_fraction"] == 0
+    assert moe.fix.result["moe"]["dropped_fraction"] > 0
+    tp = teaching["tp-across-nodes"].finding
+    assert tp.id == "tp-beyond-nvlink" and tp.also == ["tp-across-nodes"]
+    assert tp.after["layout"]["tp"] == 8 and tp.after["layout"]["pp"] == 2
+    assert any("out of memory" in note for note in tp.notes)  # tp 8 x dp 2 does not fit
+    layering = teaching["layering"].finding
+    assert layering.after["layout"]["placement"][0] == "tp"
+    assert layering.after["layout"]["tp"] == layering.before["layout"]["tp"]
+
+
+def test_teaching_page_is_up_to_date(teaching, tmp_path):
+    results = [teaching[key] for key in KEYS]
+    make_teaching.write(results, tmp_path)
+    page = (tmp_path / "teaching.md").read_text(encoding="utf-8")
+    checked_in = (ROOT / "docs" / "teaching.md").read_text(encoding="utf-8")
+    assert page == checked_in, "docs/teaching.md is stale: run python -m benchmarks.make_teaching"
+    charts = (tmp_path / "teaching" / "charts.html").read_text(encoding="utf-8")
+    checked_charts = (ROOT / "docs" / "teaching" / "charts.html").read_text(encoding="utf-8")
+    assert make_teaching.strip_plotly(charts) == make_teaching.strip_plotly(checked_charts)
+    assert "Plotly.newPlot" in charts and "cdn" not in make_teaching.strip_plotly(charts)
+    for key in KEYS:
+        assert f'id="{key}"' in charts and f"teaching/charts.html#{key}" in page
+
+
+def test_ep_across_nodes_is_found_and_fixed_inside_the_node():
+    path = TEACHING / "moe-imbalance-fix.yaml"
+    findings = explain(path, ["cluster.nodes=2", "parallel.tp=2"])
+    finding = next(f for f in findings if f.id == "ep-across-nodes")
+    after = finding.after["layout"]
+    assert after["ep"] * after["tp"] <= 8 and after["ep"] < finding.before["layout"]["ep"]
+    assert finding.after["step_time_s"] < finding.before["step_time_s"]
+    assert finding.moved[0]["category"] == "exposed_comm" and finding.moved[0]["axis"] == "ep"
+
+
+def test_tp_across_nodes_when_tp_does_not_tile_the_node(scenarios_dir):
+    overrides = [
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=6",
+        "cluster.nic.per_node=6",
+        "parallel.tp=4",
+        "parallel.dp=3",
+        "training.global_batch=12",
+        "training.micro_batch=1",
+    ]
+    (finding,) = explain(scenarios_dir / "small.yaml", overrides)
+    assert finding.id == "tp-across-nodes" and finding.also == []
+    assert 6 % finding.after["layout"]["tp"] == 0
+    assert finding.cost_s > 0 and finding.moved[0]["axis"] == "tp"
+
+
+def test_shipped_scenarios(scenarios_dir):
+    assert explain(scenarios_dir / "small.yaml") == []
+    (oom,) = explain(scenarios_dir / "dp-only-oom.yaml")
+    assert oom.id == "dp-only-oom" and oom.after["layout"]["tp"] <= 8
+    assert oom.before["memory"]["oom"] and not oom.after["memory"]["oom"]
+    (bubble,) = explain(scenarios_dir / "pipeline-demo.yaml")
+    assert bubble.id == "too-few-microbatches"
+    assert bubble.fix == {"parallel.schedule": "interleaved-1f1b", "parallel.virtual_stages": 2}
+    assert bubble.cost_s > 0
+
+
+def test_out_of_memory_that_is_not_data_parallel_only():
+    path = TEACHING / "dp-oom-fix.yaml"
+    findings = explain(path, ["parallel.tp=2", "parallel.dp=4"])
+    assert [f.id for f in findings] == ["out-of-memory"]
+    (finding,) = findings
+    assert finding.fix == {"training.optimizer_sharding": True}
+    assert not finding.after["memory"]["oom"]
+
+
+def test_json_output_and_exit_codes(capsys):
+    assert command(_args(str(TEACHING / "pipeline-bubble-mistake.yaml"), "--json")) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"scenario", "fidelity", "ok", "result", "findings"}
+    assert report["ok"] is False and report["fidelity"] == "analytic"
+    (finding,) = report["findings"]
+    assert set(finding) == FINDING_KEYS
+    assert finding["id"] == "too-few-microbatches"
+    assert finding["fix"] == {"training.micro_batch": 1}
+    assert finding["fix_set"] == ["training.micro_batch=1"]
+    assert finding["after"]["step_time_s"] < finding["before"]["step_time_s"]
+    assert set(finding["before"]["breakdown"]["critical"]) == {
+        "compute",
+        "exposed_comm",
+        "bubble",
+        "imbalance_stall",
+        "other",
+    }
+    assert command(_args(str(TEACHING / "pipeline-bubble-fix.yaml"), "--json")) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and report["findings"] == []
+
+
+def test_human_output_and_fidelity(capsys, scenarios_dir):
+    assert command(_args(str(TEACHING / "layering-mistake.yaml"))) == 1
+    out = capsys.readouterr().out
+    assert "layering-backwards" in out and "parallel.placement=[tp,pp,dp]" in out
+    assert "exposed_comm (tp)" in out
+    args = _args(str(scenarios_dir / "small.yaml"), "--fidelity", "flow", "--json")
+    assert command(args) == 0
+    assert json.loads(capsys.readouterr().out)["fidelity"] == "flow"
+    assert command(_args(str(scenarios_dir / "small.yaml"))) == 0
+    assert "No layering mistakes found" in capsys.readouterr().out
+
+
+def test_bad_input(capsys, tmp_path):
+    with pytest.raises(ParasimError):
+        command(_args(str(tmp_path / "missing.yaml")))
+    with pytest.raises(ParasimError, match="parallel"):
+        command(_args(str(TEACHING / "layering-fix.yaml"), "--set", "parallel.tp=3"))
+    assert main([str(tmp_path / "missing.yaml")]) == 2
+    assert capsys.readouterr().err.startswith("parasim: error:")
+    with pytest.raises(SystemExit):
+        _args("x.yaml", "--fidelity", "exact")
+
+
+def test_library_api_returns_findings(teaching):
+    finding = teaching["layering"].finding
+    assert isinstance(finding, Finding)
+    assert json.loads(json.dumps(finding.to_dict()))["id"] == "layering-backwards"
+    explanation = diagnose(TEACHING / "moe-imbalance-fix.yaml")
+    assert explanation.ok and explanation.to_dict()["findings"] == []

@@ -1,0 +1,136 @@
+"""``parasim scale``: resizing, weak and strong scaling, efficiency and the outputs."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+
+import pytest
+
+from simulator import scale, sweep
+from simulator.errors import ParasimError
+from simulator.run import run_scenario
+from simulator.scenario import load_scenario
+
+from .conftest import SCENARIOS
+
+SMALL = SCENARIOS / "small.yaml"
+PIPELINE = SCENARIOS / "pipeline-demo.yaml"
+# GPT-2 small, data parallel only, one sequence per GPU per micro-batch
+PURE_DP = ["parallel.tp=1", "parallel.pp=1", "parallel.dp=8", "training.micro_batch=1"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parasim")
+    scale.add_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def _efficiency(result: dict) -> dict[int, float]:
+    return {row["gpus"]: row["efficiency"] for row in result["rows"]}
+
+
+def test_weak_scaling_of_pure_data_parallel_stays_near_one():
+    # dgx-a100's fabric is a non-blocking fat tree: only the gradient all-reduce grows
+    result = scale.run_scale(
+        SMALL, [8, 16, 32, 64], mode="weak", overrides=PURE_DP, workers=2, progress=False
+    )
+    rows = result["rows"]
+    assert [row["gpus"] for row in rows] == [8, 16, 32, 64]
+    assert [row["dp"] for row in rows] == [8, 16, 32, 64]
+    assert [row["global_batch"] for row in rows] == [16, 32, 64, 128]  # 2 per replica
+    assert rows[0]["efficiency"] == 1.0
+    assert all(row["efficiency"] > 0.9 for row in rows)
+    assert result["reference_gpus"] == 8
+
+    # each row is what parasim run gives for its overrides
+    last = rows[-1]
+    rerun = run_scenario(load_scenario(SMALL, last["overrides"])).result
+    assert rerun["step_time_s"] == pytest.approx(last["step_time_s"], rel=1e-12)
+    assert rerun["cluster"]["gpus"] == 64
+
+
+def test_tensor_parallel_across_nodes_scales_worse():
+    sizes = [16, 32, 64]
+    inside = scale.run_scale(PIPELINE, sizes, workers=1, progress=False)
+    across = scale.run_scale(
+        PIPELINE, sizes, overrides=["parallel.placement=[dp,tp,pp]"], workers=1, progress=False
+    )
+    # at 16 GPUs dp is 1, so both placements are the same rank grid
+    assert across["rows"][0]["step_time_s"] == pytest.approx(inside["rows"][0]["step_time_s"])
+    assert not any(row["warnings"] for row in inside["rows"])
+    assert all("span nodes" in row["warnings"][0] for row in across["rows"][1:])
+    good, bad = _efficiency(inside), _efficiency(across)
+    assert good[64] > 0.85
+    assert bad[64] < good[64] - 0.2
+    assert bad[32] > bad[64]
+
+
+def test_strong_scaling_keeps_the_batch_and_says_when_it_no_longer_divides():
+    result = scale.run_scale(
+        SMALL, [8, 16], mode="strong", overrides=PURE_DP, workers=1, progress=False
+    )
+    rows = result["rows"]
+    assert [row["global_batch"] for row in rows] == [16, 16]
+    speedup = rows[0]["step_time_s"] / rows[1]["step_time_s"]
+    assert rows[1]["speedup"] == pytest.approx(speedup)
+    assert rows[1]["efficiency"] == pytest.approx(speedup / 2)
+    assert 0.5 < rows[1]["efficiency"] <= 1.0
+    with pytest.raises(ParasimError, match=r"strong scaling at 32 GPUs: .*global_batch\(16\)"):
+        scale.run_scale(SMALL, [8, 32], mode="strong", overrides=PURE_DP, progress=False)
+
+
+def test_sizes_that_are_not_whole_nodes_are_refused():
+    with pytest.raises(ParasimError, match=r"--gpus: 12 GPUs .*8 GPUs per node"):
+        scale.run_scale(SMALL, [8, 12], progress=False)
+    with pytest.raises(ParasimError, match=r"tp\(8\) \* pp\(2\) = 16 does not divide 8 GPUs"):
+        scale.run_scale(PIPELINE, [8, 16], progress=False)
+
+
+def test_gpu_lists():
+    assert scale.parse_gpus("8,16,...,128") == [8, 16, 32, 64, 128]
+    assert scale.parse_gpus("64,96,...,256") == [64, 96, 128, 160, 192, 224, 256]
+    assert scale.parse_gpus("32, 8,16,8") == [8, 16, 32]
+    for bad in ("8,...,64", "8,16,...,100", "eight", "0", ""):
+        with pytest.raises(ParasimError, match="--gpus"):
+            scale.parse_gpus(bad)
+
+
+def test_best_layout_per_size_and_outputs(tmp_path, capsys):
+    out = tmp_path / "scale"
+    args = _parser().parse_args(
+        ["scale", str(SMALL), "--gpus", "8,16", "--best", "--workers", "1", "--out", str(out)]
+    )
+    assert scale.command(args) == 0
+    result = json.loads((out / "scale.json").read_text())
+    assert result["best"] and result["mode"] == "weak"
+    rows = result["rows"]
+    assert [row["global_batch"] for row in rows] == [16, 32]  # grows with the GPUs
+    for row in rows:
+        best = sweep.run_sweep(
+            SMALL,
+            overrides=[f"training.global_batch={row['global_batch']}"],
+            gpus=row["gpus"],
+            fixed={
+                "micro_batch": 4,
+                "recompute": "none",
+                "schedule": "1f1b",
+                "virtual_stages": 1,
+                "sp": False,
+                "ep": 1,
+                "placement": "tp,dp,pp",
+            },
+            workers=1,
+            progress=False,
+        )["rows"][0]
+        assert row["layout"] == best["layout"]
+        assert row["step_time_s"] == best["step_time_s"]
+    assert rows[0]["efficiency"] == 1.0
+    with (out / "scale.csv").open() as handle:
+        table = list(csv.DictReader(handle))
+    assert [int(r["gpus"]) for r in table] == [8, 16]
+    html = (out / "scale.html").read_text()
+    assert "ideal (linear)" in html and "scaling efficiency" in html and len(html) > 1_000_000
+    printed = capsys.readouterr().out
+    assert rows[1]["layout"] in printed and "efficiency" in printed

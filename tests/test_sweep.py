@@ -1,0 +1,230 @@
+"""``parasim sweep``: the layout space, its filters, the ranking and the outputs."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+
+import pytest
+
+from simulator import sweep
+from simulator.errors import ParasimError, ScenarioError
+from simulator.memory import memory_per_rank
+from simulator.run import run_scenario, step_config
+from simulator.scenario import load_scenario
+
+from .conftest import SCENARIOS
+
+SMALL = SCENARIOS / "small.yaml"
+# one DGX A100 node, GPT-2 small (12 layers, 12 heads), global batch 16
+PINNED = [
+    "--fix",
+    "micro_batch=1",
+    "--fix",
+    "schedule=1f1b",
+    "--fix",
+    "recompute=none",
+    "--fix",
+    "placement=[tp,dp,pp]",
+]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parasim")
+    sweep.add_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def _command(*argv: str) -> int:
+    return sweep.command(_parser().parse_args(["sweep", *map(str, argv)]))
+
+
+def test_every_fitting_layout_is_found_and_ranked_by_step_time(tmp_path, capsys):
+    assert _command(SMALL, *PINNED, "--workers", 2, "--out", tmp_path, "--top", 3) == 0
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    rows = result["rows"]
+
+    # an independent brute force: every tp, pp, dp whose product is the 8 GPUs, with and
+    # without SP, through the scenario validator and the memory estimate
+    expected = set()
+    for tp, pp, dp in itertools.product(range(1, 9), repeat=3):
+        if tp * pp * dp != 8:
+            continue
+        for sp in (False, True) if tp > 1 else (False,):
+            overrides = [
+                f"parallel.tp={tp}",
+                f"parallel.pp={pp}",
+                f"parallel.dp={dp}",
+                f"parallel.sp={str(sp).lower()}",
+                "training.micro_batch=1",
+            ]
+            try:
+                scenario = load_scenario(SMALL, overrides)
+            except ScenarioError:
+                continue
+            memory = memory_per_rank(step_config(scenario), scenario.cluster_spec.gpu.hbm_capacity)
+            if not memory["oom"]:
+                expected.add((tp, pp, dp, sp))
+    found = {(row["tp"], row["pp"], row["dp"], row["sp"]) for row in rows}
+    assert found == expected
+    assert len(rows) == len(expected) == result["counts"]["simulated"]
+
+    # ranked by the simulated step time, and the top entry is what parasim run gives
+    times = [row["step_time_s"] for row in rows]
+    assert times == sorted(times)
+    assert [row["rank"] for row in rows] == list(range(1, len(rows) + 1))
+    top = rows[0]
+    rerun = run_scenario(load_scenario(SMALL, top["overrides"])).result
+    assert rerun["step_time_s"] == pytest.approx(top["step_time_s"], rel=1e-12)
+    assert rerun["fidelity"] == "analytic"
+
+    # tp 8 does not divide GPT-2 small's 12 heads: invalid, with the validator's reason
+    assert result["counts"]["invalid_by_reason"] == {
+        "parallel.tp: heads(12) is not divisible by tp(8)": 2
+    }
+    out = capsys.readouterr().out
+    assert top["layout"] in out and "enumerated" in out and "invalid 2" in out
+
+
+def test_listed_layouts_are_valid_and_outputs_are_written(tmp_path):
+    out = tmp_path / "sweep"
+    argv = [SMALL, "--fix", "tp=2", "--fix", "recompute=none", "--workers", 1, "--out", out]
+    assert _command(*argv) == 0
+    result = json.loads((out / "sweep.json").read_text())
+    assert result["rows"], "something must fit"
+    for row in result["rows"]:
+        scenario = load_scenario(SMALL, row["overrides"])  # the validator accepts it
+        layout = scenario.layout
+        assert (layout.tp, layout.pp, layout.dp) == (row["tp"], row["pp"], row["dp"])
+        assert list(layout.placement) == row["placement"]
+        assert scenario.training.micro_batch == row["micro_batch"]
+        assert scenario.parallel.schedule == row["schedule"]
+        assert f"[{','.join(row['placement'])}]" in row["layout"]
+    counts = result["counts"]
+    assert counts["enumerated"] == (
+        counts["invalid"] + counts["pruned_memory"] + counts["dominated"] + counts["simulated"]
+    )
+    with (out / "sweep.csv").open() as handle:
+        table = list(csv.DictReader(handle))
+    assert len(table) == len(result["rows"])
+    assert table[0]["layout"] == result["rows"][0]["layout"]
+    assert float(table[0]["step_time_s"]) == result["rows"][0]["step_time_s"]
+    assert table[0]["overrides"] == " ".join(result["rows"][0]["overrides"])
+    html = (out / "sweep.html").read_text()
+    assert "plotly" in html and len(html) > 1_000_000  # plotly.js embedded: opens offline
+    assert result["rows"][0]["layout"] in html
+
+
+def test_layouts_that_do_not_fit_are_pruned_before_simulating(tmp_path):
+    # GPT-3 13B on one node of 8 A100s: without TP the weights, gradients and Adam state
+    # alone (16 bytes per parameter, 208 GB) exceed 80 GiB
+    result = sweep.run_sweep(
+        SMALL,
+        overrides=["model.preset=gpt3-13b"],
+        fixed={"pp": 1, "micro_batch": 1, "schedule": "1f1b", "placement": "tp,dp,pp"},
+        workers=1,
+        progress=False,
+    )
+    counts = result["counts"]
+    assert counts["pruned_memory"] > 0
+    assert next(iter(counts["pruned_by_term"])) == "optimizer_state"
+    assert result["rows"], "with enough TP it fits"
+    assert all(row["tp"] > 1 for row in result["rows"])
+    assert all(not row["oom"] for row in result["rows"])
+
+    with pytest.raises(ParasimError, match="out of memory.*optimizer_state"):
+        _command(
+            SMALL,
+            *("--set", "model.preset=gpt3-13b", "--fix", "tp=1", "--fix", "pp=1"),
+            *("--workers", 1, "--out", tmp_path),
+        )
+    assert not list(tmp_path.iterdir())  # nothing to write
+
+
+def test_lighter_recompute_is_never_slower():
+    result = sweep.run_sweep(
+        SMALL, fixed={"tp": 2, "pp": 1}, workers=1, progress=False, exhaustive=True
+    )
+    assert result["counts"]["dominated"] == 0
+    by_layout: dict[tuple, dict[str, float]] = {}
+    for row in result["rows"]:
+        key = (row["sp"], row["micro_batch"], tuple(row["placement"]))
+        by_layout.setdefault(key, {})[row["recompute"]] = row["step_time_s"]
+    assert by_layout
+    for times in by_layout.values():
+        assert times["none"] <= times["selective"] <= times["full"]
+
+
+def test_enumeration_follows_the_documented_space():
+    candidates = sweep.enumerate_layouts(world=16, gpus_per_node=8, layers=24, global_batch=32)
+    assert {c.tp for c in candidates} == {1, 2, 4, 8}  # TP inside a node by default
+    for c in candidates:
+        assert c.tp * c.pp * c.dp == 16 and 24 % c.pp == 0
+        assert c.micro_batch <= 8 and (32 // c.dp) % c.micro_batch == 0
+        assert not (c.sp and c.tp == 1)
+        if c.pp == 1:
+            assert (c.schedule, c.virtual_stages) == ("1f1b", 1)
+        if c.schedule == "interleaved-1f1b":
+            microbatches = 32 // (c.dp * c.micro_batch)
+            assert c.virtual_stages in (2, 4)
+            assert 24 % (c.pp * c.virtual_stages) == 0 and microbatches % c.pp == 0
+        else:
+            assert c.virtual_stages == 1
+    assert len(set(candidates)) == len(candidates)
+    # placements that give the same rank grid are tried once
+    grids = {
+        (c.tp, c.pp, c.dp, c.sp, c.micro_batch, c.schedule, c.virtual_stages, c.recompute): set()
+        for c in candidates
+    }
+    for c in candidates:
+        key = (c.tp, c.pp, c.dp, c.sp, c.micro_batch, c.schedule, c.virtual_stages, c.recompute)
+        sizes = {"tp": c.tp, "dp": c.dp, "pp": c.pp}
+        grid = tuple(axis for axis in c.placement if sizes[axis] > 1)
+        assert grid not in grids[key]
+        grids[key].add(grid)
+    assert any(c.placement == ("dp", "tp", "pp") for c in candidates)
+    assert {c.recompute for c in candidates} == {"none", "selective", "full"}
+
+    wide = sweep.enumerate_layouts(world=16, gpus_per_node=8, layers=24, global_batch=32, max_tp=16)
+    assert {c.tp for c in wide} == {1, 2, 4, 8, 16}
+    moe = sweep.enumerate_layouts(
+        world=8, gpus_per_node=8, layers=4, global_batch=8, experts=4, fixed={"tp": 1}
+    )
+    assert {c.ep for c in moe} == {1, 2, 4}
+    assert all(c.dp % c.ep == 0 for c in moe)
+
+
+def test_bad_input_is_one_line_naming_the_numbers():
+    with pytest.raises(ParasimError, match=r"--gpus: 12 GPUs .*8 GPUs per node"):
+        sweep.run_sweep(SMALL, gpus=12, progress=False)
+    with pytest.raises(ParasimError, match=r"did you mean 'tp'"):
+        sweep.parse_fixes(["tpp=8"])
+    with pytest.raises(ParasimError, match="positive integer"):
+        sweep.parse_fixes(["pp=two"])
+    with pytest.raises(ParasimError, match="tp, dp, pp exactly once"):
+        sweep.parse_fixes(["placement=[tp,tp,pp]"])
+    assert sweep.parse_fixes(["mb=2", "placement=dp,tp,pp", "sp=on"]) == {
+        "micro_batch": 2,
+        "placement": ("dp", "tp", "pp"),
+        "sp": True,
+    }
+
+
+def test_gpus_resizes_the_cluster():
+    result = sweep.run_sweep(
+        SMALL,
+        gpus=16,
+        fixed={"tp": 8, "micro_batch": 1, "recompute": "none", "schedule": "1f1b"},
+        overrides=["model.heads=16"],
+        workers=1,
+        progress=False,
+    )
+    assert result["gpus"] == 16 and result["cluster"]["nodes"] == 2
+    assert {(row["tp"], row["pp"], row["dp"]) for row in result["rows"]} == {(8, 1, 2), (8, 2, 1)}
+    # TP across nodes only shows up as the [dp,tp,pp] placement, and is slower
+    crossing = [row for row in result["rows"] if row["warnings"]]
+    inside = [row for row in result["rows"] if not row["warnings"]]
+    assert crossing and inside
+    assert min(r["step_time_s"] for r in inside) < min(r["step_time_s"] for r in crossing)
