@@ -327,6 +327,7 @@ def describe_layout(layout: dict[str, Any]) -> str:
 
 
 def describe_memory(memory: dict[str, Any]) -> str:
+    """One line for a snapshot's memory: peak of capacity, dominant term, verdict."""
     verdict = "OUT OF MEMORY" if memory["oom"] else "fits"
     return (
         f"{format_bytes(memory['peak_bytes_per_gpu'])} of {format_bytes(memory['capacity_bytes'])}"
@@ -455,9 +456,12 @@ def _moved(
     """Categories (exposed communication per axis) that changed by more than
     ``MOVED_SHARE`` of the step, largest change first; memory and MoE drops after."""
     threshold = MOVED_SHARE * before["step_time_s"]
+    # a fix that changes the global batch is compared per the same number of sequences
+    scale = before["layout"]["global_batch"] / after["layout"]["global_batch"]
+    per = "" if scale == 1 else f" (per {before['layout']['global_batch']} sequences)"
     items: list[dict[str, Any]] = []
     for category in CATEGORIES:
-        b, a = before["breakdown"][focus][category], after["breakdown"][focus][category]
+        b, a = before["breakdown"][focus][category], scale * after["breakdown"][focus][category]
         if abs(a - b) <= threshold:
             continue
         if category == "exposed_comm":
@@ -465,7 +469,7 @@ def _moved(
             axes_a = after["exposed_comm_by_axis"][focus]
             added = False
             for axis in sorted(set(axes_b) | set(axes_a)):
-                ab, aa = axes_b.get(axis, 0.0), axes_a.get(axis, 0.0)
+                ab, aa = axes_b.get(axis, 0.0), scale * axes_a.get(axis, 0.0)
                 if abs(aa - ab) > threshold:
                     items.append({"category": category, "axis": axis, "before": ab, "after": aa})
                     added = True
@@ -476,7 +480,7 @@ def _moved(
     for item in items:
         label = item["category"] + (f" ({item['axis']})" if item["axis"] else "")
         item["unit"] = "s"
-        item["text"] = f"{label} {format_time(item['before'])} → {format_time(item['after'])}"
+        item["text"] = f"{label} {format_time(item['before'])} → {format_time(item['after'])}{per}"
     mb, ma = before["memory"], after["memory"]
     if (
         memory

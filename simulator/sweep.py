@@ -17,7 +17,10 @@ outside the list, and the validator then judges it):
 ``ep``           mixture-of-experts models only: divisors of ``dp`` that divide the
                  experts
 ``sp``           off, and on when ``tp > 1`` (with ``tp = 1`` it is always off)
-``micro_batch``  divisors of ``global_batch / dp`` up to 8
+``micro_batch``  divisors of ``global_batch / dp`` up to 8; where the replicas cannot
+                 split the global batch into whole micro-batches, one candidate stands
+                 for all the variations of that ``tp · pp · dp`` and the validator
+                 says why it is invalid
 ``schedule``     ``1f1b`` alone when ``pp = 1``; otherwise ``1f1b``, ``gpipe``,
                  ``zb-h1`` and ``interleaved-1f1b`` with 2 and 4 virtual stages where
                  ``layers % (pp · v) == 0`` and ``micro-batches % pp == 0``
@@ -367,18 +370,39 @@ def enumerate_layouts(
             if global_batch % dp == 0:
                 mb_default = [d for d in _divisors(global_batch // dp) if d <= MAX_MICRO_BATCH]
             else:
-                mb_default = [1]  # every micro-batch size is invalid: the validator says why
-            for ep, sp, mb in itertools.product(
-                pick("ep", ep_default), sps, pick("micro_batch", mb_default)
+                mb_default = [1]
+            recomputes = pick("recompute", list(RECOMPUTE))
+            placements = pick("placement", _distinct_placements(tp, dp, pp))
+            for ep, mb in itertools.product(
+                pick("ep", ep_default), pick("micro_batch", mb_default)
             ):
                 schedules = _schedules(pp, layers, global_batch, dp, mb, fixed)
-                for (schedule, v), recompute in itertools.product(
-                    schedules, pick("recompute", list(RECOMPUTE))
-                ):
-                    for placement in pick("placement", _distinct_placements(tp, dp, pp)):
+                if global_batch % (dp * mb):
+                    # no whole number of micro-batches per replica: one candidate stands
+                    # for every variation, and the validator says why
+                    if schedules:
+                        schedule, v = schedules[0]
                         candidates.append(
-                            Candidate(tp, pp, dp, ep, sp, mb, schedule, v, recompute, placement)
+                            Candidate(
+                                tp,
+                                pp,
+                                dp,
+                                ep,
+                                sps[0],
+                                mb,
+                                schedule,
+                                v,
+                                recomputes[0],
+                                placements[0],
+                            )
                         )
+                    continue
+                for sp, (schedule, v), recompute, placement in itertools.product(
+                    sps, schedules, recomputes, placements
+                ):
+                    candidates.append(
+                        Candidate(tp, pp, dp, ep, sp, mb, schedule, v, recompute, placement)
+                    )
     return candidates
 
 

@@ -202,6 +202,16 @@ def test_shipped_scenarios(scenarios_dir):
     assert bubble.cost_s > 0
 
 
+def test_too_few_microbatches_at_micro_batch_1_grows_the_global_batch():
+    overrides = ["parallel.schedule=zb-h1", "training.micro_batch=1", "training.global_batch=2"]
+    (finding,) = explain(TEACHING / "pipeline-bubble-mistake.yaml", overrides)
+    assert finding.fix == {"training.global_batch": 10}  # 9(p - 1) = 9, rounded up to p
+    per_sequence = finding.after["step_time_s"] / 10
+    assert finding.cost_s == pytest.approx(finding.before["step_time_s"] - 2 * per_sequence)
+    assert finding.cost_s > 0 and finding.moved[0]["category"] == "bubble"
+    assert finding.moved[0]["text"].endswith("(per 2 sequences)")
+
+
 def test_out_of_memory_that_is_not_data_parallel_only():
     path = TEACHING / "dp-oom-fix.yaml"
     findings = explain(path, ["parallel.tp=2", "parallel.dp=4"])
