@@ -208,6 +208,10 @@ def _check_schedule(
     parallel = spec.parallel
     v, pp = parallel.virtual_stages, layout.pp
     if parallel.schedule == "interleaved-1f1b":
+        if pp < 2:
+            raise ScenarioError(
+                f"parallel.schedule: interleaved-1f1b needs a pipeline (pp >= 2, got pp({pp}))"
+            )
         if model.layers % (pp * v):
             raise ScenarioError(
                 f"parallel.virtual_stages: layers({model.layers}) is not divisible by "
