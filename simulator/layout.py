@@ -54,14 +54,15 @@ class Layout:
         groups: dict[str, tuple[int, ...]] = {}
         group_of: dict[tuple[str, int], str] = {}
         for axis in AXES:
-            seen: dict[tuple[int, ...], str] = {}
+            # a group is known by its lowest rank (coordinate 0 on the axis): O(world)
+            stride, size = strides[axis], self.size(axis)
+            by_base: dict[int, str] = {}
             for rank in range(self.world):
-                members = self._members(axis, rank)
-                name = seen.get(members)
+                base = rank - ((rank // stride) % size) * stride
+                name = by_base.get(base)
                 if name is None:
-                    name = f"{axis}{len(seen)}"
-                    seen[members] = name
-                    groups[name] = members
+                    name = by_base[base] = f"{axis}{len(by_base)}"
+                    groups[name] = tuple(base + i * stride for i in range(size))
                 group_of[(axis, rank)] = name
         if self.ep < 1 or self.dp % self.ep:
             raise ScenarioError(f"parallel.ep: ep({self.ep}) must divide dp({self.dp})")

@@ -379,6 +379,7 @@ def simulate(
             "ops": engine.ops_run,
             "transfers": engine.network.transfers_started,
             "rate_recomputations": engine.network.recomputations,
+            "events": next(engine.env._eid),  # SimPy's running count of scheduled events
         },
         collective_choices=dict(sorted(engine.choices.items())),
         link_utilisation=engine.network.utilisation,

@@ -1,0 +1,201 @@
+# ruff: noqa: E501  (benchmark bodies are code strings run in their own process)
+"""The speed targets of parasim, in one command, with figure, target and ratio.
+
+Each benchmark runs in a fresh Python process (so its peak memory is its own) with a
+time limit, and reports its wall time and peak resident memory:
+
+==================  ==========================================================  ==========
+name                what                                                         target
+==================  ==========================================================  ==========
+1t-analytic         one step of a 1T GPT (Megatron's: 160 heads, h 25600,       ≤ 5 s,
+                    128 layers, s 2048, V 51200) on 3072 A100s, tp 8 pp 64      ≤ 2 GB
+                    dp 6, global batch 3072, micro-batch 1, analytic
+1t-flow             the same in flow fidelity                                     ≤ 120 s,
+                                                                                  ≤ 8 GB
+gpt3-128-flow       gpt3-175b on 128 GPUs, flow, every rank, 64 micro-batches     ≤ 60 s
+sweep-175b-1024     ``parasim sweep`` of gpt3-175b on 1024 A100s                  ≤ 30 s
+engine-overhead     simulated events per second ÷ a bare SimPy timeout loop's    ≥ 0.5
+                    (same process)
+==================  ==========================================================  ==========
+
+Usage::
+
+    python -m benchmarks.bench_speed [--only NAME ...] [--limit SECONDS]
+    python -m benchmarks.bench_speed --compare REV     # the same benchmarks on git REV too
+
+``--compare`` checks REV out in a temporary git worktree and runs these same
+benchmarks against its code, so two revisions are measured by one harness in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ONE_T = {
+    "name": "megatron-1t",
+    "cluster": {"preset": "dgx-a100", "nodes": 384},
+    "model": {"preset": "megatron-1t"},
+    "training": {"global_batch": 3072, "micro_batch": 1},
+    "parallel": {"tp": 8, "pp": 64, "dp": 6},
+    "simulation": {"fidelity": "analytic"},
+}
+
+# name -> (python source run in a fresh process, printing one JSON line), target, unit
+BENCHMARKS: dict[str, tuple[str, float, str]] = {
+    "1t-analytic": (
+        "from simulator.scenario import scenario_from_dict\n"
+        "from simulator.run import run_scenario\n"
+        f"raw = {ONE_T!r}\n"
+        "run = run_scenario(scenario_from_dict(raw))\n"
+        "figure = {'step_time_s': run.result['step_time_s'], 'ops': run.result['simulation']['ops']}\n",
+        5.0,
+        "s",
+    ),
+    "1t-flow": (
+        "from simulator.scenario import scenario_from_dict\n"
+        "from simulator.run import run_scenario\n"
+        f"raw = {ONE_T!r}\n"
+        "raw['simulation'] = {'fidelity': 'flow'}\n"
+        "run = run_scenario(scenario_from_dict(raw))\n"
+        "figure = {'step_time_s': run.result['step_time_s'], 'ops': run.result['simulation']['ops']}\n",
+        120.0,
+        "s",
+    ),
+    "gpt3-128-flow": (
+        "from simulator.scenario import load_scenario\n"
+        "from simulator.run import run_scenario\n"
+        "s = load_scenario('scenarios/gpt3-175b.yaml', ['training.global_batch=128'])\n"
+        "run = run_scenario(s)\n"
+        "figure = {'step_time_s': run.result['step_time_s'], 'ops': run.result['simulation']['ops']}\n",
+        60.0,
+        "s",
+    ),
+    "sweep-175b-1024": (
+        "from simulator.sweep import run_sweep\n"
+        "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, progress=False)\n"
+        "figure = {'simulated': out['counts']['simulated']}\n",
+        30.0,
+        "s",
+    ),
+    "engine-overhead": (
+        "from benchmarks.bench_run import bare_simpy_events_per_second\n"
+        "from simulator.scenario import load_scenario\n"
+        "from simulator.run import build_schedule\n"
+        "from simulator.engine.core import simulate\n"
+        "import time\n"
+        "s = load_scenario('scenarios/gpt3-175b.yaml', ['simulation.fidelity=flow'])\n"
+        "schedule = build_schedule(s)\n"
+        "bare = bare_simpy_events_per_second()\n"
+        "t = time.perf_counter(); times = simulate(schedule, s.cluster); dt = time.perf_counter() - t\n"
+        "figure = {'ratio': times.stats['events'] / dt / bare, 'events': times.stats['events']}\n",
+        0.5,
+        "ratio",
+    ),
+}
+
+_WRAPPER = """
+import json, resource, time
+_start = time.perf_counter()
+{body}
+_wall = time.perf_counter() - _start
+print(json.dumps({{"wall_s": _wall, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, **figure}}))
+"""
+
+
+def run_benchmark(name: str, code_root: Path, limit: float) -> dict:
+    body, target, unit = BENCHMARKS[name]
+    env = dict(os.environ, PYTHONPATH=f"{code_root}{os.pathsep}{ROOT}")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _WRAPPER.format(body=body)],
+            cwd=code_root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=limit,
+        )
+    except subprocess.TimeoutExpired:
+        return {
+            "name": name,
+            "status": f"did not finish in {limit:g} s",
+            "target": target,
+            "unit": unit,
+        }
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"name": name, "status": f"failed: {last}", "target": target, "unit": unit}
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    value = row["ratio"] if unit == "ratio" else row["wall_s"]
+    met = value >= target if unit == "ratio" else value <= target
+    return {
+        "name": name,
+        "status": "met" if met else "not met",
+        "value": value,
+        "target": target,
+        "unit": unit,
+        **row,
+    }
+
+
+def print_rows(label: str, rows: list[dict]) -> None:
+    print(f"\n{label}\n")
+    print("| benchmark | figure | target | figure ÷ target | peak memory | status |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        if "value" not in row:
+            print(
+                f"| {row['name']} | - | {row['target']:g} {row['unit']} | - | - | {row['status']} |"
+            )
+            continue
+        unit = row["unit"]
+        shown = f"{row['value']:.2f}" + ("" if unit == "ratio" else " s")
+        target = (
+            ("≥ " if unit == "ratio" else "≤ ")
+            + f"{row['target']:g}"
+            + ("" if unit == "ratio" else " s")
+        )
+        memory = f"{row['peak_rss_bytes'] / 2**30:.2f} GiB"
+        print(
+            f"| {row['name']} | {shown} | {target} | {row['value'] / row['target']:.2f} | {memory} | {row['status']} |"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS))
+    parser.add_argument("--limit", type=float, default=600.0, help="seconds per benchmark")
+    parser.add_argument("--compare", metavar="REV", help="also run on this git revision")
+    args = parser.parse_args()
+    names = args.only or list(BENCHMARKS)
+    print_rows("this tree", [run_benchmark(n, ROOT, args.limit) for n in names])
+    if args.compare:
+        with tempfile.TemporaryDirectory() as tmp:
+            worktree = Path(tmp) / "rev"
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", str(worktree), args.compare],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+            )
+            try:
+                rows = [run_benchmark(n, worktree, args.limit) for n in names]
+                print_rows(f"revision {args.compare}", rows)
+            finally:
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(worktree)],
+                    cwd=ROOT,
+                    capture_output=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
