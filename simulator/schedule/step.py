@@ -205,11 +205,17 @@ class _ProgramWriter:
         self.bucket_index: dict[str, int] = {}
         self.last_buckets: dict[str, int] = {}
 
+    _TAG_KEYS = ("stage", "layer", "microbatch", "phase", "axis")
+
     def tags(self, **values: Any) -> dict[str, Any]:
-        key = tuple(sorted(values.items()))
+        """One shared dict per distinct tag set (ops of a program share their tags)."""
+        get = values.get
+        key = (get("stage"), get("layer"), get("microbatch"), get("phase"), get("axis"))
         cached = self._tags.get(key)
         if cached is None:
-            cached = self._tags[key] = {k: v for k, v in key if v is not None}
+            assert values.keys() <= set(self._TAG_KEYS), values.keys()
+            ordered = sorted(values.items())
+            cached = self._tags[key] = {k: v for k, v in ordered if v is not None}
         return cached
 
     def compute(self, cost: OpCost, label: str, deps: tuple[int, ...], **tags: Any) -> int:
