@@ -36,7 +36,7 @@ from .errors import TopologyError
 from .spec import ClusterSpec, check_cluster_spec
 from .units import format_bandwidth, format_bytes, format_flops
 
-__all__ = ["Cluster", "Link", "Route"]
+__all__ = ["Cluster", "FileTopologyCluster", "Link", "Route"]
 
 
 @dataclass(frozen=True)
@@ -231,3 +231,20 @@ def _fabric_class(spec: ClusterSpec) -> type[Cluster]:
     from .graph import GraphCluster
 
     return GraphCluster
+
+
+class FileTopologyCluster(Cluster):
+    """A cluster described by a custom topology file: its ``topology`` group says what
+    joins a node's GPUs and whether the switch reduces in-network."""
+
+    @property
+    def intra_node_link(self) -> str:
+        """``topology.intra_node_link`` (``'nvlink'`` unless the file says ``'pci'``)."""
+        assert self.spec.topology is not None
+        return self.spec.topology.intra_node_link
+
+    @property
+    def has_nvls(self) -> bool:
+        """``topology.nvls``."""
+        assert self.spec.topology is not None
+        return self.spec.topology.nvls

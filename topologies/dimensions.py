@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import math
 
-from .cluster import Cluster, _count
+from .cluster import FileTopologyCluster, _count
 from .spec import DimensionSpec
 from .units import format_bandwidth, format_time
 
 __all__ = ["DimensionCluster"]
 
 
-class DimensionCluster(Cluster):
+class DimensionCluster(FileTopologyCluster):
     """GPUs on a grid of switch and ring dimensions."""
 
     def _build(self) -> None:
@@ -86,18 +86,6 @@ class DimensionCluster(Cluster):
         size, stride = self.dimensions[dim].size, self._strides[dim]
         line = (gpu // (stride * size)) * stride + gpu % stride
         return f"dim{dim}.switch{line}"
-
-    @property
-    def intra_node_link(self) -> str:
-        """``topology.intra_node_link`` (``'nvlink'`` unless the file says ``'pci'``)."""
-        assert self.spec.topology is not None
-        return self.spec.topology.intra_node_link
-
-    @property
-    def has_nvls(self) -> bool:
-        """``topology.nvls``."""
-        assert self.spec.topology is not None
-        return self.spec.topology.nvls
 
     # -- routing ---------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import networkx as nx
 
-from .cluster import Cluster, _count
+from .cluster import FileTopologyCluster, _count
 from .units import format_time
 
 __all__ = ["GraphCluster"]
@@ -35,7 +35,7 @@ def _weight(_u: str, _v: str, edge: dict[str, Any]) -> float:
     return edge["latency"] + HOP_TIE_BREAK
 
 
-class GraphCluster(Cluster):
+class GraphCluster(FileTopologyCluster):
     """Devices and links exactly as a topology file lists them."""
 
     def _build(self) -> None:
@@ -57,18 +57,6 @@ class GraphCluster(Cluster):
     def gpu_name(self, gpu: int) -> str:
         """The device name of GPU ``gpu`` as the topology file lists it."""
         return self._gpu_names[self._index(gpu, f"gpu_name({gpu!r})")]
-
-    @property
-    def intra_node_link(self) -> str:
-        """``topology.intra_node_link`` (``'nvlink'`` unless the file says ``'pci'``)."""
-        assert self.spec.topology is not None
-        return self.spec.topology.intra_node_link
-
-    @property
-    def has_nvls(self) -> bool:
-        """``topology.nvls``."""
-        assert self.spec.topology is not None
-        return self.spec.topology.nvls
 
     def _path(self, src_gpu: int, dst_gpu: int) -> list[str]:
         paths = self._paths.get(src_gpu)
