@@ -162,9 +162,14 @@ class _Engine:
                     lag = 0.0
                 end[op.id] = env.now + lag
             elif type(op) is Collective:
-                rendezvous = self._arrive(rank, op)
-                yield rendezvous.done
-                start[op.id] = rendezvous.start
+                if self.analytic and op.group in self.folded:
+                    # every member arrives now by symmetry: the closed-form time, one event
+                    start[op.id] = now
+                    yield env.timeout(self._folded_time(op))
+                else:
+                    rendezvous = self._arrive(rank, op)
+                    yield rendezvous.done
+                    start[op.id] = rendezvous.start
                 end[op.id] = env.now
             else:
                 pair = self._post(rank, op)
@@ -212,6 +217,27 @@ class _Engine:
             del self.rendezvous[key]
             self._launch_collective(op.group, rendezvous)
         return rendezvous
+
+    def _folded_time(self, op: Collective) -> float:
+        """Closed-form time of a folded collective (memoised per group, kind and size)."""
+        key = ("folded", op.group, op.kind, op.bytes)
+        seconds = self._plans.get(key)
+        if seconds is None:
+            choice, specs = collective_transfers(
+                self.cluster,
+                op.kind,
+                self.group_gpus[op.group],
+                op.bytes,
+                None,
+                self.options.algorithm,
+                self.options.protocol,
+            )
+            seconds = self._plans[key] = self._together(specs, choice.latency)
+            self._plans[("choice", op.group, op.kind, op.bytes)] = choice
+        choice = self._plans[("choice", op.group, op.kind, op.bytes)]
+        name = f"{op.kind}/{choice.algorithm}/{choice.protocol}"
+        self.choices[name] = self.choices.get(name, 0) + 1
+        return seconds
 
     def _folded_collective(self, op: Collective) -> _Rendezvous:
         """A collective of a folded group: every member arrives now, by symmetry."""
