@@ -163,3 +163,19 @@ def test_collbench_bad_input(capsys):
     assert "available algorithms" in capsys.readouterr().err
     assert main(["collbench", "--preset", "dgx-z100"]) == 2
     assert "dgx-z100" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,overrides", STEP_SCENARIOS)
+def test_closed_form_analytic_equals_the_simpy_replay(name, overrides):
+    """The event-free evaluator and the SimPy engine give the same analytic times."""
+    from simulator.run import build_schedule
+
+    scenario = load_scenario(SCENARIOS / name, [*overrides, "simulation.fidelity=analytic"])
+    schedule = build_schedule(scenario)
+    direct = simulate(schedule, scenario.cluster, EngineOptions("analytic"))
+    replay = simulate(schedule, scenario.cluster, EngineOptions("analytic", closed_form=False))
+    assert direct.step_time == pytest.approx(replay.step_time, rel=1e-12)
+    for rank in schedule.programs:
+        assert direct.end[rank] == pytest.approx(replay.end[rank], rel=1e-12, abs=1e-15)
+        assert direct.start[rank] == pytest.approx(replay.start[rank], rel=1e-12, abs=1e-15)
+    assert direct.collective_choices == replay.collective_choices

@@ -27,6 +27,7 @@ from topologies import Cluster
 
 from ..errors import DeadlockError, ScenarioError
 from ..schedule.ir import Collective, Compute, Recv, Schedule, Send
+from .closed_form import evaluate
 from .collectives import collective_transfers, p2p_transfer
 from .compute import ComputeModel
 from .network import FlowNetwork
@@ -74,6 +75,8 @@ class EngineOptions:
     fidelity: str = "flow"
     algorithm: str | None = None
     protocol: str | None = None
+    # analytic fidelity: solve the times directly (closed_form) or replay them in SimPy
+    closed_form: bool = True
 
 
 class _Engine:
@@ -389,7 +392,19 @@ def simulate(
     schedule: Schedule, cluster: Cluster, options: EngineOptions | None = None
 ) -> SimulationTimes:
     """Run every rank's program to completion and return the op times."""
-    engine = _Engine(schedule, cluster, options or EngineOptions())
+    options = options or EngineOptions()
+    if options.fidelity == "analytic" and options.closed_form:
+        ready, start, end, choices = evaluate(schedule, cluster, options)
+        ops = sum(len(program.ops) for program in schedule.programs.values())
+        return SimulationTimes(
+            ready=ready,
+            start=start,
+            end=end,
+            step_time=max((max(t, default=0.0) for t in end.values()), default=0.0),
+            stats={"ops": ops, "transfers": 0, "rate_recomputations": 0, "events": 0},
+            collective_choices=choices,
+        )
+    engine = _Engine(schedule, cluster, options)
     engine.start_processes()
     engine.env.run()
     report = engine.stuck_report()
