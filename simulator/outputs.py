@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_atomically", "write_json", "dumps_result", "write_run_outputs"]
+__all__ = ["write_atomically", "write_json", "write_csv", "dumps_result", "write_run_outputs"]
 
 
 def write_atomically(path: Path, write: Callable[[Path], Any]) -> Any:
@@ -38,6 +38,25 @@ def write_atomically(path: Path, write: Callable[[Path], Any]) -> Any:
 def dumps_result(result: dict[str, Any]) -> str:
     """Canonical JSON text of a result: sorted keys, so equal results are equal bytes."""
     return json.dumps(result, sort_keys=True, indent=2) + "\n"
+
+
+def write_csv(
+    path: Path,
+    fields: tuple[str, ...],
+    rows: list[dict[str, Any]],
+    value: Callable[[dict[str, Any], str], Any],
+) -> None:
+    """Write ``rows`` as CSV with a header of ``fields``, each cell ``value(row, field)``."""
+    import csv
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(fields)
+            for row in rows:
+                writer.writerow([value(row, key) for key in fields])
+
+    write_atomically(path, write)
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -42,7 +42,7 @@ from rich.text import Text
 from topologies.units import format_time
 
 from .errors import ParasimError, ScenarioError
-from .outputs import write_atomically, write_json
+from .outputs import write_atomically, write_csv, write_json
 from .scenario import Scenario, apply_overrides, scenario_from_dict
 from .sweep import (
     Candidate,
@@ -417,16 +417,6 @@ def _csv_value(row: dict[str, Any], key: str) -> Any:
     return value
 
 
-def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    import csv
-
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(CSV_FIELDS)
-        for row in rows:
-            writer.writerow([_csv_value(row, key) for key in CSV_FIELDS])
-
-
 def scale_figure(result: dict[str, Any]):
     """Plotly figure: tokens/s against GPUs with the ideal linear line, and the scaling
     efficiency on a second axis."""
@@ -492,7 +482,7 @@ def write_scale_outputs(result: dict[str, Any], out: Path) -> list[Path]:
     """Write ``scale.csv``, ``scale.json`` and ``scale.html`` to ``out``."""
     out = Path(out)
     paths = [out / "scale.csv", out / "scale.json", out / "scale.html"]
-    write_atomically(paths[0], lambda tmp: _write_csv(result["rows"], tmp))
+    write_csv(paths[0], CSV_FIELDS, result["rows"], _csv_value)
     write_json(paths[1], {k: v for k, v in result.items() if k != "wall_s"})
     fig = scale_figure(result)
     write_atomically(

@@ -35,6 +35,7 @@ __all__ = [
     "ScenarioSpec",
     "Scenario",
     "load_scenario",
+    "read_scenario_file",
     "scenario_from_dict",
     "apply_overrides",
 ]
@@ -301,8 +302,8 @@ def scenario_from_dict(
     )
 
 
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Read a scenario YAML file, apply ``--set`` overrides and resolve it."""
+def read_scenario_file(path: str | Path) -> dict[str, Any]:
+    """The parsed YAML mapping of a scenario file; a missing file or bad YAML is one line."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -314,5 +315,15 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ScenarioError(f"{path}: not valid YAML{where}") from None
-    raw = apply_overrides(raw or {}, overrides or [])
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read a scenario YAML file, apply ``--set`` overrides and resolve it."""
+    path = Path(path)
+    raw = apply_overrides(read_scenario_file(path), overrides or [])
     return scenario_from_dict(raw, source=str(path), base_dir=path.parent)

@@ -60,7 +60,6 @@ layouts and the counts and writes ``sweep.csv``, ``sweep.json`` and ``sweep.html
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import itertools
 import json
@@ -93,9 +92,9 @@ from topologies.validation import nearest_key_hint, validation_message
 from .errors import ParasimError, ScenarioError
 from .memory import memory_per_rank
 from .metrics import CATEGORIES
-from .outputs import write_atomically, write_json
+from .outputs import write_atomically, write_csv, write_json
 from .run import run_scenario, step_config
-from .scenario import ScenarioSpec, apply_overrides, scenario_from_dict
+from .scenario import ScenarioSpec, apply_overrides, read_scenario_file, scenario_from_dict
 
 __all__ = [
     "FIX_KEYS",
@@ -465,19 +464,8 @@ class SweepBase:
 
 
 def read_raw(path: str | Path) -> dict[str, Any]:
-    """The parsed YAML of a scenario file, with the loader's messages for bad files."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario ({exc.strerror})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise ScenarioError(f"{path}: not valid YAML") from None
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{path}: expected a mapping of sections")
-    return raw
+    """The parsed YAML of a scenario file (:func:`simulator.scenario.read_scenario_file`)."""
+    return read_scenario_file(path)
 
 
 def _cluster_spec(raw: dict[str, Any], base_dir: str):
@@ -899,14 +887,6 @@ def _csv_value(row: dict[str, Any], key: str) -> Any:
     return value
 
 
-def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(CSV_FIELDS)
-        for row in rows:
-            writer.writerow([_csv_value(row, key) for key in CSV_FIELDS])
-
-
 def sweep_figure(result: dict[str, Any], top: int):
     """Plotly figure: one horizontal stacked bar per top layout, mean breakdown (s)."""
     import plotly.graph_objects as go
@@ -952,7 +932,7 @@ def write_sweep_outputs(result: dict[str, Any], out: Path, top: int = 10) -> lis
     paths = [out / "sweep.csv", out / "sweep.json", out / "sweep.html"]
     # the same inputs give the same bytes: leave the timings out
     payload = {k: v for k, v in result.items() if k not in ("wall_s", "timing_s")}
-    write_atomically(paths[0], lambda tmp: _write_csv(result["rows"], tmp))
+    write_csv(paths[0], CSV_FIELDS, result["rows"], _csv_value)
     write_json(paths[1], payload)
     fig = sweep_figure(result, top)
     write_atomically(
