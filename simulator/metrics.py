@@ -11,16 +11,19 @@ waiting for its sender), and the part before the op was even issued is explained
 *its* binding predecessor, and so on. After the rank's last op, it idles until the
 slowest rank finishes: ``bubble`` in a pipeline (the flush), ``imbalance_stall``
 otherwise. Whatever no op explains is ``other``. The categories are intervals that
-partition ``[0, step_time]``, so they add up to the step time.
+partition ``[0, step_time]``, so they add up to the step time. A block (one pipeline
+action) is accounted as its body is, once per body: its compute, and its exposed TP
+communication.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .engine.blocks import BlockTimer
 from .engine.core import SimulationTimes
 from .layout import Layout
-from .schedule.ir import Collective, Compute, Schedule
+from .schedule.ir import Block, Collective, Compute, Schedule
 
 __all__ = ["CATEGORIES", "account_rank", "account_step"]
 
@@ -45,8 +48,12 @@ def account_rank(
     end: list[float],
     step_time: float,
     pipelined: bool,
+    blocks: BlockTimer | None = None,
+    _bodies: dict[int, tuple] | None = None,
 ) -> dict[str, Any]:
-    """Breakdown of one rank: categories (seconds), exposed comm per axis, compute per phase."""
+    """Breakdown of one rank: categories (seconds), exposed comm per axis, compute per phase.
+    ``blocks`` times the bodies of the rank's blocks."""
+    bodies = {} if _bodies is None else _bodies
     totals = dict.fromkeys(CATEGORIES, 0.0)
     exposed: dict[str, float] = {}
     by_phase: dict[str, float] = {}
@@ -61,7 +68,7 @@ def account_rank(
     def explain(op_id: int | None, lo: float, hi: float) -> None:
         while op_id is not None and hi > lo:
             op = ops[op_id]
-            if type(op) is Compute:
+            if type(op) is Compute or type(op) is Block:
                 break
             axis = op.tags.get("axis", "other")
             begun = max(lo, start[op_id])
@@ -87,11 +94,20 @@ def account_rank(
             continue
         if start[op.id] > cursor:
             explain(binding(op.id), cursor, start[op.id])
+        cursor = end[op.id]
+        if type(op) is Block:
+            inner = _body_breakdown(op, blocks, bodies)
+            for category, seconds in inner["breakdown"].items():
+                totals[category] += seconds
+            for axis, seconds in inner["exposed_comm_by_axis"].items():
+                exposed[axis] = exposed.get(axis, 0.0) + seconds
+            for phase, seconds in inner["compute_by_phase"].items():
+                by_phase[phase] = by_phase.get(phase, 0.0) + seconds
+            continue
         duration = end[op.id] - start[op.id]
         totals["compute"] += duration
         phase = op.tags.get("phase", "fwd")
         by_phase[phase] = by_phase.get(phase, 0.0) + duration
-        cursor = end[op.id]
     rank_end = max(end, default=0.0)
     if rank_end > cursor:
         last = max(range(len(ops)), key=lambda i: (end[i], -i))
@@ -106,11 +122,26 @@ def account_rank(
     }
 
 
+def _body_breakdown(block: Block, blocks: BlockTimer | None, cache: dict) -> dict[str, Any]:
+    """A block's accounting: its body's, as if the body were a rank of its own."""
+    cached = cache.get(id(block.body))
+    if cached is None or cached[0] is not block.body:
+        if blocks is None:
+            raise ValueError("accounting a schedule with blocks needs their body times")
+        times = blocks(block)
+        row = account_rank(
+            list(block.body), times.ready, times.start, times.end, times.makespan, False
+        )
+        cached = cache[id(block.body)] = (block.body, row)
+    return cached[1]
+
+
 def account_step(
     schedule: Schedule, times: SimulationTimes, layout: Layout, gpus_per_node: int
 ) -> dict[str, Any]:
     """Per-rank breakdowns, the critical rank's and the mean over ranks."""
     per_rank = []
+    bodies: dict[int, tuple] = {}
     for rank in sorted(schedule.programs):
         row = account_rank(
             schedule.programs[rank].ops,
@@ -119,6 +150,8 @@ def account_step(
             times.end[rank],
             times.step_time,
             pipelined=layout.pp > 1,
+            blocks=times.blocks,
+            _bodies=bodies,
         )
         coords = layout.coords(rank)
         per_rank.append({"rank": rank, "node": rank // gpus_per_node, **coords, **row})

@@ -18,7 +18,7 @@ from .memory import memory_per_rank
 from .metrics import account_step
 from .model import model_flops_per_step, parameter_count
 from .scenario import Scenario
-from .schedule.ir import Compute, Schedule
+from .schedule.ir import Block, Compute, Schedule
 from .schedule.step import StepConfig, build_step
 from .trace import OpRecord, Trace
 
@@ -27,6 +27,7 @@ __all__ = [
     "run_scenario",
     "assemble_result",
     "build_schedule",
+    "folds",
     "make_trace",
     "representative_ranks",
     "trace_ranks",
@@ -34,6 +35,9 @@ __all__ = [
 
 # Above this many ops, trace.json and the timeline keep a representative set of ranks.
 FULL_TRACE_OP_LIMIT = 300_000
+# Flow fidelity folds symmetric ranks by default above this many ranks: every rank of a
+# 512-GPU step in flow takes minutes, and a dense model's ranks of one stage run alike.
+FLOW_FOLD_WORLD = 512
 
 
 @dataclass
@@ -45,8 +49,24 @@ class RunResult:
 
 
 def build_schedule(scenario: Scenario) -> Schedule:
-    """The Schedule IR of one training step of ``scenario``."""
-    return build_step(step_config(scenario), fold=scenario.spec.simulation.fidelity == "analytic")
+    """The Schedule IR of one training step of ``scenario``: folded to one rank per
+    pipeline stage when :func:`folds` says so, and in blocks of whole pipeline actions
+    in analytic fidelity."""
+    fold = folds(scenario)
+    analytic = scenario.spec.simulation.fidelity == "analytic"
+    return build_step(step_config(scenario), fold=fold, blocks=fold and analytic)
+
+
+def folds(scenario: Scenario) -> bool:
+    """Whether the step simulates one rank per pipeline stage for its symmetric peers
+    (``simulation.fold``; by default always in analytic fidelity, and in flow fidelity
+    above ``FLOW_FOLD_WORLD`` ranks). A MoE step never folds: replicas route apart."""
+    simulation = scenario.spec.simulation
+    if scenario.moe is not None:
+        return False
+    if simulation.fold is not None:
+        return simulation.fold
+    return simulation.fidelity == "analytic" or scenario.layout.world > FLOW_FOLD_WORLD
 
 
 def step_config(scenario: Scenario) -> StepConfig:
@@ -115,27 +135,40 @@ def representative_ranks(scenario: Scenario, critical_rank: int) -> list[int]:
 
 
 def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
-    """The Trace of the simulated step, for ``ranks`` (all when None)."""
+    """The Trace of the simulated step, for ``ranks`` (all when None). Blocks are shown
+    op by op when that keeps the trace within ``FULL_TRACE_OP_LIMIT`` ops, and as one
+    bar per pipeline action otherwise."""
     schedule, times = run.schedule, run.times
     chosen = sorted(schedule.programs) if ranks is None else ranks
+    expand = times.blocks is not None and (
+        sum(
+            len(op.body) if type(op) is Block else 1
+            for rank in chosen
+            for op in schedule.programs[rank].ops
+        )
+        <= FULL_TRACE_OP_LIMIT
+    )
     records = []
     for rank in chosen:
         ready, start, end = times.ready[rank], times.start[rank], times.end[rank]
         for op in schedule.programs[rank].ops:
+            if expand and type(op) is Block:
+                records += _body_records(rank, op, start[op.id], times.blocks(op), len(records))
+                continue
             records.append(
                 OpRecord(
                     rank=rank,
-                    op_id=op.id,
+                    op_id=len(records) if times.blocks is not None else op.id,
                     stream=op.stream,
-                    op=op.type,
-                    kind=op.kind if op.type in ("compute", "collective") else op.type,
+                    op="compute" if type(op) is Block else op.type,
+                    kind=op.kind if op.type in ("compute", "collective", "block") else op.type,
                     label=op.label,
                     tags=op.tags,
                     ready=ready[op.id],
                     start=start[op.id],
                     end=end[op.id],
                     bytes=op.bytes,
-                    flops=op.flops if type(op) is Compute else 0.0,
+                    flops=op.flops if type(op) in (Compute, Block) else 0.0,
                     group=getattr(op, "group", None),
                     peer=getattr(op, "peer", None),
                 )
@@ -151,6 +184,37 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
     return Trace(records=records, step_time=times.step_time, meta=meta)
 
 
+def _body_records(rank: int, block: Block, at: float, times, first_id: int) -> list[OpRecord]:
+    """A block's body ops as records of ``rank``, starting at ``at``, their labels and
+    micro-batch tags naming the block's micro-batch."""
+    microbatch = block.tags.get("microbatch")
+    old, new = f".mb{block.body_microbatch}", f".mb{microbatch}"
+    records = []
+    for op in block.body:
+        label = op.label[: -len(old)] + new if op.label.endswith(old) else op.label
+        tags = op.tags
+        if tags.get("microbatch") is not None and tags["microbatch"] != microbatch:
+            tags = dict(tags, microbatch=microbatch)
+        records.append(
+            OpRecord(
+                rank=rank,
+                op_id=first_id + op.id,
+                stream=op.stream,
+                op=op.type,
+                kind=op.kind,
+                label=label,
+                tags=tags,
+                ready=at + times.ready[op.id],
+                start=at + times.start[op.id],
+                end=at + times.end[op.id],
+                bytes=op.bytes,
+                flops=op.flops if type(op) is Compute else 0.0,
+                group=getattr(op, "group", None),
+            )
+        )
+    return records
+
+
 def trace_ranks(run: RunResult) -> tuple[list[int] | None, str | None]:
     """Which ranks the trace outputs keep, and a note when they leave some out."""
     if run.schedule.num_ops <= FULL_TRACE_OP_LIMIT:
@@ -159,7 +223,7 @@ def trace_ranks(run: RunResult) -> tuple[list[int] | None, str | None]:
     note = (
         f"trace.json and timeline.html show {len(ranks)} representative ranks of "
         f"{run.scenario.layout.world} (one per pipeline stage and the critical rank); "
-        f"the step has {run.schedule.num_ops} ops"
+        f"the step has {run.schedule.expanded_ops} ops"
     )
     return ranks, note
 
@@ -191,7 +255,7 @@ def assemble_result(
         op.flops
         for program in schedule.programs.values()
         for op in program.ops
-        if type(op) is Compute
+        if type(op) is Compute or type(op) is Block
     )
     memory = memory_per_rank(step_config(scenario), gpu.hbm_capacity)
     warnings = list(scenario.warnings)

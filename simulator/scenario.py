@@ -77,6 +77,9 @@ class SimulationSpec(_Strict):
     seed: int = 0
     algorithm: Literal["ring", "tree", "nvls", "direct", "hierarchical"] | None = None
     protocol: Literal["LL", "LL128", "Simple"] | None = None
+    # simulate one rank per pipeline stage for the symmetric others (None: analytic
+    # always folds; flow folds above FLOW_FOLD_WORLD ranks)
+    fold: bool | None = None
 
 
 class ModelSection(_Strict):

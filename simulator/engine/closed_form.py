@@ -6,7 +6,8 @@ step is a longest-path problem over the ops' dependencies, and this module solve
 directly: it walks each (rank, stream) in program order, and an op gets its times as
 soon as its stream predecessor and its deps have theirs —
 
-* compute and folded collectives: ``start = ready``, ``end = start + duration``;
+* compute, blocks (see :mod:`.blocks`) and folded collectives: ``start = ready``,
+  ``end = start + duration``;
 * a collective of simulated members: ``start`` = the last member's arrival;
 * a send/recv pair (matched by (src, dst, tag), in order): ``start`` = the later of the
   two being posted.
@@ -23,7 +24,8 @@ from collections import deque
 from topologies import Cluster
 
 from ..errors import DeadlockError, ScenarioError
-from ..schedule.ir import Collective, Compute, Schedule, Send
+from ..schedule.ir import Block, Collective, Compute, Schedule, Send
+from .blocks import BlockTimer
 from .collectives import collective_transfers, p2p_transfer
 from .compute import ComputeModel
 
@@ -31,7 +33,8 @@ __all__ = ["evaluate"]
 
 
 def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
-    """``(ready, start, end, choices)`` per rank and op id, for analytic fidelity."""
+    """``(ready, start, end, choices, block_times)`` per rank and op id, for analytic
+    fidelity; ``block_times`` times the bodies of the schedule's blocks."""
     compute = ComputeModel(cluster.spec)
     simulated = set(schedule.programs)
     folded = {n for n, m in schedule.groups.items() if not set(m) <= simulated}
@@ -49,7 +52,8 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
         busiest = max(volume / cluster.links[link].bandwidth for link, volume in load.items())
         return max(spec.latency for spec in specs) + busiest
 
-    def collective_time(op: Collective, splits=None) -> float:
+    def plan(op: Collective, splits=None) -> tuple[float, str]:
+        """``(seconds, "kind/algorithm/protocol")`` of a collective alone."""
         key = (op.group, op.kind, op.bytes)
         cached = None if splits is not None else plans.get(key)
         if cached is None:
@@ -68,8 +72,25 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             )
             if splits is None:
                 plans[key] = cached
-        choices[cached[1]] = choices.get(cached[1], 0) + 1
-        return cached[0]
+        return cached
+
+    def collective_time(op: Collective, splits=None) -> float:
+        seconds, name = plan(op, splits)
+        choices[name] = choices.get(name, 0) + 1
+        return seconds
+
+    block_times = BlockTimer(lambda op: compute.duration(op.kind, op.flops, op.bytes), plan)
+    makespans: dict[int, float] = {}  # id(body) -> its makespan
+    runs: dict[int, list] = {}  # id(body) -> [body, times it ran]
+
+    def block_time(op: Block) -> float:
+        key = id(op.body)
+        seconds = makespans.get(key)
+        if seconds is None:
+            seconds = makespans[key] = block_times(op).makespan
+            runs[key] = [op, 0]
+        runs[key][1] += 1
+        return seconds
 
     def p2p_time(src: int, dst: int, size: float) -> float:
         key = ("p2p", src, dst, size)
@@ -99,63 +120,92 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
     sequence: dict[tuple[str, int], int] = {}
     channels: dict[tuple[int, int, int], tuple[deque, deque]] = {}
 
+    # streams that can move on, and streams waiting for an op of their rank to finish
+    runnable: deque[int] = deque(range(len(streams)))
+    waiters: dict[int, dict[int, list[int]]] = {rank: {} for rank in schedule.programs}
+
+    def woken(rank: int, op_id: int) -> None:
+        waiting = waiters[rank].pop(op_id, None)
+        if waiting is not None:
+            runnable.extend(waiting)
+
     def finish(rank: int, op_id: int, begin: float, stop: float, index: int) -> None:
         start[rank][op_id], end[rank][op_id] = begin, stop
         clock[index] = stop
         heads[index] += 1
-        pending[index] = False
+        if pending[index]:
+            pending[index] = False
+            if index != current:
+                runnable.append(index)
+        woken(rank, op_id)
 
-    progress = True
-    while progress:
-        progress = False
-        for index, (rank, ops) in enumerate(streams):
-            while heads[index] < len(ops) and not pending[index]:
-                op = ops[heads[index]]
-                done = end[rank]
-                if any(done[d] != done[d] for d in op.deps):
+    duration = compute.duration
+    current = -1
+    while runnable:
+        index = current = runnable.popleft()
+        rank, ops = streams[index]
+        done, issued, begun, waits = end[rank], ready[rank], start[rank], waiters[rank]
+        count = len(ops)
+        while heads[index] < count and not pending[index]:
+            op = ops[heads[index]]
+            at = clock[index]
+            blocker = -1
+            for dep in op.deps:
+                t = done[dep]
+                if t != t:  # NaN: not finished yet
+                    blocker = dep
                     break
-                at = max([clock[index], *(done[d] for d in op.deps)])
-                ready[rank][op.id] = at
-                kind = type(op)
+                if t > at:
+                    at = t
+            if blocker >= 0:
+                waits.setdefault(blocker, []).append(index)
+                break
+            op_id = op.id
+            issued[op_id] = at
+            kind = type(op)
+            if kind is Compute or kind is Block:
                 if kind is Compute:
-                    finish(
-                        rank, op.id, at, at + compute.duration(op.kind, op.flops, op.bytes), index
-                    )
-                elif kind is Collective and op.group in folded:
-                    finish(rank, op.id, at, at + collective_time(op), index)
-                elif kind is Collective:
-                    members = schedule.groups[op.group]
-                    seq = sequence.get((op.group, rank), 0)
-                    sequence[(op.group, rank)] = seq + 1
-                    arrived = rendezvous.setdefault((op.group, seq), {})
-                    arrived[rank] = (op.id, index)
-                    pending[index] = True
-                    if len(arrived) == len(members):
-                        del rendezvous[(op.group, seq)]
-                        splits = {
-                            r: schedule.programs[r].ops[i].splits for r, (i, _) in arrived.items()
-                        }
-                        uneven = op.kind == "all_to_all" and all(
-                            v is not None for v in splits.values()
-                        )
-                        begin = max(ready[r][i] for r, (i, _) in arrived.items())
-                        stop = begin + collective_time(op, splits if uneven else None)
-                        for r, (i, k) in arrived.items():
-                            finish(r, i, begin, stop, k)
+                    stop = at + duration(op.kind, op.flops, op.bytes)
                 else:
-                    src, dst = (rank, op.peer) if kind is Send else (op.peer, rank)
-                    sends, recvs = channels.setdefault((src, dst, op.tag), (deque(), deque()))
-                    mine, theirs = (sends, recvs) if kind is Send else (recvs, sends)
-                    pending[index] = True
-                    if theirs:
-                        other_rank, other_id, other_index = theirs.popleft()
-                        begin = max(at, ready[other_rank][other_id])
-                        stop = begin + p2p_time(src, dst, op.bytes)
-                        finish(rank, op.id, begin, stop, index)
-                        finish(other_rank, other_id, begin, stop, other_index)
-                    else:
-                        mine.append((rank, op.id, index))
-                progress = True
+                    stop = at + block_time(op)
+                begun[op_id], done[op_id] = at, stop
+                clock[index] = stop
+                heads[index] += 1
+                if op_id in waits:
+                    woken(rank, op_id)
+                continue
+            if kind is Collective and op.group in folded:
+                finish(rank, op.id, at, at + collective_time(op), index)
+            elif kind is Collective:
+                members = schedule.groups[op.group]
+                seq = sequence.get((op.group, rank), 0)
+                sequence[(op.group, rank)] = seq + 1
+                arrived = rendezvous.setdefault((op.group, seq), {})
+                arrived[rank] = (op.id, index)
+                pending[index] = True
+                if len(arrived) == len(members):
+                    del rendezvous[(op.group, seq)]
+                    splits = {
+                        r: schedule.programs[r].ops[i].splits for r, (i, _) in arrived.items()
+                    }
+                    uneven = op.kind == "all_to_all" and all(v is not None for v in splits.values())
+                    begin = max(ready[r][i] for r, (i, _) in arrived.items())
+                    stop = begin + collective_time(op, splits if uneven else None)
+                    for r, (i, k) in arrived.items():
+                        finish(r, i, begin, stop, k)
+            else:
+                src, dst = (rank, op.peer) if kind is Send else (op.peer, rank)
+                sends, recvs = channels.setdefault((src, dst, op.tag), (deque(), deque()))
+                mine, theirs = (sends, recvs) if kind is Send else (recvs, sends)
+                pending[index] = True
+                if theirs:
+                    other_rank, other_id, other_index = theirs.popleft()
+                    begin = max(at, ready[other_rank][other_id])
+                    stop = begin + p2p_time(src, dst, op.bytes)
+                    finish(rank, op.id, begin, stop, index)
+                    finish(other_rank, other_id, begin, stop, other_index)
+                else:
+                    mine.append((rank, op.id, index))
     stuck = [(rank, ops[heads[i]]) for i, (rank, ops) in enumerate(streams) if heads[i] < len(ops)]
     if stuck:
         names = "; ".join(
@@ -163,4 +213,7 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             for r, op in stuck[:8]
         )
         raise DeadlockError(f"schedule cannot finish: {len(stuck)} streams are stuck: {names}")
-    return ready, start, end, dict(sorted(choices.items()))
+    for op, count in runs.values():
+        for name, calls in block_times(op).choices.items():
+            choices[name] = choices.get(name, 0) + calls * count
+    return ready, start, end, dict(sorted(choices.items())), block_times

@@ -3,7 +3,8 @@
 One SimPy process runs each (rank, stream): it takes the stream's ops in program
 order, waits for each op's cross-stream ``deps``, then
 
-* a ``Compute`` op holds the stream for its roofline time;
+* a ``Compute`` op holds the stream for its roofline time, a ``Block`` for its body's
+  makespan (:mod:`.blocks`);
 * a ``Collective`` op arrives at the rendezvous of its group — collectives of a group
   are matched by their order on that group (NCCL semantics) — and waits until the last
   member arrives, then for the algorithm's transfers to cross the network;
@@ -26,7 +27,8 @@ import simpy
 from topologies import Cluster
 
 from ..errors import DeadlockError, ScenarioError
-from ..schedule.ir import Collective, Compute, Recv, Schedule, Send
+from ..schedule.ir import Block, Collective, Compute, Recv, Schedule, Send
+from .blocks import BlockTimer
 from .closed_form import evaluate
 from .collectives import collective_transfers, p2p_transfer
 from .compute import ComputeModel
@@ -47,6 +49,8 @@ class SimulationTimes:
     collective_choices: dict[str, int] = field(default_factory=dict)
     link_utilisation: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
     """Flow fidelity: link id -> [(time, bytes/s carried from then on)]."""
+    blocks: BlockTimer | None = None
+    """Times of the schedule's block bodies, relative to each block's start."""
 
 
 class _Rendezvous:
@@ -96,6 +100,9 @@ class _Engine:
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
         self.compute = ComputeModel(cluster.spec)
+        self.blocks = BlockTimer(
+            lambda op: self.compute.duration(op.kind, op.flops, op.bytes), self._plan_time
+        )
         self.groups = {name: tuple(members) for name, members in schedule.groups.items()}
         self.group_gpus = {name: sorted(members) for name, members in self.groups.items()}
         self.ready: dict[int, list[float]] = {}
@@ -146,7 +153,8 @@ class _Engine:
         lag = 0.0
         for op in ops:
             position[(rank, stream)] = op.id
-            is_compute = type(op) is Compute
+            kind = type(op)
+            is_compute = kind is Compute or kind is Block
             if op.deps or not is_compute:
                 if lag > 0.0:
                     yield env.timeout(lag)
@@ -159,12 +167,15 @@ class _Engine:
             signal = signals.get(op.id)
             if is_compute:
                 start[op.id] = now
-                lag += duration(op.kind, op.flops, op.bytes)
+                if kind is Compute:
+                    lag += duration(op.kind, op.flops, op.bytes)
+                else:
+                    lag += self._block_time(op)
                 if signal is not None:
                     yield env.timeout(lag)
                     lag = 0.0
                 end[op.id] = env.now + lag
-            elif type(op) is Collective:
+            elif kind is Collective:
                 if self.analytic and op.group in self.folded:
                     # every member arrives now by symmetry: the closed-form time, one event
                     start[op.id] = now
@@ -221,8 +232,21 @@ class _Engine:
             self._launch_collective(op.group, rendezvous)
         return rendezvous
 
+    def _block_time(self, op: Block) -> float:
+        times = self.blocks(op)
+        for name, count in times.choices.items():
+            self.choices[name] = self.choices.get(name, 0) + count
+        return times.makespan
+
     def _folded_time(self, op: Collective) -> float:
-        """Closed-form time of a folded collective (memoised per group, kind and size)."""
+        """Closed-form time of a folded collective, counted among the choices."""
+        seconds, name = self._plan_time(op)
+        self.choices[name] = self.choices.get(name, 0) + 1
+        return seconds
+
+    def _plan_time(self, op: Collective) -> tuple[float, str]:
+        """``(seconds, "kind/algorithm/protocol")`` of a collective alone on the
+        network (memoised per group, kind and size)."""
         key = ("folded", op.group, op.kind, op.bytes)
         seconds = self._plans.get(key)
         if seconds is None:
@@ -238,9 +262,7 @@ class _Engine:
             seconds = self._plans[key] = self._together(specs, choice.latency)
             self._plans[("choice", op.group, op.kind, op.bytes)] = choice
         choice = self._plans[("choice", op.group, op.kind, op.bytes)]
-        name = f"{op.kind}/{choice.algorithm}/{choice.protocol}"
-        self.choices[name] = self.choices.get(name, 0) + 1
-        return seconds
+        return seconds, f"{op.kind}/{choice.algorithm}/{choice.protocol}"
 
     def _folded_collective(self, op: Collective) -> _Rendezvous:
         """A collective of a folded group: every member arrives now, by symmetry."""
@@ -394,15 +416,21 @@ def simulate(
     """Run every rank's program to completion and return the op times."""
     options = options or EngineOptions()
     if options.fidelity == "analytic" and options.closed_form:
-        ready, start, end, choices = evaluate(schedule, cluster, options)
-        ops = sum(len(program.ops) for program in schedule.programs.values())
+        ready, start, end, choices, blocks = evaluate(schedule, cluster, options)
         return SimulationTimes(
             ready=ready,
             start=start,
             end=end,
             step_time=max((max(t, default=0.0) for t in end.values()), default=0.0),
-            stats={"ops": ops, "transfers": 0, "rate_recomputations": 0, "events": 0},
+            stats={
+                "ops": schedule.expanded_ops,
+                "blocks": _count_blocks(schedule),
+                "transfers": 0,
+                "rate_recomputations": 0,
+                "events": 0,
+            },
             collective_choices=choices,
+            blocks=blocks,
         )
     engine = _Engine(schedule, cluster, options)
     engine.start_processes()
@@ -417,11 +445,17 @@ def simulate(
         end=engine.end,
         step_time=step_time,
         stats={
-            "ops": engine.ops_run,
+            "ops": schedule.expanded_ops,
+            "blocks": _count_blocks(schedule),
             "transfers": engine.network.transfers_started,
             "rate_recomputations": engine.network.recomputations,
             "events": next(engine.env._eid),  # SimPy's running count of scheduled events
         },
         collective_choices=dict(sorted(engine.choices.items())),
         link_utilisation=engine.network.utilisation,
+        blocks=engine.blocks,
     )
+
+
+def _count_blocks(schedule: Schedule) -> int:
+    return sum(type(op) is Block for program in schedule.programs.values() for op in program.ops)

@@ -20,6 +20,14 @@ Four op types exist:
 ``Send`` / ``Recv``
     ``peer`` rank, ``bytes`` and an integer ``tag``; matched by (src, dst, tag), in
     order when a tag repeats.
+``Block``
+    one pipeline action (a forward or backward of one stage and micro-batch) whose
+    inner ops only wait for each other: its ``body`` is that action's ops, with ids
+    local to the body, on the compute and ``tp`` streams. The block starts when its
+    deps allow and lasts its body's makespan, which is exact whenever the body's
+    collectives need no partner that is simulated separately (a folded TP group in
+    analytic fidelity). Bodies are shared between the actions that run the same ops,
+    so a million-op pipeline is a few thousand blocks over a handful of bodies.
 
 ``tags`` carry ``layer``, ``microbatch``, ``stage``, ``phase`` and the parallel
 ``axis`` of a communication; metrics are computed from tags, never from labels.
@@ -38,6 +46,7 @@ __all__ = [
     "Collective",
     "Send",
     "Recv",
+    "Block",
     "Op",
     "Program",
     "Schedule",
@@ -104,12 +113,29 @@ class Recv(_PointToPoint):
     type = "recv"
 
 
-Op = Compute | Collective | Send | Recv
+@dataclass(slots=True)
+class Block:
+    id: int
+    stream: str
+    body: tuple[Compute | Collective, ...]
+    flops: float
+    bytes: float
+    label: str = ""
+    deps: tuple[int, ...] = ()
+    tags: dict[str, Any] = field(default_factory=dict)
+    # the micro-batch the body's labels and tags name (a body serves every micro-batch)
+    body_microbatch: int = 0
+    kind = "block"
+    type = "block"
+
+
+Op = Compute | Collective | Send | Recv | Block
 _OP_TYPES: dict[str, type] = {
     "compute": Compute,
     "collective": Collective,
     "send": Send,
     "recv": Recv,
+    "block": Block,
 }
 _TUPLE_FIELDS = ("deps", "shape", "splits")
 
@@ -136,41 +162,76 @@ class Schedule:
     groups: dict[str, tuple[int, ...]]
     meta: dict[str, Any] = field(default_factory=dict)
 
+    # folded schedules: every folded group -> the members of each group it stands for
+    # (itself included), and every simulated rank -> the ranks it stands for, aligned so
+    # that the i-th image of a rank talks to the i-th image of its peers
+    images: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    rank_images: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
     @property
     def num_ops(self) -> int:
+        """IR ops, a block counting as one."""
         return sum(len(p.ops) for p in self.programs.values())
 
+    @property
+    def expanded_ops(self) -> int:
+        """Ops with every block's body counted op by op."""
+        return sum(
+            len(op.body) if type(op) is Block else 1
+            for program in self.programs.values()
+            for op in program.ops
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        payload: dict[str, Any] = {
             "version": 1,
             "meta": self.meta,
             "groups": {name: list(members) for name, members in self.groups.items()},
             "programs": {
-                str(rank): [dict(asdict(op), type=op.type) for op in program.ops]
+                str(rank): [_op_dict(op) for op in program.ops]
                 for rank, program in self.programs.items()
             },
         }
+        if self.images:
+            payload["images"] = {n: [list(m) for m in g] for n, g in self.images.items()}
+            payload["rank_images"] = {str(r): list(i) for r, i in self.rank_images.items()}
+        return payload
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_dict(cls, payload: dict[str, Any]) -> Schedule:
-        programs: dict[int, Program] = {}
-        for rank_text, ops in payload["programs"].items():
-            rank = int(rank_text)
-            loaded: list[Op] = []
-            for raw in ops:
-                fields = dict(raw)
-                op_type = _OP_TYPES[fields.pop("type")]
-                for name in _TUPLE_FIELDS:
-                    if fields.get(name) is not None:
-                        fields[name] = tuple(fields[name])
-                loaded.append(op_type(**fields))
-            programs[rank] = Program(rank, loaded)
+        programs = {
+            int(rank): Program(int(rank), [_op_from_dict(raw) for raw in ops])
+            for rank, ops in payload["programs"].items()
+        }
         groups = {name: tuple(members) for name, members in payload["groups"].items()}
-        return cls(programs=programs, groups=groups, meta=payload.get("meta", {}))
+        images = {
+            name: tuple(tuple(m) for m in members)
+            for name, members in payload.get("images", {}).items()
+        }
+        rank_images = {int(r): tuple(i) for r, i in payload.get("rank_images", {}).items()}
+        return cls(programs, groups, payload.get("meta", {}), images, rank_images)
 
     @classmethod
     def from_json(cls, text: str) -> Schedule:
         return cls.from_dict(json.loads(text))
+
+
+def _op_dict(op: Op) -> dict[str, Any]:
+    if type(op) is Block:
+        fields = {name: getattr(op, name) for name in Block.__slots__ if name != "body"}
+        return dict(fields, body=[_op_dict(inner) for inner in op.body], type=op.type)
+    return dict(asdict(op), type=op.type)
+
+
+def _op_from_dict(raw: dict[str, Any]) -> Op:
+    fields = dict(raw)
+    op_type = _OP_TYPES[fields.pop("type")]
+    for name in _TUPLE_FIELDS:
+        if fields.get(name) is not None:
+            fields[name] = tuple(fields[name])
+    if op_type is Block:
+        fields["body"] = tuple(_op_from_dict(inner) for inner in fields["body"])
+    return op_type(**fields)

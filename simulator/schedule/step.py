@@ -56,7 +56,7 @@ from ..moe import (
     moe_layer_parameters_per_rank,
     moe_layer_traffic,
 )
-from .ir import Collective, Compute, Op, Program, Recv, Schedule, Send
+from .ir import Block, Collective, Compute, Op, Program, Recv, Schedule, Send
 from .pipeline import Action, pipeline_order
 
 __all__ = ["StepConfig", "build_step", "stage_parameter_count", "STREAMS"]
@@ -136,9 +136,11 @@ class StepConfig:
         return self.layout.pp * self.virtual_stages
 
     def pipeline_orders(self) -> dict[int, list[Action]]:
-        if self.orders is not None:
-            return self.orders
-        return pipeline_order(self.schedule, self.layout.pp, self.microbatches, self.virtual_stages)
+        if self.orders is None:
+            self.orders = pipeline_order(
+                self.schedule, self.layout.pp, self.microbatches, self.virtual_stages
+            )
+        return self.orders
 
 
 def _embedding_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
@@ -209,13 +211,21 @@ class _ProgramWriter:
 
     def tags(self, **values: Any) -> dict[str, Any]:
         """One shared dict per distinct tag set (ops of a program share their tags)."""
+        assert values.keys() <= set(self._TAG_KEYS), values.keys()
         get = values.get
-        key = (get("stage"), get("layer"), get("microbatch"), get("phase"), get("axis"))
+        return self.tag_set(
+            get("axis"), get("layer"), get("microbatch"), get("phase"), get("stage")
+        )
+
+    def tag_set(self, axis, layer, microbatch, phase, stage) -> dict[str, Any]:
+        """:meth:`tags` with every tag given (None: not set)."""
+        key = (axis, layer, microbatch, phase, stage)
         cached = self._tags.get(key)
         if cached is None:
-            assert values.keys() <= set(self._TAG_KEYS), values.keys()
-            ordered = sorted(values.items())
-            cached = self._tags[key] = {k: v for k, v in ordered if v is not None}
+            names = ("axis", "layer", "microbatch", "phase", "stage")  # sorted
+            cached = self._tags[key] = {
+                k: v for k, v in zip(names, key, strict=True) if v is not None
+            }
         return cached
 
     def compute(self, cost: OpCost, label: str, deps: tuple[int, ...], **tags: Any) -> int:
@@ -251,6 +261,22 @@ class _ProgramWriter:
         )
         return op_id
 
+    def block(
+        self,
+        body: tuple[Op, ...],
+        flops: float,
+        nbytes: float,
+        label: str,
+        deps: tuple[int, ...],
+        body_microbatch: int,
+        tags: dict[str, Any],
+    ) -> int:
+        op_id = len(self.ops)
+        self.ops.append(
+            Block(op_id, "compute", body, flops, nbytes, label, deps, tags, body_microbatch)
+        )
+        return op_id
+
     def p2p(
         self,
         op_type: type,
@@ -260,10 +286,10 @@ class _ProgramWriter:
         tag: int,
         label: str,
         deps: tuple[int, ...],
-        **tags: Any,
+        tags: dict[str, Any],
     ) -> int:
         op_id = len(self.ops)
-        self.ops.append(op_type(op_id, stream, peer, size, tag, label, deps, self.tags(**tags)))
+        self.ops.append(op_type(op_id, stream, peer, size, tag, label, deps, tags))
         return op_id
 
 
@@ -297,6 +323,9 @@ class _RankBuilder:
         self.waits: list[int] = []  # ops on other streams the next compute op must wait for
         self.deferred: dict[tuple[int, int], list[tuple[OpCost, str, dict]]] = {}
         self.stage = 0  # the stage of the action being written
+        self.neighbours: dict[int, int] = {}  # global stage -> rank holding it
+        # (action kind, stage) -> (body, flops, bytes, micro-batch, deferred weight grads)
+        self.bodies: dict[tuple[str, int], tuple] = {}
         self.moe = config.moe
         self.ep = layout.ep
         self.ep_group = layout.group_name("ep", rank) if self.ep > 1 else None
@@ -315,7 +344,10 @@ class _RankBuilder:
 
     def _neighbour(self, stage: int) -> int:
         """The rank (in this rank's pipeline) that holds global ``stage``."""
-        return self.layout.stage_rank(self.rank, stage % self.pp)
+        rank = self.neighbours.get(stage)
+        if rank is None:
+            rank = self.neighbours[stage] = self.layout.stage_rank(self.rank, stage % self.pp)
+        return rank
 
     def _stream(self, name: str, stage: int) -> str:
         return name if self.config.virtual_stages == 1 else f"{name}.c{stage // self.pp}"
@@ -390,9 +422,9 @@ class _RankBuilder:
             self.waits.append(op)
 
     # -- forward ----------------------------------------------------------------------
-    def forward(self, stage: int, mb: int) -> None:
+    def forward(self, stage: int, mb: int, blocked: bool = False) -> None:
         self.stage = stage
-        w, fwd = self.w, dict(phase="fwd", microbatch=mb)
+        w, pp_tags = self.w, self.w.tag_set("pp", None, mb, "fwd", stage)
         if stage > 0:
             recv = w.p2p(
                 Recv,
@@ -402,19 +434,12 @@ class _RankBuilder:
                 self._tag(stage - 1, mb, 0),
                 f"recv.act.s{stage}.mb{mb}",
                 (),
-                stage=stage,
-                axis="pp",
-                **fwd,
+                pp_tags,
             )
             self.waits.append(recv)
-        else:
-            self._run(self.embedding, f"embedding.fwd.mb{mb}", **fwd)
-            kind = "reduce_scatter" if self.sp else "all_reduce"
-            self._wait_for(self._tp_collective(kind, f"embedding.{kind}.mb{mb}", **fwd))
-        for layer in self._layers(stage):
-            self._layer_forward(layer, mb, "fwd")
+        self._action("F", stage, mb, "fwd", blocked, self._forward_body)
         if stage < self.stages - 1:
-            w.p2p(
+            self.w.p2p(
                 Send,
                 self._stream("pp_send_fwd", stage),
                 self._neighbour(stage + 1),
@@ -422,16 +447,55 @@ class _RankBuilder:
                 self._tag(stage, mb, 0),
                 f"send.act.s{stage}.mb{mb}",
                 self._after_last(),
-                stage=stage,
-                axis="pp",
-                **fwd,
+                pp_tags,
             )
-        else:
+
+    def _forward_body(self, stage: int, mb: int) -> None:
+        """The forward's compute and TP communication: embedding (first stage), the
+        stage's layers, final norm, logits and loss (last stage)."""
+        fwd = dict(phase="fwd", microbatch=mb)
+        if stage == 0:
+            self._run(self.embedding, f"embedding.fwd.mb{mb}", **fwd)
+            kind = "reduce_scatter" if self.sp else "all_reduce"
+            self._wait_for(self._tp_collective(kind, f"embedding.{kind}.mb{mb}", **fwd))
+        for layer in self._layers(stage):
+            self._layer_forward(layer, mb, "fwd")
+        if stage == self.stages - 1:
             self._run(self.final_norm, f"final_ln.fwd.mb{mb}", **fwd)
             if self.sp:
                 self._wait_for(self._tp_collective("all_gather", f"final_ln.ag.mb{mb}", **fwd))
             self._run(self.logits, f"logits.fwd.mb{mb}", **fwd)
             self._run(self.loss, f"loss.fwd.mb{mb}", **fwd)
+
+    def _action(self, kind: str, stage: int, mb: int, phase: str, blocked: bool, write) -> None:
+        """Write an action's inner ops (``write(stage, mb)``), or, ``blocked``, one
+        :class:`~simulator.schedule.ir.Block` of them: every action of a kind and stage
+        runs the same ops, so the body is written once and shared."""
+        if not blocked:
+            write(stage, mb)
+            return
+        key = (kind, stage)
+        cached = self.bodies.get(key)
+        if cached is None:
+            outer = self.w, self.last, self.waits
+            self.w, self.last, self.waits = _ProgramWriter(self.rank, self.config), 0, []
+            write(stage, mb)
+            body = tuple(self.w.ops)
+            self.w, self.last, self.waits = outer
+            flops = sum(op.flops for op in body if type(op) is Compute)
+            nbytes = sum(op.bytes for op in body if type(op) is Compute)
+            deferred = tuple(self.deferred.get((stage, mb), ()))
+            cached = self.bodies[key] = (body, flops, nbytes, mb, deferred)
+        else:
+            body, flops, nbytes, _, deferred = cached
+            if kind == "W":
+                self.deferred.pop((stage, mb), None)
+            elif deferred:
+                self.deferred[(stage, mb)] = list(deferred)
+        body, flops, nbytes, body_mb, _ = cached
+        deps, self.waits = tuple(self.waits), []
+        tags = self.w.tag_set(None, None, mb, phase, stage)
+        self.last = self.w.block(body, flops, nbytes, f"{stage}{kind}{mb}", deps, body_mb, tags)
 
     # forward op name -> the TP/SP collective that follows it
     _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce", "expert_fc2": "all_reduce"},
@@ -523,17 +587,20 @@ class _RankBuilder:
         self._grads(backward_of(router), f"L{layer}.", mb, final, tags, self.stage, defer)
 
     # -- backward ---------------------------------------------------------------------
-    def backward(self, stage: int, mb: int, final: bool, part: str) -> None:
+    _PHASES = {"B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
+
+    def backward(self, stage: int, mb: int, final: bool, part: str, blocked: bool = False) -> None:
         """``part``: ``B`` (all of it), ``I`` (input gradients, weight gradients
         deferred) or ``W`` (the deferred weight gradients)."""
         self.stage = stage
+        phase = self._PHASES[part]
         if part == "W":
-            self._weight_gradients(stage, mb, final)
+            self._action(
+                "W", stage, mb, phase, blocked, lambda s, m: self._weight_gradients(s, m, final)
+            )
             return
         w = self.w
-        phase = "bwd" if part == "B" else "bwd_input"
-        bwd = dict(phase=phase, microbatch=mb)
-        defer = part == "I"
+        pp_tags = w.tag_set("pp", None, mb, phase, stage)
         if stage < self.stages - 1:
             recv = w.p2p(
                 Recv,
@@ -543,20 +610,14 @@ class _RankBuilder:
                 self._tag(stage + 1, mb, 1),
                 f"recv.grad.s{stage}.mb{mb}",
                 (),
-                stage=stage,
-                axis="pp",
-                **bwd,
+                pp_tags,
             )
             self.waits.append(recv)
-        else:
-            tied = self.stages == 1  # logits and embedding weights tied on one stage
-            self._grads(backward_of(self.loss), "", mb, final, bwd, stage, defer)
-            self._grads(backward_of(self.logits), "", mb, final, bwd, stage, defer, tied=tied)
-            self._grads(backward_of(self.final_norm), "", mb, final, bwd, stage, defer)
-        for layer in reversed(self._layers(stage)):
-            self._layer_backward(layer, mb, final, phase, defer)
+        self._action(
+            part, stage, mb, phase, blocked, lambda s, m: self._backward_body(s, m, final, part)
+        )
         if stage > 0:
-            w.p2p(
+            self.w.p2p(
                 Send,
                 self._stream("pp_send_bwd", stage),
                 self._neighbour(stage - 1),
@@ -564,11 +625,23 @@ class _RankBuilder:
                 self._tag(stage, mb, 1),
                 f"send.grad.s{stage}.mb{mb}",
                 self._after_last(),
-                stage=stage,
-                axis="pp",
-                **bwd,
+                pp_tags,
             )
-        else:
+
+    def _backward_body(self, stage: int, mb: int, final: bool, part: str) -> None:
+        """The backward's compute and TP communication: loss, logits and final norm
+        (last stage), the layers in reverse, the embedding (first stage)."""
+        phase = self._PHASES[part]
+        bwd = dict(phase=phase, microbatch=mb)
+        defer = part == "I"
+        if stage == self.stages - 1:
+            tied = self.stages == 1  # logits and embedding weights tied on one stage
+            self._grads(backward_of(self.loss), "", mb, final, bwd, stage, defer)
+            self._grads(backward_of(self.logits), "", mb, final, bwd, stage, defer, tied=tied)
+            self._grads(backward_of(self.final_norm), "", mb, final, bwd, stage, defer)
+        for layer in reversed(self._layers(stage)):
+            self._layer_backward(layer, mb, final, phase, defer)
+        if stage == 0:
             self._grads(backward_of(self.embedding), "", mb, final, bwd, stage, defer)
 
     # backward op name -> (collective, overlapped with the next op?) in Megatron-LM
@@ -644,7 +717,9 @@ class _RankBuilder:
             self._grad_ready(params, op, mb, final, expert)
 
     # -- whole step -------------------------------------------------------------------
-    def build(self, order: list[Action]) -> Program:
+    def build(self, order: list[Action], blocks: bool = False) -> Program:
+        """The rank's program for its pipeline ``order``. With ``blocks`` every action
+        but those that hand gradients to data parallelism becomes one Block."""
         # a stage's gradients are complete after its last backward (B) or weight (W) action
         last_grad = {}
         for index, action in enumerate(order):
@@ -652,10 +727,11 @@ class _RankBuilder:
                 last_grad[action.stage] = index
         for index, action in enumerate(order):
             final = last_grad.get(action.stage) == index
+            blocked = blocks and not final
             if action.type == "F":
-                self.forward(action.stage, action.microbatch)
+                self.forward(action.stage, action.microbatch, blocked)
             elif action.type in ("B", "I", "W"):
-                self.backward(action.stage, action.microbatch, final, action.type)
+                self.backward(action.stage, action.microbatch, final, action.type, blocked)
             else:
                 raise ValueError(f"unsupported pipeline action {action}")
         for group in list(self.w.bucket_bytes):
@@ -699,13 +775,16 @@ def _retarget(op: Op, rank: int, layout: Layout) -> Op:
     return replace(op, peer=layout.stage_rank(rank, peer_stage))
 
 
-def build_step(config: StepConfig, fold: bool = False) -> Schedule:
+def build_step(config: StepConfig, fold: bool = False, blocks: bool = False) -> Schedule:
     """The Schedule of one training step for every rank of ``config.layout``.
 
     Ranks of one pipeline stage run the same program up to their process groups and
     neighbours, so each stage is built once, for its rank with TP and DP coordinate 0,
     and the other ranks of the stage share its compute ops. With ``fold`` only those
-    representative ranks get a program: the others are symmetric to them.
+    representative ranks get a program: the others are symmetric to them, and the
+    schedule records which ranks and groups each representative stands for. With
+    ``blocks`` (analytic fidelity) each pipeline action that does not hand gradients to
+    data parallelism is written as one :class:`~simulator.schedule.ir.Block`.
     """
     layout = config.layout
     orders = config.pipeline_orders()
@@ -720,7 +799,7 @@ def build_step(config: StepConfig, fold: bool = False) -> Schedule:
     templates: dict[int, tuple[int, list[Op]]] = {}
     for pipeline_rank in range(layout.pp):
         rank = layout.rank_of(pp=pipeline_rank)
-        ops = _RankBuilder(rank, config).build(orders[pipeline_rank]).ops
+        ops = _RankBuilder(rank, config).build(orders[pipeline_rank], blocks).ops
         templates[pipeline_rank] = (rank, ops)
     programs = {}
     ranks = sorted(rank for rank, _ in templates.values()) if fold else range(layout.world)
@@ -730,7 +809,31 @@ def build_step(config: StepConfig, fold: bool = False) -> Schedule:
             programs[rank] = Program(rank, ops)
         else:
             programs[rank] = Program(rank, [_retarget(op, rank, layout) for op in ops])
-    return _schedule(config, programs, orders)
+    schedule = _schedule(config, programs, orders)
+    if fold:
+        _record_images(schedule, layout)
+    return schedule
+
+
+def _record_images(schedule: Schedule, layout: Layout) -> None:
+    """Which ranks and groups each representative of a folded schedule stands for:
+    every rank of its pipeline stage, ordered by (dp, tp) coordinate so that image
+    ``i`` of a rank and image ``i`` of its pipeline neighbour are neighbours too."""
+    for rank in schedule.programs:
+        stage = layout.coords(rank)["pp"]
+        schedule.rank_images[rank] = tuple(
+            layout.rank_of(tp=t, pp=stage, dp=d) for d in range(layout.dp) for t in range(layout.tp)
+        )
+    simulated = set(schedule.programs)
+    for name, members in schedule.groups.items():
+        if set(members) <= simulated:
+            continue
+        axis = layout.axis_of_group(name)
+        representative = next(m for m in members if m in simulated)
+        seen: dict[tuple[int, ...], None] = {}
+        for image in schedule.rank_images[representative]:
+            seen.setdefault(tuple(layout.groups[layout.group_name(axis, image)]), None)
+        schedule.images[name] = tuple(seen)
 
 
 def _moe_meta(config: StepConfig) -> dict[str, Any] | None:
@@ -757,9 +860,13 @@ def _schedule(
     config: StepConfig, programs: dict[int, Program], orders: dict[int, list[Action]]
 ) -> Schedule:
     layout = config.layout
-    used = {
-        op.group for program in programs.values() for op in program.ops if type(op) is Collective
-    }
+    used: set[str] = set()
+    for program in programs.values():
+        for op in program.ops:
+            if type(op) is Collective:
+                used.add(op.group)
+            elif type(op) is Block:
+                used.update(inner.group for inner in op.body if type(inner) is Collective)
     groups = {name: members for name, members in layout.groups.items() if name in used}
     meta = {
         "moe": _moe_meta(config),

@@ -1,0 +1,71 @@
+"""Times of a Block's body: one pipeline action's ops, relative to the block's start.
+
+A block's body only waits for its own ops (its collectives are on folded groups, timed
+alone in analytic fidelity), so its ops' times relative to the block's start are the
+same every time the body runs: a longest path over the body in program order, where an
+op starts when its stream predecessor and its deps have finished. :class:`BlockTimer`
+computes that once per body and hands it to the closed-form solver, the SimPy engine,
+the time accounting and the trace, which all see the same instants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..schedule.ir import Block, Collective, Compute
+
+__all__ = ["BlockTimer", "BodyTimes"]
+
+
+@dataclass(frozen=True)
+class BodyTimes:
+    """Per body op (by local id) its ready, start and end, seconds after the block
+    starts; ``makespan`` is the block's duration."""
+
+    ready: list[float]
+    start: list[float]
+    end: list[float]
+    makespan: float
+    choices: dict[str, int]
+
+
+class BlockTimer:
+    """Body times, memoised per body (bodies are shared between blocks).
+
+    ``compute_time(op)`` and ``collective_time(op)`` give an op's duration alone;
+    ``collective_time`` returns ``(seconds, "kind/algorithm/protocol")``.
+    """
+
+    def __init__(
+        self,
+        compute_time: Callable[[Compute], float],
+        collective_time: Callable[[Collective], tuple[float, str]],
+    ):
+        self._compute_time = compute_time
+        self._collective_time = collective_time
+        self._cache: dict[int, tuple[tuple, BodyTimes]] = {}
+
+    def __call__(self, block: Block) -> BodyTimes:
+        body = block.body
+        cached = self._cache.get(id(body))
+        if cached is not None and cached[0] is body:
+            return cached[1]
+        n = len(body)
+        ready, start, end = [0.0] * n, [0.0] * n, [0.0] * n
+        clock: dict[str, float] = {}
+        choices: dict[str, int] = {}
+        for op in body:
+            at = max([clock.get(op.stream, 0.0), *(end[d] for d in op.deps)])
+            if type(op) is Compute:
+                seconds = self._compute_time(op)
+            elif type(op) is Collective:
+                seconds, name = self._collective_time(op)
+                choices[name] = choices.get(name, 0) + 1
+            else:
+                raise TypeError(f"a block body holds compute and collectives, not {op.type}")
+            ready[op.id], start[op.id], end[op.id] = at, at, at + seconds
+            clock[op.stream] = at + seconds
+        times = BodyTimes(ready, start, end, max(end, default=0.0), choices)
+        self._cache[id(body)] = (body, times)
+        return times
