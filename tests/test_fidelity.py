@@ -179,3 +179,66 @@ def test_closed_form_analytic_equals_the_simpy_replay(name, overrides):
         assert direct.end[rank] == pytest.approx(replay.end[rank], rel=1e-12, abs=1e-15)
         assert direct.start[rank] == pytest.approx(replay.start[rank], rel=1e-12, abs=1e-15)
     assert direct.collective_choices == replay.collective_choices
+
+
+DENSE_STEPS = [(name, overrides) for name, overrides in STEP_SCENARIOS if "mixtral" not in name]
+DENSE_STEPS += [
+    ("gpt3-175b-zb.yaml", ["training.global_batch=16"]),
+    ("gpt3-175b-interleaved.yaml", ["training.global_batch=16"]),
+    ("dense-70b-sp.yaml", ["training.global_batch=8", "training.recompute=selective"]),
+]
+# fabrics where images of an op share links: oversubscribed leaves, pods behind a core
+FOUR_NODES = ["cluster.nodes=4", "parallel.tp=4", "parallel.dp=4", "training.global_batch=16"]
+DENSE_STEPS += [
+    ("pipeline-demo.yaml", [*FOUR_NODES, "cluster.network.oversubscription=4"]),
+    (
+        "pipeline-demo.yaml",
+        [*FOUR_NODES, "cluster.network.pod_size=2", "cluster.network.core_oversubscription=4"],
+    ),
+]
+
+
+@pytest.mark.parametrize("name,overrides", DENSE_STEPS)
+def test_blocks_time_a_step_exactly_as_its_ops(name, overrides):
+    """A pipeline action written as one block gives the same times and accounting as
+    the action written op by op."""
+    from simulator.run import assemble_result, step_config
+    from simulator.schedule.step import build_step
+
+    scenario = load_scenario(SCENARIOS / name, [*overrides, "simulation.fidelity=analytic"])
+    results = []
+    for blocks in (False, True):
+        schedule = build_step(step_config(scenario), fold=True, blocks=blocks)
+        times = simulate(schedule, scenario.cluster, EngineOptions("analytic"))
+        results.append(assemble_result(scenario, schedule, times, "analytic"))
+    ops, blocked = results
+    assert blocked["simulation"]["blocks"] > 0
+    assert blocked["step_time_s"] == pytest.approx(ops["step_time_s"], rel=1e-12)
+    for category, value in ops["breakdown"]["critical"].items():
+        assert blocked["breakdown"]["critical"][category] == pytest.approx(value, abs=1e-9)
+    assert blocked["hardware_flops_per_step"] == pytest.approx(ops["hardware_flops_per_step"])
+    assert blocked["simulation"]["collective_choices"] == ops["simulation"]["collective_choices"]
+    assert blocked["simulation"]["ops"] == ops["simulation"]["ops"]
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "flow"])
+@pytest.mark.parametrize("name,overrides", DENSE_STEPS)
+def test_folded_and_unfolded_steps_agree_within_1_percent(name, overrides, fidelity):
+    """Folding simulates one rank per pipeline stage for its symmetric peers; where the
+    step is small enough to simulate every rank too, the two agree, and the result says
+    which was done."""
+    results = {}
+    for fold in (True, False):
+        scenario = load_scenario(
+            SCENARIOS / name, [*overrides, f"simulation.fidelity={fidelity}", f"simulation.fold={fold}"]
+        )
+        results[fold] = run_scenario(scenario).result
+    folded, every = results[True], results[False]
+    world = folded["cluster"]["gpus"]
+    assert folded["simulation"]["folded"] == (folded["simulation"]["simulated_ranks"] < world)
+    assert not every["simulation"]["folded"] and every["simulation"]["simulated_ranks"] == world
+    assert folded["step_time_s"] == pytest.approx(every["step_time_s"], rel=0.01)
+    for category, value in every["breakdown"]["critical"].items():
+        assert folded["breakdown"]["critical"][category] == pytest.approx(
+            value, abs=0.01 * every["step_time_s"]
+        )

@@ -30,6 +30,7 @@ Any problem becomes one :class:`~topologies.errors.TopologyError` line such as
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,12 @@ def load_preset(name: str) -> dict[str, Any]:
     if name not in names:
         hint = nearest_key_hint(str(name), names)
         raise TopologyError(f"unknown preset {name!r}{hint}; presets: {', '.join(names)}")
+    return copy.deepcopy(_read_preset(name))
+
+
+@functools.cache
+def _read_preset(name: str) -> dict[str, Any]:
+    """A preset's parsed YAML, read once per process (sweeps load thousands of scenarios)."""
     with open(PRESET_DIR / f"{name}.yaml", encoding="utf-8") as f:
         data = yaml.safe_load(f)
     if not isinstance(data, dict):

@@ -92,6 +92,8 @@ class Cluster:
         self._link_ids: dict[tuple[str, str], int] = {}
         self._device_latency: dict[str, float] = {}
         self._routes: dict[tuple[int, int], Route] = {}
+        self.plan_cache: dict[tuple, object] = {}
+        """Communication plans on this cluster, memoised by the simulator's planner."""
         self._build()
 
     # -- numbering -------------------------------------------------------------------

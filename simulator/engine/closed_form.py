@@ -118,7 +118,7 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
     pending: list[bool] = [False] * len(streams)  # head op posted, waiting for partners
     rendezvous: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
     sequence: dict[tuple[str, int], int] = {}
-    channels: dict[tuple[int, int, int], tuple[deque, deque]] = {}
+    channels: dict[tuple[int, int, int], list] = {}
 
     # streams that can move on, and streams waiting for an op of their rank to finish
     runnable: deque[int] = deque(range(len(streams)))
@@ -137,7 +137,8 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             pending[index] = False
             if index != current:
                 runnable.append(index)
-        woken(rank, op_id)
+        if op_id in waiters[rank]:
+            woken(rank, op_id)
 
     duration = compute.duration
     current = -1
@@ -194,18 +195,25 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
                     for r, (i, k) in arrived.items():
                         finish(r, i, begin, stop, k)
             else:
-                src, dst = (rank, op.peer) if kind is Send else (op.peer, rank)
-                sends, recvs = channels.setdefault((src, dst, op.tag), (deque(), deque()))
-                mine, theirs = (sends, recvs) if kind is Send else (recvs, sends)
+                sending = kind is Send
+                src, dst = (rank, op.peer) if sending else (op.peer, rank)
+                key = (src, dst, op.tag)
+                # [side posted first, its posts in order]: one side waits at a time
+                waiting = channels.get(key)
                 pending[index] = True
-                if theirs:
-                    other_rank, other_id, other_index = theirs.popleft()
-                    begin = max(at, ready[other_rank][other_id])
-                    stop = begin + p2p_time(src, dst, op.bytes)
-                    finish(rank, op.id, begin, stop, index)
-                    finish(other_rank, other_id, begin, stop, other_index)
-                else:
-                    mine.append((rank, op.id, index))
+                if waiting is None or waiting[0] is sending:
+                    if waiting is None:
+                        channels[key] = [sending, deque([(rank, op_id, index)])]
+                    else:
+                        waiting[1].append((rank, op_id, index))
+                    continue
+                other_rank, other_id, other_index = waiting[1].popleft()
+                if not waiting[1]:
+                    del channels[key]
+                begin = max(at, ready[other_rank][other_id])
+                stop = begin + p2p_time(src, dst, op.bytes)
+                finish(rank, op_id, begin, stop, index)
+                finish(other_rank, other_id, begin, stop, other_index)
     stuck = [(rank, ops[heads[i]]) for i, (rank, ops) in enumerate(streams) if heads[i] < len(ops)]
     if stuck:
         names = "; ".join(

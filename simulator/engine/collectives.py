@@ -212,6 +212,9 @@ def _calibrated_choice(
     )
 
 
+_PLAN_CACHE_SIZE = 100_000
+
+
 def plan_collective(
     cluster: Cluster,
     kind: str,
@@ -220,8 +223,29 @@ def plan_collective(
     algorithm: str | None = None,
     protocol: str | None = None,
 ) -> Plan:
-    """NCCL's choice for ``kind`` of ``size`` bytes on ``gpus``, and its transfer."""
+    """NCCL's choice for ``kind`` of ``size`` bytes on ``gpus``, and its transfer
+    (memoised on the cluster: a step asks for the same few plans thousands of times,
+    and a sweep reuses one cluster for every layout)."""
     gpus = sorted(gpus)
+    key = (kind, tuple(gpus), size, algorithm, protocol)
+    plan = cluster.plan_cache.get(key)
+    if plan is None:
+        if len(cluster.plan_cache) >= _PLAN_CACHE_SIZE:
+            cluster.plan_cache.clear()  # uneven all-to-alls ask for many one-off sizes
+        plan = cluster.plan_cache[key] = _plan_collective(
+            cluster, kind, gpus, size, algorithm, protocol
+        )
+    return plan
+
+
+def _plan_collective(
+    cluster: Cluster,
+    kind: str,
+    gpus: list[int],
+    size: float,
+    algorithm: str | None,
+    protocol: str | None,
+) -> Plan:
     n = len(gpus)
     if n <= 1:
         return Plan(CollectiveChoice("none", "none", 0.0, float("inf"), float("inf")), [])

@@ -266,14 +266,55 @@ class _Engine:
 
     def _folded_collective(self, op: Collective) -> _Rendezvous:
         """A collective of a folded group: every member arrives now, by symmetry."""
-        if not self.analytic:
+        if not self.analytic and op.group not in self.schedule.images:
             raise ScenarioError(
-                f"schedule: group {op.group} has members that are not simulated; folded "
-                "schedules need analytic fidelity"
+                f"schedule: group {op.group} has members that are not simulated and the "
+                "schedule does not say which groups it stands for"
             )
         rendezvous = _Rendezvous(self.env, op.kind, op.bytes, 1)
         self._run_transfers(op.group, rendezvous, None)
         return rendezvous
+
+    def _with_images(self, specs: list, image_specs: list[list]) -> list:
+        """The transfers of a folded op in flow fidelity, standing for its images too.
+
+        Every image of the op (the same op on the ranks the simulated one stands for)
+        runs at the same time and, by symmetry, at the same rate, so each transfer
+        keeps its own links with the crossings of all images added where images share
+        them (a spine link every image crosses carries all of them). Links only one
+        image crosses need no copy: by symmetry they carry what the simulated image's
+        own links carry."""
+        if any(len(other) != len(specs) for other in image_specs):
+            return [spec for other in image_specs for spec in other]  # no alignment
+        merged = []
+        for index, spec in enumerate(specs):
+            usage = dict(spec.usage)
+            for other in image_specs:
+                if other is specs:
+                    continue
+                for link, mult in other[index].usage.items():
+                    if link in usage:
+                        usage[link] += mult
+            merged.append(type(spec)(usage, spec.volume, spec.latency))
+        return merged
+
+    def _image_transfers(self, group: str, kind: str, size: float, planned: tuple) -> tuple:
+        """``(choice, specs)`` of a folded group's collective with its images."""
+        key = ("images", group, kind, size)
+        cached = self._plans.get(key)
+        if cached is None:
+            choice, specs = planned
+            others = [
+                specs
+                if sorted(members) == self.group_gpus[group]
+                else collective_transfers(
+                    self.cluster, kind, sorted(members), size, None,
+                    choice.algorithm, choice.protocol,
+                )[1]
+                for members in self.schedule.images[group]
+            ]  # fmt: skip
+            cached = self._plans[key] = (choice, self._with_images(specs, others))
+        return cached
 
     def _launch_collective(self, group: str, rendezvous: _Rendezvous) -> None:
         splits = (
@@ -297,6 +338,8 @@ class _Engine:
             )
             if splits is None:
                 self._plans[key] = planned
+        if not self.analytic and group in self.folded:
+            planned = self._image_transfers(group, rendezvous.kind, rendezvous.size, planned)
         choice, specs = planned
         key = f"{rendezvous.kind}/{choice.algorithm}/{choice.protocol}"
         self.choices[key] = self.choices.get(key, 0) + 1
@@ -365,6 +408,16 @@ class _Engine:
             spec = self._plans.get(key)
             if spec is None:
                 spec = p2p_transfer(self.cluster, src, dst, op.bytes, self.options.protocol)
+                images = self.schedule.rank_images
+                if not self.analytic and src in images and dst in images:
+                    own = [spec]
+                    others = [
+                        own
+                        if (a, b) == (src, dst)
+                        else [p2p_transfer(self.cluster, a, b, op.bytes, self.options.protocol)]
+                        for a, b in zip(images[src], images[dst], strict=True)
+                    ]
+                    (spec,) = self._with_images(own, others)
                 self._plans[key] = spec
             if self.analytic:
                 self._after(self._alone(spec), pair.done)

@@ -40,6 +40,7 @@ can run; :func:`in_flight_peak` counts the micro-batches a rank holds activation
 from __future__ import annotations
 
 import csv
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -239,8 +240,17 @@ def pipeline_order(
 ) -> dict[int, list[Action]]:
     """The per-rank compute order of a named schedule (one of :data:`SCHEDULES`).
 
-    ``virtual`` (model chunks per rank) applies to ``interleaved-1f1b`` only.
+    ``virtual`` (model chunks per rank) applies to ``interleaved-1f1b`` only. Orders
+    are memoised (the builder and the memory estimate ask for the same one), so the
+    returned lists are shared: read them, do not change them.
     """
+    return _pipeline_order(schedule, stages, microbatches, virtual)
+
+
+@functools.lru_cache(maxsize=16)
+def _pipeline_order(
+    schedule: str, stages: int, microbatches: int, virtual: int
+) -> dict[int, list[Action]]:
     if schedule == "interleaved-1f1b":
         return interleaved_1f1b_order(stages, microbatches, virtual)
     if schedule not in _BUILDERS:

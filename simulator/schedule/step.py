@@ -222,13 +222,20 @@ class _ProgramWriter:
         key = (axis, layer, microbatch, phase, stage)
         cached = self._tags.get(key)
         if cached is None:
-            names = ("axis", "layer", "microbatch", "phase", "stage")  # sorted
-            cached = self._tags[key] = {
-                k: v for k, v in zip(names, key, strict=True) if v is not None
-            }
+            cached = self._tags[key] = {}  # keys in sorted order
+            if axis is not None:
+                cached["axis"] = axis
+            if layer is not None:
+                cached["layer"] = layer
+            if microbatch is not None:
+                cached["microbatch"] = microbatch
+            if phase is not None:
+                cached["phase"] = phase
+            if stage is not None:
+                cached["stage"] = stage
         return cached
 
-    def compute(self, cost: OpCost, label: str, deps: tuple[int, ...], **tags: Any) -> int:
+    def compute(self, cost: OpCost, label: str, deps: tuple[int, ...], tags: dict[str, Any]) -> int:
         op_id = len(self.ops)
         self.ops.append(
             Compute(
@@ -239,7 +246,7 @@ class _ProgramWriter:
                 cost.kind,
                 label,
                 deps,
-                self.tags(**tags),
+                tags,
                 cost.shape,
             )
         )
@@ -253,12 +260,10 @@ class _ProgramWriter:
         stream: str,
         label: str,
         deps: tuple[int, ...],
-        **tags: Any,
+        tags: dict[str, Any],
     ) -> int:
         op_id = len(self.ops)
-        self.ops.append(
-            Collective(op_id, stream, kind, group, size, label, deps, self.tags(**tags))
-        )
+        self.ops.append(Collective(op_id, stream, kind, group, size, label, deps, tags))
         return op_id
 
     def block(
@@ -357,7 +362,9 @@ class _RankBuilder:
 
     def _run(self, cost: OpCost, label: str, **tags: Any) -> int:
         deps, self.waits = tuple(self.waits), []
-        self.last = self.w.compute(cost, label, deps, stage=self.stage, **tags)
+        get = tags.get
+        tagset = self.w.tag_set(None, get("layer"), get("microbatch"), get("phase"), self.stage)
+        self.last = self.w.compute(cost, label, deps, tagset)
         return self.last
 
     def _after_last(self) -> tuple[int, ...]:
@@ -368,17 +375,12 @@ class _RankBuilder:
         """A TP (SP) collective of the full activation, after the last compute op."""
         if self.tp_group is None:
             return None
-        axis = "sp" if self.sp else "tp"
+        get = tags.get
+        tagset = self.w.tag_set(
+            "sp" if self.sp else "tp", get("layer"), get("microbatch"), get("phase"), self.stage
+        )
         return self.w.collective(
-            kind,
-            self.tp_group,
-            self.activation_bytes,
-            "tp",
-            label,
-            (self.last,),
-            stage=self.stage,
-            axis=axis,
-            **tags,
+            kind, self.tp_group, self.activation_bytes, "tp", label, (self.last,), tagset
         )
 
     def _grad_ready(
@@ -409,10 +411,7 @@ class _RankBuilder:
             "dp",
             label,
             (producer,),
-            stage=self.stage,
-            axis="dp",
-            phase="bwd",
-            microbatch=microbatch,
+            w.tags(stage=self.stage, axis="dp", phase="bwd", microbatch=microbatch),
         )
         w.bucket_index[group] = index + 1
         w.bucket_bytes[group] = 0.0
@@ -549,9 +548,7 @@ class _RankBuilder:
             "ep",
             label,
             (self.last,),
-            stage=self.stage,
-            axis="ep",
-            **tags,
+            self.w.tags(stage=self.stage, axis="ep", **tags),
         )
         self.w.ops[op].splits = splits
         self._wait_for(op)
@@ -756,9 +753,7 @@ class _RankBuilder:
                 "dp",
                 "dp.param_all_gather",
                 (self.last,),
-                stage=self.stage,
-                axis="dp",
-                phase="optimizer",
+                self.w.tags(stage=self.stage, axis="dp", phase="optimizer"),
             )
         return Program(self.rank, self.w.ops)
 
@@ -819,21 +814,20 @@ def _record_images(schedule: Schedule, layout: Layout) -> None:
     """Which ranks and groups each representative of a folded schedule stands for:
     every rank of its pipeline stage, ordered by (dp, tp) coordinate so that image
     ``i`` of a rank and image ``i`` of its pipeline neighbour are neighbours too."""
+    offsets = [layout.rank_of(tp=t, dp=d) for d in range(layout.dp) for t in range(layout.tp)]
     for rank in schedule.programs:
-        stage = layout.coords(rank)["pp"]
-        schedule.rank_images[rank] = tuple(
-            layout.rank_of(tp=t, pp=stage, dp=d) for d in range(layout.dp) for t in range(layout.tp)
-        )
+        base = layout.rank_of(pp=layout.coords(rank)["pp"])
+        schedule.rank_images[rank] = tuple(base + offset for offset in offsets)
     simulated = set(schedule.programs)
     for name, members in schedule.groups.items():
         if set(members) <= simulated:
             continue
         axis = layout.axis_of_group(name)
         representative = next(m for m in members if m in simulated)
-        seen: dict[tuple[int, ...], None] = {}
-        for image in schedule.rank_images[representative]:
-            seen.setdefault(tuple(layout.groups[layout.group_name(axis, image)]), None)
-        schedule.images[name] = tuple(seen)
+        names = dict.fromkeys(
+            layout.group_name(axis, image) for image in schedule.rank_images[representative]
+        )
+        schedule.images[name] = tuple(tuple(layout.groups[n]) for n in names)
 
 
 def _moe_meta(config: StepConfig) -> dict[str, Any] | None:
@@ -861,12 +855,15 @@ def _schedule(
 ) -> Schedule:
     layout = config.layout
     used: set[str] = set()
+    bodies: dict[int, tuple] = {}
     for program in programs.values():
         for op in program.ops:
             if type(op) is Collective:
                 used.add(op.group)
             elif type(op) is Block:
-                used.update(inner.group for inner in op.body if type(inner) is Collective)
+                bodies[id(op.body)] = op.body
+    for body in bodies.values():
+        used.update(inner.group for inner in body if type(inner) is Collective)
     groups = {name: members for name, members in layout.groups.items() if name in used}
     meta = {
         "moe": _moe_meta(config),
