@@ -1,19 +1,22 @@
-"""The SimPy engine: replays a Schedule against a modelled cluster.
+"""The engine: replays a Schedule against a modelled cluster on a SimPy clock.
 
-One SimPy process runs each (rank, stream): it takes the stream's ops in program
-order, waits for each op's cross-stream ``deps``, then
+Every (rank, stream) runs its ops in program order; an op waits for its stream
+predecessor and its cross-stream ``deps``. Compute ops and blocks contend for nothing,
+so a stream times them on its own clock, which may run ahead of SimPy's, as soon as
+the instants it waits for are known. Communication is what needs SimPy's clock:
 
-* a ``Compute`` op holds the stream for its roofline time, a ``Block`` for its body's
-  makespan (:mod:`.blocks`);
 * a ``Collective`` op arrives at the rendezvous of its group — collectives of a group
-  are matched by their order on that group (NCCL semantics) — and waits until the last
-  member arrives, then for the algorithm's transfers to cross the network;
+  are matched by their order on that group (NCCL semantics) — and starts when the last
+  member arrives: at that instant its transfers enter the network;
 * a ``Send`` or ``Recv`` waits for its partner, matched by (src, dst, tag) in order,
   then for the flow between the two GPUs.
 
-Rank ``r`` runs on GPU ``r``. Every op's ``ready``, ``start`` and ``end`` instants are
-recorded. When the event queue empties with ops unfinished, the schedule could never
-finish: :class:`~simulator.errors.DeadlockError` names the stuck ranks and ops.
+Streams are not SimPy processes: they advance in callbacks, so the event queue holds
+only what happens on the network (a transfer's start, a rate change, a completion),
+and a stream costs nothing while it computes. Rank ``r`` runs on GPU ``r``. Every op's
+``ready``, ``start`` and ``end`` instants are recorded. When the event queue empties
+with ops unfinished, the schedule could never finish:
+:class:`~simulator.errors.DeadlockError` names the stuck ranks and ops.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class SimulationTimes:
 
 
 class _Rendezvous:
-    __slots__ = ("kind", "size", "expected", "arrived", "splits", "done", "start", "first")
+    __slots__ = ("kind", "size", "expected", "arrived", "splits", "start", "members", "begin")
 
     def __init__(self, env: simpy.Environment, kind: str, size: float, expected: int):
         self.kind = kind
@@ -62,8 +65,9 @@ class _Rendezvous:
         self.expected = expected
         self.arrived: dict[int, int] = {}  # rank -> op id
         self.splits: dict[int, tuple[float, ...]] = {}
-        self.done = env.event()
         self.start = math.nan
+        self.members: list[tuple[int, int, int]] = []  # (rank, op id, stream index)
+        self.begin = 0.0  # when the last member arrived
 
 
 @dataclass(frozen=True)
@@ -108,15 +112,21 @@ class _Engine:
         self.ready: dict[int, list[float]] = {}
         self.start: dict[int, list[float]] = {}
         self.end: dict[int, list[float]] = {}
-        self.signals: dict[int, dict[int, simpy.Event]] = {}
-        self.position: dict[tuple[int, str], int] = {}  # (rank, stream) -> op id in progress
+        # streams: (rank, name, ops); per stream its next op, clock and whether its next
+        # op is communication under way; per rank, op id -> streams waiting for it
+        self.streams: list[tuple[int, str, list]] = []
+        self.heads: list[int] = []
+        self.clock: list[float] = []
+        self.pending: list[bool] = []
+        self.waiters: dict[int, dict[int, list[int]]] = {}
+        self.runnable: deque[int] = deque()
         self.collective_seq: dict[tuple[str, int], int] = {}
         self.rendezvous: dict[tuple[str, int], _Rendezvous] = {}
         self.channels: dict[tuple[int, int, int], tuple[deque, deque]] = {}
         self.ops_run = 0
 
     # -- set-up -----------------------------------------------------------------------
-    def start_processes(self) -> None:
+    def start_streams(self) -> None:
         world = self.cluster.num_gpus
         for rank, program in sorted(self.schedule.programs.items()):
             if not 0 <= rank < world:
@@ -127,78 +137,97 @@ class _Engine:
             self.ready[rank] = [math.nan] * n
             self.start[rank] = [math.nan] * n
             self.end[rank] = [math.nan] * n
-            needed: set[int] = set()
+            self.waiters[rank] = {}
             by_stream: dict[str, list] = {}
             for op in program.ops:
-                needed.update(op.deps)
                 by_stream.setdefault(op.stream, []).append(op)
-            self.signals[rank] = {op_id: self.env.event() for op_id in sorted(needed)}
-            for stream, ops in by_stream.items():
-                self.env.process(self._run_stream(rank, stream, ops))
+            self.streams += [(rank, stream, ops) for stream, ops in by_stream.items()]
+        count = len(self.streams)
+        self.heads, self.clock, self.pending = [0] * count, [0.0] * count, [False] * count
+        self.runnable.extend(range(count))
+        self._drain()
 
-    # -- one stream -------------------------------------------------------------------
-    def _run_stream(self, rank: int, stream: str, ops: list):
-        """Run one stream's ops in order.
+    # -- streams ----------------------------------------------------------------------
+    def _drain(self) -> None:
+        """Advance every stream that can move on."""
+        runnable = self.runnable
+        while runnable:
+            self._advance(runnable.popleft())
 
-        Consecutive compute ops that nothing on another stream waits for, and that wait
-        for nothing on another stream, are timed arithmetically and cross the event queue
-        as one timeout (``lag`` is how far this stream's clock runs ahead of the
-        environment's); the stream catches up before anything another stream can see.
-        """
-        env = self.env
+    def _advance(self, index: int) -> None:
+        """Run stream ``index`` until it must wait: for a dep whose end is unknown, or
+        for a communication op to finish."""
+        rank, _, ops = self.streams[index]
         ready, start, end = self.ready[rank], self.start[rank], self.end[rank]
-        signals = self.signals[rank]
+        waiters = self.waiters[rank]
+        heads, clock, pending = self.heads, self.clock, self.pending
         duration = self.compute.duration
-        position = self.position
-        lag = 0.0
-        for op in ops:
-            position[(rank, stream)] = op.id
+        count = len(ops)
+        while heads[index] < count and not pending[index]:
+            op = ops[heads[index]]
+            at = clock[index]
+            for dep in op.deps:
+                t = end[dep]
+                if t != t:  # NaN: not finished yet
+                    waiters.setdefault(dep, []).append(index)
+                    return
+                if t > at:
+                    at = t
+            op_id = op.id
             kind = type(op)
-            is_compute = kind is Compute or kind is Block
-            if op.deps or not is_compute:
-                if lag > 0.0:
-                    yield env.timeout(lag)
-                    lag = 0.0
-                for dep in op.deps:
-                    if end[dep] != end[dep]:  # NaN: not finished yet
-                        yield signals[dep]
-            now = env.now + lag
-            ready[op.id] = now
-            signal = signals.get(op.id)
-            if is_compute:
-                start[op.id] = now
-                if kind is Compute:
-                    lag += duration(op.kind, op.flops, op.bytes)
-                else:
-                    lag += self._block_time(op)
-                if signal is not None:
-                    yield env.timeout(lag)
-                    lag = 0.0
-                end[op.id] = env.now + lag
-            elif kind is Collective:
-                if self.analytic and op.group in self.folded:
-                    # every member arrives now by symmetry: the closed-form time, one event
-                    start[op.id] = now
-                    yield env.timeout(self._folded_time(op))
-                else:
-                    rendezvous = self._arrive(rank, op)
-                    yield rendezvous.done
-                    start[op.id] = rendezvous.start
-                end[op.id] = env.now
+            if kind is Compute:
+                stop = at + duration(op.kind, op.flops, op.bytes)
+            elif kind is Block:
+                stop = at + self._block_time(op)
+            elif kind is Collective and self.analytic and op.group in self.folded:
+                # every member arrives now by symmetry: the closed-form time
+                stop = at + self._folded_time(op)
             else:
-                pair = self._post(rank, op)
-                yield pair.done
-                start[op.id] = pair.start
-                end[op.id] = env.now
+                ready[op_id] = at
+                pending[index] = True
+                if kind is Collective:
+                    self._arrive(rank, op, at, index)
+                else:
+                    self._post(rank, op, at, index)
+                return
+            ready[op_id] = start[op_id] = at
+            end[op_id] = clock[index] = stop
+            heads[index] += 1
             self.ops_run += 1
-            if signal is not None:
-                signal.succeed()
-        if lag > 0.0:
-            yield env.timeout(lag)
-        position[(rank, stream)] = -1
+            if op_id in waiters:
+                self.runnable.extend(waiters.pop(op_id))
+
+    def _at(self, when: float, action) -> None:
+        """Call ``action()`` at ``when`` on SimPy's clock (now if it has come)."""
+        delay = when - self.env.now
+        if delay <= 0:
+            action()
+        else:
+            self.env.timeout(delay).callbacks.append(lambda _ev: action())
+
+    def _finished(self, rendezvous: _Rendezvous) -> None:
+        """A communication op ended now: finish it on every member and move on."""
+        now = self.env.now
+        heads, clock, pending, runnable = self.heads, self.clock, self.pending, self.runnable
+        for rank, op_id, index in rendezvous.members:
+            self.start[rank][op_id] = rendezvous.start
+            self.end[rank][op_id] = clock[index] = now
+            heads[index] += 1
+            pending[index] = False
+            self.ops_run += 1
+            runnable.append(index)
+            waiters = self.waiters[rank]
+            if op_id in waiters:
+                runnable.extend(waiters.pop(op_id))
+        self._drain()
+
+    def _launch(self, rendezvous: _Rendezvous, start_transfers) -> None:
+        """At the last arrival, start the transfers (which finish the members when they
+        end)."""
+        self._at(rendezvous.begin, start_transfers)
 
     # -- collectives ------------------------------------------------------------------
-    def _arrive(self, rank: int, op: Collective) -> _Rendezvous:
+    def _arrive(self, rank: int, op: Collective, at: float, index: int) -> None:
         members = self.groups.get(op.group)
         if members is None:
             raise ScenarioError(f"schedule: rank {rank} op {op.id} uses unknown group {op.group!r}")
@@ -208,7 +237,8 @@ class _Engine:
                 f"{list(members)} that it is not a member of"
             )
         if op.group in self.folded:
-            return self._folded_collective(op)
+            self._folded_collective(rank, op, at, index)
+            return
         seq_key = (op.group, rank)
         seq = self.collective_seq.get(seq_key, 0)
         self.collective_seq[seq_key] = seq + 1
@@ -225,12 +255,13 @@ class _Engine:
                 f"{op.kind} of {op.bytes:g} bytes"
             )
         rendezvous.arrived[rank] = op.id
+        rendezvous.members.append((rank, op.id, index))
+        rendezvous.begin = max(rendezvous.begin, at)
         if op.splits is not None:
             rendezvous.splits[rank] = op.splits
         if len(rendezvous.arrived) == rendezvous.expected:
             del self.rendezvous[key]
-            self._launch_collective(op.group, rendezvous)
-        return rendezvous
+            self._launch(rendezvous, lambda: self._launch_collective(op.group, rendezvous))
 
     def _block_time(self, op: Block) -> float:
         times = self.blocks(op)
@@ -264,7 +295,7 @@ class _Engine:
         choice = self._plans[("choice", op.group, op.kind, op.bytes)]
         return seconds, f"{op.kind}/{choice.algorithm}/{choice.protocol}"
 
-    def _folded_collective(self, op: Collective) -> _Rendezvous:
+    def _folded_collective(self, rank: int, op: Collective, at: float, index: int) -> None:
         """A collective of a folded group: every member arrives now, by symmetry."""
         if not self.analytic and op.group not in self.schedule.images:
             raise ScenarioError(
@@ -272,8 +303,9 @@ class _Engine:
                 "schedule does not say which groups it stands for"
             )
         rendezvous = _Rendezvous(self.env, op.kind, op.bytes, 1)
-        self._run_transfers(op.group, rendezvous, None)
-        return rendezvous
+        rendezvous.members.append((rank, op.id, index))
+        rendezvous.begin = at
+        self._launch(rendezvous, lambda: self._run_transfers(op.group, rendezvous, None))
 
     def _with_images(self, specs: list, image_specs: list[list]) -> list:
         """The transfers of a folded op in flow fidelity, standing for its images too.
@@ -344,10 +376,10 @@ class _Engine:
         key = f"{rendezvous.kind}/{choice.algorithm}/{choice.protocol}"
         self.choices[key] = self.choices.get(key, 0) + 1
         if self.analytic:
-            self._after(self._together(specs, choice.latency), rendezvous.done)
+            self._after(self._together(specs, choice.latency), rendezvous)
         else:
             transfers = [self.network.transfer(s.usage, s.volume, s.latency) for s in specs]
-            self._when_all(transfers, rendezvous.done)
+            self._when_all(transfers, rendezvous)
 
     def _together(self, specs, latency: float) -> float:
         """Closed-form time of transfers that start together (an uneven all-to-all's
@@ -374,64 +406,79 @@ class _Engine:
         rate = min(links[link].bandwidth / mult for link, mult in spec.usage.items())
         return spec.latency + spec.volume / rate
 
-    def _after(self, seconds: float, done: simpy.Event) -> None:
-        self.env.timeout(seconds).callbacks.append(lambda _ev: done.succeed())
+    def _after(self, seconds: float, rendezvous: _Rendezvous) -> None:
+        """Finish ``rendezvous`` ``seconds`` from now."""
+        self.env.timeout(seconds).callbacks.append(lambda _ev: self._finished(rendezvous))
 
-    def _when_all(self, events: list[simpy.Event], done: simpy.Event) -> None:
+    def _when_all(self, events: list[simpy.Event], rendezvous: _Rendezvous) -> None:
+        """Finish ``rendezvous`` when every one of ``events`` has happened."""
         if not events:
-            done.succeed()
+            self._after(0.0, rendezvous)
         elif len(events) == 1:
-            events[0].callbacks.append(lambda _ev: done.succeed())
+            events[0].callbacks.append(lambda _ev: self._finished(rendezvous))
         else:
-            simpy.AllOf(self.env, events).callbacks.append(lambda _ev: done.succeed())
+            simpy.AllOf(self.env, events).callbacks.append(lambda _ev: self._finished(rendezvous))
 
     # -- point to point ---------------------------------------------------------------
-    def _post(self, rank: int, op: Send | Recv) -> _Rendezvous:
+    def _post(self, rank: int, op: Send | Recv, at: float, index: int) -> None:
         src, dst = (rank, op.peer) if type(op) is Send else (op.peer, rank)
         if op.peer == rank:
             raise ScenarioError(f"schedule: rank {rank} op {op.id} sends to itself")
         key = (src, dst, op.tag)
         sends, recvs = self.channels.setdefault(key, (deque(), deque()))
         mine, theirs = (sends, recvs) if type(op) is Send else (recvs, sends)
-        if theirs:
-            pair, partner_bytes = theirs.popleft()
-            if partner_bytes != op.bytes:
-                raise ScenarioError(
-                    f"schedule: send {src}->{dst} tag {op.tag} carries {partner_bytes:g} bytes "
-                    f"but its recv expects {op.bytes:g}"
-                    if type(op) is Recv
-                    else f"schedule: send {src}->{dst} tag {op.tag} carries {op.bytes:g} bytes "
-                    f"but its recv expects {partner_bytes:g}"
-                )
-            pair.start = self.env.now
-            key = ("p2p", src, dst, op.bytes)
-            spec = self._plans.get(key)
-            if spec is None:
-                spec = p2p_transfer(self.cluster, src, dst, op.bytes, self.options.protocol)
-                images = self.schedule.rank_images
-                if not self.analytic and src in images and dst in images:
-                    own = [spec]
-                    others = [
-                        own
-                        if (a, b) == (src, dst)
-                        else [p2p_transfer(self.cluster, a, b, op.bytes, self.options.protocol)]
-                        for a, b in zip(images[src], images[dst], strict=True)
-                    ]
-                    (spec,) = self._with_images(own, others)
-                self._plans[key] = spec
-            if self.analytic:
-                self._after(self._alone(spec), pair.done)
-            else:
-                transfer = self.network.transfer(spec.usage, spec.volume, spec.latency)
-                self._when_all([transfer], pair.done)
-            return pair
-        pair = _Rendezvous(self.env, "p2p", op.bytes, 2)
-        mine.append((pair, op.bytes))
-        return pair
+        if not theirs:
+            pair = _Rendezvous(self.env, "p2p", op.bytes, 2)
+            pair.members.append((rank, op.id, index))
+            pair.begin = at
+            mine.append(pair)
+            return
+        pair = theirs.popleft()
+        if not theirs and not mine:
+            del self.channels[key]
+        if pair.size != op.bytes:
+            raise ScenarioError(
+                f"schedule: send {src}->{dst} tag {op.tag} carries {pair.size:g} bytes "
+                f"but its recv expects {op.bytes:g}"
+                if type(op) is Recv
+                else f"schedule: send {src}->{dst} tag {op.tag} carries {op.bytes:g} bytes "
+                f"but its recv expects {pair.size:g}"
+            )
+        pair.members.append((rank, op.id, index))
+        pair.begin = max(pair.begin, at)
+        self._launch(pair, lambda: self._send(pair, src, dst, op.bytes))
+
+    def _send(self, pair: _Rendezvous, src: int, dst: int, size: float) -> None:
+        """Start the flow of a matched send/recv pair (now)."""
+        pair.start = self.env.now
+        key = ("p2p", src, dst, size)
+        spec = self._plans.get(key)
+        if spec is None:
+            spec = p2p_transfer(self.cluster, src, dst, size, self.options.protocol)
+            images = self.schedule.rank_images
+            if not self.analytic and src in images and dst in images:
+                own = [spec]
+                others = [
+                    own
+                    if (a, b) == (src, dst)
+                    else [p2p_transfer(self.cluster, a, b, size, self.options.protocol)]
+                    for a, b in zip(images[src], images[dst], strict=True)
+                ]
+                (spec,) = self._with_images(own, others)
+            self._plans[key] = spec
+        if self.analytic:
+            self._after(self._alone(spec), pair)
+        else:
+            transfer = self.network.transfer(spec.usage, spec.volume, spec.latency)
+            self._when_all([transfer], pair)
 
     # -- diagnosis --------------------------------------------------------------------
     def stuck_report(self) -> str | None:
-        stuck = [(key, op_id) for key, op_id in sorted(self.position.items()) if op_id >= 0]
+        stuck = sorted(
+            ((rank, stream), ops[self.heads[index]].id)
+            for index, (rank, stream, ops) in enumerate(self.streams)
+            if self.heads[index] < len(ops)
+        )
         if not stuck:
             return None
         lines = []
@@ -486,7 +533,7 @@ def simulate(
             blocks=blocks,
         )
     engine = _Engine(schedule, cluster, options)
-    engine.start_processes()
+    engine.start_streams()
     engine.env.run()
     report = engine.stuck_report()
     if report is not None:
