@@ -14,8 +14,10 @@ name                what                                                        
                                                                                   ≤ 8 GB
 gpt3-128-flow       gpt3-175b on 128 GPUs, flow, every rank, 64 micro-batches     ≤ 60 s
 sweep-175b-1024     ``parasim sweep`` of gpt3-175b on 1024 A100s                  ≤ 30 s
-engine-overhead     simulated events per second ÷ a bare SimPy timeout loop's    ≥ 0.5
-                    (same process)
+engine-overhead     simulated events (op completions) per second in a flow      ≥ 0.5
+                    replay of gpt3-175b (128 ranks, every op), ÷ the timeouts
+                    per second of a bare SimPy loop; both measured in turn in
+                    one process, best of 3 and of 4 (the machine is noisy)
 ==================  ==========================================================  ==========
 
 Usage::
@@ -93,9 +95,14 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "import time\n"
         "s = load_scenario('scenarios/gpt3-175b.yaml', ['simulation.fidelity=flow'])\n"
         "schedule = build_schedule(s)\n"
-        "bare = bare_simpy_events_per_second()\n"
-        "t = time.perf_counter(); times = simulate(schedule, s.cluster); dt = time.perf_counter() - t\n"
-        "figure = {'ratio': times.stats['events'] / dt / bare, 'events': times.stats['events']}\n",
+        "s.cluster\n"
+        "bare, engine = [], []\n"
+        "for _ in range(3):\n"
+        "    bare.append(bare_simpy_events_per_second())\n"
+        "    t = time.perf_counter(); times = simulate(schedule, s.cluster); dt = time.perf_counter() - t\n"
+        "    engine.append(times.stats['ops'] / dt)\n"
+        "bare.append(bare_simpy_events_per_second())\n"
+        "figure = {'ratio': max(engine) / max(bare), 'ops': times.stats['ops'], 'ops_per_s': max(engine), 'bare_events_per_s': max(bare), 'simpy_events': times.stats['events']}\n",
         0.5,
         "ratio",
     ),

@@ -230,7 +230,8 @@ def test_folded_and_unfolded_steps_agree_within_1_percent(name, overrides, fidel
     results = {}
     for fold in (True, False):
         scenario = load_scenario(
-            SCENARIOS / name, [*overrides, f"simulation.fidelity={fidelity}", f"simulation.fold={fold}"]
+            SCENARIOS / name,
+            [*overrides, f"simulation.fidelity={fidelity}", f"simulation.fold={fold}"],
         )
         results[fold] = run_scenario(scenario).result
     folded, every = results[True], results[False]

@@ -33,8 +33,9 @@ __all__ = ["evaluate"]
 
 
 def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
-    """``(ready, start, end, choices, block_times)`` per rank and op id, for analytic
-    fidelity; ``block_times`` times the bodies of the schedule's blocks."""
+    """``(ready, start, end, choices, block_times, counts)`` per rank and op id, for
+    analytic fidelity; ``block_times`` times the bodies of the schedule's blocks and
+    ``counts`` says how many ops (a block's body op by op) and blocks ran."""
     compute = ComputeModel(cluster.spec)
     simulated = set(schedule.programs)
     folded = {n for n, m in schedule.groups.items() if not set(m) <= simulated}
@@ -221,7 +222,10 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             for r, op in stuck[:8]
         )
         raise DeadlockError(f"schedule cannot finish: {len(stuck)} streams are stuck: {names}")
+    counts = {"ops": schedule.num_ops, "blocks": 0}
     for op, count in runs.values():
         for name, calls in block_times(op).choices.items():
             choices[name] = choices.get(name, 0) + calls * count
-    return ready, start, end, dict(sorted(choices.items())), block_times
+        counts["ops"] += (len(op.body) - 1) * count
+        counts["blocks"] += count
+    return ready, start, end, dict(sorted(choices.items())), block_times, counts

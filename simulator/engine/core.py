@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import simpy
@@ -50,7 +51,7 @@ class SimulationTimes:
     step_time: float
     stats: dict[str, int] = field(default_factory=dict)
     collective_choices: dict[str, int] = field(default_factory=dict)
-    link_utilisation: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    link_utilisation: Mapping[int, list[tuple[float, float]]] = field(default_factory=dict)
     """Flow fidelity: link id -> [(time, bytes/s carried from then on)]."""
     blocks: BlockTimer | None = None
     """Times of the schedule's block bodies, relative to each block's start."""
@@ -59,7 +60,7 @@ class SimulationTimes:
 class _Rendezvous:
     __slots__ = ("kind", "size", "expected", "arrived", "splits", "start", "members", "begin")
 
-    def __init__(self, env: simpy.Environment, kind: str, size: float, expected: int):
+    def __init__(self, kind: str, size: float, expected: int):
         self.kind = kind
         self.size = size
         self.expected = expected
@@ -109,21 +110,25 @@ class _Engine:
         )
         self.groups = {name: tuple(members) for name, members in schedule.groups.items()}
         self.group_gpus = {name: sorted(members) for name, members in self.groups.items()}
+        self.member_sets = {name: frozenset(members) for name, members in self.groups.items()}
         self.ready: dict[int, list[float]] = {}
         self.start: dict[int, list[float]] = {}
         self.end: dict[int, list[float]] = {}
         # streams: (rank, name, ops); per stream its next op, clock and whether its next
         # op is communication under way; per rank, op id -> streams waiting for it
         self.streams: list[tuple[int, str, list]] = []
+        self.state: list[tuple] = []  # per stream: rank, ops, its rank's time lists, waiters
         self.heads: list[int] = []
         self.clock: list[float] = []
         self.pending: list[bool] = []
         self.waiters: dict[int, dict[int, list[int]]] = {}
         self.runnable: deque[int] = deque()
-        self.collective_seq: dict[tuple[str, int], int] = {}
+        self.collective_seq: dict[int, dict[str, int]] = {}  # rank -> group -> calls
         self.rendezvous: dict[tuple[str, int], _Rendezvous] = {}
         self.channels: dict[tuple[int, int, int], tuple[deque, deque]] = {}
-        self.ops_run = 0
+        self.durations: dict[int, float] = {}  # id(compute op) -> seconds
+        self.body_ops = 0  # ops inside the blocks run, beyond one per block
+        self.blocks_run = 0
 
     # -- set-up -----------------------------------------------------------------------
     def start_streams(self) -> None:
@@ -138,12 +143,17 @@ class _Engine:
             self.start[rank] = [math.nan] * n
             self.end[rank] = [math.nan] * n
             self.waiters[rank] = {}
+            self.collective_seq[rank] = {}
             by_stream: dict[str, list] = {}
             for op in program.ops:
                 by_stream.setdefault(op.stream, []).append(op)
             self.streams += [(rank, stream, ops) for stream, ops in by_stream.items()]
         count = len(self.streams)
         self.heads, self.clock, self.pending = [0] * count, [0.0] * count, [False] * count
+        self.state = [
+            (rank, ops, self.ready[rank], self.start[rank], self.end[rank], self.waiters[rank])
+            for rank, _, ops in self.streams
+        ]
         self.runnable.extend(range(count))
         self._drain()
 
@@ -157,45 +167,47 @@ class _Engine:
     def _advance(self, index: int) -> None:
         """Run stream ``index`` until it must wait: for a dep whose end is unknown, or
         for a communication op to finish."""
-        rank, _, ops = self.streams[index]
-        ready, start, end = self.ready[rank], self.start[rank], self.end[rank]
-        waiters = self.waiters[rank]
-        heads, clock, pending = self.heads, self.clock, self.pending
-        duration = self.compute.duration
-        count = len(ops)
-        while heads[index] < count and not pending[index]:
-            op = ops[heads[index]]
-            at = clock[index]
+        if self.pending[index]:
+            return
+        rank, ops, ready, start, end, waiters = self.state[index]
+        durations = self.durations
+        head, clock, count = self.heads[index], self.clock[index], len(ops)
+        while head < count:
+            op = ops[head]
+            at = clock
             for dep in op.deps:
                 t = end[dep]
                 if t != t:  # NaN: not finished yet
                     waiters.setdefault(dep, []).append(index)
+                    self.heads[index], self.clock[index] = head, clock
                     return
                 if t > at:
                     at = t
             op_id = op.id
             kind = type(op)
             if kind is Compute:
-                stop = at + duration(op.kind, op.flops, op.bytes)
+                seconds = durations.get(id(op))  # compute ops are shared between peers
+                if seconds is None:
+                    seconds = durations[id(op)] = self.compute.duration(op.kind, op.flops, op.bytes)
             elif kind is Block:
-                stop = at + self._block_time(op)
+                seconds = self._block_time(op)
             elif kind is Collective and self.analytic and op.group in self.folded:
-                # every member arrives now by symmetry: the closed-form time
-                stop = at + self._folded_time(op)
+                seconds = self._folded_time(op)  # every member arrives now, by symmetry
             else:
+                self.heads[index], self.clock[index] = head, clock
                 ready[op_id] = at
-                pending[index] = True
+                self.pending[index] = True
                 if kind is Collective:
                     self._arrive(rank, op, at, index)
                 else:
                     self._post(rank, op, at, index)
                 return
             ready[op_id] = start[op_id] = at
-            end[op_id] = clock[index] = stop
-            heads[index] += 1
-            self.ops_run += 1
+            end[op_id] = clock = at + seconds
+            head += 1
             if op_id in waiters:
                 self.runnable.extend(waiters.pop(op_id))
+        self.heads[index], self.clock[index] = head, clock
 
     def _at(self, when: float, action) -> None:
         """Call ``action()`` at ``when`` on SimPy's clock (now if it has come)."""
@@ -207,16 +219,16 @@ class _Engine:
 
     def _finished(self, rendezvous: _Rendezvous) -> None:
         """A communication op ended now: finish it on every member and move on."""
-        now = self.env.now
+        now, began = self.env.now, rendezvous.start
         heads, clock, pending, runnable = self.heads, self.clock, self.pending, self.runnable
+        start, end, all_waiters = self.start, self.end, self.waiters
         for rank, op_id, index in rendezvous.members:
-            self.start[rank][op_id] = rendezvous.start
-            self.end[rank][op_id] = clock[index] = now
+            start[rank][op_id] = began
+            end[rank][op_id] = clock[index] = now
             heads[index] += 1
             pending[index] = False
-            self.ops_run += 1
             runnable.append(index)
-            waiters = self.waiters[rank]
+            waiters = all_waiters[rank]
             if op_id in waiters:
                 runnable.extend(waiters.pop(op_id))
         self._drain()
@@ -228,42 +240,45 @@ class _Engine:
 
     # -- collectives ------------------------------------------------------------------
     def _arrive(self, rank: int, op: Collective, at: float, index: int) -> None:
-        members = self.groups.get(op.group)
+        group = op.group
+        members = self.member_sets.get(group)
         if members is None:
-            raise ScenarioError(f"schedule: rank {rank} op {op.id} uses unknown group {op.group!r}")
+            raise ScenarioError(f"schedule: rank {rank} op {op.id} uses unknown group {group!r}")
         if rank not in members:
             raise ScenarioError(
-                f"schedule: rank {rank} op {op.id} calls a collective on group {op.group} "
-                f"{list(members)} that it is not a member of"
+                f"schedule: rank {rank} op {op.id} calls a collective on group {group} "
+                f"{list(self.groups[group])} that it is not a member of"
             )
-        if op.group in self.folded:
+        if group in self.folded:
             self._folded_collective(rank, op, at, index)
             return
-        seq_key = (op.group, rank)
-        seq = self.collective_seq.get(seq_key, 0)
-        self.collective_seq[seq_key] = seq + 1
-        key = (op.group, seq)
+        sequence = self.collective_seq[rank]
+        seq = sequence.get(group, 0)
+        sequence[group] = seq + 1
+        key = (group, seq)
         rendezvous = self.rendezvous.get(key)
         if rendezvous is None:
-            rendezvous = _Rendezvous(self.env, op.kind, op.bytes, len(members))
-            self.rendezvous[key] = rendezvous
+            rendezvous = self.rendezvous[key] = _Rendezvous(op.kind, op.bytes, len(members))
         elif rendezvous.kind != op.kind or (rendezvous.size != op.bytes and op.splits is None):
             first = next(iter(rendezvous.arrived))
             raise ScenarioError(
-                f"schedule: collective #{seq} on group {op.group} does not match: rank {first} "
+                f"schedule: collective #{seq} on group {group} does not match: rank {first} "
                 f"calls {rendezvous.kind} of {rendezvous.size:g} bytes, rank {rank} calls "
                 f"{op.kind} of {op.bytes:g} bytes"
             )
         rendezvous.arrived[rank] = op.id
         rendezvous.members.append((rank, op.id, index))
-        rendezvous.begin = max(rendezvous.begin, at)
+        if at > rendezvous.begin:
+            rendezvous.begin = at
         if op.splits is not None:
             rendezvous.splits[rank] = op.splits
-        if len(rendezvous.arrived) == rendezvous.expected:
+        if len(rendezvous.members) == rendezvous.expected:
             del self.rendezvous[key]
-            self._launch(rendezvous, lambda: self._launch_collective(op.group, rendezvous))
+            self._launch(rendezvous, lambda: self._launch_collective(group, rendezvous))
 
     def _block_time(self, op: Block) -> float:
+        self.blocks_run += 1
+        self.body_ops += len(op.body) - 1
         times = self.blocks(op)
         for name, count in times.choices.items():
             self.choices[name] = self.choices.get(name, 0) + count
@@ -302,7 +317,7 @@ class _Engine:
                 f"schedule: group {op.group} has members that are not simulated and the "
                 "schedule does not say which groups it stands for"
             )
-        rendezvous = _Rendezvous(self.env, op.kind, op.bytes, 1)
+        rendezvous = _Rendezvous(op.kind, op.bytes, 1)
         rendezvous.members.append((rank, op.id, index))
         rendezvous.begin = at
         self._launch(rendezvous, lambda: self._run_transfers(op.group, rendezvous, None))
@@ -428,7 +443,7 @@ class _Engine:
         sends, recvs = self.channels.setdefault(key, (deque(), deque()))
         mine, theirs = (sends, recvs) if type(op) is Send else (recvs, sends)
         if not theirs:
-            pair = _Rendezvous(self.env, "p2p", op.bytes, 2)
+            pair = _Rendezvous("p2p", op.bytes, 2)
             pair.members.append((rank, op.id, index))
             pair.begin = at
             mine.append(pair)
@@ -516,15 +531,14 @@ def simulate(
     """Run every rank's program to completion and return the op times."""
     options = options or EngineOptions()
     if options.fidelity == "analytic" and options.closed_form:
-        ready, start, end, choices, blocks = evaluate(schedule, cluster, options)
+        ready, start, end, choices, blocks, counts = evaluate(schedule, cluster, options)
         return SimulationTimes(
             ready=ready,
             start=start,
             end=end,
             step_time=max((max(t, default=0.0) for t in end.values()), default=0.0),
             stats={
-                "ops": schedule.expanded_ops,
-                "blocks": _count_blocks(schedule),
+                **counts,
                 "transfers": 0,
                 "rate_recomputations": 0,
                 "events": 0,
@@ -545,17 +559,29 @@ def simulate(
         end=engine.end,
         step_time=step_time,
         stats={
-            "ops": schedule.expanded_ops,
-            "blocks": _count_blocks(schedule),
+            "ops": sum(engine.heads) + engine.body_ops,
+            "blocks": engine.blocks_run,
             "transfers": engine.network.transfers_started,
             "rate_recomputations": engine.network.recomputations,
             "events": next(engine.env._eid),  # SimPy's running count of scheduled events
         },
         collective_choices=dict(sorted(engine.choices.items())),
-        link_utilisation=engine.network.utilisation,
+        link_utilisation=_Utilisation(engine.network),
         blocks=engine.blocks,
     )
 
 
-def _count_blocks(schedule: Schedule) -> int:
-    return sum(type(op) is Block for program in schedule.programs.values() for op in program.ops)
+class _Utilisation(Mapping):
+    """A flow network's link utilisation, assembled from its rate log when first read."""
+
+    def __init__(self, network: FlowNetwork):
+        self._network = network
+
+    def __getitem__(self, link: int) -> list[tuple[float, float]]:
+        return self._network.utilisation[link]
+
+    def __iter__(self):
+        return iter(self._network.utilisation)
+
+    def __len__(self) -> int:
+        return len(self._network.utilisation)

@@ -16,8 +16,9 @@ change keep their scheduled completion.
 A transfer first waits its ``latency`` (it holds no bandwidth then), then moves its
 volume: alone on links of bandwidth ``B`` it takes ``latency + volume / B``.
 
-Every change of a link's carried rate is recorded (:attr:`FlowNetwork.utilisation`),
-so reports can show each link's utilisation over the step.
+Every change of a transfer's rate is logged, and :attr:`FlowNetwork.utilisation`
+turns the log into each link's carried rate over the step (once, when asked), so
+reports can show each link's utilisation.
 """
 
 from __future__ import annotations
@@ -56,8 +57,36 @@ class FlowNetwork:
         self._next_id = 0
         self.transfers_started = 0
         self.recomputations = 0
-        # link id -> [(time, bytes/s carried from then on)], only for links ever used
-        self.utilisation: dict[int, list[tuple[float, float]]] = {}
+        # (time, usage, change of the transfer's rate), in time order
+        self._rate_log: list[tuple[float, tuple[tuple[int, int], ...], float]] = []
+        self._utilisation: tuple[int, dict[int, list[tuple[float, float]]]] = (0, {})
+
+    @property
+    def utilisation(self) -> dict[int, list[tuple[float, float]]]:
+        """Link id -> ``[(time, bytes/s carried from then on)]``, for every link used."""
+        logged, series = self._utilisation
+        if logged == len(self._rate_log):
+            return series
+        loads: dict[int, float] = {}
+        series = {}
+        bandwidths = self.bandwidths
+        for now, usage, change in self._rate_log:
+            for link, mult in usage:
+                load = loads.get(link, 0.0) + mult * change
+                if abs(load) <= 1e-9 * bandwidths[link]:
+                    load = 0.0  # rounding left by rates that came and went
+                loads[link] = load
+                points = series.get(link)
+                if points is None:
+                    series[link] = [(now, load)]
+                    continue
+                when, carried = points[-1]
+                if when == now:
+                    points[-1] = (now, load)
+                elif carried != load:
+                    points.append((now, load))
+        self._utilisation = (len(self._rate_log), series)
+        return series
 
     def transfer(self, usage: dict[int, int], volume: float, latency: float) -> simpy.Event:
         """Start a transfer now; the returned event fires when its last byte arrives."""
@@ -81,8 +110,23 @@ class FlowNetwork:
 
     def _activate(self, transfer: Transfer) -> None:
         transfer.updated_at = self.env.now
+        alone = True
         for link, _ in transfer.usage:
-            self._on_link[link][transfer.id] = transfer
+            on_link = self._on_link[link]
+            if on_link:
+                alone = False
+            on_link[transfer.id] = transfer
+        if alone:  # its own component: the rate its busiest link allows
+            self.recomputations += 1
+            bandwidths = self.bandwidths
+            rate = min(bandwidths[link] / mult for link, mult in transfer.usage)
+            transfer.rate = rate
+            transfer.version += 1
+            version = transfer.version
+            delay = transfer.remaining / rate
+            self._after(delay, lambda _ev: self._finish(transfer, version))
+            self._rate_log.append((self.env.now, transfer.usage, rate))
+            return
         self._rebalance([transfer])
 
     def _finish(self, transfer: Transfer, version: int) -> None:
@@ -95,8 +139,7 @@ class FlowNetwork:
             neighbours.update(on_link)
         transfer.remaining = 0.0
         transfer.done.succeed()
-        idle = {link: 0.0 for link, _ in transfer.usage if not self._on_link[link]}
-        self._record(idle)
+        self._rate_log.append((self.env.now, transfer.usage, -transfer.rate))
         if neighbours:
             self._rebalance(neighbours.values())
 
@@ -128,30 +171,17 @@ class FlowNetwork:
                 t.remaining -= t.rate * (now - t.updated_at)
             t.updated_at = now
         rates = _max_min_rates(transfers, links, self.bandwidths)
+        log = self._rate_log
         for t in transfers:
             rate = rates[t.id]
             if t.rate > 0 and abs(rate - t.rate) <= _RELATIVE_TOLERANCE * t.rate:
                 continue  # unchanged: its scheduled completion still holds
+            log.append((now, t.usage, rate - t.rate))
             t.rate = rate
             t.version += 1
             version = t.version
             delay = max(t.remaining, 0.0) / rate
             self._after(delay, lambda _ev, t=t, v=version: self._finish(t, v))
-        loads = dict.fromkeys(links, 0.0)
-        for t in transfers:
-            for link, mult in t.usage:
-                loads[link] += mult * t.rate
-        self._record(loads)
-
-    def _record(self, loads: dict[int, float]) -> None:
-        """Note the rate (bytes/s) each link carries from now on, where it changed."""
-        now = self.env.now
-        for link, load in loads.items():
-            series = self.utilisation.setdefault(link, [])
-            if series and series[-1][0] == now:
-                series[-1] = (now, load)
-            elif not series or series[-1][1] != load:
-                series.append((now, load))
 
 
 def _max_min_rates(
