@@ -222,15 +222,18 @@ class _Engine:
         now, began = self.env.now, rendezvous.start
         heads, clock, pending, runnable = self.heads, self.clock, self.pending, self.runnable
         start, end, all_waiters = self.start, self.end, self.waiters
-        for rank, op_id, index in rendezvous.members:
+        members = rendezvous.members
+        for rank, op_id, index in members:
             start[rank][op_id] = began
             end[rank][op_id] = clock[index] = now
             heads[index] += 1
             pending[index] = False
-            runnable.append(index)
             waiters = all_waiters[rank]
             if op_id in waiters:
                 runnable.extend(waiters.pop(op_id))
+        # the streams that waited for this op go first: they compute what the members'
+        # next ops wait for, so the members seldom have to stop and be woken again
+        runnable.extend(index for _, _, index in members)
         self._drain()
 
     def _launch(self, rendezvous: _Rendezvous, start_transfers) -> None:
