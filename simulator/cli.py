@@ -27,6 +27,7 @@ from topologies import TopologyError
 from topologies.units import format_time
 
 from . import __version__, explain, scale, sweep
+from .cli_options import add_fidelity_option, add_set_option
 from .errors import ParasimError
 from .outputs import dumps_result, write_run_outputs
 
@@ -51,14 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="simulate one training step of a scenario")
     run.add_argument("scenario", help="scenario YAML file")
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a scenario field, e.g. --set parallel.tp=4 (repeatable)",
-    )
+    add_set_option(run)
     run.add_argument("--out", type=Path, help="output folder (default: out/<scenario name>)")
     run.add_argument(
         "--json", action="store_true", help="print result.json on stdout instead of the summary"
@@ -77,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
         help="pin NCCL's algorithm",
     )
     collbench.add_argument("--proto", choices=["LL", "LL128", "Simple"], help="pin NCCL's protocol")
-    collbench.add_argument("--fidelity", choices=["flow", "analytic"], default="flow")
+    add_fidelity_option(collbench, default="flow")
     collbench.add_argument("--profile", help="calibration profile to apply to the preset")
     collbench.add_argument("--json", action="store_true", help="print the rows as JSON")
 
@@ -100,9 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         "replay", help="run a scenario's step for real with torch.distributed and measure it"
     )
     replay.add_argument("scenario", help="scenario YAML file")
-    replay.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE"
-    )
+    add_set_option(replay)
     _launch_options(replay)
     replay.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-measured)")
     replay.add_argument(

@@ -56,6 +56,7 @@ from rich.text import Text
 from topologies import TopologyError
 from topologies.units import format_bytes, format_time
 
+from .cli_options import add_fidelity_option, add_set_option
 from .errors import ParasimError
 from .layout import Layout
 from .memory import memory_per_rank
@@ -1175,20 +1176,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "the fix of each. Exit status 0: nothing found; 1: problems found; 2: bad input.",
     )
     parser.add_argument("scenario", help="scenario YAML file")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a scenario field, e.g. --set parallel.tp=16 (repeatable)",
-    )
+    add_set_option(parser, "override a scenario field, e.g. --set parallel.tp=16 (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    parser.add_argument(
-        "--fidelity",
-        choices=["analytic", "flow"],
-        default="analytic",
-        help="simulation fidelity of the scenario and its fixes (default: analytic)",
+    add_fidelity_option(
+        parser, help="simulation fidelity of the scenario and its fixes (default: analytic)"
     )
     return parser
 

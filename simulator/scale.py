@@ -41,6 +41,7 @@ from rich.text import Text
 
 from topologies.units import format_time
 
+from .cli_options import add_fidelity_option, add_set_option, add_workers_option
 from .errors import ParasimError, ScenarioError
 from .outputs import write_atomically, write_csv, write_json
 from .scenario import Scenario, apply_overrides, scenario_from_dict
@@ -580,21 +581,9 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--max-tp", type=int, help="with --best: largest tp to try")
     parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-scale)")
-    parser.add_argument(
-        "--fidelity",
-        choices=["analytic", "flow"],
-        default="analytic",
-        help="simulation fidelity (default analytic: fast, folded)",
-    )
-    parser.add_argument("--workers", type=int, help="processes (default: every core)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a scenario field first (repeatable)",
-    )
+    add_fidelity_option(parser, help="simulation fidelity (default analytic: fast, folded)")
+    add_workers_option(parser)
+    add_set_option(parser, "override a scenario field first (repeatable)")
 
 
 def command(args: argparse.Namespace) -> int:

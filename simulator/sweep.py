@@ -89,6 +89,7 @@ from topologies import TopologyError, load_cluster_spec
 from topologies.units import format_time
 from topologies.validation import nearest_key_hint, validation_message
 
+from .cli_options import add_fidelity_option, add_set_option, add_workers_option
 from .errors import ParasimError, ScenarioError
 from .memory import memory_per_rank
 from .metrics import CATEGORIES
@@ -1078,21 +1079,9 @@ def add_parser(subparsers: Any) -> None:
         type=int,
         help="largest tp to try (default: GPUs per node; larger values let TP span nodes)",
     )
-    parser.add_argument(
-        "--fidelity",
-        choices=["analytic", "flow"],
-        default="analytic",
-        help="simulation fidelity (default analytic: fast, folded)",
-    )
-    parser.add_argument("--workers", type=int, help="processes (default: every core)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a scenario field before sweeping (repeatable)",
-    )
+    add_fidelity_option(parser, help="simulation fidelity (default analytic: fast, folded)")
+    add_workers_option(parser)
+    add_set_option(parser, "override a scenario field before sweeping (repeatable)")
     parser.add_argument(
         "--exhaustive",
         action="store_true",
