@@ -151,14 +151,16 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
     records = []
     for rank in chosen:
         ready, start, end = times.ready[rank], times.start[rank], times.end[rank]
+        first = len(records)  # expanded bodies renumber the rank's ops in program order
         for op in schedule.programs[rank].ops:
             if expand and type(op) is Block:
-                records += _body_records(rank, op, start[op.id], times.blocks(op), len(records))
+                body = _body_records(rank, op, start[op.id], times.blocks(op), len(records) - first)
+                records += body
                 continue
             records.append(
                 OpRecord(
                     rank=rank,
-                    op_id=len(records) if times.blocks is not None else op.id,
+                    op_id=len(records) - first if expand else op.id,
                     stream=op.stream,
                     op="compute" if type(op) is Block else op.type,
                     kind=op.kind if op.type in ("compute", "collective", "block") else op.type,

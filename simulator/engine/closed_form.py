@@ -25,8 +25,8 @@ from topologies import Cluster
 
 from ..errors import DeadlockError, ScenarioError
 from ..schedule.ir import Block, Collective, Compute, Schedule, Send
+from .alone import AloneTimes
 from .blocks import BlockTimer
-from .collectives import collective_transfers, p2p_transfer
 from .compute import ComputeModel
 
 __all__ = ["evaluate"]
@@ -39,41 +39,9 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
     compute = ComputeModel(cluster.spec)
     simulated = set(schedule.programs)
     folded = {n for n, m in schedule.groups.items() if not set(m) <= simulated}
-    group_gpus = {n: sorted(m) for n, m in schedule.groups.items()}
-    plans: dict[tuple, float] = {}
     choices: dict[str, int] = {}
-
-    def alone(specs, latency: float) -> float:
-        if not specs:
-            return latency
-        load: dict[int, float] = {}
-        for spec in specs:
-            for link, mult in spec.usage.items():
-                load[link] = load.get(link, 0.0) + spec.volume * mult
-        busiest = max(volume / cluster.links[link].bandwidth for link, volume in load.items())
-        return max(spec.latency for spec in specs) + busiest
-
-    def plan(op: Collective, splits=None) -> tuple[float, str]:
-        """``(seconds, "kind/algorithm/protocol")`` of a collective alone."""
-        key = (op.group, op.kind, op.bytes)
-        cached = None if splits is not None else plans.get(key)
-        if cached is None:
-            choice, specs = collective_transfers(
-                cluster,
-                op.kind,
-                group_gpus[op.group],
-                op.bytes,
-                splits,
-                options.algorithm,
-                options.protocol,
-            )
-            cached = (
-                alone(specs, choice.latency),
-                f"{op.kind}/{choice.algorithm}/{choice.protocol}",
-            )
-            if splits is None:
-                plans[key] = cached
-        return cached
+    alone = AloneTimes(cluster, schedule.groups, options.algorithm, options.protocol)
+    plan, p2p_time = alone.collective, alone.p2p
 
     def collective_time(op: Collective, splits=None) -> float:
         seconds, name = plan(op, splits)
@@ -92,14 +60,6 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             runs[key] = [op, 0]
         runs[key][1] += 1
         return seconds
-
-    def p2p_time(src: int, dst: int, size: float) -> float:
-        key = ("p2p", src, dst, size)
-        cached = plans.get(key)
-        if cached is None:
-            spec = p2p_transfer(cluster, src, dst, size, options.protocol)
-            cached = plans[key] = alone([spec], spec.latency) if spec.usage else spec.latency
-        return cached
 
     ready, start, end = {}, {}, {}
     streams: list[tuple[int, list]] = []

@@ -32,6 +32,7 @@ from topologies import Cluster
 
 from ..errors import DeadlockError, ScenarioError
 from ..schedule.ir import Block, Collective, Compute, Recv, Schedule, Send
+from .alone import AloneTimes, time_alone
 from .blocks import BlockTimer
 from .closed_form import evaluate
 from .collectives import collective_transfers, p2p_transfer
@@ -105,8 +106,9 @@ class _Engine:
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
         self.compute = ComputeModel(cluster.spec)
+        self.alone = AloneTimes(cluster, schedule.groups, options.algorithm, options.protocol)
         self.blocks = BlockTimer(
-            lambda op: self.compute.duration(op.kind, op.flops, op.bytes), self._plan_time
+            lambda op: self.compute.duration(op.kind, op.flops, op.bytes), self.alone.collective
         )
         self.groups = {name: tuple(members) for name, members in schedule.groups.items()}
         self.group_gpus = {name: sorted(members) for name, members in self.groups.items()}
@@ -289,29 +291,9 @@ class _Engine:
 
     def _folded_time(self, op: Collective) -> float:
         """Closed-form time of a folded collective, counted among the choices."""
-        seconds, name = self._plan_time(op)
+        seconds, name = self.alone.collective(op)
         self.choices[name] = self.choices.get(name, 0) + 1
         return seconds
-
-    def _plan_time(self, op: Collective) -> tuple[float, str]:
-        """``(seconds, "kind/algorithm/protocol")`` of a collective alone on the
-        network (memoised per group, kind and size)."""
-        key = ("folded", op.group, op.kind, op.bytes)
-        seconds = self._plans.get(key)
-        if seconds is None:
-            choice, specs = collective_transfers(
-                self.cluster,
-                op.kind,
-                self.group_gpus[op.group],
-                op.bytes,
-                None,
-                self.options.algorithm,
-                self.options.protocol,
-            )
-            seconds = self._plans[key] = self._together(specs, choice.latency)
-            self._plans[("choice", op.group, op.kind, op.bytes)] = choice
-        choice = self._plans[("choice", op.group, op.kind, op.bytes)]
-        return seconds, f"{op.kind}/{choice.algorithm}/{choice.protocol}"
 
     def _folded_collective(self, rank: int, op: Collective, at: float, index: int) -> None:
         """A collective of a folded group: every member arrives now, by symmetry."""
@@ -394,35 +376,10 @@ class _Engine:
         key = f"{rendezvous.kind}/{choice.algorithm}/{choice.protocol}"
         self.choices[key] = self.choices.get(key, 0) + 1
         if self.analytic:
-            self._after(self._together(specs, choice.latency), rendezvous)
+            self._after(time_alone(self.cluster, specs, choice.latency), rendezvous)
         else:
             transfers = [self.network.transfer(s.usage, s.volume, s.latency) for s in specs]
             self._when_all(transfers, rendezvous)
-
-    def _together(self, specs, latency: float) -> float:
-        """Closed-form time of transfers that start together (an uneven all-to-all's
-        flows): their latency plus the busiest link's bytes over its bandwidth."""
-        if not specs:
-            return latency
-        if len(specs) == 1:
-            return self._alone(specs[0])
-        load: dict[int, float] = {}
-        for spec in specs:
-            for link, mult in spec.usage.items():
-                load[link] = load.get(link, 0.0) + spec.volume * mult
-        links = self.cluster.links
-        busiest = max(
-            (volume / links[link].bandwidth for link, volume in load.items()), default=0.0
-        )
-        return max(spec.latency for spec in specs) + busiest
-
-    def _alone(self, spec) -> float:
-        """Closed-form time of a transfer alone on the network."""
-        if spec.volume <= 0 or not spec.usage:
-            return spec.latency
-        links = self.cluster.links
-        rate = min(links[link].bandwidth / mult for link, mult in spec.usage.items())
-        return spec.latency + spec.volume / rate
 
     def _after(self, seconds: float, rendezvous: _Rendezvous) -> None:
         """Finish ``rendezvous`` ``seconds`` from now."""
@@ -485,7 +442,7 @@ class _Engine:
                 (spec,) = self._with_images(own, others)
             self._plans[key] = spec
         if self.analytic:
-            self._after(self._alone(spec), pair)
+            self._after(time_alone(self.cluster, [spec], spec.latency), pair)
         else:
             transfer = self.network.transfer(spec.usage, spec.volume, spec.latency)
             self._when_all([transfer], pair)

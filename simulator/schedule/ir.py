@@ -6,7 +6,7 @@ its collectives use. A Program is an ordered list of ops; each op runs on a *str
 ``deps``, the ids of ops on other streams of the same rank. Op ids are the op's index
 in its program.
 
-Four op types exist:
+Five op types exist:
 
 ``Compute``
     ``flops``, ``bytes`` (HBM traffic), ``kind`` (gemm, attention, elementwise,
@@ -27,7 +27,7 @@ Four op types exist:
     deps allow and lasts its body's makespan, which is exact whenever the body's
     collectives need no partner that is simulated separately (a folded TP group in
     analytic fidelity). Bodies are shared between the actions that run the same ops,
-    so a million-op pipeline is a few thousand blocks over a handful of bodies.
+    so a step's millions of ops become a block per action over a few bodies per stage.
 
 ``tags`` carry ``layer``, ``microbatch``, ``stage``, ``phase`` and the parallel
 ``axis`` of a communication; metrics are computed from tags, never from labels.

@@ -485,12 +485,10 @@ class _RankBuilder:
             nbytes = sum(op.bytes for op in body if type(op) is Compute)
             deferred = tuple(self.deferred.get((stage, mb), ()))
             cached = self.bodies[key] = (body, flops, nbytes, mb, deferred)
-        else:
-            body, flops, nbytes, _, deferred = cached
-            if kind == "W":
-                self.deferred.pop((stage, mb), None)
-            elif deferred:
-                self.deferred[(stage, mb)] = list(deferred)
+        elif kind == "W":  # its weight gradients are in the body already
+            self.deferred.pop((stage, mb), None)
+        elif cached[4]:  # an I action defers the weight gradients its W will run
+            self.deferred[(stage, mb)] = list(cached[4])
         body, flops, nbytes, body_mb, _ = cached
         deps, self.waits = tuple(self.waits), []
         tags = self.w.tag_set(None, None, mb, phase, stage)
