@@ -57,6 +57,8 @@ class FlowNetwork:
         self._next_id = 0
         self.transfers_started = 0
         self.recomputations = 0
+        # id(usage) -> (usage, its crossings sorted by link); keeps the dict alive
+        self._crossings: dict[int, tuple[dict[int, int], tuple[tuple[int, int], ...]]] = {}
         # (time, usage, change of the transfer's rate), in time order
         self._rate_log: list[tuple[float, tuple[tuple[int, int], ...], float]] = []
         self._utilisation: tuple[int, dict[int, list[tuple[float, float]]]] = (0, {})
@@ -97,7 +99,10 @@ class FlowNetwork:
             return done
         tid = self._next_id
         self._next_id += 1
-        transfer = Transfer(tid, tuple(sorted(usage.items())), volume, done)
+        cached = self._crossings.get(id(usage))
+        if cached is None or cached[0] is not usage:  # plans share their usage dicts
+            cached = self._crossings[id(usage)] = (usage, tuple(sorted(usage.items())))
+        transfer = Transfer(tid, cached[1], volume, done)
         if latency > 0:
             self._after(latency, lambda _ev: self._activate(transfer))
         else:
