@@ -131,8 +131,7 @@ def _run_flows(bandwidths: list[float], flows: list[tuple[dict[int, int], float]
     network = FlowNetwork(env, bandwidths)
     finished: list[float] = [0.0] * len(flows)
     for index, (usage, volume) in enumerate(flows):
-        done = network.transfer(usage, volume, 0.0)
-        done.callbacks.append(lambda _ev, i=index: finished.__setitem__(i, env.now))
+        network.transfer(usage, volume, 0.0, lambda i=index: finished.__setitem__(i, env.now))
     env.run()
     return finished
 

@@ -211,14 +211,6 @@ class _Engine:
                 self.runnable.extend(waiters.pop(op_id))
         self.heads[index], self.clock[index] = head, clock
 
-    def _at(self, when: float, action) -> None:
-        """Call ``action()`` at ``when`` on SimPy's clock (now if it has come)."""
-        delay = when - self.env.now
-        if delay <= 0:
-            action()
-        else:
-            self.env.timeout(delay).callbacks.append(lambda _ev: action())
-
     def _finished(self, rendezvous: _Rendezvous) -> None:
         """A communication op ended now: finish it on every member and move on."""
         now, began = self.env.now, rendezvous.start
@@ -239,9 +231,12 @@ class _Engine:
         self._drain()
 
     def _launch(self, rendezvous: _Rendezvous, start_transfers) -> None:
-        """At the last arrival, start the transfers (which finish the members when they
-        end)."""
-        self._at(rendezvous.begin, start_transfers)
+        """The op starts at the last arrival, which may lie ahead of SimPy's clock:
+        ``start_transfers()`` puts its transfers on the network now, each held back
+        until then (a transfer holds no bandwidth before its latency has passed), and
+        they finish the members when they end."""
+        rendezvous.start = max(rendezvous.begin, self.env.now)
+        start_transfers()
 
     # -- collectives ------------------------------------------------------------------
     def _arrive(self, rank: int, op: Collective, at: float, index: int) -> None:
@@ -355,7 +350,6 @@ class _Engine:
         self._run_transfers(group, rendezvous, splits)
 
     def _run_transfers(self, group: str, rendezvous: _Rendezvous, splits) -> None:
-        rendezvous.start = self.env.now
         key = (group, rendezvous.kind, rendezvous.size)
         planned = None if splits is not None else self._plans.get(key)
         if planned is None:
@@ -378,21 +372,29 @@ class _Engine:
         if self.analytic:
             self._after(time_alone(self.cluster, specs, choice.latency), rendezvous)
         else:
-            transfers = [self.network.transfer(s.usage, s.volume, s.latency) for s in specs]
-            self._when_all(transfers, rendezvous)
+            self._transfer_all(specs, rendezvous)
 
     def _after(self, seconds: float, rendezvous: _Rendezvous) -> None:
-        """Finish ``rendezvous`` ``seconds`` from now."""
-        self.env.timeout(seconds).callbacks.append(lambda _ev: self._finished(rendezvous))
+        """Finish ``rendezvous`` ``seconds`` after it starts."""
+        delay = rendezvous.start - self.env.now + seconds
+        self.env.timeout(delay).callbacks.append(lambda _ev: self._finished(rendezvous))
 
-    def _when_all(self, events: list[simpy.Event], rendezvous: _Rendezvous) -> None:
-        """Finish ``rendezvous`` when every one of ``events`` has happened."""
-        if not events:
+    def _transfer_all(self, specs: list, rendezvous: _Rendezvous) -> None:
+        """Put ``specs`` on the network, from when ``rendezvous`` starts; finish it when
+        all have ended."""
+        if not specs:
             self._after(0.0, rendezvous)
-        elif len(events) == 1:
-            events[0].callbacks.append(lambda _ev: self._finished(rendezvous))
-        else:
-            simpy.AllOf(self.env, events).callbacks.append(lambda _ev: self._finished(rendezvous))
+            return
+        wait = rendezvous.start - self.env.now
+        left = [len(specs)]
+
+        def one_done() -> None:
+            left[0] -= 1
+            if not left[0]:
+                self._finished(rendezvous)
+
+        for spec in specs:
+            self.network.transfer(spec.usage, spec.volume, wait + spec.latency, one_done)
 
     # -- point to point ---------------------------------------------------------------
     def _post(self, rank: int, op: Send | Recv, at: float, index: int) -> None:
@@ -424,8 +426,7 @@ class _Engine:
         self._launch(pair, lambda: self._send(pair, src, dst, op.bytes))
 
     def _send(self, pair: _Rendezvous, src: int, dst: int, size: float) -> None:
-        """Start the flow of a matched send/recv pair (now)."""
-        pair.start = self.env.now
+        """Start the flow of a matched send/recv pair."""
         key = ("p2p", src, dst, size)
         spec = self._plans.get(key)
         if spec is None:
@@ -444,8 +445,7 @@ class _Engine:
         if self.analytic:
             self._after(time_alone(self.cluster, [spec], spec.latency), pair)
         else:
-            transfer = self.network.transfer(spec.usage, spec.volume, spec.latency)
-            self._when_all([transfer], pair)
+            self._transfer_all([spec], pair)
 
     # -- diagnosis --------------------------------------------------------------------
     def stuck_report(self) -> str | None:

@@ -23,7 +23,7 @@ reports can show each link's utilisation.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import simpy
 
@@ -37,7 +37,9 @@ class Transfer:
 
     __slots__ = ("id", "usage", "remaining", "rate", "updated_at", "version", "done")
 
-    def __init__(self, tid: int, usage: tuple[tuple[int, int], ...], volume: float, done):
+    def __init__(
+        self, tid: int, usage: tuple[tuple[int, int], ...], volume: float, done: Callable[[], None]
+    ):
         self.id = tid
         self.usage = usage  # ((link_id, multiplicity), ...)
         self.remaining = volume
@@ -90,13 +92,14 @@ class FlowNetwork:
         self._utilisation = (len(self._rate_log), series)
         return series
 
-    def transfer(self, usage: dict[int, int], volume: float, latency: float) -> simpy.Event:
-        """Start a transfer now; the returned event fires when its last byte arrives."""
-        done = self.env.event()
+    def transfer(
+        self, usage: dict[int, int], volume: float, latency: float, done: Callable[[], None]
+    ) -> None:
+        """Start a transfer now; ``done()`` is called when its last byte arrives."""
         self.transfers_started += 1
         if volume <= 0 or not usage:
-            self._after(latency, lambda _ev: done.succeed())
-            return done
+            self._after(latency, lambda _ev: done())
+            return
         tid = self._next_id
         self._next_id += 1
         cached = self._crossings.get(id(usage))
@@ -107,7 +110,6 @@ class FlowNetwork:
             self._after(latency, lambda _ev: self._activate(transfer))
         else:
             self._activate(transfer)
-        return done
 
     def _after(self, delay: float, callback) -> None:
         event = self.env.timeout(delay)
@@ -143,7 +145,7 @@ class FlowNetwork:
             del on_link[transfer.id]
             neighbours.update(on_link)
         transfer.remaining = 0.0
-        transfer.done.succeed()
+        transfer.done()
         self._rate_log.append((self.env.now, transfer.usage, -transfer.rate))
         if neighbours:
             self._rebalance(neighbours.values())
