@@ -50,10 +50,19 @@ def account_rank(
     pipelined: bool,
     blocks: BlockTimer | None = None,
     _bodies: dict[int, tuple] | None = None,
+    intervals: list[tuple[str, float, float]] | None = None,
 ) -> dict[str, Any]:
     """Breakdown of one rank: categories (seconds), exposed comm per axis, compute per phase.
-    ``blocks`` times the bodies of the rank's blocks."""
+    ``blocks`` times the bodies of the rank's blocks. With ``intervals`` (a list), every
+    stretch of the compute stream that is not compute is appended to it as
+    ``(category, start, end)``, so a timeline can draw the bubbles and stalls."""
     bodies = {} if _bodies is None else _bodies
+
+    def add(category: str, lo: float, hi: float) -> None:
+        totals[category] += hi - lo
+        if intervals is not None:
+            intervals.append((category, lo, hi))
+
     totals = dict.fromkeys(CATEGORIES, 0.0)
     exposed: dict[str, float] = {}
     by_phase: dict[str, float] = {}
@@ -74,19 +83,19 @@ def account_rank(
             begun = max(lo, start[op_id])
             if hi > begun:
                 if axis == "pp":
-                    totals["bubble"] += hi - begun
+                    add("bubble", begun, hi)
                 else:
-                    totals["exposed_comm"] += hi - begun
+                    add("exposed_comm", begun, hi)
                     exposed[axis] = exposed.get(axis, 0.0) + hi - begun
                 hi = begun
             issued = max(lo, ready[op_id])
             if hi > issued:
                 waiting = "imbalance_stall" if type(op) is Collective and axis != "pp" else "bubble"
-                totals[waiting] += hi - issued
+                add(waiting, issued, hi)
                 hi = issued
             op_id = binding(op_id)
         if hi > lo:
-            totals["other"] += hi - lo
+            add("other", lo, hi)
 
     cursor = 0.0
     for op in ops:
@@ -113,7 +122,7 @@ def account_rank(
         last = max(range(len(ops)), key=lambda i: (end[i], -i))
         explain(last, cursor, rank_end)
     if step_time > rank_end:
-        totals["bubble" if pipelined else "imbalance_stall"] += step_time - rank_end
+        add("bubble" if pipelined else "imbalance_stall", rank_end, step_time)
     return {
         "end_s": rank_end,
         "breakdown": totals,

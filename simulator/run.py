@@ -15,7 +15,7 @@ from .engine.core import EngineOptions, SimulationTimes, simulate
 from .errors import ScenarioError
 from .links import link_summary
 from .memory import memory_per_rank
-from .metrics import account_step
+from .metrics import account_rank, account_step
 from .model import model_flops_per_step, parameter_count
 from .scenario import Scenario
 from .schedule.ir import Block, Compute, Schedule
@@ -28,6 +28,7 @@ __all__ = [
     "assemble_result",
     "build_schedule",
     "folds",
+    "idle_intervals",
     "make_trace",
     "representative_ranks",
     "trace_ranks",
@@ -175,15 +176,43 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
                     peer=getattr(op, "peer", None),
                 )
             )
+    layout = run.scenario.layout
     meta = {
         "scenario": run.scenario.name,
         "fidelity": run.result["fidelity"],
         "gpus_per_node": run.scenario.cluster_spec.gpus_per_node,
-        "world": run.scenario.layout.world,
+        "world": layout.world,
         "ranks_shown": chosen,
         "representative_ranks": chosen,
+        "stage_of_rank": {str(rank): layout.coords(rank)["pp"] for rank in chosen},
+        "idle": idle_intervals(run, chosen),
     }
     return Trace(records=records, step_time=times.step_time, meta=meta)
+
+
+def idle_intervals(run: RunResult, ranks: list[int]) -> dict[str, list[list]]:
+    """Per rank (as a string, for JSON), the stretches of its compute stream that are
+    not compute, as ``[category, start, end]``: the bubbles, stalls, exposed
+    communication and unexplained gaps of the time accounting."""
+    schedule, times = run.schedule, run.times
+    pipelined = run.scenario.layout.pp > 1
+    idle: dict[str, list[list]] = {}
+    for rank in ranks:
+        intervals: list[tuple[str, float, float]] = []
+        account_rank(
+            schedule.programs[rank].ops,
+            times.ready[rank],
+            times.start[rank],
+            times.end[rank],
+            times.step_time,
+            pipelined,
+            blocks=times.blocks,
+            intervals=intervals,
+        )
+        idle[str(rank)] = [
+            [category, lo, hi] for category, lo, hi in sorted(intervals, key=lambda i: i[1])
+        ]
+    return idle
 
 
 def _body_records(rank: int, block: Block, at: float, times, first_id: int) -> list[OpRecord]:

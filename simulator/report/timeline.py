@@ -1,8 +1,11 @@
 """Draw a Trace as an interactive Gantt chart in one self-contained HTML file.
 
 Each (rank, stream) pair gets a horizontal lane, labelled like ``r5 compute``; lanes
-are grouped by rank (ranks in ascending order, the ``compute`` lane first within a
-rank) and every other rank is shaded so the groups read at a glance. Each op is a bar
+are grouped by rank (the ``compute`` lane first within a rank), ranks by pipeline
+stage and node (a rule and a label mark each group), and every other rank is shaded so
+the groups read at a glance. The idle stretches of each compute lane — pipeline
+bubbles, imbalance stalls, exposed communication, as the time accounting attributes
+them (``trace.meta["idle"]``) — are drawn hatched in the breakdown charts' colours. Each op is a bar
 from its start to its end, in milliseconds. Bars are split into one plotly trace per
 display category (forward, backward, recompute, optimizer, ``comm:tp``, ``comm:dp``,
 ``comm:pp``, ``comm:sp``, ``comm:ep``, other), so clicking a legend entry hides or
@@ -33,7 +36,7 @@ from simulator.report.chrome_trace import select_ranks, stream_order
 from simulator.trace import OpRecord, Trace, category_of
 from topologies.units import format_bytes, format_flops, format_time
 
-__all__ = ["CATEGORY_COLORS", "timeline_figure", "write_timeline_html"]
+__all__ = ["CATEGORY_COLORS", "IDLE_COLORS", "timeline_figure", "write_timeline_html"]
 
 #: Fixed colour of each display category; the order is the legend order.
 CATEGORY_COLORS: dict[str, str] = {
@@ -47,6 +50,21 @@ CATEGORY_COLORS: dict[str, str] = {
     "comm:sp": "#FF9DA6",
     "comm:ep": "#9D755D",
     "other": "#BAB0AC",
+}
+
+#: Idle stretches of a compute lane, by the time accounting's category: the colours of
+#: the breakdown charts, hatched so they never read as work.
+IDLE_COLORS: dict[str, str] = {
+    "bubble": "#EECA3B",
+    "imbalance_stall": "#B279A2",
+    "exposed_comm": "#E45756",
+    "other": "#BAB0AC",
+}
+_IDLE_NAMES = {
+    "bubble": "idle: pipeline bubble",
+    "imbalance_stall": "idle: imbalance stall",
+    "exposed_comm": "idle: exposed comm",
+    "other": "idle: other",
 }
 
 _FONT = "Inter, 'Helvetica Neue', Helvetica, Arial, sans-serif"
@@ -220,6 +238,37 @@ def _rank_note(info: dict[str, Any], max_bars: int) -> str:
     )
 
 
+def _place(trace: Trace, rank: int) -> tuple[int, int]:
+    """(pipeline stage, node) of a rank, from the trace's metadata (0 when unknown)."""
+    stage = trace.meta.get("stage_of_rank", {}).get(str(rank), 0)
+    per_node = trace.meta.get("gpus_per_node") or 0
+    return stage, rank // per_node if per_node else 0
+
+
+def _idle_bars(
+    trace: Trace, lane_of: dict[tuple[int, str], int]
+) -> dict[str, dict[str, list[Any]]]:
+    """Bars for the idle stretches of each drawn rank's compute lane
+    (``trace.meta["idle"]``, from the time accounting), by category."""
+    bars: dict[str, dict[str, list[Any]]] = {}
+    for rank_text, intervals in (trace.meta.get("idle") or {}).items():
+        lane = lane_of.get((int(rank_text), "compute"))
+        if lane is None:
+            continue
+        for category, lo, hi in intervals:
+            if category not in IDLE_COLORS or hi <= lo:
+                continue
+            col = bars.setdefault(category, {"base": [], "x": [], "y": [], "text": []})
+            col["base"].append(lo * 1e3)
+            col["x"].append((hi - lo) * 1e3)
+            col["y"].append(lane)
+            col["text"].append(
+                f"<b>{_IDLE_NAMES[category]}</b><br>r{rank_text} compute idle "
+                f"{_human_time(hi - lo)}<br>from {_human_time(lo)} to {_human_time(hi)}"
+            )
+    return {cat: bars[cat] for cat in IDLE_COLORS if cat in bars}
+
+
 def timeline_figure(
     trace: Trace, title: str, max_bars: int = 30000
 ) -> tuple[go.Figure, dict[str, Any]]:
@@ -250,8 +299,12 @@ def timeline_figure(
     lane_of: dict[tuple[int, str], int] = {}
     lane_names: list[str] = []
     rank_spans: list[tuple[int, int]] = []
-    for rank in sorted(streams):
+    groups: list[tuple[str, int]] = []  # (pipeline stage and node, first lane)
+    for rank in sorted(streams, key=lambda r: (*_place(trace, r), r)):
         first = len(lane_names)
+        group = "stage {} · node {}".format(*_place(trace, rank))
+        if not groups or groups[-1][0] != group:
+            groups.append((group, first))
         for stream in stream_order(streams[rank]):
             lane_of[(rank, stream)] = len(lane_names)
             lane_names.append(f"r{rank} {stream}")
@@ -274,6 +327,7 @@ def timeline_figure(
         col["y"].append(lane)
         col["text"].append(_hover(rec, cat, lane_names[lane]))
 
+    idle = _idle_bars(trace, lane_of)
     fig = go.Figure()
     categories = [cat for cat in CATEGORY_COLORS if cat in bars]
     for cat in categories:
@@ -297,6 +351,25 @@ def timeline_figure(
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
+    for cat, col in idle.items():
+        fig.add_trace(
+            go.Bar(
+                name=_IDLE_NAMES[cat],
+                orientation="h",
+                base=col["base"],
+                x=col["x"],
+                y=col["y"],
+                width=0.78,
+                marker={
+                    "color": "rgba(255,255,255,0)",
+                    "line": {"width": 0},
+                    "pattern": {"shape": "/", "fgcolor": IDLE_COLORS[cat], "solidity": 0.35},
+                },
+                hovertext=col["text"],
+                hovertemplate="%{hovertext}<extra></extra>",
+            )
+        )
+    categories += [_IDLE_NAMES[cat] for cat in idle]
 
     n_lanes = len(lane_names)
     lane_px = 22 if n_lanes <= 80 else 14
@@ -343,6 +416,35 @@ def timeline_figure(
         sub.append(f"{trace.meta['fidelity']} fidelity")
     title_text = f"{title}<br><span style='font-size:13px;color:#555'>{' · '.join(sub)}</span>"
 
+    group_labels = [
+        {
+            "text": name,
+            "xref": "paper",
+            "yref": "y",
+            "x": 1,
+            "y": first - 0.5,
+            "xanchor": "right",
+            "yanchor": "top",
+            "showarrow": False,
+            "font": {"size": 10, "color": "#666"},
+        }
+        for name, first in groups
+        if len(groups) > 1
+    ]
+    shapes += [
+        {
+            "type": "line",
+            "xref": "paper",
+            "x0": 0,
+            "x1": 1,
+            "yref": "y",
+            "y0": first - 0.5,
+            "y1": first - 0.5,
+            "line": {"color": "#B8BEC6", "width": 1},
+            "layer": "below",
+        }
+        for _, first in groups[1:]
+    ]
     annotations: list[dict[str, Any]] = []
     if info["capped"]:
         annotations.append(
@@ -364,6 +466,8 @@ def timeline_figure(
                 "borderpad": 4,
             }
         )
+
+    annotations += group_labels  # after the note, which reads first
 
     fig.update_layout(
         title={

@@ -1,0 +1,49 @@
+"""The timeline draws each compute lane's idle stretches as the time accounting
+attributes them: bubbles, stalls and exposed communication add up to the breakdown."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.report.timeline import timeline_figure
+from simulator.run import make_trace, run_scenario
+from simulator.scenario import load_scenario
+
+from .conftest import SCENARIOS
+
+
+@pytest.mark.parametrize(
+    "name,overrides",
+    [
+        ("pipeline-demo.yaml", ["parallel.tp=4", "parallel.dp=2", "training.global_batch=16"]),
+        (
+            "mixtral-ep-skewed.yaml",
+            ["model.layers=2", "model.seq_len=1024", "training.global_batch=16"],
+        ),
+    ],
+)
+def test_idle_bars_add_up_to_the_breakdown(name, overrides):
+    run = run_scenario(load_scenario(SCENARIOS / name, overrides))
+    trace = make_trace(run)
+    for row in run.result["per_rank"]:
+        intervals = trace.meta["idle"][str(row["rank"])]
+        for category in ("bubble", "imbalance_stall", "exposed_comm", "other"):
+            drawn = sum(hi - lo for cat, lo, hi in intervals if cat == category)
+            assert drawn == pytest.approx(row["breakdown"][category], abs=1e-12)
+        # idle stretches never overlap each other
+        spans = sorted((lo, hi) for _, lo, hi in intervals)
+        assert all(a[1] <= b[0] + 1e-15 for a, b in zip(spans, spans[1:], strict=False))
+    fig, info = timeline_figure(trace, "idle")
+    names = [t.name for t in fig.data]
+    critical = run.result["breakdown"]["critical"]
+    if critical["bubble"] > 0:
+        assert "idle: pipeline bubble" in names
+    if critical["imbalance_stall"] > 0:
+        assert "idle: imbalance stall" in names
+    # idle bars sit on compute lanes only
+    lanes = list(fig.layout.yaxis.ticktext)
+    for t in fig.data:
+        if t.name.startswith("idle:"):
+            assert {lanes[y].split(" ", 1)[1] for y in t.y} == {"compute"}
+    labels = [a.text for a in fig.layout.annotations]
+    assert any(label.startswith("stage 0 · node") for label in labels)
