@@ -35,6 +35,7 @@ from simulator.explain import (
     diagnose,
 )
 from simulator.metrics import CATEGORIES
+from simulator.report.style import BREAKDOWN_COLORS, MEMORY_COLORS
 from topologies.units import format_time
 
 __all__ = [
@@ -404,20 +405,8 @@ def _anchor(title: str) -> str:
 
 # --------------------------------------------------------------------------- charts
 
-_CATEGORY_COLORS = {
-    "compute": "#4C78A8",
-    "exposed_comm": "#E45756",
-    "bubble": "#EECA3B",
-    "imbalance_stall": "#9D755D",
-    "other": "#BAB0AC",
-}
-_TERM_COLORS = {
-    "weights": "#4C78A8",
-    "gradients": "#72B7B2",
-    "optimizer_state": "#54A24B",
-    "activations": "#F58518",
-    "communication_buffers": "#B279A2",
-}
+_CATEGORY_COLORS = BREAKDOWN_COLORS  # the colours of every parasim chart
+_TERM_COLORS = MEMORY_COLORS
 
 
 def _round(value: float) -> float:

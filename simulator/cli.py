@@ -1,8 +1,10 @@
 """The ``parasim`` command line.
 
-* ``parasim run SCENARIO [--set key.path=value ...] [--out DIR] [--json]`` simulates
-  one training step, prints a summary, and writes ``result.json``, ``trace.json``
-  (Chrome / Perfetto trace events) and ``timeline.html`` (plotly) to DIR.
+* ``parasim run SCENARIO [--set key.path=value ...] [--out DIR] [--json] [--hta]
+  [--image png|svg]`` simulates one training step, prints a summary, and writes
+  ``result.json``, ``trace.json`` (Chrome / Perfetto trace events), ``timeline.html``
+  and ``report.html`` (plotly) to DIR; ``--hta`` adds per-rank traces for Holistic
+  Trace Analysis, ``--image`` the report's charts as images.
 * ``parasim sweep SCENARIO`` ranks every valid layout; ``parasim scale SCENARIO --gpus
   8,16,...`` draws scaling curves; ``parasim explain SCENARIO`` finds layering mistakes
   and quantifies each against its fix.
@@ -56,6 +58,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="output folder (default: out/<scenario name>)")
     run.add_argument(
         "--json", action="store_true", help="print result.json on stdout instead of the summary"
+    )
+    run.add_argument(
+        "--hta",
+        action="store_true",
+        help="also write hta/, one trace file per rank for Holistic Trace Analysis",
+    )
+    run.add_argument(
+        "--image",
+        choices=["png", "svg"],
+        help="also write the report's charts as static images (needs kaleido and Chromium; "
+        "BROWSER_PATH picks the browser)",
     )
     collbench = commands.add_parser(
         "collbench", help="nccl-tests-style table of one collective, from the model"
@@ -254,10 +267,20 @@ def _command_run(args: argparse.Namespace) -> int:
     from .scenario import load_scenario
     from .summary import print_summary
 
+    if args.image:
+        from .report.images import check_requirements
+
+        check_requirements()  # before the simulation, not after it
     scenario = load_scenario(args.scenario, args.overrides)
     run = run_scenario(scenario)
     out = args.out if args.out is not None else Path("out") / scenario.name
-    paths = write_run_outputs(run, out, title=f"{scenario.name}: one training step")
+    paths = write_run_outputs(
+        run,
+        out,
+        title=f"{scenario.name}: one training step",
+        image_format=args.image,
+        hta=args.hta,
+    )
     if args.json:
         sys.stdout.write(dumps_result(run.result))
     else:

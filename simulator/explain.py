@@ -36,6 +36,11 @@ step times, the breakdown (``compute``, ``exposed_comm``, ``bubble``, ``imbalanc
 ``other``) and memory before and after are the simulator's own numbers. A TP finding caused
 by tp > node or a backwards placement names ``tp-across-nodes`` in ``also``, so one problem
 is reported once. The command exits 0 when nothing is wrong and 1 when something is.
+
+Like ``parasim sweep`` and ``scale``, the command also writes its files to ``--out``
+(default ``out/<scenario>-explain``): ``explain.json``, what ``--json`` prints, and
+``explain.html``, each finding's mistake and fix side by side in one offline page
+(:mod:`simulator.report.explain_report`).
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ __all__ = [
     "explain",
     "print_explanation",
     "add_parser",
+    "write_outputs",
     "command",
     "main",
 ]
@@ -1173,24 +1179,55 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "explain",
         help="find layering mistakes, each quantified against its corrected layout",
         description="Simulate a scenario, find its parallel-layout mistakes and simulate "
-        "the fix of each. Exit status 0: nothing found; 1: problems found; 2: bad input.",
+        "the fix of each; print the report and write explain.json and explain.html (each "
+        "mistake beside its fix) to --out. Exit status 0: nothing found; 1: problems found; "
+        "2: bad input.",
     )
     parser.add_argument("scenario", help="scenario YAML file")
     add_set_option(parser, "override a scenario field, e.g. --set parallel.tp=16 (repeatable)")
-    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the findings as JSON (what explain.json holds) instead of the report",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="output folder for explain.json and explain.html (default: out/<scenario>-explain)",
+    )
     add_fidelity_option(
         parser, help="simulation fidelity of the scenario and its fixes (default: analytic)"
     )
     return parser
 
 
+def write_outputs(explanation: Explanation, out: Path) -> list[Path]:
+    """Write ``explain.json`` (what ``--json`` prints) and ``explain.html`` to ``out``.
+
+    A folder that cannot be written is bad input (:class:`ParasimError`)."""
+    from .report.explain_report import write_explain_outputs
+
+    try:
+        return write_explain_outputs(explanation, out)
+    except OSError as exc:
+        raise ParasimError(f"--out: cannot write to {out}: {exc.strerror or exc}") from exc
+
+
 def command(args: argparse.Namespace) -> int:
-    """Run ``parasim explain``: 0 when nothing is wrong, 1 when problems were found."""
+    """Run ``parasim explain``: 0 when nothing is wrong, 1 when problems were found.
+
+    The report is printed (``--json``: the findings as JSON) and written to ``--out``,
+    by default ``out/<scenario>-explain``, as the other commands do."""
     explanation = diagnose(args.scenario, args.overrides, fidelity=args.fidelity)
+    out = args.out if args.out is not None else Path("out") / f"{explanation.scenario}-explain"
+    paths = write_outputs(explanation, out)
     if args.json:
         sys.stdout.write(dumps_result(explanation.to_dict()))
     else:
-        print_explanation(explanation, Console())
+        console = Console()
+        print_explanation(explanation, console)
+        console.print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0 if explanation.ok else 1
 
 

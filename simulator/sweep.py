@@ -94,6 +94,7 @@ from .errors import ParasimError, ScenarioError
 from .memory import memory_per_rank
 from .metrics import CATEGORIES
 from .outputs import write_atomically, write_csv, write_json
+from .report.style import BREAKDOWN_COLORS, breakdown_bar
 from .run import run_scenario, step_config
 from .scenario import ScenarioSpec, apply_overrides, read_scenario_file, scenario_from_dict
 
@@ -151,13 +152,7 @@ PLACEMENTS = (("tp", "dp", "pp"), ("tp", "pp", "dp"), ("dp", "tp", "pp"))
 MAX_MICRO_BATCH = 8
 VIRTUAL_STAGES = (2, 4)
 _RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE)}
-BAR_COLORS = {
-    "compute": "#4C78A8",
-    "exposed_comm": "#E45756",
-    "bubble": "#EECA3B",
-    "imbalance_stall": "#B279A2",
-    "other": "#BAB0AC",
-}
+BAR_COLORS = BREAKDOWN_COLORS
 CSV_FIELDS = (
     "rank",
     "layout",
@@ -895,23 +890,10 @@ def sweep_figure(result: dict[str, Any], top: int):
     rows = result["rows"][:top]
     labels = [f"{row['rank']}. {row['layout']}" for row in rows]
     fig = go.Figure()
+    steps = [row["step_time_s"] for row in rows]
     for category in CATEGORIES:
         values = [row["breakdown_mean_s"][category] for row in rows]
-        shares = [100 * v / row["step_time_s"] for v, row in zip(values, rows, strict=True)]
-        fig.add_trace(
-            go.Bar(
-                name=category,
-                y=labels,
-                x=values,
-                orientation="h",
-                marker_color=BAR_COLORS[category],
-                customdata=shares,
-                hovertemplate=(
-                    f"%{{y}}<br>{category}: %{{x:.4g}} s (%{{customdata:.1f}}% of the step)"
-                    "<extra></extra>"
-                ),
-            )
-        )
+        fig.add_trace(breakdown_bar(category, labels, values, steps))
     fig.update_layout(
         barmode="stack",
         title=(

@@ -5,12 +5,16 @@ the mistake in the first file and nothing in the second, propose exactly the sec
 its fix, and that fix must simulate faster (or, for a layout that does not fit, fit).
 ``docs/teaching.md`` is regenerated and compared with the checked-in page, so it never
 drifts from the simulator. The pairs are explained once per module (a few seconds).
+``--out`` writes ``explain.json`` and an offline ``explain.html`` with one chart per
+finding; every test runs in its own temporary folder, where the default ``out/`` lands.
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,7 @@ from benchmarks import make_teaching
 from simulator.errors import ParasimError
 from simulator.explain import (
     FINDING_IDS,
+    Explanation,
     Finding,
     add_parser,
     command,
@@ -27,7 +32,15 @@ from simulator.explain import (
     explain,
     main,
 )
+from simulator.metrics import CATEGORIES
+from simulator.report.explain_report import (
+    TERM_COLORS,
+    finding_sentence,
+    memory_is_the_point,
+    render_explain_html,
+)
 from simulator.scenario import apply_overrides, scenario_from_dict
+from simulator.sweep import BAR_COLORS
 
 ROOT = Path(__file__).resolve().parent.parent
 TEACHING = ROOT / "scenarios" / "teaching"
@@ -61,6 +74,27 @@ FINDING_KEYS = {
 @pytest.fixture(scope="module")
 def teaching() -> dict[str, make_teaching.PairResult]:
     return {result.pair.key: result for result in make_teaching.collect()}
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run each test in its own folder, so the default ``out/`` never lands in the tree."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def _charts(page: str) -> dict[str, list[dict]]:
+    """The traces of every ``Plotly.newPlot`` call in a page, by div id, in page order."""
+    charts = {}
+    for match in re.finditer(r'Plotly\.newPlot\(\s*"([^"]+)",\s*', page):
+        charts[match.group(1)], _ = json.JSONDecoder().raw_decode(page, match.end())
+    return charts
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -273,3 +307,83 @@ def test_library_api_returns_findings(teaching):
     assert json.loads(json.dumps(finding.to_dict()))["id"] == "layering-backwards"
     explanation = diagnose(TEACHING / "moe-imbalance-fix.yaml")
     assert explanation.ok and explanation.to_dict()["findings"] == []
+
+
+# ---------------------------------------------------------------- explain.json, explain.html
+
+
+def _check_page(page: str, explanation: Explanation, plotly_js: str) -> None:
+    """One chart per finding, ``finding-N``, with a mistake and a fix bar per category."""
+    assert page.count(plotly_js[:200]) == 1  # plotly.js inlined once
+    rest = page.replace(plotly_js, "")
+    assert "<script src" not in rest and "cdn" not in rest  # opens offline
+    charts = _charts(rest)
+    ids = [f"finding-{n}" for n in range(1, len(explanation.findings) + 1)]
+    assert list(charts) == ids
+    for id, finding, traces in zip(ids, explanation.findings, charts.values(), strict=True):
+        assert f'<div id="{id}"' in rest
+        time = {t["name"]: t for t in traces if t["legendgroup"] == "time"}
+        assert list(time) == list(CATEGORIES)
+        for category, trace in time.items():
+            assert trace["type"] == "bar" and trace["y"] == ["mistake", "fix"]
+            assert trace["marker"]["color"] == BAR_COLORS[category]
+            assert trace["x"] == [
+                finding.before["breakdown"]["critical"][category],
+                finding.after["breakdown"]["critical"][category],
+            ]
+        memory = [t for t in traces if t["legendgroup"] == "memory"]
+        assert bool(memory) == memory_is_the_point(finding)
+        assert [t["name"] for t in memory] == (list(TERM_COLORS) if memory else [])
+        assert html.escape(finding_sentence(finding), quote=False) in rest
+
+
+def test_out_writes_the_json_and_one_chart_per_finding(capsys, tmp_path, plotly_js):
+    path = TEACHING / "pipeline-bubble-mistake.yaml"
+    placement = "parallel.placement=[pp,dp,tp]"  # a second finding: layering backwards
+    args = _args(str(path), "--set", placement, "--json", "--out", str(tmp_path / "x"))
+    assert command(args) == 1
+    printed = capsys.readouterr().out
+    assert (tmp_path / "x" / "explain.json").read_text() == printed  # what --json prints
+    explanation = diagnose(path, [placement])
+    assert [f.id for f in explanation.findings] == ["layering-backwards", "too-few-microbatches"]
+    page = (tmp_path / "x" / "explain.html").read_text(encoding="utf-8")
+    _check_page(page, explanation, plotly_js)
+    assert 'id="finding-1"' in page and 'id="finding-2"' in page
+    assert "2 problems found" in page and "No layering mistakes" not in page
+    assert "--set parallel.placement=[tp,pp,dp]" in page
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["explain.html", "explain.json"]
+
+
+def test_every_teaching_mistake_gets_its_page(teaching, plotly_js):
+    for key in KEYS:
+        mistake = teaching[key].mistake
+        page = render_explain_html(mistake, plotly_js=plotly_js)
+        _check_page(page, mistake, plotly_js)
+        assert page == render_explain_html(mistake, plotly_js=plotly_js)  # same bytes
+    sp = _charts(render_explain_html(teaching["sp-memory"].mistake, plotly_js=plotly_js))
+    (traces,) = sp.values()
+    activations = next(t for t in traces if t["name"] == "activations")
+    assert activations["x"][1] < activations["x"][0]  # SP splits the activations
+
+
+def test_a_scenario_without_findings_writes_a_page_that_says_so(scenarios_dir, tmp_path):
+    assert command(_args(str(scenarios_dir / "small.yaml"), "--out", str(tmp_path / "ok"))) == 0
+    page = (tmp_path / "ok" / "explain.html").read_text(encoding="utf-8")
+    assert "No layering mistakes found" in page
+    assert "finding-" not in page and "Plotly" not in page
+    report = json.loads((tmp_path / "ok" / "explain.json").read_text())
+    assert report["ok"] is True and report["findings"] == []
+
+
+def test_out_defaults_to_the_scenario_folder_and_bad_out_is_bad_input(capsys, tmp_path):
+    path = str(TEACHING / "dp-oom-mistake.yaml")
+    assert command(_args(path)) == 1
+    out = tmp_path / "out" / "dp-oom-mistake-explain"
+    assert (out / "explain.json").exists() and (out / "explain.html").exists()
+    assert "explain.html" in capsys.readouterr().out
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ParasimError, match="--out"):
+        command(_args(path, "--out", str(tmp_path / "file")))
+    assert main([path, "--out", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("parasim: error: --out") and err.count("\n") == 1

@@ -1,4 +1,4 @@
-"""Write a Trace as a Chrome trace file, for Perfetto and chrome://tracing.
+"""Write a Trace as a Chrome trace file, for Perfetto, chrome://tracing and HTA.
 
 The output is the JSON-object form of the Chrome trace event format: one process per
 rank (``pid`` is the rank) and one thread per stream. A stream's ``tid`` is a small
@@ -7,22 +7,42 @@ name (0 is avoided because Perfetto reads ``tid`` 0 as "same as ``pid``"). Every
 becomes a complete event (``"ph": "X"``) whose ``ts`` and ``dur`` are in microseconds;
 its ``args`` keep the op kind, bytes, FLOPs, tags, group or peer and ``ready_us``, the
 instant the op was issued (for a collective, when this rank arrived). Communication ops
-are named ``nccl:<kind> <label>`` so tools that look for NCCL kernels by name recognise
-them. Each send is joined to its matching recv by a flow arrow: the n-th send from rank
-a to rank b with a given micro-batch and phase matches the n-th recv on rank b from rank
-a with the same micro-batch and phase, in program order (``op_id``).
+are named ``nccl:<kind> <label>``.
 
-The writer makes one pass over the records (plus a sort of each send/recv queue) and
-encodes events as it goes; the same trace always gives a byte-identical file.
-``max_events`` caps the number of op events: when the trace has more, a representative
-subset of ranks is kept (see :func:`select_ranks`) and ``otherData.capped`` says what
-was left out.
+Two kinds of flow arrows link the ranks:
+
+* each send is joined to its matching recv by a flow event pair (``"ph": "s"`` on the
+  send, ``"ph": "f"`` on the recv, ids 1, 2, ...): the n-th send from rank a to rank b
+  with a given micro-batch and phase matches the n-th recv on rank b from rank a with
+  the same micro-batch and phase, in program order (``op_id``);
+* the members of each collective instance are chained by flow-v2 fields on their own
+  complete events (``bind_id``, ``flow_out`` on the first member, ``flow_in`` and
+  ``flow_out`` on the middle ones, ``flow_in`` on the last, in order of slice start).
+  As in NCCL, the collectives of one group are matched by their order on that group:
+  the n-th collective of group g on every rank is one instance. Members are numbered on
+  each rank's full op list, so capping never links ops of different instances. The
+  bind ids start at 2**32, above any id a viewer gives to the send/recv flows.
+
+The top-level ``distributedInfo`` (``backend``, ``rank``, ``world_size``) is what
+Holistic Trace Analysis (HTA) reads to place a file; the combined file gives the lowest
+rank it shows and lists all of them in ``otherData.ranks_in_file``.
+:func:`write_rank_traces` writes one file per rank in the form HTA's parser expects of
+a PyTorch-profiler trace: GPU work has ``"cat": "kernel"`` and ``args.stream``,
+``args.device`` and ``args.correlation``, and communication kernels are named
+``ncclDevKernel_<Kind>`` (HTA recognises them by the pattern ``^nccl.*Kernel``).
+
+The writer makes one pass over the records (plus a sort of each send/recv queue and
+collective group) and encodes events as it goes; the same trace always gives a
+byte-identical file. ``max_events`` caps the number of op events: when the trace has
+more, a representative subset of ranks is kept (see :func:`select_ranks`) and
+``otherData.capped`` says what was left out.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -33,12 +53,19 @@ from simulator.trace import OpRecord, Trace, category_of
 __all__ = [
     "chrome_trace_events",
     "write_chrome_trace",
+    "write_rank_traces",
+    "rank_trace_name",
     "trace_from_chrome",
     "select_ranks",
     "stream_order",
 ]
 
 _COMM_OPS = frozenset({"collective", "send", "recv"})
+
+# Perfetto numbers the send/recv (v1) flows it reads with a 32-bit counter from 0 and
+# keeps the collective (v2) bind ids as written, in the same table: starting the bind
+# ids at 2**32 keeps the two apart.
+_COLLECTIVE_BIND_BASE = 1 << 32
 
 
 SIDES = ("predicted", "measured")
@@ -240,6 +267,68 @@ def _flow_events(
     return events, unmatched
 
 
+def _group_order(
+    records: Iterable[OpRecord], ranks: set[int]
+) -> dict[tuple[str, int], list[OpRecord]]:
+    """The collectives of ``ranks``, keyed by ``(group, n)``: the n-th collective on that
+    group in each rank's program order (``op_id``), NCCL's matching rule."""
+    queues: dict[tuple[int, str], list[tuple[int, int, OpRecord]]] = defaultdict(list)
+    for i, rec in enumerate(records):
+        if rec.op == "collective" and rec.group is not None and rec.rank in ranks:
+            queues[(rec.rank, rec.group)].append((rec.op_id, i, rec))
+    instances: dict[tuple[str, int], list[OpRecord]] = defaultdict(list)
+    for (_, group), queue in queues.items():
+        queue.sort(key=lambda t: (t[0], t[1]))
+        for n, (_, _, rec) in enumerate(queue):
+            instances[(group, n)].append(rec)
+    return instances
+
+
+def _collective_binds(
+    all_records: Sequence[OpRecord], kept: Sequence[OpRecord]
+) -> dict[int, dict[str, Any]]:
+    """Flow-v2 fields chaining the members of each collective instance, by position in
+    ``kept``. Instances are numbered on ``all_records`` (every op of each kept rank), so
+    a cap that cuts a rank short never shifts the matching; instances with fewer than
+    two members shown get no arrow. A chain runs in order of slice start, then of
+    position in the file, so its first event is the first a viewer reads."""
+    position = {id(rec): i for i, rec in enumerate(kept) if rec.op == "collective"}
+    if not position:
+        return {}
+    instances = _group_order(all_records, {rec.rank for rec in kept})
+    binds: dict[int, dict[str, Any]] = {}
+    bind_id = _COLLECTIVE_BIND_BASE
+    for key in sorted(instances):
+        shown = sorted(
+            (_us(rec.start), position[id(rec)]) for rec in instances[key] if id(rec) in position
+        )
+        if len(shown) < 2:
+            continue
+        last = len(shown) - 1
+        for j, (_, pos) in enumerate(shown):
+            fields: dict[str, Any] = {"bind_id": bind_id}
+            if j > 0:
+                fields["flow_in"] = True
+            if j < last:
+                fields["flow_out"] = True
+            binds[pos] = fields
+        bind_id += 1
+    return binds
+
+
+def _world_size(trace: Trace) -> int:
+    """The job's world size: ``meta["world"]`` when the trace has it, else one more than
+    the highest rank."""
+    world = trace.meta.get("world")
+    if isinstance(world, int | float) and not isinstance(world, bool) and world > 0:
+        return int(world)
+    return max((int(rec.rank) for rec in trace.records), default=0) + 1
+
+
+def _distributed_info(rank: int, world_size: int) -> dict[str, Any]:
+    return {"backend": "nccl", "rank": int(rank), "world_size": int(world_size)}
+
+
 def _kept_records(
     trace: Trace, max_events: int | None
 ) -> tuple[list[OpRecord], dict[str, Any] | None]:
@@ -281,12 +370,17 @@ class _Plan:
             all_streams |= streams
         self.tids = {stream: i for i, stream in enumerate(stream_order(all_streams), start=1)}
         gpus_per_node = trace.meta.get("gpus_per_node")
-        self.metadata = _metadata_events(
-            lanes, self.tids, int(gpus_per_node) if gpus_per_node else None
-        )
+        self.gpus_per_node = int(gpus_per_node) if gpus_per_node else None
+        self.lanes = lanes
+        self.metadata = _metadata_events(lanes, self.tids, self.gpus_per_node)
         self.flows, unmatched = _flow_events(self.records, self.tids)
+        self.binds = _collective_binds(trace.records, self.records)
+        self.ranks = sorted(lanes)
+        self.world_size = _world_size(trace)
+        self.distributed = _distributed_info(self.ranks[0] if self.ranks else 0, self.world_size)
         other: dict[str, Any] = dict(trace.meta)
         other.setdefault("step_time_s", trace.step_time)
+        other["ranks_in_file"] = self.ranks
         if unmatched:
             other["unmatched_p2p"] = unmatched
         if capped is not None:
@@ -294,9 +388,12 @@ class _Plan:
         self.other = other
 
     def op_events(self) -> Iterator[dict[str, Any]]:
-        tids = self.tids
-        for rec in self.records:
-            yield _complete_event(rec, tids[rec.stream])
+        tids, binds = self.tids, self.binds
+        for i, rec in enumerate(self.records):
+            event = _complete_event(rec, tids[rec.stream])
+            if i in binds:
+                event.update(binds[i])
+            yield event
 
 
 def chrome_trace_events(trace: Trace, max_events: int | None = None) -> dict[str, Any]:
@@ -306,11 +403,42 @@ def chrome_trace_events(trace: Trace, max_events: int | None = None) -> dict[str
     """
     plan = _Plan(trace, max_events)
     events = [*plan.metadata, *plan.op_events(), *plan.flows]
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": plan.other}
+    return {
+        "distributedInfo": plan.distributed,
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": plan.other,
+    }
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 _CHUNK = 20000
+
+
+def _write_document(
+    path: str | Path,
+    distributed: dict[str, Any],
+    other: dict[str, Any],
+    events: Iterable[dict[str, Any]],
+) -> None:
+    """Write one trace document, one event per line. ``distributedInfo`` comes first,
+    on its own line and with a space after each colon: HTA finds a file's rank by
+    searching the first lines for ``"rank": <n>`` before it parses anything."""
+    encode = _ENCODER.encode
+    events = iter(events)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write('{"distributedInfo": ')
+        fh.write(json.dumps(distributed, sort_keys=True))
+        fh.write(',\n"displayTimeUnit":"ms",\n"otherData":')
+        fh.write(encode(other))
+        fh.write(',\n"traceEvents":[\n')
+        first = True
+        while chunk := list(itertools.islice(events, _CHUNK)):
+            if not first:
+                fh.write(",\n")
+            fh.write(",\n".join(map(encode, chunk)))
+            first = False
+        fh.write("\n]}\n")
 
 
 def write_chrome_trace(trace: Trace, path: str | Path, max_events: int | None = None) -> None:
@@ -321,19 +449,93 @@ def write_chrome_trace(trace: Trace, path: str | Path, max_events: int | None = 
     byte-identical file. ``max_events`` caps the number of op events.
     """
     plan = _Plan(trace, max_events)
-    encode = _ENCODER.encode
     events = itertools.chain(plan.metadata, plan.op_events(), plan.flows)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write('{"displayTimeUnit":"ms",\n"otherData":')
-        fh.write(encode(plan.other))
-        fh.write(',\n"traceEvents":[\n')
-        first = True
-        while chunk := list(itertools.islice(events, _CHUNK)):
-            if not first:
-                fh.write(",\n")
-            fh.write(",\n".join(map(encode, chunk)))
-            first = False
-        fh.write("\n]}\n")
+    _write_document(path, plan.distributed, plan.other, events)
+
+
+def rank_trace_name(rank: int) -> str:
+    """The file name :func:`write_rank_traces` gives the trace of ``rank``."""
+    return f"rank{int(rank)}.trace.json"
+
+
+def _kernel_name(rec: OpRecord) -> str:
+    """A GPU kernel name in the form HTA classifies: ``ncclDevKernel_<Kind>`` for
+    communication (``all_reduce`` becomes ``ncclDevKernel_AllReduce``), the op kind
+    (``gemm``, ``attention``...) for compute, so kernels of one kind add up together."""
+    if rec.op in _COMM_OPS:
+        return "ncclDevKernel_" + "".join(part.capitalize() for part in rec.kind.split("_"))
+    return rec.kind
+
+
+def _whole_us(seconds: float) -> int:
+    """Seconds to whole microseconds, rounded to the nearest (half up)."""
+    return math.floor(_us(seconds) + 0.5)
+
+
+def _kernel_event(rec: OpRecord, tid: int, device: int, correlation: int) -> dict[str, Any]:
+    """An op as a GPU kernel of a PyTorch-profiler trace: the stream is its thread and
+    the display category moves into ``args.category``.
+
+    ``ts`` and ``dur`` are whole microseconds (``args.ready_us`` keeps nanoseconds):
+    HTA rounds fractional timestamps inward (start up, end down), which gives a kernel
+    shorter than a microsecond a negative duration and breaks its breakdowns. Both
+    ends are rounded to the nearest microsecond instead, so back-to-back ops stay
+    back-to-back and no duration is negative."""
+    event = _complete_event(rec, tid)
+    start = _whole_us(rec.start)
+    event["ts"] = start
+    event["dur"] = max(0, _whole_us(rec.end) - start)
+    event["args"].update(
+        category=event["cat"],
+        device=device,
+        stream=tid,
+        correlation=correlation,
+    )
+    event["name"] = _kernel_name(rec)
+    event["cat"] = "kernel"
+    return event
+
+
+def _rank_events(plan: _Plan, rank: int, records: Iterable[OpRecord]) -> Iterator[dict[str, Any]]:
+    """The events of one rank's file: its metadata, then its ``records`` as kernels."""
+    yield from _metadata_events({rank: plan.lanes[rank]}, plan.tids, plan.gpus_per_node)
+    device = rank % plan.gpus_per_node if plan.gpus_per_node else rank
+    for correlation, rec in enumerate(records, start=1):
+        yield _kernel_event(rec, plan.tids[rec.stream], device, correlation)
+
+
+def write_rank_traces(
+    trace: Trace, folder: str | Path, max_events: int | None = None
+) -> list[Path]:
+    """Write one trace file per rank shown into ``folder``, for Holistic Trace Analysis.
+
+    Each file (named by :func:`rank_trace_name`) holds that rank's ops as GPU kernels
+    (``"cat": "kernel"`` with ``args.stream``, ``args.device``, the rank's GPU on its
+    node, and ``args.correlation``), communication named ``ncclDevKernel_<Kind>``, and
+    its own ``distributedInfo``; ``hta.trace_analysis.TraceAnalysis(trace_dir=folder)``
+    reads the folder as one job (keep other JSON files out of it: HTA takes every
+    ``.json`` there for a rank's trace). Files have no flow arrows, which would span two
+    files. The ranks shown are those of :func:`write_chrome_trace` with the same
+    ``max_events``. Returns the paths written, in rank order; the same trace always
+    gives byte-identical files.
+    """
+    plan = _Plan(trace, max_events)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    by_rank: dict[int, list[OpRecord]] = defaultdict(list)
+    for rec in plan.records:
+        by_rank[rec.rank].append(rec)
+    paths = []
+    for rank in plan.ranks:
+        path = out / rank_trace_name(rank)
+        other = {**plan.other, "ranks_in_file": [rank]}
+        for key in ("idle", "stage_of_rank"):  # per-rank metadata: this rank's only
+            if isinstance(other.get(key), dict):
+                other[key] = {k: v for k, v in other[key].items() if k == str(rank)}
+        distributed = _distributed_info(rank, plan.world_size)
+        _write_document(path, distributed, other, _rank_events(plan, rank, by_rank[rank]))
+        paths.append(path)
+    return paths
 
 
 def trace_from_chrome(document: dict[str, Any]) -> Trace:
@@ -367,4 +569,5 @@ def trace_from_chrome(document: dict[str, Any]) -> Trace:
             )
         )
     other = dict(document.get("otherData", {}))
+    other.pop("ranks_in_file", None)
     return Trace(records=records, step_time=float(other.pop("step_time_s", 0.0)), meta=other)

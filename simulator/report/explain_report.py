@@ -1,0 +1,320 @@
+"""The files of ``parasim explain``: ``explain.json`` and an offline ``explain.html``.
+
+``explain.json`` is exactly what ``parasim explain --json`` prints. ``explain.html`` opens
+in any browser without a network (plotly.js is inlined once, in the page's head) and
+shows, for every finding, the mistake and its fix side by side: one sentence of what the
+finding means and what it costs, a table of layout, step time and memory, and one chart
+whose stacked bars split each step of the critical rank into the breakdown categories
+(the colours of ``parasim sweep``), with the step time at the end of each bar. When
+memory is the point of the finding (the scenario or its fix does not fit, or the finding
+is about memory), a second panel stacks memory per GPU by term against the GPU's
+capacity. Each chart is a ``<div id="finding-N">`` (N from 1, in the order of the
+findings). A scenario without findings gets a page that says so, without charts.
+
+Both files are written atomically; the same explanation gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from topologies.units import format_bytes, format_time
+
+from ..explain import Explanation, Finding, cost_text, describe_layout, describe_memory
+from ..metrics import CATEGORIES
+from ..outputs import write_atomically, write_json
+from .style import MEMORY_COLORS, breakdown_bar
+
+__all__ = [
+    "MEMORY_FINDINGS",
+    "TERM_COLORS",
+    "chart_id",
+    "memory_is_the_point",
+    "finding_sentence",
+    "finding_figure",
+    "render_explain_html",
+    "write_explain_outputs",
+]
+
+#: Findings about memory: their charts show memory per GPU against capacity.
+MEMORY_FINDINGS = ("dp-only-oom", "sp-off-activation-bound", "out-of-memory")
+#: Colours of the memory terms (hatched, so they are not mistaken for time categories).
+TERM_COLORS = MEMORY_COLORS  # memory terms, as in report.html
+_GIB = 2.0**30
+_STYLE = (
+    "body{font-family:Inter,'Helvetica Neue',Helvetica,Arial,sans-serif;max-width:1100px;"
+    "margin:2em auto;padding:0 1em;color:#222}"
+    "h2{margin-top:2em;border-top:1px solid #ddd;padding-top:1em}"
+    "code{background:#f4f4f4;padding:0 .2em}"
+    "table{border-collapse:collapse;margin:.5em 0}"
+    "td,th{padding:.25em .8em;text-align:left;vertical-align:top;border-bottom:1px solid #eee}"
+    ".sentence{font-size:1.1em}.bad{color:#b00020}.ok{color:#1b7f3b}.dim{color:#666}"
+)
+
+
+def _text(value: str) -> str:
+    """``value`` as HTML text (quotes kept: nothing here goes into an attribute unquoted)."""
+    return html.escape(value, quote=False)
+
+
+def chart_id(index: int) -> str:
+    """The id of the ``index``-th finding's chart (from 1)."""
+    return f"finding-{index}"
+
+
+def memory_is_the_point(finding: Finding) -> bool:
+    """Whether the finding's chart shows memory: a memory finding, or either side OOM."""
+    snaps = [finding.before] + ([finding.after] if finding.after is not None else [])
+    return finding.id in MEMORY_FINDINGS or any(s["memory"]["oom"] for s in snaps)
+
+
+def _capitalized(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def finding_sentence(finding: Finding) -> str:
+    """What the finding means and what it costs, in one sentence with its numbers."""
+    title, before, after = _capitalized(finding.title), finding.before, finding.after
+    if after is None:
+        return f"{title}; {finding.fix_summary}."
+    fix = f"the fix ({finding.fix_summary})"
+    if finding.cost_s is None:  # the scenario does not fit: its step time means nothing
+        mb, ma = before["memory"], after["memory"]
+        verdict = "still does not fit" if ma["oom"] else "fits"
+        return (
+            f"{title}: {format_bytes(mb['peak_bytes_per_gpu'])} per GPU does not fit in "
+            f"{format_bytes(mb['capacity_bytes'])}; {fix} needs "
+            f"{format_bytes(ma['peak_bytes_per_gpu'])} and {verdict}, at "
+            f"{format_time(after['step_time_s'])} per step."
+        )
+    step = before["step_time_s"]
+    same_work = step - finding.cost_s  # the fix's step time per the mistake's global batch
+    batch = before["layout"]["global_batch"]
+    if after["layout"]["global_batch"] != batch:
+        takes = f"the same {batch} sequences take {format_time(same_work)}"
+    else:
+        takes = f"the step takes {format_time(same_work)}"
+    if finding.cost_s >= 0:
+        text = (
+            f"{title}: the mistake costs {format_time(finding.cost_s)} of the "
+            f"{format_time(step)} step ({finding.cost_pct:.1f}%); with {fix} {takes}"
+        )
+    else:
+        text = f"{title}: {cost_text(finding)}; with {fix} {takes}"
+    if memory_is_the_point(finding):
+        text += (
+            f", and memory per GPU goes from {format_bytes(before['memory']['peak_bytes_per_gpu'])}"
+            f" to {format_bytes(after['memory']['peak_bytes_per_gpu'])} of "
+            f"{format_bytes(after['memory']['capacity_bytes'])}"
+        )
+    return text + "."
+
+
+def _sides(finding: Finding) -> list[tuple[str, dict[str, Any]]]:
+    sides = [("mistake", finding.before)]
+    if finding.after is not None:
+        sides.append(("fix", finding.after))
+    return sides
+
+
+def finding_figure(finding: Finding):
+    """The finding's chart: per category one bar for the mistake and one for the fix,
+    stacked into each side's step (critical rank, seconds), and, when memory is the
+    point, memory per GPU by term (GiB) against the capacity."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    sides = _sides(finding)
+    labels = [label for label, _ in sides]
+    memory = memory_is_the_point(finding)
+    if memory:
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.58, 0.42], horizontal_spacing=0.1)
+    else:
+        fig = go.Figure()
+    where = {"row": 1, "col": 1} if memory else {}
+    steps = [snap["step_time_s"] for _, snap in sides]
+    for category in CATEGORIES:
+        values = [snap["breakdown"]["critical"][category] for _, snap in sides]
+        fig.add_trace(breakdown_bar(category, labels, values, steps, legendgroup="time"), **where)
+    longest = max(snap["step_time_s"] for _, snap in sides)
+    for label, snap in sides:
+        fig.add_annotation(
+            x=snap["step_time_s"],
+            y=label,
+            xref="x",
+            yref="y",
+            text=format_time(snap["step_time_s"]),
+            xanchor="left",
+            xshift=4,
+            showarrow=False,
+        )
+    fig.update_xaxes(title_text="time per step, critical rank (s)", range=[0, 1.2 * longest])
+    fig.update_yaxes(autorange="reversed")
+    if memory:
+        for term, color in TERM_COLORS.items():
+            values = [snap["memory"]["terms_bytes"].get(term, 0.0) / _GIB for _, snap in sides]
+            fig.add_trace(
+                go.Bar(
+                    name=term,
+                    legendgroup="memory",
+                    y=labels,
+                    x=values,
+                    orientation="h",
+                    marker={"color": color, "pattern": {"shape": "/"}},
+                    hovertemplate=f"%{{y}}<br>{term}: %{{x:.3g}} GiB<extra></extra>",
+                ),
+                row=1,
+                col=2,
+            )
+        capacity = finding.before["memory"]["capacity_bytes"] / _GIB
+        peak = max(snap["memory"]["peak_bytes_per_gpu"] for _, snap in sides) / _GIB
+        fig.add_vline(
+            x=capacity,
+            line={"color": "black", "dash": "dash", "width": 1.5},
+            annotation_text=f"capacity {format_bytes(capacity * _GIB)}",
+            annotation_position="top",
+            row=1,
+            col=2,
+        )
+        fig.update_xaxes(
+            title_text="memory per GPU, peak stage (GiB)",
+            range=[0, 1.1 * max(capacity, peak)],
+            row=1,
+            col=2,
+        )
+    fig.update_layout(
+        barmode="stack",
+        height=340,
+        margin={"l": 70, "r": 30, "t": 40, "b": 60},
+        legend={"orientation": "h", "y": -0.3, "yanchor": "top", "traceorder": "normal"},
+        template="plotly_white",
+    )
+    return fig
+
+
+def _row(name: str, cells: list[str]) -> str:
+    return f"<tr><th>{_text(name)}</th>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+
+def _comparison(finding: Finding) -> str:
+    sides = _sides(finding)
+    snaps = [snap for _, snap in sides]
+    head = "<tr><th></th>" + "".join(f"<th>{label}</th>" for label, _ in sides) + "</tr>"
+    rows = [
+        _row("layout", [_text(describe_layout(s["layout"])) for s in snaps]),
+        _row("step time", [format_time(s["step_time_s"]) for s in snaps]),
+        _row("tokens/s", [f"{s['tokens_per_s']:,.0f}" for s in snaps]),
+        _row("MFU", [f"{100 * s['mfu']:.1f}%" for s in snaps]),
+        _row(
+            "memory per GPU",
+            [
+                f'<span class="{"bad" if s["memory"]["oom"] else "ok"}">'
+                f"{_text(describe_memory(s['memory']))}</span>"
+                for s in snaps
+            ],
+        ),
+    ]
+    return "<table>" + head + "".join(rows) + "</table>"
+
+
+def _section(index: int, finding: Finding, chart: str) -> str:
+    also = (
+        f' <span class="dim">(an instance of {", ".join(_text(a) for a in finding.also)})</span>'
+        if finding.also
+        else ""
+    )
+    parts = [
+        f"<h2>{index}. <code>{_text(finding.id)}</code> · {_text(finding.title)}{also}</h2>",
+        f'<p class="sentence">{_text(finding_sentence(finding))}</p>',
+        _comparison(finding),
+        chart,
+        f"<p>{_text(finding.problem)}</p>",
+    ]
+    if finding.fix:
+        sets = " ".join(f"--set {arg}" for arg in finding.set_args)
+        parts.append(
+            f"<p><b>fix:</b> <code>{_text(sets)}</code> ({_text(finding.fix_summary)})</p>"
+        )
+    else:
+        parts.append(f"<p><b>fix:</b> {_text(finding.fix_summary)}</p>")
+    parts.append(f"<p><b>cost:</b> {_text(cost_text(finding))}</p>")
+    items = [
+        f"also possible: {' '.join(a['fix_set'])} ({a['summary']}): "
+        f"{format_time(a['step_time_s'])} per step, "
+        f"{format_bytes(a['peak_bytes_per_gpu'])} per GPU"
+        for a in finding.alternatives
+    ]
+    items += [f"note: {note}" for note in finding.notes]
+    if finding.moved:
+        parts.append(
+            "<p><b>moved:</b> " + _text("; ".join(m["text"] for m in finding.moved)) + "</p>"
+        )
+    if items:
+        parts.append('<ul class="dim">' + "".join(f"<li>{_text(i)}</li>" for i in items) + "</ul>")
+    return f'<section class="finding" data-finding="{html.escape(finding.id)}">\n' + (
+        "\n".join(parts) + "\n</section>"
+    )
+
+
+def render_explain_html(explanation: Explanation, plotly_js: str | None = None) -> str:
+    """The page: the scenario, then one section and chart per finding (plotly.js inlined
+    once, from the installed plotly unless ``plotly_js`` is given); none without findings."""
+    snap = explanation.result
+    count = len(explanation.findings)
+    name = _text(explanation.scenario)
+    head = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f"<title>parasim explain · {name}</title>",
+        f"<style>{_STYLE}</style>",
+    ]
+    body = [
+        "<body>",
+        f"<h1>parasim explain · {name}</h1>",
+        f'<p class="dim">{_text(explanation.fidelity)} fidelity</p>',
+        "<table>",
+        _row("layout", [_text(describe_layout(snap["layout"]))]),
+        _row("step time", [format_time(snap["step_time_s"])]),
+        _row("memory per GPU", [_text(describe_memory(snap["memory"]))]),
+        "</table>",
+    ]
+    if explanation.ok:
+        body.append(
+            '<p class="sentence ok" id="no-findings">No layering mistakes found: none of '
+            "explain's checks fired, so there is no fix to compare with.</p>"
+        )
+    else:
+        if plotly_js is None:
+            from plotly.offline import get_plotlyjs
+
+            plotly_js = get_plotlyjs()
+        head.append(f'<script type="text/javascript">{plotly_js}</script>')
+        body.append(
+            f'<p class="sentence bad">{count} problem{"s" if count != 1 else ""} found. '
+            "Each chart splits the step of the critical rank (the rank that finishes last) "
+            "into its categories, for the mistake and for its fix; the step time is at the "
+            "end of each bar.</p>"
+        )
+        for index, finding in enumerate(explanation.findings, start=1):
+            chart = finding_figure(finding).to_html(
+                include_plotlyjs=False,
+                full_html=False,
+                div_id=chart_id(index),
+                config={"displaylogo": False, "responsive": True},
+            )
+            body.append(_section(index, finding, chart))
+    return "\n".join([*head, "</head>", *body, "</body>", "</html>", ""])
+
+
+def write_explain_outputs(explanation: Explanation, out: Path) -> list[Path]:
+    """Write ``explain.json`` and ``explain.html`` to ``out``; their paths."""
+    out = Path(out)
+    paths = [out / "explain.json", out / "explain.html"]
+    page = render_explain_html(explanation)
+    write_json(paths[0], explanation.to_dict())
+    write_atomically(paths[1], lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    return paths

@@ -1,0 +1,251 @@
+"""Tests of ``report.html``: the one-page report ``parasim run`` writes beside result.json."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from plotly.offline import get_plotlyjs
+
+from simulator.metrics import CATEGORIES
+from simulator.outputs import write_run_outputs
+from simulator.report import run_report as report
+from simulator.report.run_report import (
+    LINK_BINS,
+    LINK_ROWS,
+    breakdown_figure,
+    breakdown_rows,
+    exposed_comm_figure,
+    link_heatmap,
+    memory_figure,
+    report_trace,
+    run_report_html,
+)
+from simulator.report.style import AXIS_COLORS, BREAKDOWN_COLORS
+from simulator.run import make_trace, representative_ranks, run_scenario
+from simulator.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+GIB = 2.0**30
+OUTPUTS = ["result.json", "trace.json", "timeline.html", "report.html"]
+
+
+def _run(name: str, *overrides: str):
+    return run_scenario(load_scenario(SCENARIOS / name, list(overrides)))
+
+
+@pytest.fixture(scope="module")
+def flow_run():
+    """pipeline-demo in flow fidelity: 16 ranks, tp 8 x pp 2, link utilisation recorded."""
+    return _run("pipeline-demo.yaml")
+
+
+@pytest.fixture(scope="module")
+def analytic_run():
+    """pipeline-demo in analytic fidelity: folded to one rank per stage, no link data."""
+    return _run("pipeline-demo.yaml", "simulation.fidelity=analytic")
+
+
+@pytest.fixture(scope="module")
+def flow_out(flow_run, tmp_path_factory) -> tuple[Path, list[Path]]:
+    out = tmp_path_factory.mktemp("flow")
+    return out, write_run_outputs(flow_run, out, title="pipeline-demo: one training step")
+
+
+@pytest.fixture(scope="module")
+def flow_page(flow_out) -> str:
+    return (flow_out[0] / "report.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def analytic_page(analytic_run) -> str:
+    page, _ = run_report_html(analytic_run, "pipeline-demo: analytic")
+    return page
+
+
+def _plot_ids(page: str) -> list[str]:
+    return re.findall(r'<div id="([^"]+)" class="plotly-graph-div"', page)
+
+
+# -- the file and the page -----------------------------------------------------------------
+
+
+def test_run_outputs_write_the_report_and_nothing_else(flow_out):
+    out, paths = flow_out
+    assert [p.name for p in paths] == OUTPUTS
+    assert all(p.parent == out for p in paths)
+    # atomic writes leave no temporary files behind
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
+
+
+def test_a_failed_report_leaves_no_partial_file(analytic_run, tmp_path, monkeypatch):
+    import simulator.report
+
+    def broken(run, path, title, trace=None):
+        Path(path).write_text("<!DOCTYPE html><html>half a page")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(simulator.report, "write_run_report", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_run_outputs(analytic_run, tmp_path, title="x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(OUTPUTS[:3])
+
+
+def test_plotly_js_is_inlined_exactly_once(flow_page, analytic_page):
+    js = get_plotlyjs()
+    for page in (flow_page, analytic_page):
+        assert page.count(js[:300]) == 1
+        assert page.count(js[-300:]) == 1
+        assert len(page) < 2 * len(js)  # the bundle is not there twice in another form
+        assert not re.search(r"<script[^>]*\bsrc=", page)  # nothing loaded from a CDN
+        assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+
+
+def test_every_chart_has_its_id(flow_page, analytic_page):
+    assert _plot_ids(flow_page) == ["breakdown", "exposed-comm", "memory", "links", "timeline"]
+    # analytic fidelity has no link data: one line says so instead of an empty chart
+    assert _plot_ids(analytic_page) == ["breakdown", "exposed-comm", "memory", "timeline"]
+    assert "Link utilisation needs flow fidelity" in analytic_page
+    assert "needs flow fidelity" not in flow_page
+
+
+def test_summary_numbers_are_in_human_units(flow_run, flow_page):
+    result = flow_run.result
+    assert "55.1 ms" in flow_page  # step time
+    assert f"{result['tokens_per_s']:,.0f}" in flow_page
+    assert f"{result['tflops_per_gpu']:.1f} TFLOP/s" in flow_page
+    assert f"{100 * result['mfu']:.1f}%" in flow_page
+    critical = result["breakdown"]["critical"]
+    step = result["step_time_s"]
+    for category in ("bubble", "exposed_comm"):
+        assert f"{100 * critical[category] / step:.1f}%" in flow_page
+    assert "3.8 GiB" in flow_page and "79.6 GiB" in flow_page  # peak memory vs capacity
+    assert "tp 8 · pp 2 · dp 1 · ep 1" in flow_page
+    assert "1f1b · 8 micro-batches of 1" in flow_page
+    # every chart has a caption
+    assert flow_page.count('<p class="caption">') == 5
+
+
+def test_the_same_run_gives_the_same_bytes(analytic_run, analytic_page):
+    again, _ = run_report_html(analytic_run, "pipeline-demo: analytic")
+    assert again == analytic_page
+
+
+# -- the charts ----------------------------------------------------------------------------
+
+
+def test_breakdown_has_one_trace_per_category_and_one_bar_per_rank(flow_run):
+    result = flow_run.result
+    fig = breakdown_figure(result)
+    assert [t.name for t in fig.data] == list(CATEGORIES)
+    assert [t.marker.color for t in fig.data] == [BREAKDOWN_COLORS[c] for c in CATEGORIES]
+    assert all(len(t.y) == 16 for t in fig.data)
+    assert fig.data[0].y[0] == "r0 · pp0 ★"  # the critical rank, first on top
+    # each rank's bars add up to the step, in milliseconds
+    for i in range(16):
+        total = sum(t.x[i] for t in fig.data)
+        assert total == pytest.approx(result["step_time_s"] * 1e3)
+
+
+def test_many_ranks_are_drawn_per_stage(flow_run, monkeypatch):
+    monkeypatch.setattr(report, "MAX_BREAKDOWN_ROWS", 8)
+    result = flow_run.result
+    rows, kind = breakdown_rows(result)
+    assert kind == "stage"
+    assert [row["label"] for row in rows] == ["stage 0 ★", "stage 1"]
+    stage1 = [row for row in result["per_rank"] if row["pp"] == 1]
+    mean = sum(row["breakdown"]["compute"] for row in stage1) / len(stage1)
+    assert rows[1]["breakdown"]["compute"] == pytest.approx(mean)
+    assert all(len(t.y) == 2 for t in breakdown_figure(result).data)
+
+
+def test_folded_rows_name_their_stage(analytic_run):
+    rows, kind = breakdown_rows(analytic_run.result)
+    assert kind == "rank"
+    assert [row["label"] for row in rows] == ["stage 0 · r0 ★", "stage 1 · r8"]
+    assert "stands for 8 ranks" in rows[0]["detail"]
+
+
+def test_exposed_comm_is_split_by_axis():
+    run = _run(
+        "mixtral-ep-skewed.yaml", "model.layers=2", "model.seq_len=1024", "training.global_batch=16"
+    )
+    fig = exposed_comm_figure(run.result)
+    names = [t.name for t in fig.data]
+    assert names == [a for a in AXIS_COLORS if a in names]  # in axis order
+    assert "ep" in names and "tp" in names
+    assert [t.marker.color for t in fig.data] == [AXIS_COLORS[n] for n in names]
+    page, _ = run_report_html(run, "moe")
+    assert "imbalance stall" in page  # the MoE step's stalls get a number at the top
+    assert "8 experts, top-2" in page
+
+
+def test_memory_chart_shows_every_term_and_the_capacity(flow_run):
+    memory = flow_run.result["memory"]
+    fig = memory_figure(memory)
+    bars = [t for t in fig.data if t.type == "bar"]
+    terms = list(memory["per_stage"][0]["terms_bytes"])
+    assert [t.name for t in bars] == [term.replace("_", " ") for term in terms]
+    for bar, term in zip(bars, terms, strict=True):
+        expected = [stage["terms_bytes"][term] / GIB for stage in memory["per_stage"]]
+        assert list(bar.y) == pytest.approx(expected)
+    (capacity,) = [t for t in fig.data if t.type == "scatter"]
+    assert capacity.name.startswith("capacity")
+    assert list(capacity.y) == pytest.approx([memory["capacity_bytes"] / GIB] * 2)
+    assert fig.layout.yaxis.range[1] > memory["capacity_bytes"] / GIB  # the line is in view
+    assert not fig.layout.annotations
+
+
+def test_out_of_memory_is_obvious():
+    run = _run("dp-only-oom.yaml")
+    memory = run.result["memory"]
+    assert memory["oom"]
+    fig = memory_figure(memory)
+    (capacity,) = [t for t in fig.data if t.type == "scatter"]
+    assert capacity.line.color == "#B3261E"
+    assert "OUT OF MEMORY" in fig.layout.annotations[0].text
+    assert fig.layout.yaxis.range[1] >= memory["peak_bytes_per_gpu"] / GIB
+    page, _ = run_report_html(run, "oom")
+    assert '<li class="oom">out of memory: stage 0 needs 281.6 GiB' in page
+    assert '<div class="card bad">' in page
+
+
+def test_link_heatmap_only_in_flow_fidelity(flow_run, analytic_run):
+    assert link_heatmap(analytic_run) is None
+    fig = link_heatmap(flow_run)
+    (heatmap,) = fig.data
+    assert heatmap.type == "heatmap"
+    assert len(heatmap.z) == LINK_ROWS  # 64 links carry traffic; the busiest 30 are drawn
+    assert all(len(row) == LINK_BINS for row in heatmap.z)
+    assert all(0.0 <= v <= 1.0 for row in heatmap.z for v in row)
+    assert (heatmap.zmin, heatmap.zmax) == (0, 1)
+    # busiest first; a row's mean over the bins is the link's mean utilisation
+    bandwidth = {
+        row["link"]: row["bandwidth_Bps"] for row in flow_run.result["network"]["busiest_links"]
+    }
+    carried = [
+        sum(row) * bandwidth.get(name.replace(" → ", "->"), 0.0)
+        for name, row in zip(heatmap.y, heatmap.z, strict=True)
+    ]
+    assert carried[0] == pytest.approx(max(carried), rel=1e-3)
+    summary = {row["link"]: row for row in flow_run.result["network"]["busiest_links"]}
+    first = summary[heatmap.y[0].replace(" → ", "->")]
+    assert sum(heatmap.z[0]) / LINK_BINS == pytest.approx(first["mean_utilisation"], abs=1e-3)
+
+
+def test_large_traces_are_drawn_with_representative_ranks(flow_run):
+    trace = make_trace(flow_run)
+    assert len(trace.records) > 3000
+    shown, gap = report_trace(flow_run, trace, max_bars=3000)
+    reps = representative_ranks(flow_run.scenario, flow_run.result["breakdown"]["critical_rank"])
+    assert {rec.rank for rec in shown.records} <= set(reps)
+    assert len(shown.records) <= 3000
+    assert gap is not None and gap < 1e-6 * flow_run.result["step_time_s"]  # touching ops only
+    small = make_trace(_run("small.yaml"))
+    assert report_trace(flow_run, small, max_bars=10**6) == (small, None)
+
+
+def test_timeline_caption_says_what_is_left_out(flow_page):
+    assert "only 3 representative ranks are drawn" in flow_page
+    assert "timeline.html beside it draws more" in flow_page

@@ -1,0 +1,309 @@
+"""trace.json checked against the rules of the Chrome trace event format, and the
+per-rank files checked against what Holistic Trace Analysis (HTA) reads.
+
+The format checks need no optional package: every event has a phase, complete events
+have numeric times in microseconds and integer pid/tid, every lane is named, every
+flow arrow has one start and one end that each lie on a slice of their thread, the
+send/recv arrows and the collective chains are both there and join the right ops, and
+the file carries ``distributedInfo`` and is byte-identical when written twice. The last
+test loads the per-rank files with HTA itself and is skipped when ``hta`` is absent.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simulator.report.chrome_trace import (
+    rank_trace_name,
+    trace_from_chrome,
+    write_chrome_trace,
+    write_rank_traces,
+)
+from simulator.run import make_trace, run_scenario
+from simulator.scenario import load_scenario
+from simulator.trace import Trace
+
+# Two pipeline stages (sends and recvs between ranks 0-7 and 8-15), TP all-reduces in
+# groups of four and DP all-reduces in pairs: every kind of arrow the writer draws, in
+# about 4000 ops (four layers, eight micro-batches).
+SCENARIO = "scenarios/pipeline-demo.yaml"
+OVERRIDES = ["parallel.tp=4", "parallel.dp=2", "training.global_batch=8", "model.layers=4"]
+
+# How HTA finds a file's rank (hta/common/trace_file.py): the first line that matches.
+HTA_RANK_RE = re.compile(r'"rank":\s+(\d+)')
+HTA_COMM_KERNEL_RE = re.compile(r"^nccl.*Kernel")
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    return make_trace(run_scenario(load_scenario(SCENARIO, OVERRIDES)))
+
+
+@pytest.fixture(scope="module")
+def trace_file(trace: Trace, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "trace.json"
+    write_chrome_trace(trace, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def doc(trace_file: Path) -> dict[str, Any]:
+    return json.loads(trace_file.read_text())
+
+
+# Ranks a capped file keeps: a whole TP group of stage 0 and two stage-1 ranks, so the
+# capped file still has collective chains and send/recv arrows.
+SHOWN = [0, 1, 2, 3, 8, 12]
+
+
+def _preferring(trace: Trace, ranks: list[int]) -> tuple[Trace, int]:
+    """``trace`` preferring ``ranks`` when capped, and a cap they just fit under."""
+    meta = {**trace.meta, "representative_ranks": ranks}
+    budget = sum(r.rank in ranks for r in trace.records)
+    assert budget < len(trace.records)
+    return Trace(trace.records, trace.step_time, meta), budget
+
+
+# --------------------------------------------------------------------------- validators
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _slices(events: list[dict[str, Any]]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """Complete events by (pid, tid), sorted by start."""
+    lanes: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e["ph"] == "X":
+            lanes[(e["pid"], e["tid"])].append(e)
+    for lane in lanes.values():
+        lane.sort(key=lambda e: (e["ts"], e["dur"]))
+    return lanes
+
+
+def _enclosing(lanes: dict, pid: int, tid: int, ts: float) -> dict[str, Any] | None:
+    """The complete event on (pid, tid) whose span holds ``ts``, if any."""
+    lane = lanes.get((pid, tid), [])
+    i = bisect.bisect_right([e["ts"] for e in lane], ts)
+    for e in reversed(lane[:i]):
+        if e["ts"] <= ts <= e["ts"] + e["dur"]:
+            return e
+    return None
+
+
+def check_events(events: list[dict[str, Any]]) -> None:
+    """Phases, times, ids and lane names of a Chrome trace's events."""
+    names = {(e["pid"], e["tid"]) for e in events if e.get("name") == "thread_name"}
+    processes = {e["pid"] for e in events if e.get("name") == "process_name"}
+    for e in events:
+        assert isinstance(e.get("ph"), str), e
+        assert type(e.get("pid")) is int, e
+        assert e["pid"] in processes, f"pid {e['pid']} has no process_name"
+        if e["ph"] != "X":
+            continue
+        assert type(e["tid"]) is int, e
+        assert _is_number(e["ts"]) and _is_number(e["dur"]), e
+        assert e["ts"] >= 0 and e["dur"] >= 0, e
+        assert (e["pid"], e["tid"]) in names, f"lane {e['pid']}/{e['tid']} has no thread_name"
+
+
+def check_v1_flows(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Every flow id has one "s", one "f" (any number of "t"), each on a slice of its
+    thread. Returns, per id, the slices its events lie on, in s, t..., f order."""
+    lanes = _slices(events)
+    flows: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e["ph"] in ("s", "t", "f"):
+            assert _is_number(e["ts"]) and type(e["tid"]) is int, e
+            flows[e["id"]].append(e)
+    ends: dict[int, list[dict[str, Any]]] = {}
+    for fid, steps in flows.items():
+        phases = Counter(e["ph"] for e in steps)
+        assert phases["s"] == 1 and phases["f"] == 1, (fid, phases)
+        assert all(e["bp"] == "e" for e in steps if e["ph"] == "f")
+        order = {"s": 0, "t": 1, "f": 2}
+        on = []
+        for e in sorted(steps, key=lambda e: order[e["ph"]]):
+            host = _enclosing(lanes, e["pid"], e["tid"], e["ts"])
+            assert host is not None, f"flow {fid} {e['ph']} at {e['ts']} lies on no slice"
+            on.append(host)
+        ends[fid] = on
+    return ends
+
+
+def check_v2_chains(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Every ``bind_id`` chains complete events: one with ``flow_out`` only, one with
+    ``flow_in`` only, the others both, each on a different rank. Returns the members."""
+    chains: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if "bind_id" in e:
+            assert e["ph"] == "X", e
+            assert type(e["bind_id"]) is int, e
+            chains[e["bind_id"]].append(e)
+    for bid, members in chains.items():
+        kinds = Counter((e.get("flow_in", False), e.get("flow_out", False)) for e in members)
+        assert kinds[(False, True)] == 1 and kinds[(True, False)] == 1, (bid, kinds)
+        assert kinds[(True, True)] == len(members) - 2 and not kinds[(False, False)]
+        assert len({e["pid"] for e in members}) == len(members), bid
+    return chains
+
+
+# --------------------------------------------------------------------------- trace.json
+
+
+def test_events_follow_the_format(doc: dict[str, Any], trace: Trace):
+    events = doc["traceEvents"]
+    check_events(events)
+    assert doc["displayTimeUnit"] == "ms"
+    x = [e for e in events if e["ph"] == "X"]
+    assert len(x) == len(trace.records)
+    assert {e["ph"] for e in events} <= {"M", "X", "s", "t", "f"}
+
+
+def test_send_recv_arrows_join_each_send_to_its_recv(doc: dict[str, Any], trace: Trace):
+    ends = check_v1_flows(doc["traceEvents"])
+    sends = sum(r.op == "send" for r in trace.records)
+    assert sends and len(ends) == sends
+    for fid, (src, dst) in ((fid, (on[0], on[-1])) for fid, on in ends.items()):
+        assert src["args"]["op"] == "send" and dst["args"]["op"] == "recv", fid
+        assert src["args"]["peer"] == dst["pid"] and dst["args"]["peer"] == src["pid"]
+        for key in ("microbatch", "phase"):
+            assert src["args"]["tags"].get(key) == dst["args"]["tags"].get(key)
+    assert "unmatched_p2p" not in doc["otherData"]
+
+
+def test_collective_chains_join_the_members_of_each_instance(doc: dict[str, Any], trace: Trace):
+    events = doc["traceEvents"]
+    chains = check_v2_chains(events)
+    v1_ids = {e["id"] for e in events if e["ph"] in ("s", "t", "f")}
+    assert not v1_ids & chains.keys()
+    by_cat = Counter(members[0]["cat"] for members in chains.values())
+    assert by_cat["comm:tp"] > 0 and by_cat["comm:dp"] > 0
+    group_ranks: dict[str, set[int]] = defaultdict(set)
+    for r in trace.records:
+        if r.op == "collective":
+            group_ranks[r.group].add(r.rank)
+    for bid, members in chains.items():
+        args = [m["args"] for m in members]
+        # one instance: same group, kind and label on every member, all members there
+        assert len({(a["group"], a["kind"], a["label"]) for a in args}) == 1, bid
+        assert {m["pid"] for m in members} == group_ranks[args[0]["group"]], bid
+        starts = [m["ts"] for m in sorted(members, key=lambda m: not m.get("flow_in"))]
+        assert starts[0] == min(starts), bid  # the chain starts at the earliest slice
+    collectives = [r for r in trace.records if r.op == "collective"]
+    assert sum(len(m) for m in chains.values()) == len(collectives)
+
+
+def test_distributed_info_and_ranks_in_file(doc: dict[str, Any], trace_file: Path, trace: Trace):
+    info = doc["distributedInfo"]
+    assert info["backend"] == "nccl"
+    assert type(info["rank"]) is int and type(info["world_size"]) is int
+    ranks = trace.ranks()
+    assert info["rank"] == ranks[0] and info["world_size"] == trace.meta["world"]
+    assert doc["otherData"]["ranks_in_file"] == ranks
+    first = trace_file.read_text().splitlines()[0]
+    assert int(HTA_RANK_RE.search(first).group(1)) == ranks[0]
+
+
+def test_file_is_byte_identical_and_reads_back(trace: Trace, trace_file: Path, tmp_path: Path):
+    again = tmp_path / "again.json"
+    write_chrome_trace(trace, again)
+    assert again.read_bytes() == trace_file.read_bytes()
+    back = trace_from_chrome(json.loads(trace_file.read_text()))
+    assert len(back.records) == len(trace.records)
+    assert "ranks_in_file" not in back.meta
+
+
+def test_capped_file_keeps_whole_arrows(trace: Trace, tmp_path: Path):
+    capped, budget = _preferring(trace, SHOWN)
+    path = tmp_path / "capped.json"
+    write_chrome_trace(capped, path, max_events=budget)
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    check_events(events)
+    ends = check_v1_flows(events)
+    chains = check_v2_chains(events)
+    x = [e for e in events if e["ph"] == "X"]
+    assert doc["otherData"]["capped"]["ranks_shown"] == SHOWN
+    assert len(x) <= budget and sorted({e["pid"] for e in x}) == SHOWN
+    assert doc["distributedInfo"]["rank"] == SHOWN[0]
+    assert doc["otherData"]["ranks_in_file"] == SHOWN
+    assert {(on[0]["pid"], on[-1]["pid"]) for on in ends.values()} >= {(0, 8), (8, 0)}
+    group_ranks: dict[str, set[int]] = defaultdict(set)
+    for r in trace.records:
+        if r.op == "collective" and r.rank in SHOWN:
+            group_ranks[r.group].add(r.rank)
+    assert chains
+    for members in chains.values():
+        assert len({(m["args"]["group"], m["args"]["label"]) for m in members}) == 1
+        assert {m["pid"] for m in members} == group_ranks[members[0]["args"]["group"]]
+    assert {m["pid"] for c in chains.values() for m in c} == set(SHOWN)
+
+
+# --------------------------------------------------------------------------- per-rank files
+
+
+def test_rank_files_have_what_hta_reads(trace: Trace, tmp_path: Path):
+    paths = write_rank_traces(trace, tmp_path)
+    ranks = trace.ranks()
+    assert paths == [tmp_path / rank_trace_name(r) for r in ranks]
+    gpus = trace.meta["gpus_per_node"]
+    for rank, path in zip(ranks, paths, strict=True):
+        text = path.read_text()
+        assert int(HTA_RANK_RE.search(text.splitlines()[0]).group(1)) == rank
+        doc = json.loads(text)
+        assert doc["distributedInfo"] == {
+            "backend": "nccl",
+            "rank": rank,
+            "world_size": trace.meta["world"],
+        }
+        events = doc["traceEvents"]
+        check_events(events)
+        kernels = [e for e in events if e["ph"] == "X"]
+        assert kernels and {e["pid"] for e in kernels} == {rank}
+        assert {e["ph"] for e in events} == {"M", "X"}
+        correlations = [e["args"]["correlation"] for e in kernels]
+        assert len(set(correlations)) == len(kernels) and min(correlations) >= 1
+        for e in kernels:
+            assert e["cat"] == "kernel" and type(e["ts"]) is int and type(e["dur"]) is int
+            assert e["args"]["device"] == rank % gpus and e["args"]["stream"] == e["tid"] >= 1
+            comm = e["args"]["op"] != "compute"
+            assert bool(HTA_COMM_KERNEL_RE.match(e["name"])) == comm, e["name"]
+    again = tmp_path / "again"
+    write_rank_traces(trace, again)
+    assert all((again / p.name).read_bytes() == p.read_bytes() for p in paths)
+
+
+@pytest.mark.filterwarnings("ignore::Warning:hta")  # HTA's own pandas deprecations
+def test_hta_reads_the_rank_files(trace: Trace, tmp_path: Path):
+    trace_analysis = pytest.importorskip("hta.trace_analysis")
+    capped, budget = _preferring(trace, SHOWN)
+    paths = write_rank_traces(capped, tmp_path, max_events=budget)
+    assert paths == [tmp_path / rank_trace_name(r) for r in SHOWN]
+    written = SHOWN
+
+    analysis = trace_analysis.TraceAnalysis(trace_dir=str(tmp_path))
+    assert sorted(analysis.t.get_ranks()) == written
+
+    temporal = analysis.get_temporal_breakdown(visualize=False)
+    assert sorted(temporal["rank"]) == written
+    assert (temporal["compute_time(us)"] > 0).all()
+    assert (temporal["non_compute_time(us)"] > 0).all()  # communication not hidden
+    step_us = trace.step_time * 1e6
+    assert (temporal["kernel_time(us)"] <= step_us + 1).all()
+
+    overlap = analysis.get_comm_comp_overlap(visualize=False)
+    assert sorted(overlap["rank"]) == written
+    assert overlap["comp_comm_overlap_pctg"].between(0, 100).all()
+
+    kinds, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
+    by_type = dict(zip(kinds["kernel_type"], kinds["sum"], strict=True))
+    assert by_type["COMMUNICATION"] > 0 and by_type["COMPUTATION"] > 0
