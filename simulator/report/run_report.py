@@ -767,10 +767,11 @@ def run_report_html(
         _section(
             "timeline",
             "Timeline",
-            "Every op of the step on its rank and stream, coloured by kind. Gaps in a compute "
-            "lane are time that rank waits: at the start and end of the step for the pipeline "
-            "bubble, between ops for exposed communication. Drag to zoom, double-click to "
-            "reset; click a legend entry to hide a kind." + _esc(more),
+            "Every op of the step on its rank and stream, coloured by kind. The hatched "
+            "stretches of a compute lane are time that rank waits, named as in the breakdown "
+            "above: pipeline bubble (mostly at the start and end of the step), exposed "
+            "communication, imbalance stall. Drag to zoom, double-click to reset; click a "
+            "legend entry to hide a kind." + _esc(more),
             _div(timeline, "timeline"),
         )
     )
