@@ -1,16 +1,20 @@
 """Memory per GPU: weights, gradients, optimizer state, activations, NCCL buffers.
 
-* Weights, gradients and Adam state with mixed precision take 16 bytes per parameter:
-  2 (bf16 weight) + 2 (bf16 gradient) + 12 (fp32 master weight, momentum, variance),
-  as in Rajbhandari et al., "ZeRO" (SC'20), section 3.1. With optimizer sharding
-  (ZeRO-1) the 12 bytes of Adam state are split across the ``dp`` replicas.
-* Activations per layer and micro-batch follow Korthikanti et al. (2022) for each
-  combination of TP, SP and recompute (:func:`simulator.model.activation_bytes_per_layer`),
-  times the (stage, micro-batch) activation sets a rank holds at its peak, counted from
-  its actual pipeline order: ``m`` with GPipe, ``p − s`` on stage ``s`` with 1F1B, and
-  whatever interleaved, zero-bubble and custom orders hold. Full recompute keeps each
-  layer's input and, during a layer's backward, that one layer's full activations. The
-  last stage also keeps fp32 logits (``4·b·s·V/t`` bytes) per micro-batch in flight.
+* Weights, gradients and Adam state with mixed precision: 2 bytes (bf16 weight), the
+  gradient (4 bytes as Megatron-LM's fp32 main gradients, 2 in bf16:
+  ``training.grad_reduce_dtype``) and 12 bytes (fp32 master weight, momentum and
+  variance), as in Rajbhandari et al., "ZeRO" (SC'20), section 3.1. With optimizer
+  sharding (ZeRO-1) the 12 bytes of Adam state are split across the ``dp`` replicas.
+* Activations are what the ops of a layer save for their backward
+  (:func:`simulator.layer_ops.layer_saved_bytes`), summed over the layers of each stage
+  a rank holds, plus the embedding's, the final norm's, the logits' and the loss's
+  (the fp32 softmax) on the first and last stage, times the (stage, micro-batch)
+  activation sets a rank holds at its peak, counted from its actual pipeline order:
+  ``m`` with GPipe, ``p − s`` on stage ``s`` with 1F1B, and whatever interleaved,
+  zero-bubble and custom orders hold. For the GPT block with unfused attention the
+  layer sums are Korthikanti et al.'s formulas; FlashAttention keeps no ``s²`` term.
+  Full recompute keeps each layer's input and, during a layer's backward, that one
+  layer's full activations.
 * NCCL's buffers: 128 MiB per communicator the rank belongs to (see below).
 
 Not counted: allocator fragmentation, the CUDA context and cuBLAS workspaces
@@ -21,7 +25,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import activation_bytes_per_layer
+from .layer_ops import (
+    OpCost,
+    checkpoint_bytes,
+    embedding_op,
+    final_norm_op,
+    layer_forward_ops,
+    layer_saved_bytes,
+    logits_forward_op,
+    loss_op,
+)
+from .moe import expert_ops, is_moe_layer
 from .schedule.pipeline import Action
 from .schedule.step import StepConfig, stage_parameter_count
 
@@ -29,6 +43,8 @@ __all__ = [
     "BYTES_PER_PARAM",
     "NCCL_BUFFERS_PER_COMMUNICATOR",
     "held_activations",
+    "layer_activation_bytes",
+    "stage_activation_bytes",
     "memory_per_rank",
 ]
 
@@ -57,29 +73,81 @@ def held_activations(actions: list[Action]) -> tuple[int, dict[int, int]]:
     return peak, at_peak
 
 
+def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
+    """The forward ops of ``layer`` on one rank (an MoE layer's experts on the ``k·T``
+    assignments a rank receives when routing is balanced)."""
+    model, layout = config.model, config.layout
+    sp = config.sp and layout.tp > 1
+    ops = layer_forward_ops(model, config.micro_batch, layout.tp, sp, config.attention)
+    if config.moe is None or not is_moe_layer(config.moe, layer):
+        return ops
+    tokens = config.micro_batch * model.seq_len
+    experts = expert_ops(
+        config.moe,
+        model.hidden,
+        tokens * config.moe.top_k,
+        layout.tp,
+        ep=layout.ep,
+        model_ffn=model.ffn,
+        router_tokens=tokens,
+        mlp=model.mlp,
+        bias=model.bias,
+    )
+    dense_mlp = ("fc1", "gelu", "swiglu", "fc2")
+    return [op for op in ops if op.name not in dense_mlp] + experts
+
+
+def layer_activation_bytes(config: StepConfig, layer: int, recompute: str | None = None) -> float:
+    """Bytes ``layer`` keeps for backward per micro-batch on one rank."""
+    layout = config.layout
+    sp = config.sp and layout.tp > 1
+    checkpoint = checkpoint_bytes(config.model, config.micro_batch, layout.tp, sp)
+    recompute = config.recompute if recompute is None else recompute
+    return layer_saved_bytes(_layer_ops(config, layer), recompute, config.attention, checkpoint)
+
+
+def stage_activation_bytes(config: StepConfig, stage: int) -> float:
+    """Bytes one micro-batch leaves on a rank for global ``stage``: its layers', and
+    the embedding's (first stage) or the final norm's, logits' and loss's (last)."""
+    model, layout, b = config.model, config.layout, config.micro_batch
+    per = model.layers // config.stages
+    layers = range(stage * per, (stage + 1) * per)
+    moe = [layer for layer in layers if config.is_moe_layer(layer)]
+    total = 0.0
+    if len(moe) < per:  # dense layers all save the same
+        total += (per - len(moe)) * layer_activation_bytes(
+            config, next(layer for layer in layers if not config.is_moe_layer(layer))
+        )
+    if moe:
+        total += len(moe) * layer_activation_bytes(config, moe[0])
+    shard = layout.tp if config.sp and layout.tp > 1 else 1
+    if stage == 0:
+        total += embedding_op(model, b, layout.tp).saved_bytes
+    if stage == config.stages - 1:
+        total += final_norm_op(model, b, shard).saved_bytes
+        total += logits_forward_op(model, b, layout.tp, shard).saved_bytes
+        total += loss_op(model, b, layout.tp).saved_bytes
+    return total
+
+
 def memory_per_rank(config: StepConfig, capacity_bytes: float) -> dict[str, Any]:
     """Peak bytes per pipeline rank (every rank of a stage holds the same), and the verdict."""
-    model, layout = config.model, config.layout
+    layout = config.layout
     orders = config.pipeline_orders()
-    sp = config.sp and layout.tp > 1
-    layers_per_stage = model.layers // config.stages
-    per_layer = activation_bytes_per_layer(
-        model, config.micro_batch, layout.tp, sp=sp, recompute=config.recompute
-    )
-    last_stage = config.stages - 1
     communicators = sum(1 for size in (layout.tp, layout.dp) if size > 1) + (layout.pp > 1)
+    per_stage = {stage: stage_activation_bytes(config, stage) for stage in range(config.stages)}
+    sizes = dict(BYTES_PER_PARAM, gradients=config.grad_bytes)
     ranks = []
     for pipeline_rank in range(layout.pp):
-        params = stage_parameter_count(model, layout, pipeline_rank, config.moe)
-        terms = {name: float(params * size) for name, size in BYTES_PER_PARAM.items()}
+        params = stage_parameter_count(config.model, layout, pipeline_rank, config.moe)
+        terms = {name: float(params * size) for name, size in sizes.items()}
         if config.zero1:
             terms["optimizer_state"] /= layout.dp
         in_flight, by_stage = held_activations(orders[pipeline_rank])
-        activations = per_layer * layers_per_stage * in_flight
+        activations = sum(per_stage[stage] * count for stage, count in by_stage.items())
         if config.recompute == "full":  # one layer's full activations during its backward
-            activations += activation_bytes_per_layer(model, config.micro_batch, layout.tp, sp=sp)
-        logits = 4.0 * config.micro_batch * model.seq_len * model.vocab / layout.tp
-        activations += logits * by_stage.get(last_stage, 0)
+            layers = [stage * (config.model.layers // config.stages) for stage in by_stage] or [0]
+            activations += max(layer_activation_bytes(config, layer, "none") for layer in layers)
         terms["activations"] = activations
         terms["communication_buffers"] = float(communicators * NCCL_BUFFERS_PER_COMMUNICATOR)
         total = sum(terms.values())

@@ -1,39 +1,30 @@
-"""Model math for a GPT-style dense transformer.
+"""The shape of a decoder-only transformer, the published presets, and closed forms.
 
-Everything here is plain arithmetic on the model's shape, so a reader can check each
-number by hand. One transformer layer, for a micro-batch of ``b`` sequences of ``s``
-tokens, hidden size ``h``, ``a`` heads, MLP width ``f`` and tensor-parallel degree
-``t``, runs these ops (forward; backward mirrors them):
+A model is a stack of ``layers`` identical blocks between a token embedding and an
+output (logits) layer. The block is the one people train today or trained then:
 
-==============  ===========  =================================  ==========================
-op              kind         FLOPs per TP rank (forward)        GEMM shape (m, n, k)
-==============  ===========  =================================  ==========================
-ln1, ln2        elementwise  (not counted in model FLOPs)
-qkv             gemm         ``2·bs·h·3h/t``                    ``(bs, 3h/t, h)``
-attn_core       attention    ``4·b·s²·h/t`` (QKᵀ and AV)
-proj            gemm         ``2·bs·(h/t)·h``                   ``(bs, h, h/t)``
-fc1             gemm         ``2·bs·h·f/t``                     ``(bs, f/t, h)``
-gelu            elementwise
-fc2             gemm         ``2·bs·(f/t)·h``                   ``(bs, h, f/t)``
-==============  ===========  =================================  ==========================
+* ``mlp``: ``gelu`` (GPT: two matrices, ``h → f → h``) or ``swiglu`` (Llama, Mixtral:
+  a gate and an up projection of width ``f`` each, then ``f → h``: three matrices);
+* ``norm``: ``layernorm`` (weight and bias) or ``rmsnorm`` (weight only);
+* ``position``: ``learned`` (a ``seq_len × h`` table added to the token embedding, GPT)
+  or ``rope`` (rotary embeddings applied to queries and keys, no parameters);
+* ``kv_heads``: grouped-query attention (GQA, Ainslie et al. 2023) shares each key and
+  value head between ``heads / kv_heads`` query heads; ``kv_heads = heads`` is plain
+  multi-head attention, ``kv_heads = 1`` multi-query attention;
+* ``bias``: whether the linear layers carry biases (GPT yes, Llama no);
+* ``tie_embeddings``: whether the output layer reuses the token embedding matrix
+  (GPT-2/3 and Megatron-LM's GPT yes, Llama no);
+* ``dropout``: whether the block runs dropout (attention probabilities and the two
+  residual branches, as Megatron-LM's GPT does; Llama-style recipes run none).
 
-A GEMM's backward is two GEMMs of the forward's FLOPs: the input gradient (``dgrad``)
-and the weight gradient (``wgrad``); the attention core's backward is twice its
-forward. The logits layer is a GEMM ``(bs, V/t, h)``. With ``f = 4h`` the per-op sums
-give Megatron-LM's model FLOPs per step, ``72·B·L·s·h²·(1 + s/6h + V/12Lh)``
-(Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
-Using Megatron-LM", SC'21, eq. 3); :func:`megatron_model_flops` states that formula
-so the tests can hold the two together.
-
-HBM traffic is counted for 2-byte (bf16) tensors: a GEMM reads both operands and
-writes its result once; the attention core is FlashAttention-style (reads Q, K, V,
-writes O; the ``s×s`` scores never reach HBM); an elementwise op reads and writes
-its activations once.
+The per-op costs of a block are in :mod:`simulator.layer_ops`; this module holds the
+shape, the presets with their published sources, the parameter count in closed form,
+and the reference formulas the op sums must reproduce in their limiting cases
+(Megatron-LM's model FLOPs and Korthikanti et al.'s activation memory).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import (
@@ -48,22 +39,16 @@ from pydantic import (
 __all__ = [
     "ModelSpec",
     "MODEL_PRESETS",
-    "OpCost",
-    "layer_forward_ops",
-    "logits_forward_op",
-    "backward_of",
-    "parameter_count",
+    "PUBLISHED_PARAMETERS",
     "layer_parameter_count",
-    "model_flops_per_step",
+    "dense_parameter_count",
     "megatron_model_flops",
-    "activation_bytes_per_layer",
+    "korthikanti_activation_bytes",
 ]
-
-ACT_BYTES = 2  # bf16/fp16 activations and weights
 
 
 class ModelSpec(BaseModel):
-    """Shape of a GPT-style decoder-only transformer."""
+    """Shape of a decoder-only transformer (the scenario's ``model:`` section)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -74,7 +59,13 @@ class ModelSpec(BaseModel):
     seq_len: int = Field(gt=0)
     vocab: int = Field(gt=0)
     ffn_hidden: int | None = Field(default=None, gt=0)
-    activation: Literal["gelu"] = "gelu"
+    kv_heads: int | None = Field(default=None, gt=0)
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position: Literal["learned", "rope"] = "learned"
+    bias: bool = True
+    tie_embeddings: bool = True
+    dropout: bool = True
 
     @field_validator("heads")
     @classmethod
@@ -84,8 +75,18 @@ class ModelSpec(BaseModel):
             raise ValueError(f"hidden({hidden}) is not divisible by heads({heads})")
         return heads
 
+    @field_validator("kv_heads")
+    @classmethod
+    def _kv_heads_divide_heads(cls, kv_heads: int | None, info: ValidationInfo) -> int | None:
+        heads = info.data.get("heads")
+        if kv_heads is not None and heads is not None and heads % kv_heads:
+            raise ValueError(f"heads({heads}) is not divisible by kv_heads({kv_heads})")
+        return kv_heads
+
     @model_validator(mode="after")
-    def _default_ffn(self) -> ModelSpec:
+    def _defaults(self) -> ModelSpec:
+        if self.kv_heads is None:
+            self.kv_heads = self.heads
         if self.ffn_hidden is None:
             self.ffn_hidden = 4 * self.hidden
         return self
@@ -95,11 +96,34 @@ class ModelSpec(BaseModel):
         assert self.ffn_hidden is not None
         return self.ffn_hidden
 
+    @property
+    def kv(self) -> int:
+        """Key/value heads."""
+        assert self.kv_heads is not None
+        return self.kv_heads
 
-# Published shapes. GPT-3: Brown et al. 2020, table 2.1 (seq 2048, vocab 50257, padded to
-# 51200 as Megatron-LM does for tensor-parallel divisibility). GPT-2: Radford et al. 2019.
-# Megatron 530B and 1T: Narayanan et al. SC'21 table 1 / Smith et al. 2022 (MT-NLG).
-MODEL_PRESETS: dict[str, dict] = {
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+# Llama-style blocks: SwiGLU MLP, RMSNorm, rotary positions, no biases, no dropout.
+_LLAMA = dict(mlp="swiglu", norm="rmsnorm", position="rope", bias=False, dropout=False)
+
+# Published shapes, each with its source. GPT-3: Brown et al. 2020, table 2.1 (seq 2048,
+# vocab 50257, padded to 51200 as Megatron-LM does for tensor-parallel divisibility).
+# GPT-2: Radford et al. 2019. Megatron 530B and 1T: Narayanan et al. SC'21 table 1 /
+# Smith et al. 2022 (MT-NLG). Llama 2: Touvron et al. 2023, "Llama 2", table 1 and the
+# released configs (llama-2-7b/70b params.json: dim, n_layers, n_heads, n_kv_heads,
+# ffn_dim_multiplier, vocab_size 32000). Llama 3: "The Llama 3 Herd of Models"
+# (Dubey et al. 2024), table 3 (layers, model dimension, FFN dimension, attention and
+# key/value heads, vocabulary 128,000 + 256 special = 128,256), pre-training context
+# 8,192. Mixtral: Jiang et al. 2024, "Mixtral of Experts", table 1 (dim 4096, 32
+# layers, head dim 128, 32 heads, 8 kv heads, hidden 14336, context 32768, vocab 32000,
+# 8 experts, top-2); Mixtral 8x22B: the released config.json of
+# mistralai/Mixtral-8x22B-v0.1 (hidden 6144, 56 layers, 48 heads, 8 kv heads,
+# intermediate 16384, vocab 32000, 8 experts, top-2, context 65536).
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-small": dict(layers=12, hidden=768, heads=12, seq_len=1024, vocab=50304),
     "gpt2-xl": dict(layers=48, hidden=1600, heads=25, seq_len=1024, vocab=50304),
     "gpt3-1.3b": dict(layers=24, hidden=2048, heads=16, seq_len=2048, vocab=51200),
@@ -109,165 +133,113 @@ MODEL_PRESETS: dict[str, dict] = {
     "mt-nlg-530b": dict(layers=105, hidden=20480, heads=128, seq_len=2048, vocab=51200),
     "megatron-1t": dict(layers=128, hidden=25600, heads=160, seq_len=2048, vocab=51200),
     # A 70B-class dense decoder with LLaMA-2-70B's depth, width, heads, context and
-    # vocabulary (Touvron et al. 2023, table 1), but parasim's GPT block (GELU MLP of
-    # 4h, full multi-head attention): about 65 B parameters.
+    # vocabulary, but the GPT block (GELU MLP of 4h, multi-head attention): about 65 B
+    # parameters. For the real Llama 2 70B block use llama2-70b.
     "dense-70b": dict(layers=80, hidden=8192, heads=64, seq_len=4096, vocab=32000),
+    "llama2-7b": dict(
+        layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, seq_len=4096,
+        vocab=32000, tie_embeddings=False, **_LLAMA,
+    ),
+    "llama2-70b": dict(
+        layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, seq_len=4096,
+        vocab=32000, tie_embeddings=False, **_LLAMA,
+    ),
+    "llama3-8b": dict(
+        layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, seq_len=8192,
+        vocab=128256, tie_embeddings=False, **_LLAMA,
+    ),
+    "llama3-70b": dict(
+        layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, seq_len=8192,
+        vocab=128256, tie_embeddings=False, **_LLAMA,
+    ),
+    "llama3-405b": dict(
+        layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, seq_len=8192,
+        vocab=128256, tie_embeddings=False, **_LLAMA,
+    ),
+    "mixtral-8x7b": dict(
+        layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, seq_len=4096,
+        vocab=32000, tie_embeddings=False, **_LLAMA,
+        moe=dict(experts=8, top_k=2, every=1),
+    ),
+    "mixtral-8x22b": dict(
+        layers=56, hidden=6144, heads=48, kv_heads=8, ffn_hidden=16384, seq_len=4096,
+        vocab=32000, tie_embeddings=False, **_LLAMA,
+        moe=dict(experts=8, top_k=2, every=1),
+    ),
+}  # fmt: skip
+
+# Published parameter totals, for the presets whose source states one exactly enough
+# to check against (the tests hold every preset within 0.5% of these; GPT-3's smaller
+# sizes are published rounded to two digits, "1.3B", and are left out).
+PUBLISHED_PARAMETERS: dict[str, tuple[float, str]] = {
+    "gpt3-175b": (175.0e9, "Brown et al. 2020, table 2.1: 175.0B"),
+    "gpt2-xl": (1.558e9, "Radford et al. 2019 / released GPT-2 XL: 1,558M"),
+    "mt-nlg-530b": (530e9, "Smith et al. 2022, MT-NLG: 530B"),
+    "megatron-1t": (1008.0e9, "Narayanan et al. SC'21, table 1: 1008.0B"),
+    "llama2-7b": (6.74e9, "Touvron et al. 2023 / meta-llama/Llama-2-7b model card: 6.74B"),
+    "llama2-70b": (68.98e9, "meta-llama/Llama-2-70b-hf model card (safetensors): 69.0B"),
+    "llama3-8b": (8.03e9, "meta-llama/Meta-Llama-3-8B model card (safetensors): 8.03B"),
+    "llama3-70b": (70.6e9, "meta-llama/Meta-Llama-3-70B model card (safetensors): 70.6B"),
+    "llama3-405b": (405.9e9, "meta-llama/Llama-3.1-405B model card (safetensors): 406B"),
+    "mixtral-8x7b": (46.7e9, "Jiang et al. 2024, section 2: 47B total (46.7B)"),
+    "mixtral-8x22b": (140.6e9, "mistralai/Mixtral-8x22B-v0.1 model card: 141B total"),
 }
 
 
-@dataclass(frozen=True, slots=True)
-class OpCost:
-    """One op of one TP rank for one micro-batch."""
-
-    name: str
-    kind: str  # gemm | attention | elementwise
-    flops: float
-    bytes: float
-    model_flops: float  # counted in Megatron's model FLOPs (matmuls only)
-    shape: tuple[int, int, int] | None = None  # GEMM (m, n, k)
-    weight_params: int = 0  # parameters whose gradient this op's wgrad produces
+def _norm_parameters(model: ModelSpec) -> int:
+    return (2 if model.norm == "layernorm" else 1) * model.hidden
 
 
-def _gemm(name: str, m: int, n: int, k: int, bias: bool = True) -> OpCost:
-    """A GEMM ``(m, k) @ (k, n)``; its weight (and bias) has ``n·k (+ n)`` parameters."""
-    flops = 2.0 * m * n * k
-    traffic = ACT_BYTES * (m * k + k * n + m * n)
-    params = n * k + (n if bias else 0)
-    return OpCost(name, "gemm", flops, traffic, flops, (m, n, k), weight_params=params)
+def attention_parameter_count(model: ModelSpec) -> int:
+    """QKV and output projections (and their biases): ``h·(a + 2g)·d + h·h``."""
+    h, d = model.hidden, model.head_dim
+    qkv_width = (model.heads + 2 * model.kv) * d
+    biases = qkv_width + h if model.bias else 0
+    return h * qkv_width + h * h + biases
 
 
-def _elementwise(
-    name: str, elements: float, flops_per_element: float, passes: float, params: int = 0
-) -> OpCost:
-    """An elementwise op touching ``elements`` values ``passes`` times (reads + writes)."""
-    return OpCost(
-        name,
-        "elementwise",
-        flops_per_element * elements,
-        ACT_BYTES * elements * passes,
-        0.0,
-        weight_params=params,
-    )
-
-
-def layer_forward_ops(
-    model: ModelSpec, micro_batch: int, tp: int, sp: bool = False
-) -> list[OpCost]:
-    """The forward ops of one transformer layer on one TP rank, in execution order.
-
-    The two TP all-reduces fall after ``proj`` and after ``fc2``; the schedule builder
-    inserts them (Megatron-LM's ``g`` operator). With sequence parallelism (``sp``)
-    the norms, dropout and residual adds work on ``1/tp`` of the sequence.
-    """
-    b, s, h, f = micro_batch, model.seq_len, model.hidden, model.ffn
-    tokens = b * s
-    sequence_share = tokens / tp if sp else tokens
-    local_heads_width = h // tp
-    attn_flops = 4.0 * b * s * s * h / tp
-    attn = OpCost(
-        "attn_core",
-        "attention",
-        attn_flops,
-        ACT_BYTES * 4.0 * tokens * local_heads_width,  # read Q, K, V; write O
-        attn_flops,
-    )
-    return [
-        _elementwise("ln1", sequence_share * h, 8, 2, params=2 * h),
-        _gemm("qkv", tokens, 3 * h // tp, h),
-        attn,
-        _gemm("proj", tokens, h, h // tp),
-        _elementwise("residual1", sequence_share * h, 2, 3),  # dropout + residual add
-        _elementwise("ln2", sequence_share * h, 8, 2, params=2 * h),
-        _gemm("fc1", tokens, f // tp, h),
-        _elementwise("gelu", tokens * f / tp, 8, 2),
-        _gemm("fc2", tokens, h, f // tp),
-        _elementwise("residual2", sequence_share * h, 2, 3),
-    ]
-
-
-def logits_forward_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
-    """The output (logits) GEMM of the last stage, vocabulary split across TP ranks."""
-    return _gemm("logits", micro_batch * model.seq_len, model.vocab // tp, model.hidden, bias=False)
-
-
-def backward_of(op: OpCost) -> list[OpCost]:
-    """Backward ops of a forward op: dgrad and wgrad for a GEMM, 2× for attention,
-    1× (read grad and input, write grad) for elementwise ops."""
-    if op.kind == "gemm":
-        assert op.shape is not None
-        m, n, k = op.shape
-        dgrad = _gemm(f"{op.name}.dgrad", m, k, n, bias=False)
-        wgrad = _gemm(f"{op.name}.wgrad", k, n, m, bias=False)
-        return [replace(dgrad, weight_params=0), replace(wgrad, weight_params=op.weight_params)]
-    if op.kind == "attention":
-        return [
-            OpCost(f"{op.name}.bwd", "attention", 2 * op.flops, 2 * op.bytes, 2 * op.model_flops)
-        ]
-    # Reads the output gradient and the saved input, writes the input gradient.
-    return [
-        OpCost(f"{op.name}.bwd", op.kind, op.flops, op.bytes * 1.5, 0.0, None, op.weight_params)
-    ]
+def mlp_parameter_count(model: ModelSpec, ffn: int | None = None) -> int:
+    """One MLP of width ``ffn``: ``2hf`` (GELU) or ``3hf`` (SwiGLU), plus biases."""
+    h, f = model.hidden, ffn if ffn is not None else model.ffn
+    if model.mlp == "swiglu":
+        return 3 * h * f + ((2 * f + h) if model.bias else 0)
+    return 2 * h * f + ((f + h) if model.bias else 0)
 
 
 def layer_parameter_count(model: ModelSpec) -> int:
-    """Parameters of one layer: QKV, projection, two MLP matrices, their biases and two
-    layer norms (``12h² + 13h`` when ``f = 4h``)."""
-    h, f = model.hidden, model.ffn
-    weights = 3 * h * h + h * h + 2 * h * f
-    biases = 3 * h + h + f + h
-    norms = 4 * h
-    return weights + biases + norms
+    """Parameters of one dense layer: attention, MLP and two norms (``12h² + 13h`` for
+    the GPT block with ``f = 4h``)."""
+    return (
+        attention_parameter_count(model) + mlp_parameter_count(model) + 2 * _norm_parameters(model)
+    )
 
 
-def parameter_count(model: ModelSpec) -> int:
-    """All parameters: layers, token and position embeddings (tied with the logits
-    layer) and the final layer norm."""
+def dense_parameter_count(model: ModelSpec) -> int:
+    """All parameters of a dense model: layers, token (and learned position) embeddings,
+    the final norm, and an untied output layer when ``tie_embeddings`` is false."""
     h = model.hidden
-    return model.layers * layer_parameter_count(model) + (model.vocab + model.seq_len) * h + 2 * h
-
-
-def model_flops_per_step(model: ModelSpec, global_batch: int, moe: Any = None) -> float:
-    """Model FLOPs of one training step summed from the per-op costs (forward plus
-    backward, matmuls only, no recompute). For a mixture of experts (``moe``, a
-    :class:`simulator.moe.MoESpec`) an MoE layer counts its router and the ``top_k``
-    experts each token visits instead of the dense MLP."""
-
-    def with_backward(op: OpCost) -> float:
-        return op.model_flops + sum(b.model_flops for b in backward_of(op))
-
-    ops = layer_forward_ops(model, 1, 1)
-    per_layer = sum(with_backward(op) for op in ops)
-    logits = logits_forward_op(model, 1, 1)
-    per_sequence = model.layers * per_layer + with_backward(logits)
-    if moe is not None:
-        from .moe import expert_ops, moe_layers
-
-        tokens = model.seq_len
-        mlp = sum(with_backward(op) for op in ops if op.name in ("fc1", "fc2"))
-        experts = expert_ops(
-            moe, model.hidden, tokens * moe.top_k, model_ffn=model.ffn, router_tokens=tokens
-        )
-        moe_layer = sum(with_backward(op) for op in experts)
-        per_sequence += len(moe_layers(moe, model.layers)) * (moe_layer - mlp)
-    return global_batch * per_sequence
+    embeddings = model.vocab * h + (model.seq_len * h if model.position == "learned" else 0)
+    output = 0 if model.tie_embeddings else model.vocab * h
+    return (
+        model.layers * layer_parameter_count(model) + embeddings + output + _norm_parameters(model)
+    )
 
 
 def megatron_model_flops(model: ModelSpec, global_batch: int) -> float:
-    """Megatron-LM's closed form ``72·B·L·s·h²·(1 + s/6h + V/12Lh)`` (valid for f = 4h)."""
+    """Megatron-LM's closed form ``72·B·L·s·h²·(1 + s/6h + V/12Lh)`` (Narayanan et al.,
+    SC'21, eq. 3 without recompute; valid for the GPT block with ``f = 4h``)."""
     B, L, s, h, V = global_batch, model.layers, model.seq_len, model.hidden, model.vocab
     return 72.0 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * L * h))
 
 
-def activation_bytes_per_layer(
+def korthikanti_activation_bytes(
     model: ModelSpec, micro_batch: int, tp: int, sp: bool = False, recompute: str = "none"
 ) -> float:
-    """Activation memory one layer keeps for backward, per micro-batch, on one TP rank.
-
-    Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
-    (2022), table 2: ``sbh(34 + 5as/h)`` without parallelism, ``sbh(10 + 24/t + 5as/ht)``
-    with TP, ``(sbh/t)(34 + 5as/h)`` with TP+SP, ``2sbh`` with full recompute (the
-    layer's input only); selective recompute drops the ``5as/h`` attention term.
-    """
+    """Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
+    (2022), table 2, per layer and micro-batch on one TP rank, for the GPT block with
+    unfused attention: ``sbh(34 + 5as/h)`` alone, ``sbh(10 + 24/t + 5as/ht)`` with TP,
+    ``(sbh/t)(34 + 5as/h)`` with TP+SP, ``2sbh`` (÷t with SP) with full recompute;
+    selective recompute drops the ``5as/h`` term."""
     s, b, h, a, t = model.seq_len, micro_batch, model.hidden, model.heads, tp
     sbh = float(s * b * h)
     if recompute == "full":

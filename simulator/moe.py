@@ -66,7 +66,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simulator.errors import ScenarioError
-from simulator.model import OpCost, backward_of
+from simulator.layer_ops import ACT_BYTES, OpCost, backward_of
 
 __all__ = [
     "UniformRouting",
@@ -94,8 +94,6 @@ __all__ = [
     "moe_layer_parameters",
     "moe_layer_parameters_per_rank",
 ]
-
-ACT_BYTES = 2  # bf16/fp16 activations and weights, as in simulator.model
 
 # Spawn key that separates a layer's popularity stream from its micro-batch streams.
 _POPULARITY_KEY = 0x4D6F45
@@ -502,7 +500,14 @@ def expert_ffn(spec: MoESpec, model_hidden: int, model_ffn: int | None = None) -
 
 
 def _grouped_gemm(
-    name: str, m: int, n: int, k: int, groups: int, bias: bool, weight: str = "b"
+    name: str,
+    m: int,
+    n: int,
+    k: int,
+    groups: int,
+    bias: bool,
+    weight: str = "b",
+    saved: float = 0.0,
 ) -> OpCost:
     """``groups`` GEMMs sharing ``m`` rows between them, ``(m, k) @ (k, n)`` in all.
 
@@ -516,13 +521,24 @@ def _grouped_gemm(
     else:
         elements = m * k + k * n + groups * m * n
     params = groups * (n * k + (n if bias else 0))
-    return OpCost(name, "gemm", flops, ACT_BYTES * elements, flops, (m, n, k), params)
+    return OpCost(
+        name, "gemm", flops, ACT_BYTES * elements, flops, (m, n, k), params, saved_bytes=saved
+    )
 
 
 def router_op(spec: MoESpec, model_hidden: int, tokens: int) -> OpCost:
     """The router GEMM ``(tokens, E, h)`` (no bias, as in Switch and Mixtral). Its
-    weight is replicated over TP ranks; each runs it on the tokens it holds."""
-    return _grouped_gemm("moe_router", tokens, spec.experts, model_hidden, 1, bias=False)
+    weight is replicated over TP ranks; each runs it on the tokens it holds, and keeps
+    its input for the backward."""
+    return _grouped_gemm(
+        "moe_router",
+        tokens,
+        spec.experts,
+        model_hidden,
+        1,
+        bias=False,
+        saved=ACT_BYTES * tokens * model_hidden,
+    )
 
 
 def expert_ops(
@@ -534,16 +550,20 @@ def expert_ops(
     ep: int = 1,
     model_ffn: int | None = None,
     router_tokens: int | None = None,
+    mlp: str = "gelu",
+    bias: bool = True,
 ) -> list[OpCost]:
     """Forward ops of one MoE layer's router and local experts on one rank.
 
     ``tokens`` is the assignments the rank's ``E/ep`` experts process (e.g.
     :attr:`MoELayerTraffic.tokens_received`); ``router_tokens`` the rank's own tokens
     that pass the router (default ``ceil(tokens/top_k)``, the balanced case). The expert
-    MLPs are ``fc1 (tokens, f/tp, h)``, ``gelu``, ``fc2 (tokens, h, f/tp)`` with the
-    expert width ``f`` split over ``tp`` as Megatron's dense MLP. The dispatch
+    MLPs are ``fc1 (tokens, f/tp, h)`` (SwiGLU: gate and up, ``2f/tp``), the
+    activation, ``fc2 (tokens, h, f/tp)`` with the expert width ``f`` split over ``tp``
+    as Megatron's dense MLP, the local experts as one grouped GEMM each. The dispatch
     all-to-all falls between ``moe_router`` and ``expert_fc1``, the combine after
-    ``expert_fc2``.
+    ``expert_fc2``. Activation bytes and saved tensors follow
+    :func:`simulator.layer_ops.mlp_forward_ops`.
     """
     _check_nonnegative(tokens=tokens)
     h, f = model_hidden, expert_ffn(spec, model_hidden, model_ffn)
@@ -552,15 +572,26 @@ def expert_ops(
     groups = experts_per_rank(spec, ep)
     if router_tokens is None:
         router_tokens = -(-tokens // spec.top_k)
-    gelu_elements = tokens * f / tp
-    gelu = OpCost(
-        "expert_gelu", "elementwise", 8 * gelu_elements, ACT_BYTES * 2 * gelu_elements, 0.0
-    )
+    local = f // tp
+    elements = tokens * local
+    fc1_width = 2 * local if mlp == "swiglu" else local
+    if mlp == "swiglu":
+        act = OpCost(
+            "expert_swiglu", "elementwise", 4 * elements, 6 * elements, 0.0,
+            saved_bytes=2 * ACT_BYTES * elements, backward_bytes=10 * elements,
+        )  # fmt: skip
+    else:
+        act = OpCost(
+            "expert_gelu", "elementwise", 8 * elements, 4 * elements, 0.0,
+            saved_bytes=ACT_BYTES * elements, backward_bytes=6 * elements,
+        )  # fmt: skip
     return [
         router_op(spec, h, router_tokens),
-        _grouped_gemm("expert_fc1", tokens, f // tp, h, groups, bias=True),
-        gelu,
-        _grouped_gemm("expert_fc2", tokens, h, f // tp, groups, bias=True),
+        _grouped_gemm(
+            "expert_fc1", tokens, fc1_width, h, groups, bias, saved=ACT_BYTES * tokens * h
+        ),
+        act,
+        _grouped_gemm("expert_fc2", tokens, h, local, groups, bias, saved=ACT_BYTES * elements),
     ]
 
 
@@ -577,15 +608,35 @@ def expert_backward_of(op: OpCost, local_experts: int = 1) -> list[OpCost]:
     return [replace(dgrad, weight_params=0), replace(wgrad, weight_params=op.weight_params)]
 
 
-def moe_layer_parameters(spec: MoESpec, hidden: int, model_ffn: int | None = None) -> int:
+def _expert_parameters(hidden: int, ffn: int, mlp: str, bias: bool) -> int:
+    """One expert MLP of width ``ffn`` (on one TP rank: ``ffn/tp``), its matrices and
+    the biases a rank holds (``fc1``'s split, ``fc2``'s whole)."""
+    if mlp == "swiglu":
+        return 3 * hidden * ffn + ((2 * ffn + hidden) if bias else 0)
+    return 2 * hidden * ffn + ((ffn + hidden) if bias else 0)
+
+
+def moe_layer_parameters(
+    spec: MoESpec,
+    hidden: int,
+    model_ffn: int | None = None,
+    mlp: str = "gelu",
+    bias: bool = True,
+) -> int:
     """Parameters replacing one layer's dense MLP: the router (``h·E``) and every
-    expert's two matrices and biases (``E·(2hf + f + h)``)."""
+    expert's matrices and biases (GELU: ``E·(2hf + f + h)``; SwiGLU: three matrices)."""
     f = expert_ffn(spec, hidden, model_ffn)
-    return hidden * spec.experts + spec.experts * (2 * hidden * f + f + hidden)
+    return hidden * spec.experts + spec.experts * _expert_parameters(hidden, f, mlp, bias)
 
 
 def moe_layer_parameters_per_rank(
-    spec: MoESpec, hidden: int, ep: int, tp: int = 1, model_ffn: int | None = None
+    spec: MoESpec,
+    hidden: int,
+    ep: int,
+    tp: int = 1,
+    model_ffn: int | None = None,
+    mlp: str = "gelu",
+    bias: bool = True,
 ) -> int:
     """One rank's share of :func:`moe_layer_parameters`: the replicated router and its
     ``E/ep`` experts, their matrices and ``fc1`` bias split over ``tp`` (the ``fc2``
@@ -595,4 +646,4 @@ def moe_layer_parameters_per_rank(
     if f % tp:
         raise ScenarioError(f"model.moe.ffn_hidden: expert ffn({f}) is not divisible by tp({tp})")
     local = experts_per_rank(spec, ep)
-    return hidden * spec.experts + local * (2 * hidden * (f // tp) + f // tp + hidden)
+    return hidden * spec.experts + local * _expert_parameters(hidden, f // tp, mlp, bias)

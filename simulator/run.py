@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import __version__
+from .counts import active_parameter_count, model_flops_per_step, parameter_count
 from .engine.core import EngineOptions, SimulationTimes, simulate
 from .errors import ScenarioError
 from .links import link_summary
 from .memory import memory_per_rank
 from .metrics import account_rank, account_step
-from .model import model_flops_per_step, parameter_count
 from .scenario import Scenario
 from .schedule.ir import Block, Compute, Schedule
 from .schedule.step import StepConfig, build_step
@@ -99,6 +99,10 @@ def step_config(scenario: Scenario) -> StepConfig:
         orders=orders,
         moe=scenario.moe,
         seed=scenario.spec.simulation.seed,
+        attention=training.attention,
+        grad_reduce_overlap=training.grad_reduce_overlap,
+        tp_comm_overlap=training.tp_comm_overlap,
+        grad_reduce_dtype=training.grad_reduce_dtype,
     )
 
 
@@ -307,7 +311,11 @@ def assemble_result(
             "gpu": gpu.name,
             "peak_flops_per_gpu": gpu.peak_flops,
         },
-        "model": {"name": scenario.model.name, "parameters": parameter_count(scenario.model)},
+        "model": {
+            "name": scenario.model.name,
+            "parameters": parameter_count(scenario.model, scenario.moe),
+            "active_parameters": active_parameter_count(scenario.model, scenario.moe),
+        },
         "layout": {
             "tp": layout.tp,
             "pp": layout.pp,
@@ -318,6 +326,7 @@ def assemble_result(
             "microbatches": scenario.microbatches,
             "global_batch": training.global_batch,
             "recompute": training.recompute,
+            "attention": training.attention,
         },
         "step_time_s": step,
         "tokens_per_s": training.global_batch * scenario.model.seq_len / step,

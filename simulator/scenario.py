@@ -56,6 +56,16 @@ class TrainingSpec(_Strict):
     dtype: Literal["bf16", "fp16"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
     optimizer_sharding: bool = False  # ZeRO-1: Adam state sharded across dp
+    # the attention kernel: FlashAttention, or Megatron-LM's unfused path before it
+    attention: Literal["flash", "unfused"] = "flash"
+    # DDP-style gradient buckets reduced during the backward, or one reduction after it
+    grad_reduce_overlap: bool = True
+    # whether the backward TP all-reduce (SP: reduce-scatter) hides behind the weight
+    # gradient GEMM (Megatron-LM's asynchronous TP communication) or is waited for at once
+    tp_comm_overlap: Literal["none", "async"] = "async"
+    # the dtype gradients are accumulated and reduced in: Megatron-LM keeps fp32 main
+    # gradients for bf16 training and torchtitan's FSDP reduces in fp32 by default
+    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     grad_bucket_bytes: Bytes = float(DDP_BUCKET_BYTES)
     first_grad_bucket_bytes: Bytes = float(DDP_FIRST_BUCKET_BYTES)
 
@@ -91,6 +101,13 @@ class ModelSection(_Strict):
     seq_len: int | None = Field(default=None, gt=0)
     vocab: int | None = Field(default=None, gt=0)
     ffn_hidden: int | None = Field(default=None, gt=0)
+    kv_heads: int | None = Field(default=None, gt=0)
+    mlp: Literal["gelu", "swiglu"] | None = None
+    norm: Literal["layernorm", "rmsnorm"] | None = None
+    position: Literal["learned", "rope"] | None = None
+    bias: bool | None = None
+    tie_embeddings: bool | None = None
+    dropout: bool | None = None
     moe: MoESpec | None = None
 
 
@@ -113,6 +130,7 @@ class Scenario:
     cluster_spec: ClusterSpec
     layout: Layout
     warnings: list[str] = field(default_factory=list)
+    moe_spec: MoESpec | None = None
     _cluster: Cluster | None = field(default=None, repr=False)
 
     @property
@@ -129,7 +147,8 @@ class Scenario:
 
     @property
     def moe(self) -> MoESpec | None:
-        return self.spec.model.moe
+        """The model's mixture of experts: the scenario's ``model.moe``, else its preset's."""
+        return self.moe_spec
 
     @property
     def microbatches(self) -> int:
@@ -168,7 +187,8 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, An
     return result
 
 
-def _resolve_model(section: ModelSection) -> ModelSpec:
+def _resolve_model(section: ModelSection) -> tuple[ModelSpec, MoESpec | None]:
+    """The model's shape and its mixture of experts (the section's, else the preset's)."""
     fields = section.model_dump(exclude_none=True)
     fields.pop("moe", None)
     preset = fields.pop("preset", None)
@@ -181,17 +201,27 @@ def _resolve_model(section: ModelSection) -> ModelSpec:
                 f"presets: {', '.join(sorted(MODEL_PRESETS))}"
             )
         base = dict(MODEL_PRESETS[preset], name=preset)
+    preset_moe = base.pop("moe", None)
     base.update(fields)
     try:
-        return ModelSpec(**base)
+        model = ModelSpec(**base)
     except ValidationError as exc:
         raise ScenarioError(validation_message(exc, ModelSpec, "model")) from None
+    moe = section.moe
+    if moe is None and preset_moe is not None:
+        moe = MoESpec(**preset_moe)
+    return model, moe
 
 
 def _check_divisibility(model: ModelSpec, training: TrainingSpec, layout: Layout) -> None:
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     checks = [
         (model.heads % tp, f"parallel.tp: heads({model.heads}) is not divisible by tp({tp})"),
+        (
+            model.kv % tp and tp % model.kv,
+            f"parallel.tp: kv_heads({model.kv}) is neither divisible by tp({tp}) nor a "
+            f"divisor of it (KV heads are split or replicated over TP ranks)",
+        ),
         (model.ffn % tp, f"parallel.tp: ffn_hidden({model.ffn}) is not divisible by tp({tp})"),
         (model.vocab % tp, f"parallel.tp: vocab({model.vocab}) is not divisible by tp({tp})"),
         (model.layers % pp, f"parallel.pp: layers({model.layers}) is not divisible by pp({pp})"),
@@ -268,7 +298,7 @@ def scenario_from_dict(
         cluster_spec = load_cluster_spec(spec.cluster, prefix="cluster", base_dir=base_dir)
     except TopologyError as exc:
         raise ScenarioError(str(exc)) from None
-    model = _resolve_model(spec.model)
+    model, moe = _resolve_model(spec.model)
     parallel = spec.parallel
     world = cluster_spec.nodes * cluster_spec.gpus_per_node
     tp, pp = parallel.tp, parallel.pp
@@ -286,7 +316,6 @@ def scenario_from_dict(
                 f"parallel: tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != world({world}) "
                 f"= {cluster_spec.nodes} nodes * {cluster_spec.gpus_per_node} GPUs"
             )
-    moe = spec.model.moe
     if parallel.ep > 1 and moe is None:
         raise ScenarioError(f"parallel.ep: ep({parallel.ep}) needs a mixture-of-experts model.moe")
     if moe is not None:
@@ -302,6 +331,7 @@ def scenario_from_dict(
         cluster_spec=cluster_spec,
         layout=layout,
         warnings=_layout_warnings(layout, cluster_spec),
+        moe_spec=moe,
     )
 
 

@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from simulator.errors import ScenarioError
-from simulator.model import backward_of
+from simulator.layer_ops import backward_of
 from simulator.moe import (
     MoESpec,
     apply_capacity,

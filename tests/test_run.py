@@ -146,4 +146,4 @@ def test_tp_group_across_nodes_is_legal_but_warned():
     assert any("span nodes" in w for w in run.result["warnings"])
     inside = run_scenario(load_scenario(SCENARIOS / "pipeline-demo.yaml"))
     assert not any("span nodes" in w for w in inside.result["warnings"])
-    assert run.result["step_time_s"] > 1.5 * inside.result["step_time_s"]
+    assert run.result["step_time_s"] > 1.3 * inside.result["step_time_s"]

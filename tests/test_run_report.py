@@ -25,6 +25,7 @@ from simulator.report.run_report import (
 from simulator.report.style import AXIS_COLORS, BREAKDOWN_COLORS
 from simulator.run import make_trace, representative_ranks, run_scenario
 from simulator.scenario import load_scenario
+from topologies.units import format_time
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 GIB = 2.0**30
@@ -112,7 +113,7 @@ def test_every_chart_has_its_id(flow_page, analytic_page):
 
 def test_summary_numbers_are_in_human_units(flow_run, flow_page):
     result = flow_run.result
-    assert "55.1 ms" in flow_page  # step time
+    assert format_time(result["step_time_s"]) in flow_page  # step time
     assert f"{result['tokens_per_s']:,.0f}" in flow_page
     assert f"{result['tflops_per_gpu']:.1f} TFLOP/s" in flow_page
     assert f"{100 * result['mfu']:.1f}%" in flow_page
@@ -120,7 +121,8 @@ def test_summary_numbers_are_in_human_units(flow_run, flow_page):
     step = result["step_time_s"]
     for category in ("bubble", "exposed_comm"):
         assert f"{100 * critical[category] / step:.1f}%" in flow_page
-    assert "3.8 GiB" in flow_page and "79.6 GiB" in flow_page  # peak memory vs capacity
+    peak = result["memory"]["peak_bytes_per_gpu"] / 2**30
+    assert f"{peak:.1f} GiB" in flow_page and "79.6 GiB" in flow_page  # peak vs capacity
     assert "tp 8 · pp 2 · dp 1 · ep 1" in flow_page
     assert "1f1b · 8 micro-batches of 1" in flow_page
     # every chart has a caption
@@ -207,7 +209,8 @@ def test_out_of_memory_is_obvious():
     assert "OUT OF MEMORY" in fig.layout.annotations[0].text
     assert fig.layout.yaxis.range[1] >= memory["peak_bytes_per_gpu"] / GIB
     page, _ = run_report_html(run, "oom")
-    assert '<li class="oom">out of memory: stage 0 needs 281.6 GiB' in page
+    needs = memory["peak_bytes_per_gpu"] / 2**30
+    assert f'<li class="oom">out of memory: stage 0 needs {needs:.1f} GiB' in page
     assert '<div class="card bad">' in page
 
 

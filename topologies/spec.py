@@ -109,6 +109,14 @@ class GPUSpec(_Spec):
     """Fraction of ``peak_flops`` that the fused attention kernel reaches."""
     kernel_launch_overhead: Seconds
     """Time added to every kernel, seconds."""
+    hbm_efficiency: Fraction = 1.0
+    """Fraction of ``hbm_bandwidth`` that streaming (elementwise) kernels reach."""
+    sm_count: Count | None = None
+    """Streaming multiprocessors: the GEMM model's wave size (None: no shape model)."""
+    gemm_tile: tuple[Count, Count] | None = None
+    """The largest CTA tile ``(m, n)`` cuBLAS runs bf16 GEMMs with on this GPU."""
+    gemm_table: tuple[tuple[float, float, float, float], ...] = ()
+    """Measured GEMM efficiencies by shape, ``(m, n, k, efficiency)`` rows (a profile's)."""
 
 
 class NVSwitchSpec(_Spec):

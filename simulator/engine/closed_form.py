@@ -48,7 +48,7 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
         choices[name] = choices.get(name, 0) + 1
         return seconds
 
-    block_times = BlockTimer(lambda op: compute.duration(op.kind, op.flops, op.bytes), plan)
+    block_times = BlockTimer(compute.duration, plan)
     makespans: dict[int, float] = {}  # id(body) -> its makespan
     runs: dict[int, list] = {}  # id(body) -> [body, times it ran]
 
@@ -127,7 +127,7 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             kind = type(op)
             if kind is Compute or kind is Block:
                 if kind is Compute:
-                    stop = at + duration(op.kind, op.flops, op.bytes)
+                    stop = at + duration(op)
                 else:
                     stop = at + block_time(op)
                 begun[op_id], done[op_id] = at, stop

@@ -1,42 +1,86 @@
-"""Compute time of one op on one GPU: the roofline rule of DESIGN.md.
+"""Compute time of one op on one GPU.
 
-``time = max(flops / (peak · efficiency), bytes / hbm_bandwidth) + launch_overhead``
+``time = max(flops / (peak · efficiency), bytes / (hbm_bandwidth · hbm_efficiency))
++ launch_overhead``, the roofline of DESIGN.md, where the efficiency depends on what
+the op is:
 
-``efficiency`` is the GPU's ``matmul_efficiency`` for GEMMs (and the elementwise and
-optimizer ops, whose time is set by their bytes anyway) and its
-``attention_efficiency`` for the fused attention core; both come from the cluster
-preset or a calibration profile.
+* a GEMM (``kind: gemm``, with its ``(m, n, k)`` shape and ``batch``): the shape model
+  of :mod:`.gemm` (tile and wave quantisation over the GPU's SMs, short ``k``) on top
+  of the preset's ``matmul_efficiency``, or a calibration profile's measured table;
+* FlashAttention (``kind: attention``, shape ``(s_q, s_kv, d)`` over ``batch`` heads):
+  ``attention_efficiency`` (FlashAttention-2 on A100, FlashAttention-3 on H100/H200),
+  with the causal mask skipping the key blocks above the diagonal: of ``n = s/128``
+  key blocks per query block, ``(n + 1)/2n`` are computed on average, and the CTAs
+  (one per query block and head) fill the SMs in waves as a GEMM's tiles do;
+* everything else (elementwise, optimizer): its bytes, at the bandwidth streaming
+  kernels reach.
 """
 
 from __future__ import annotations
 
+import math
+
 from topologies import ClusterSpec
 
-__all__ = ["ComputeModel"]
+from .gemm import GemmEfficiency
+
+__all__ = ["ComputeModel", "ATTENTION_BLOCK"]
+
+# FlashAttention-2/3 tile the query and key sequences in blocks of 128 rows for head
+# dimensions up to 128 (flash-attn's kernel traits: kBlockM = 128, kBlockN = 64-128).
+ATTENTION_BLOCK = 128
 
 
 class ComputeModel:
-    """Times Compute ops for one GPU type, memoising by (kind, flops, bytes)."""
+    """Times Compute ops for one GPU type, memoising by what decides the time."""
 
     def __init__(self, spec: ClusterSpec):
         gpu = spec.gpu
         self.peak = gpu.peak_flops
-        self.hbm_bandwidth = gpu.hbm_bandwidth
+        self.stream_bandwidth = gpu.hbm_bandwidth * gpu.hbm_efficiency
         self.launch_overhead = gpu.kernel_launch_overhead
-        self.efficiency = {
-            "gemm": gpu.matmul_efficiency,
-            "attention": gpu.attention_efficiency,
-        }
-        self._default_efficiency = gpu.matmul_efficiency
-        self._memo: dict[tuple[str, float, float], float] = {}
+        self.matmul_efficiency = gpu.matmul_efficiency
+        self.attention_efficiency = gpu.attention_efficiency
+        self.sm_count = gpu.sm_count
+        self.gemm = None
+        if gpu.sm_count is not None and gpu.gemm_tile is not None:
+            self.gemm = GemmEfficiency(
+                gpu.matmul_efficiency, gpu.sm_count, gpu.gemm_tile, gpu.gemm_table
+            )
+        self._memo: dict[tuple, float] = {}
 
-    def duration(self, kind: str, flops: float, traffic: float) -> float:
-        key = (kind, flops, traffic)
+    def duration(self, op) -> float:
+        """Seconds ``op`` (a :class:`~simulator.schedule.ir.Compute`) takes alone."""
+        key = (op.kind, op.flops, op.bytes, op.shape, op.batch)
         cached = self._memo.get(key)
         if cached is not None:
             return cached
-        efficiency = self.efficiency.get(kind, self._default_efficiency)
-        seconds = max(flops / (self.peak * efficiency), traffic / self.hbm_bandwidth)
+        seconds = max(self.compute_seconds(op), op.bytes / self.stream_bandwidth)
         seconds += self.launch_overhead
         self._memo[key] = seconds
         return seconds
+
+    def compute_seconds(self, op) -> float:
+        """The op's math time at the efficiency its kind and shape reach."""
+        kind, shape = op.kind, op.shape
+        if kind == "gemm":
+            if shape is not None and self.gemm is not None:
+                m, n, k = shape
+                return op.flops / (self.peak * self.gemm(m, n, k, op.batch))
+            return op.flops / (self.peak * self.matmul_efficiency)
+        if kind == "attention":
+            return self._attention_seconds(op)
+        return op.flops / (self.peak * self.matmul_efficiency)
+
+    def _attention_seconds(self, op) -> float:
+        efficiency = self.attention_efficiency
+        if op.shape is None:
+            return op.flops / (self.peak * efficiency)
+        s_q, s_kv, _ = op.shape
+        blocks = max(1, math.ceil(s_kv / ATTENTION_BLOCK))
+        causal = (blocks + 1) / (2 * blocks)
+        if self.sm_count is not None:
+            ctas = op.batch * max(1, math.ceil(s_q / ATTENTION_BLOCK))
+            waves = math.ceil(ctas / self.sm_count)
+            efficiency *= ctas / (waves * self.sm_count)
+        return op.flops * causal / (self.peak * efficiency)

@@ -107,9 +107,7 @@ class _Engine:
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
         self.compute = ComputeModel(cluster.spec)
         self.alone = AloneTimes(cluster, schedule.groups, options.algorithm, options.protocol)
-        self.blocks = BlockTimer(
-            lambda op: self.compute.duration(op.kind, op.flops, op.bytes), self.alone.collective
-        )
+        self.blocks = BlockTimer(self.compute.duration, self.alone.collective)
         self.groups = {name: tuple(members) for name, members in schedule.groups.items()}
         self.group_gpus = {name: sorted(members) for name, members in self.groups.items()}
         self.member_sets = {name: frozenset(members) for name, members in self.groups.items()}
@@ -190,7 +188,7 @@ class _Engine:
             if kind is Compute:
                 seconds = durations.get(id(op))  # compute ops are shared between peers
                 if seconds is None:
-                    seconds = durations[id(op)] = self.compute.duration(op.kind, op.flops, op.bytes)
+                    seconds = durations[id(op)] = self.compute.duration(op)
             elif kind is Block:
                 seconds = self._block_time(op)
             elif kind is Collective and self.analytic and op.group in self.folded:

@@ -10,7 +10,9 @@ Five op types exist:
 
 ``Compute``
     ``flops``, ``bytes`` (HBM traffic), ``kind`` (gemm, attention, elementwise,
-    optimizer) and, for a GEMM, its ``shape`` ``(m, n, k)``.
+    optimizer) and, for a GEMM, its ``shape`` ``(m, n, k)`` (``batch`` of them for a
+    batched GEMM); for the attention kernel ``(s_q, s_kv, head_dim)`` over ``batch``
+    sequences × heads.
 ``Collective``
     ``kind`` (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, barrier)
     on ``group``. ``bytes`` is the buffer size per rank in nccl-tests' sense: the
@@ -74,6 +76,7 @@ class Compute:
     deps: tuple[int, ...] = ()
     tags: dict[str, Any] = field(default_factory=dict)
     shape: tuple[int, int, int] | None = None
+    batch: int = 1  # a batched GEMM's count, or the attention kernel's batch × heads
     type = "compute"
 
 

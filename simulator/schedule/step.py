@@ -38,15 +38,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..layout import Layout
-from ..model import (
+from ..layer_ops import (
     ACT_BYTES,
-    ModelSpec,
     OpCost,
+    attention_core_names,
     backward_of,
+    embedding_op,
+    final_norm_op,
     layer_forward_ops,
     logits_forward_op,
+    loss_op,
 )
+from ..layout import Layout
+from ..model import ModelSpec
 from ..moe import (
     MoELayerTraffic,
     MoESpec,
@@ -63,11 +67,15 @@ __all__ = ["StepConfig", "build_step", "stage_parameter_count", "STREAMS"]
 
 STREAMS = ("compute", "tp", "dp", "pp_recv_fwd", "pp_send_fwd", "pp_recv_bwd", "pp_send_bwd")
 
-# Adam with mixed precision reads the fp32 master weight, momentum and variance (12 B)
-# and the gradient (2 B), and writes the three fp32 states (12 B) and the bf16 weight
-# (2 B): 28 bytes of HBM traffic and about a dozen FLOPs per parameter.
-ADAM_BYTES_PER_PARAM = 28
+# Adam with mixed precision (Apex/Megatron-LM's fused multi-tensor Adam) reads the fp32
+# master weight, momentum and variance (12 B) and the gradient, and writes the three
+# fp32 states (12 B) and the bf16 weight (2 B): 26 bytes plus the gradient's per
+# parameter, about a dozen FLOPs; the gradient buffer is zeroed for the next step
+# (one more write of the gradient). Clipping first computes the gradient norm, one read
+# of every gradient (Megatron-LM's multi_tensor_l2norm).
+ADAM_STATE_BYTES_PER_PARAM = 26
 ADAM_FLOPS_PER_PARAM = 12
+GRAD_BYTES = {"fp32": 4, "bf16": 2}
 
 
 class StepConfig:
@@ -89,6 +97,10 @@ class StepConfig:
         orders: dict[int, list[Action]] | None = None,
         moe: MoESpec | None = None,
         seed: int = 0,
+        attention: str = "flash",
+        grad_reduce_overlap: bool = True,
+        tp_comm_overlap: str = "async",
+        grad_reduce_dtype: str = "fp32",
     ):
         self.model = model
         self.layout = layout
@@ -104,6 +116,10 @@ class StepConfig:
         self.orders = orders
         self.moe = moe
         self.seed = seed
+        self.attention = attention
+        self.grad_reduce_overlap = grad_reduce_overlap
+        self.tp_comm_overlap = tp_comm_overlap
+        self.grad_bytes = GRAD_BYTES[grad_reduce_dtype]
         self._traffic: dict[tuple[int, int, int], MoELayerTraffic] = {}
 
     def moe_traffic(self, layer: int, microbatch: int, group: int) -> MoELayerTraffic:
@@ -143,34 +159,6 @@ class StepConfig:
         return self.orders
 
 
-def _embedding_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
-    """Token + position embedding lookup; its gradient covers the (vocab-split) token
-    table and the position table."""
-    elements = micro_batch * model.seq_len * model.hidden
-    params = model.vocab // tp * model.hidden + model.seq_len * model.hidden
-    return OpCost("embedding", "elementwise", elements, ACT_BYTES * elements * 2, 0.0, None, params)
-
-
-def _final_norm_op(model: ModelSpec, micro_batch: int, shard: int = 1) -> OpCost:
-    """The last stage's layer norm (on ``1/shard`` of the sequence with SP)."""
-    elements = micro_batch * model.seq_len * model.hidden / shard
-    return OpCost(
-        "final_ln",
-        "elementwise",
-        8 * elements,
-        ACT_BYTES * elements * 2,
-        0.0,
-        None,
-        2 * model.hidden,
-    )
-
-
-def _loss_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
-    """Vocabulary-parallel softmax cross-entropy over the local logits (fp32)."""
-    elements = micro_batch * model.seq_len * model.vocab / tp
-    return OpCost("loss", "elementwise", 5 * elements, 4 * elements * 2, 0.0)
-
-
 def stage_parameter_count(
     model: ModelSpec, layout: Layout, stage: int, moe: MoESpec | None = None
 ) -> int:
@@ -183,13 +171,17 @@ def stage_parameter_count(
     count = sum(op.weight_params for op in ops) * len(layers)
     if moe is not None:
         dense_mlp = sum(op.weight_params for op in ops if op.name in ("fc1", "fc2"))
-        experts = moe_layer_parameters_per_rank(moe, model.hidden, layout.ep, tp, model.ffn)
+        experts = moe_layer_parameters_per_rank(
+            moe, model.hidden, layout.ep, tp, model.ffn, model.mlp, model.bias
+        )
         count += sum(experts - dense_mlp for layer in layers if is_moe_layer(moe, layer))
     if stage == 0:
-        count += _embedding_op(model, 1, tp).weight_params
+        count += embedding_op(model, 1, tp).weight_params
     if stage == pp - 1:
-        count += _final_norm_op(model, 1).weight_params
-        if pp > 1:  # untied copy of the word embeddings on the last stage (Megatron-LM)
+        count += final_norm_op(model, 1).weight_params
+        # an untied output layer, or Megatron-LM's copy of the tied word embeddings on
+        # the last stage when it is not the first
+        if not model.tie_embeddings or pp > 1:
             count += logits_forward_op(model, 1, tp).weight_params
     return count
 
@@ -313,17 +305,20 @@ class _RankBuilder:
         self.model = model
         b = config.micro_batch
         self.layers_per_stage = model.layers // self.stages
-        self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp)
+        self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp, config.attention)
+        self.core = attention_core_names(config.attention)
+        self.overlap_tp = config.tp_comm_overlap == "async"
         self.bwd_ops = [(op, backward_of(op)) for op in reversed(self.fwd_ops)]
         self.activation_bytes = ACT_BYTES * b * model.seq_len * model.hidden
         # SP keeps the residual stream sharded, so stage boundaries carry 1/t of it
         self.boundary_bytes = self.activation_bytes / (self.tp if self.sp else 1)
         self.tp_group = layout.group_name("tp", rank) if self.tp > 1 else None
         self.dp_group = layout.group_name("dp", rank) if layout.dp > 1 else None
-        self.embedding = _embedding_op(model, b, self.tp)
-        self.final_norm = _final_norm_op(model, b, self.tp if self.sp else 1)
-        self.logits = logits_forward_op(model, b, self.tp)
-        self.loss = _loss_op(model, b, self.tp)
+        shard = self.tp if self.sp else 1
+        self.embedding = embedding_op(model, b, self.tp)
+        self.final_norm = final_norm_op(model, b, shard)
+        self.logits = logits_forward_op(model, b, self.tp, shard)
+        self.loss = loss_op(model, b, self.tp)
         self.last = 0  # the latest compute op
         self.waits: list[int] = []  # ops on other streams the next compute op must wait for
         self.deferred: dict[tuple[int, int], list[tuple[OpCost, str, dict]]] = {}
@@ -390,7 +385,9 @@ class _RankBuilder:
         if not final or group is None or params == 0:
             return
         w = self.w
-        w.bucket_bytes[group] = w.bucket_bytes.get(group, 0.0) + params * ACT_BYTES
+        w.bucket_bytes[group] = w.bucket_bytes.get(group, 0.0) + params * self.config.grad_bytes
+        if not self.config.grad_reduce_overlap:
+            return  # one reduction of every gradient after the whole backward
         first = w.bucket_index.get(group, 0) == 0
         cap = self.config.first_grad_bucket_bytes if first else self.config.grad_bucket_bytes
         if w.bucket_bytes[group] >= cap:
@@ -498,7 +495,7 @@ class _RankBuilder:
     _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce", "expert_fc2": "all_reduce"},
                  True: {"ln1": "all_gather", "proj": "reduce_scatter", "ln2": "all_gather",
                         "fc2": "reduce_scatter", "expert_fc2": "reduce_scatter"}}  # fmt: skip
-    _MLP = ("fc1", "gelu", "fc2")
+    _MLP = ("fc1", "gelu", "swiglu", "fc2")
 
     def _layer_forward(self, layer: int, mb: int, phase: str) -> None:
         tags = dict(layer=layer, microbatch=mb, phase=phase)
@@ -630,7 +627,8 @@ class _RankBuilder:
         bwd = dict(phase=phase, microbatch=mb)
         defer = part == "I"
         if stage == self.stages - 1:
-            tied = self.stages == 1  # logits and embedding weights tied on one stage
+            # logits and embedding weights tied on one stage: one gradient, counted once
+            tied = self.stages == 1 and self.model.tie_embeddings
             self._grads(backward_of(self.loss), "", mb, final, bwd, stage, defer)
             self._grads(backward_of(self.logits), "", mb, final, bwd, stage, defer, tied=tied)
             self._grads(backward_of(self.final_norm), "", mb, final, bwd, stage, defer)
@@ -639,13 +637,16 @@ class _RankBuilder:
         if stage == 0:
             self._grads(backward_of(self.embedding), "", mb, final, bwd, stage, defer)
 
-    # backward op name -> (collective, overlapped with the next op?) in Megatron-LM
+    # backward op name -> the TP (SP) collective that follows it in Megatron-LM
     _BWD_COMM = {False: {"logits.dgrad": "all_reduce", "qkv.dgrad": "all_reduce",
                          "fc1.dgrad": "all_reduce", "expert_fc1.dgrad": "all_reduce"},
                  True: {"logits.dgrad": "reduce_scatter", "qkv.dgrad": "reduce_scatter",
                         "fc1.dgrad": "reduce_scatter", "expert_fc1.dgrad": "reduce_scatter",
                         "residual2.bwd": "all_gather",
                         "residual1.bwd": "all_gather"}}  # fmt: skip
+    # column-parallel GEMMs whose SP-sharded input Megatron-LM all-gathers again in the
+    # backward, for the weight gradient
+    _REGATHER = ("logits.dgrad", "qkv.dgrad", "fc1.dgrad")
 
     def _grads(
         self,
@@ -658,32 +659,48 @@ class _RankBuilder:
         defer: bool,
         tied: bool = False,
     ) -> None:
-        """Run backward ops. The collective after an input gradient (``dgrad``) of a
-        column-parallel GEMM overlaps the weight gradient that follows; the op after the
-        weight gradient waits for it. An all-gather before a row-parallel GEMM's
-        backward (SP) is waited for at once. With ``defer`` the weight gradients are
-        kept for the ``W`` action."""
-        pending = None
+        """Run backward ops and their TP communication, as Megatron-LM issues it.
+
+        With SP, a column-parallel GEMM's backward first all-gathers its saved input
+        shard again; the gather overlaps the input gradient (``dgrad``) and the weight
+        gradient (``wgrad``) waits for it. The collective after a ``dgrad`` overlaps the
+        ``wgrad`` that follows (``tp_comm_overlap: async``) or is waited for at once
+        (``none``). An all-gather before a row-parallel GEMM's backward (SP) is waited
+        for at once. With ``defer`` the weight gradients are kept for the ``W`` action."""
+        pending: list[int] = []
         comm = self._BWD_COMM[self.sp]
         for grad in grads:
+            name = grad.name
+            if self.sp and name in self._REGATHER:
+                label = f"{prefix}{name.split('.')[0]}.input_ag.bwd.mb{mb}"
+                regather = self._tp_collective("all_gather", label, **tags)
+                if self.overlap_tp:
+                    pending.append(regather)
+                else:
+                    self._wait_for(regather)
             params = 0 if tied else grad.weight_params
-            expert = grad.name.startswith("expert_")
-            if defer and grad.name.endswith(".wgrad"):
-                entry = (grad, f"{prefix}{grad.name}", params, expert)
-                self.deferred.setdefault((stage, mb), []).append(entry)
-                continue
-            op = self._run(grad, f"{prefix}{grad.name}.mb{mb}", **tags)
+            expert = name.startswith("expert_")
+            if name.endswith(".wgrad"):
+                for op in pending:
+                    self._wait_for(op)
+                pending = []
+                if defer:
+                    entry = (grad, f"{prefix}{name}", params, expert)
+                    self.deferred.setdefault((stage, mb), []).append(entry)
+                    continue
+            op = self._run(grad, f"{prefix}{name}.mb{mb}", **tags)
             self._grad_ready(params, op, mb, final, expert)
-            kind = comm.get(grad.name)
+            kind = comm.get(name)
             if kind is None:
                 continue
-            label = f"{prefix}{grad.name.split('.')[0]}.{kind}.bwd.mb{mb}"
+            label = f"{prefix}{name.split('.')[0]}.{kind}.bwd.mb{mb}"
             collective = self._tp_collective(kind, label, **tags)
-            if grad.name.endswith(".dgrad"):
-                pending = collective  # overlaps the weight gradient
+            if name.endswith(".dgrad") and self.overlap_tp:
+                pending.append(collective)  # overlaps the weight gradient
             else:
                 self._wait_for(collective)
-        self._wait_for(pending)
+        for op in pending:
+            self._wait_for(op)
 
     def _layer_backward(self, layer: int, mb: int, final: bool, phase: str, defer: bool) -> None:
         recompute = self.config.recompute
@@ -696,14 +713,17 @@ class _RankBuilder:
                 if cost.name == "fc2":  # the first MLP op the backward meets
                     self._moe_backward(layer, mb, final, tags, defer)
                 continue
-            if recompute == "selective" and cost.kind == "attention":
-                self._run(
-                    cost,
-                    f"L{layer}.{cost.name}.recompute.mb{mb}",
-                    layer=layer,
-                    microbatch=mb,
-                    phase="recompute",
-                )
+            if recompute == "selective" and cost.name == self.core[-1]:
+                # the backward meets the attention core's last op first: rerun the core
+                for core in self.fwd_ops:
+                    if core.name in self.core:
+                        self._run(
+                            core,
+                            f"L{layer}.{core.name}.recompute.mb{mb}",
+                            layer=layer,
+                            microbatch=mb,
+                            phase="recompute",
+                        )
             self._grads(grads, f"L{layer}.", mb, final, tags, self.stage, defer)
 
     def _weight_gradients(self, stage: int, mb: int, final: bool) -> None:
@@ -732,15 +752,18 @@ class _RankBuilder:
         for group in list(self.w.bucket_bytes):
             self._flush_bucket(group, self.last, order[-1].microbatch)
         total = stage_parameter_count(self.model, self.layout, self.pipeline_rank, self.moe)
-        shard = self.layout.dp if self.config.zero1 else 1
+        local = total / (self.layout.dp if self.config.zero1 else 1)
+        grad_bytes = self.config.grad_bytes
+        grad_norm = OpCost("grad_norm", "elementwise", 2.0 * local, grad_bytes * local, 0.0)
         optimizer = OpCost(
             "optimizer",
             "optimizer",
-            ADAM_FLOPS_PER_PARAM * total / shard,
-            ADAM_BYTES_PER_PARAM * total / shard,
+            ADAM_FLOPS_PER_PARAM * local,
+            (ADAM_STATE_BYTES_PER_PARAM + 2 * grad_bytes) * local,
             0.0,
         )
         self.waits.extend(self.w.last_buckets.values())
+        self._run(grad_norm, "optimizer.grad_norm", phase="optimizer")
         self._run(optimizer, "optimizer.step", phase="optimizer")
         if self.config.zero1 and self.dp_group is not None:
             # ZeRO-1: every rank updated 1/dp of the weights; gather the updated bf16 weights

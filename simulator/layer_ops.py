@@ -1,0 +1,402 @@
+"""The ops one transformer block runs, as frameworks and kernels run them.
+
+One layer, for a micro-batch of ``b`` sequences of ``s`` tokens on one of ``t``
+tensor-parallel ranks (hidden ``h``, ``a`` query heads and ``g`` key/value heads of
+dimension ``d = h/a``, MLP width ``f``), runs these forward ops (``T = b·s`` tokens;
+norms, dropout and residuals work on ``T/t`` tokens with sequence parallelism):
+
+==============  ===========  ==========================================  =================
+op              kind         what it is                                  saves for backward
+==============  ===========  ==========================================  =================
+ln1             elementwise  layer/RMS norm (Apex/TE fused kernel)        its input
+qkv             gemm         ``(T, (a+2g)·d/t, h)``                       its input
+rope            elementwise  rotary embedding of Q and K (fused)          —
+attn_core       attention    FlashAttention (``flash``)                   Q, K, V, log-sum-exp
+attn_qk         gemm ×b·a/t  ``QKᵀ``: ``(s, s, d)`` per head (``unfused``) Q, K
+attn_softmax    elementwise  fused scale-mask-softmax over ``b·a·s²/t``   its output
+attn_dropout    elementwise  dropout of the probabilities                 the mask (1 byte)
+attn_av         gemm ×b·a/t  ``P·V``: ``(s, d, s)`` per head               P (after dropout), V
+proj            gemm         ``(T, h, a·d/t)``                            its input
+residual1       elementwise  bias-dropout-add (fused)                     the mask (1 byte)
+ln2             elementwise  layer/RMS norm                               its input
+fc1             gemm         ``(T, f/t, h)``; SwiGLU: ``(T, 2f/t, h)``    its input
+gelu / swiglu   elementwise  bias-GELU or SwiGLU (fused)                  its input
+fc2             gemm         ``(T, h, f/t)``                              its input
+residual2       elementwise  bias-dropout-add                             the mask
+==============  ===========  ==========================================  =================
+
+With sequence parallelism the inputs saved by ``qkv`` and ``fc1`` are the ``1/t``
+sequence shards: Megatron-LM all-gathers them again in the backward. Summed, the saved
+bytes of the GPT block with unfused attention are Korthikanti et al.'s
+``sbh(10 + 24/t + 5as/ht)`` (and its SP, selective and full-recompute cases, see
+:func:`layer_saved_bytes`); FlashAttention keeps no ``s²`` term. Memory
+(:mod:`simulator.memory`) sums these same ops, so time and memory cannot disagree.
+
+FLOPs are ``2mnk`` per GEMM; model FLOPs count the matmuls (the attention core's
+``4·b·s²·h/t`` in full, as Megatron-LM's formula does), hardware FLOPs every op as it
+runs (FlashAttention's backward recomputes the scores: 2.5× its forward, against 2×
+for model FLOPs). HBM bytes are those of the fused kernels frameworks run: a GEMM reads
+both operands and writes its result; an elementwise op reads and writes its tensors
+(``passes`` bytes per element, listed at each constructor). A GEMM's backward is two
+GEMMs of the forward's FLOPs: the input gradient (``dgrad``) and the weight gradient
+(``wgrad``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .model import ModelSpec
+
+__all__ = [
+    "ACT_BYTES",
+    "OpCost",
+    "kv_heads_per_rank",
+    "layer_forward_ops",
+    "mlp_forward_ops",
+    "backward_of",
+    "attention_core_names",
+    "embedding_op",
+    "final_norm_op",
+    "logits_forward_op",
+    "loss_op",
+    "layer_saved_bytes",
+    "checkpoint_bytes",
+]
+
+ACT_BYTES = 2  # bf16 activations and weights
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """One op of one TP rank for one micro-batch.
+
+    ``shape`` is a GEMM's ``(m, n, k)`` (``batch`` of them for a batched GEMM), or the
+    attention kernel's ``(s_q, s_kv, head_dim)`` over ``batch = b·heads``.
+    ``saved_bytes`` is what the op keeps for its backward; ``backward_bytes`` the HBM
+    traffic of an elementwise op's backward kernel.
+    """
+
+    name: str
+    kind: str  # gemm | attention | elementwise | optimizer
+    flops: float
+    bytes: float
+    model_flops: float
+    shape: tuple[int, int, int] | None = None
+    weight_params: int = 0  # parameters whose gradient this op's backward produces
+    batch: int = 1
+    saved_bytes: float = 0.0
+    backward_bytes: float = 0.0
+
+
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    """Key/value heads on one TP rank: ``g/t`` when ``t`` divides ``g``, else one (each
+    rank keeps a copy of the one KV head its query heads share, as Megatron-LM replicates
+    KV heads when ``t > g``). Raises ``ValueError`` when neither divides the other."""
+    g = model.kv
+    if g % tp == 0:
+        return g // tp
+    if tp % g == 0:
+        return 1
+    raise ValueError(f"kv_heads({g}) is neither divisible by tp({tp}) nor a divisor of it")
+
+
+def _gemm(
+    name: str,
+    m: int,
+    n: int,
+    k: int,
+    *,
+    bias: bool = False,
+    saved: float | None = None,
+    batch: int = 1,
+) -> OpCost:
+    """``batch`` GEMMs ``(m, k) @ (k, n)``; the weight (and bias) has ``n·k (+ n)``
+    parameters when ``batch`` is 1. By default it saves its input ``(m, k)`` for the
+    weight gradient."""
+    flops = 2.0 * batch * m * n * k
+    traffic = ACT_BYTES * batch * (m * k + k * n + m * n)
+    params = n * k + (n if bias else 0) if batch == 1 else 0
+    if saved is None:
+        saved = ACT_BYTES * batch * m * k
+    return OpCost(name, "gemm", flops, traffic, flops, (m, n, k), params, batch, saved)
+
+
+def _elementwise(
+    name: str,
+    elements: float,
+    flops_per_element: float,
+    forward_passes: float,
+    backward_passes: float,
+    saved_per_element: float = 0.0,
+    params: int = 0,
+) -> OpCost:
+    """An elementwise kernel over ``elements`` values moving ``forward_passes`` bytes per
+    element (its backward ``backward_passes``) and saving ``saved_per_element`` bytes."""
+    return OpCost(
+        name,
+        "elementwise",
+        flops_per_element * elements,
+        forward_passes * elements,
+        0.0,
+        weight_params=params,
+        saved_bytes=saved_per_element * elements,
+        backward_bytes=backward_passes * elements,
+    )
+
+
+def _norm(name: str, model: ModelSpec, elements: float) -> OpCost:
+    """Fused layer/RMS norm: reads x, writes y (4 B/element); its backward reads dy and
+    x and writes dx (6 B/element); it saves its input (the per-row statistics are
+    negligible). The weight (and bias) is replicated over TP ranks."""
+    params = (2 if model.norm == "layernorm" else 1) * model.hidden
+    flops = 8 if model.norm == "layernorm" else 4
+    return _elementwise(name, elements, flops, 4, 6, ACT_BYTES, params)
+
+
+def _residual(name: str, model: ModelSpec, elements: float) -> OpCost:
+    """Megatron-LM's fused bias-dropout-add: reads the branch and the residual, writes
+    the sum and a 1-byte mask (7 B/element), saves the mask; its backward reads the
+    gradient and the mask and writes the branch's gradient (5 B/element). Without
+    dropout, a residual add (6 B/element forward; the backward adds the two gradient
+    paths, 6 B/element)."""
+    if model.dropout:
+        return _elementwise(name, elements, 3, 7, 5, 1)
+    return _elementwise(name, elements, 1, 6, 6, 0)
+
+
+def attention_core_names(attention: str) -> tuple[str, ...]:
+    """The ops selective recompute reruns: the attention core."""
+    if attention == "flash":
+        return ("attn_core",)
+    return ("attn_qk", "attn_softmax", "attn_dropout", "attn_av")
+
+
+def _attention_core(
+    model: ModelSpec, b: int, tp: int, attention: str, local_heads: int, kv_local: int
+) -> list[OpCost]:
+    s, d = model.seq_len, model.head_dim
+    tokens = b * s
+    if attention == "flash":
+        # FlashAttention: reads Q, K, V, writes O and the fp32 log-sum-exp; the s×s scores
+        # stay on chip. It saves Q, K, V and the log-sum-exp (O is the projection's input).
+        flops = 4.0 * b * s * s * local_heads * d
+        qkv_elements = tokens * (local_heads + 2 * kv_local) * d
+        traffic = ACT_BYTES * (qkv_elements + tokens * local_heads * d)
+        lse = 4.0 * b * local_heads * s
+        saved = ACT_BYTES * qkv_elements + lse
+        return [
+            OpCost(
+                "attn_core",
+                "attention",
+                flops,
+                traffic,
+                flops,
+                (s, s, d),
+                0,
+                b * local_heads,
+                saved,
+            )
+        ]
+    # Megatron-LM's path before FlashAttention: K and V expanded to every query head
+    # (GQA), two batched GEMMs over b·a/t heads, a fused scale-mask-softmax and a dropout
+    # over the b·a·s²/t scores, each through HBM.
+    heads = b * local_heads
+    scores = float(heads * s * s)
+    ops = [
+        _gemm("attn_qk", s, s, d, batch=heads, saved=2 * ACT_BYTES * heads * s * d),
+        # reads the scores, writes the probabilities (its backward: reads P and dP,
+        # writes dS); saves P
+        _elementwise("attn_softmax", scores, 5, 4, 6, ACT_BYTES),
+    ]
+    if model.dropout:
+        # reads P, writes the dropped P and a 1-byte mask; saves the mask
+        ops.append(_elementwise("attn_dropout", scores, 2, 5, 5, 1))
+    # P·V saves V and its input P: the dropped copy with dropout, else softmax's output
+    probs = ACT_BYTES * scores if model.dropout else 0.0
+    ops.append(_gemm("attn_av", s, d, s, batch=heads, saved=probs + ACT_BYTES * heads * s * d))
+    return ops
+
+
+def mlp_forward_ops(
+    model: ModelSpec,
+    tokens: int,
+    ffn: int,
+    tp: int,
+    *,
+    prefix: str = "",
+    input_shard: int = 1,
+) -> list[OpCost]:
+    """``fc1``, the activation and ``fc2`` of one MLP of width ``ffn`` on ``tokens``
+    tokens (split over ``tp`` ranks as Megatron's column- and row-parallel pair);
+    ``fc1`` saves ``1/input_shard`` of its input (the SP shard)."""
+    h, f = model.hidden, ffn // tp
+    fc1_input = ACT_BYTES * tokens * h / input_shard
+    if model.mlp == "swiglu":
+        # gate and up in one GEMM; the fused SwiGLU reads both halves and writes f/t
+        # (6 B/element of output), its backward reads dy and both halves and writes both
+        # gradients (10 B/element); it saves its two-half input
+        fc1 = _gemm(f"{prefix}fc1", tokens, 2 * f, h, bias=model.bias, saved=fc1_input)
+        act = _elementwise(f"{prefix}swiglu", tokens * f, 4, 6, 10, 2 * ACT_BYTES)
+    else:
+        fc1 = _gemm(f"{prefix}fc1", tokens, f, h, bias=model.bias, saved=fc1_input)
+        # fused bias-GELU: reads x, writes y; backward reads dy and x, writes dx
+        act = _elementwise(f"{prefix}gelu", tokens * f, 8, 4, 6, ACT_BYTES)
+    fc2 = _gemm(f"{prefix}fc2", tokens, h, f, bias=model.bias)
+    return [fc1, act, fc2]
+
+
+def layer_forward_ops(
+    model: ModelSpec,
+    micro_batch: int,
+    tp: int,
+    sp: bool = False,
+    attention: str = "flash",
+) -> list[OpCost]:
+    """The forward ops of one transformer layer on one TP rank, in execution order.
+
+    The two TP all-reduces fall after ``proj`` and after ``fc2`` (Megatron-LM's ``g``
+    operator); the schedule builder inserts them. With sequence parallelism (``sp``)
+    the norms, dropout and residual adds work on ``1/tp`` of the sequence.
+    """
+    b, s, h, d = micro_batch, model.seq_len, model.hidden, model.head_dim
+    tokens = b * s
+    shard = tp if sp else 1
+    share = tokens / shard
+    local_heads = model.heads // tp
+    kv_local = kv_heads_per_rank(model, tp)
+    qkv_width = (local_heads + 2 * kv_local) * d
+    ops = [
+        _norm("ln1", model, share * h),
+        _gemm("qkv", tokens, qkv_width, h, bias=model.bias, saved=ACT_BYTES * share * h),
+    ]
+    if model.position == "rope":
+        # fused rotary embedding: reads and writes Q and K (4 B/element both ways)
+        ops.append(_elementwise("rope", tokens * (local_heads + kv_local) * d, 6, 4, 4))
+    ops += _attention_core(model, b, tp, attention, local_heads, kv_local)
+    ops += [
+        _gemm("proj", tokens, h, local_heads * d, bias=model.bias),
+        _residual("residual1", model, share * h),
+        _norm("ln2", model, share * h),
+        *mlp_forward_ops(model, tokens, model.ffn, tp, input_shard=shard),
+        _residual("residual2", model, share * h),
+    ]
+    return ops
+
+
+def backward_of(op: OpCost) -> list[OpCost]:
+    """Backward ops of a forward op: dgrad and wgrad for a GEMM (for a batched GEMM, the
+    gradients of both operands), FlashAttention's backward kernel (2.5× the forward's
+    FLOPs: it recomputes the scores), an elementwise op's backward kernel."""
+    if op.kind == "gemm":
+        assert op.shape is not None
+        m, n, k = op.shape
+        if op.batch > 1:  # dA = dC·Bᵀ, dB = Aᵀ·dC, per head
+            first = _gemm(f"{op.name}.dgrad_a", m, k, n, batch=op.batch, saved=0.0)
+            second = _gemm(f"{op.name}.dgrad_b", k, n, m, batch=op.batch, saved=0.0)
+            return [first, second]
+        dgrad = _gemm(f"{op.name}.dgrad", m, k, n, saved=0.0)
+        wgrad = _gemm(f"{op.name}.wgrad", k, n, m, saved=0.0)
+        return [replace(dgrad, weight_params=0), replace(wgrad, weight_params=op.weight_params)]
+    if op.kind == "attention":
+        # reads Q, K, V, O, dO and the log-sum-exp, writes dQ, dK, dV
+        return [
+            OpCost(
+                f"{op.name}.bwd",
+                "attention",
+                2.5 * op.flops,
+                2.0 * op.bytes,
+                2.0 * op.model_flops,
+                op.shape,
+                0,
+                op.batch,
+            )
+        ]
+    return [
+        OpCost(
+            f"{op.name}.bwd",
+            op.kind,
+            op.flops,
+            op.backward_bytes or 1.5 * op.bytes,
+            0.0,
+            None,
+            op.weight_params,
+        )
+    ]
+
+
+def embedding_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
+    """Token embedding lookup (vocabulary split over TP ranks), plus the learned position
+    embedding and the embedding dropout where the model has them. Its backward builds
+    the dense gradient of the local table (``torch`` embedding backward: zeroed, then
+    scattered into, then accumulated into the fp32 main gradient: about 12 bytes per
+    table element) from the output gradient."""
+    tokens = micro_batch * model.seq_len
+    elements = tokens * model.hidden
+    table = model.vocab // tp * model.hidden
+    params = table + (model.seq_len * model.hidden if model.position == "learned" else 0)
+    passes = 4 + (2 if model.position == "learned" else 0) + (3 if model.dropout else 0)
+    return OpCost(
+        "embedding",
+        "elementwise",
+        elements,
+        passes * elements,
+        0.0,
+        weight_params=params,
+        saved_bytes=elements if model.dropout else 0.0,
+        backward_bytes=12.0 * table + 6.0 * elements,
+    )
+
+
+def final_norm_op(model: ModelSpec, micro_batch: int, shard: int = 1) -> OpCost:
+    """The last stage's norm (on ``1/shard`` of the sequence with SP)."""
+    return _norm("final_ln", model, micro_batch * model.seq_len * model.hidden / shard)
+
+
+def logits_forward_op(model: ModelSpec, micro_batch: int, tp: int, shard: int = 1) -> OpCost:
+    """The output (logits) GEMM of the last stage, vocabulary split across TP ranks; it
+    saves its (SP-sharded) input."""
+    tokens = micro_batch * model.seq_len
+    saved = ACT_BYTES * tokens * model.hidden / shard
+    return _gemm("logits", tokens, model.vocab // tp, model.hidden, saved=saved)
+
+
+def loss_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
+    """Megatron-LM's vocabulary-parallel cross-entropy over the local logits in fp32:
+    cast (6 B/element), max (4), subtract (8), exp (8), sum (4), normalise (8) = 38
+    B/element; it keeps the fp32 softmax (4 B/element) for the backward, which scales it
+    in place and casts the gradient to bf16 (14 B/element)."""
+    elements = micro_batch * model.seq_len * model.vocab / tp
+    return _elementwise("loss", elements, 6, 38, 14, 4)
+
+
+def checkpoint_bytes(model: ModelSpec, micro_batch: int, tp: int, sp: bool = False) -> float:
+    """What full recompute keeps of a layer: its input, ``2sbh`` (÷t with SP)."""
+    return ACT_BYTES * micro_batch * model.seq_len * model.hidden / (tp if sp else 1)
+
+
+def layer_saved_bytes(
+    ops: list[OpCost], recompute: str, attention: str, checkpoint: float
+) -> float:
+    """Activation bytes one layer keeps for backward, from its ops' saved tensors.
+
+    ``none``: every op's. ``selective``: the attention core is rerun in the backward,
+    so its saved tensors give way to its inputs Q, K and V (what the checkpoint keeps).
+    ``full``: only the layer's input (``checkpoint``)."""
+    if recompute == "full":
+        return checkpoint
+    if recompute == "none":
+        return sum(op.saved_bytes for op in ops)
+    core = set(attention_core_names(attention))
+    kept = sum(op.saved_bytes for op in ops if op.name not in core)
+    return kept + _core_inputs(ops, core)
+
+
+def _core_inputs(ops: list[OpCost], core: set[str]) -> float:
+    """Bytes of Q, K and V, the attention core's inputs, as the core holds them."""
+    for op in ops:
+        if op.name == "attn_core":  # FlashAttention saves Q, K, V and the log-sum-exp
+            return op.saved_bytes - 4.0 * op.batch * op.shape[0]
+        if op.name == "attn_qk":  # saves Q and K; V (as large) is saved by attn_av
+            return 1.5 * op.saved_bytes
+    return 0.0
