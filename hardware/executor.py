@@ -1,8 +1,9 @@
 """Execute one rank's Program of a Schedule with torch.distributed, and time every op.
 
 * ``Compute`` ops run real torch work: ``torch.mm`` of the op's GEMM shape when it has
-  one; otherwise, whichever the roofline says dominates, a GEMM of the op's FLOPs or a
-  copy that moves the op's bytes.
+  one (``torch.bmm`` for a batched GEMM), causal ``scaled_dot_product_attention`` at
+  the attention kernel's shape; otherwise, whichever the roofline says dominates, a
+  GEMM of the op's FLOPs or a copy that moves the op's bytes.
 * ``Collective`` ops map to ``all_reduce``, ``all_gather_into_tensor``,
   ``reduce_scatter_tensor``, ``all_to_all_single`` (uneven ``splits`` too),
   ``broadcast`` and ``barrier`` on the op's group; ``Send``/``Recv`` go through
@@ -79,11 +80,13 @@ class _Buffers:
             self._cache[key] = tensor
         return tensor
 
-    def matrix(self, role: str, rows: int, cols: int) -> torch.Tensor:
-        key = (role, rows, cols)
+    def matrix(self, role: str, rows: int, cols: int, batch: int = 0) -> torch.Tensor:
+        """A ``rows × cols`` matrix (``batch`` of them when ``batch`` is not 0)."""
+        key = (role, rows, cols, batch)
         tensor = self._cache.get(key)
         if tensor is None:
-            tensor = torch.randn(rows, cols, device=self.device, dtype=self.dtype) * 0.01
+            shape = (batch, rows, cols) if batch else (rows, cols)
+            tensor = torch.randn(*shape, device=self.device, dtype=self.dtype) * 0.01
             self._cache[key] = tensor
         return tensor
 
@@ -155,6 +158,15 @@ class ProgramExecutor:
 
     # -- compute ------------------------------------------------------------------------
     def _run_compute(self, op: Compute) -> None:
+        if op.kind == "attention" and op.shape is not None:
+            self._run_attention(op)
+            return
+        if op.shape is not None and op.batch > 1:
+            m, n, k = op.shape
+            a = self.buffers.matrix("a", m, k, op.batch)
+            b = self.buffers.matrix("b", k, n, op.batch)
+            torch.bmm(a, b, out=self.buffers.matrix("c", m, n, op.batch))
+            return
         if op.shape is not None:
             m, n, k = op.shape
             a = self.buffers.matrix("a", m, k)
@@ -173,6 +185,17 @@ class ProgramExecutor:
             self.buffers.get("dst", "compute", numel).copy_(
                 self.buffers.get("src", "compute", numel)
             )
+
+    def _run_attention(self, op: Compute) -> None:
+        """Causal ``scaled_dot_product_attention`` at the op's shape (``batch`` sequences
+        × heads of ``s × d``), as many times as the op's FLOPs hold forwards (the
+        backward recomputes the scores: about 2.5 forwards)."""
+        s_q, s_kv, d = op.shape
+        q = self.buffers.matrix("q", s_q, d, op.batch).unsqueeze(0)
+        kv = self.buffers.matrix("k", s_kv, d, op.batch).unsqueeze(0)
+        forward_flops = 4.0 * op.batch * s_q * s_kv * d
+        for _ in range(max(1, round(op.flops / forward_flops))):
+            torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True)
 
     # -- communication ------------------------------------------------------------------
     def _issue_comm(self, op, verify: bool) -> tuple[list, callable]:

@@ -32,6 +32,16 @@ TINY = [
     "training.global_batch=4",
     "training.micro_batch=1",
 ]
+LLAMA = [
+    "model.kv_heads=1",  # one KV head, replicated on both TP ranks
+    "model.mlp=swiglu",
+    "model.norm=rmsnorm",
+    "model.position=rope",
+    "model.bias=false",
+    "model.tie_embeddings=false",
+    "model.dropout=false",
+    "model.ffn_hidden=704",
+]
 LAYOUTS = {
     "dp": ["parallel.tp=1", "parallel.dp=2"],
     "tp": ["parallel.tp=2", "parallel.dp=1"],
@@ -39,6 +49,10 @@ LAYOUTS = {
     "tp-pp-dp": ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.pp=2", "parallel.dp=1"],
     "tp-dp": ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.dp=2"],
     "zb-h1": ["parallel.tp=1", "parallel.pp=2", "parallel.dp=1", "parallel.schedule=zb-h1"],
+    # a Llama-style block: GQA, SwiGLU, RMSNorm, RoPE, no biases, untied embeddings;
+    # FlashAttention is replayed as scaled_dot_product_attention, unfused as bmm
+    "llama-flash": [*LLAMA, "parallel.tp=2"],
+    "llama-unfused-sp": [*LLAMA, "parallel.tp=2", "parallel.sp=true", "training.attention=unfused"],
     "moe-ep": [
         "parallel.tp=1",
         "parallel.dp=2",

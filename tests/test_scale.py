@@ -41,7 +41,11 @@ def test_weak_scaling_of_pure_data_parallel_stays_near_one():
     assert [row["dp"] for row in rows] == [8, 16, 32, 64]
     assert [row["global_batch"] for row in rows] == [16, 32, 64, 128]  # 2 per replica
     assert rows[0]["efficiency"] == 1.0
-    assert all(row["efficiency"] > 0.9 for row in rows)
+    # GPT-2 small's fp32 gradients (500 MB) cross the network once past one node
+    assert all(row["efficiency"] > 0.85 for row in rows)
+    assert [row["efficiency"] for row in rows] == sorted(
+        [row["efficiency"] for row in rows], reverse=True
+    )
     assert result["reference_gpus"] == 8
 
     # each row is what parasim run gives for its overrides

@@ -14,6 +14,14 @@ the op is:
   (one per query block and head) fill the SMs in waves as a GEMM's tiles do;
 * everything else (elementwise, optimizer): its bytes, at the bandwidth streaming
   kernels reach.
+
+Overlapped communication is not free: NCCL's kernels run one CTA per channel on the
+GPU's SMs, so a compute op that the schedule runs beside a collective of its rank
+(``beside_comm``: the weight gradient beside the asynchronous TP all-reduce or
+reduce-scatter, the input gradient beside SP's input all-gather) gets the SMs NCCL
+leaves: its math runs ``SMs / (SMs − channels)`` longer, with ``NCCL_CHANNELS``
+channels (the 16 NCCL opens on NVSwitch systems, as :mod:`simulator.memory` counts its
+buffers).
 """
 
 from __future__ import annotations
@@ -24,11 +32,14 @@ from topologies import ClusterSpec
 
 from .gemm import GemmEfficiency
 
-__all__ = ["ComputeModel", "ATTENTION_BLOCK"]
+__all__ = ["ComputeModel", "ATTENTION_BLOCK", "NCCL_CHANNELS"]
 
 # FlashAttention-2/3 tile the query and key sequences in blocks of 128 rows for head
 # dimensions up to 128 (flash-attn's kernel traits: kBlockM = 128, kBlockN = 64-128).
 ATTENTION_BLOCK = 128
+# NCCL's channels on an NVSwitch node, one CTA (one SM) each while a collective runs
+# (NCCL's ring on NVLink opens 16-32; 16 is also the count memory.py sizes buffers by).
+NCCL_CHANNELS = 16
 
 
 class ComputeModel:
@@ -51,11 +62,14 @@ class ComputeModel:
 
     def duration(self, op) -> float:
         """Seconds ``op`` (a :class:`~simulator.schedule.ir.Compute`) takes alone."""
-        key = (op.kind, op.flops, op.bytes, op.shape, op.batch)
+        key = (op.kind, op.flops, op.bytes, op.shape, op.batch, op.beside_comm)
         cached = self._memo.get(key)
         if cached is not None:
             return cached
-        seconds = max(self.compute_seconds(op), op.bytes / self.stream_bandwidth)
+        math_seconds = self.compute_seconds(op)
+        if op.beside_comm and self.sm_count is not None and self.sm_count > NCCL_CHANNELS:
+            math_seconds *= self.sm_count / (self.sm_count - NCCL_CHANNELS)
+        seconds = max(math_seconds, op.bytes / self.stream_bandwidth)
         seconds += self.launch_overhead
         self._memo[key] = seconds
         return seconds

@@ -77,6 +77,9 @@ class Compute:
     tags: dict[str, Any] = field(default_factory=dict)
     shape: tuple[int, int, int] | None = None
     batch: int = 1  # a batched GEMM's count, or the attention kernel's batch × heads
+    # a collective of this rank runs beside it by construction (an overlapped TP/SP
+    # collective): its NCCL kernels take some of the GPU's SMs
+    beside_comm: bool = False
     type = "compute"
 
 

@@ -227,7 +227,14 @@ class _ProgramWriter:
                 cached["stage"] = stage
         return cached
 
-    def compute(self, cost: OpCost, label: str, deps: tuple[int, ...], tags: dict[str, Any]) -> int:
+    def compute(
+        self,
+        cost: OpCost,
+        label: str,
+        deps: tuple[int, ...],
+        tags: dict[str, Any],
+        beside_comm: bool = False,
+    ) -> int:
         op_id = len(self.ops)
         self.ops.append(
             Compute(
@@ -240,6 +247,8 @@ class _ProgramWriter:
                 deps,
                 tags,
                 cost.shape,
+                cost.batch,
+                beside_comm,
             )
         )
         return op_id
@@ -355,11 +364,13 @@ class _RankBuilder:
     def _tag(self, stage: int, mb: int, direction: int) -> int:
         return (stage * self.config.microbatches + mb) * 2 + direction
 
-    def _run(self, cost: OpCost, label: str, **tags: Any) -> int:
+    def _run(self, cost: OpCost, label: str, beside_comm: bool = False, **tags: Any) -> int:
+        """A compute op after the last one; ``beside_comm``: a collective of this rank is
+        in flight beside it by construction (its NCCL kernels share the SMs)."""
         deps, self.waits = tuple(self.waits), []
         get = tags.get
         tagset = self.w.tag_set(None, get("layer"), get("microbatch"), get("phase"), self.stage)
-        self.last = self.w.compute(cost, label, deps, tagset)
+        self.last = self.w.compute(cost, label, deps, tagset, beside_comm)
         return self.last
 
     def _after_last(self) -> tuple[int, ...]:
@@ -667,7 +678,8 @@ class _RankBuilder:
         ``wgrad`` that follows (``tp_comm_overlap: async``) or is waited for at once
         (``none``). An all-gather before a row-parallel GEMM's backward (SP) is waited
         for at once. With ``defer`` the weight gradients are kept for the ``W`` action."""
-        pending: list[int] = []
+        pending: list[int] = []  # dgrad collectives the weight gradient overlaps
+        regathers: list[int] = []  # SP input gathers the weight gradient needs
         comm = self._BWD_COMM[self.sp]
         for grad in grads:
             name = grad.name
@@ -675,31 +687,32 @@ class _RankBuilder:
                 label = f"{prefix}{name.split('.')[0]}.input_ag.bwd.mb{mb}"
                 regather = self._tp_collective("all_gather", label, **tags)
                 if self.overlap_tp:
-                    pending.append(regather)
+                    regathers.append(regather)
                 else:
                     self._wait_for(regather)
             params = 0 if tied else grad.weight_params
             expert = name.startswith("expert_")
             if name.endswith(".wgrad"):
-                for op in pending:
+                for op in regathers:
                     self._wait_for(op)
-                pending = []
+                regathers = []
                 if defer:
                     entry = (grad, f"{prefix}{name}", params, expert)
                     self.deferred.setdefault((stage, mb), []).append(entry)
                     continue
-            op = self._run(grad, f"{prefix}{name}.mb{mb}", **tags)
+            beside = bool(pending or regathers)
+            op = self._run(grad, f"{prefix}{name}.mb{mb}", beside, **tags)
             self._grad_ready(params, op, mb, final, expert)
             kind = comm.get(name)
             if kind is None:
                 continue
             label = f"{prefix}{name.split('.')[0]}.{kind}.bwd.mb{mb}"
             collective = self._tp_collective(kind, label, **tags)
-            if name.endswith(".dgrad") and self.overlap_tp:
+            if name.endswith(".dgrad") and self.overlap_tp and collective is not None:
                 pending.append(collective)  # overlaps the weight gradient
             else:
                 self._wait_for(collective)
-        for op in pending:
+        for op in pending + regathers:
             self._wait_for(op)
 
     def _layer_backward(self, layer: int, mb: int, final: bool, phase: str, defer: bool) -> None:
