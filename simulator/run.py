@@ -103,6 +103,7 @@ def step_config(scenario: Scenario) -> StepConfig:
         grad_reduce_overlap=training.grad_reduce_overlap,
         tp_comm_overlap=training.tp_comm_overlap,
         grad_reduce_dtype=training.grad_reduce_dtype,
+        param_gather_overlap=training.param_gather_overlap,
     )
 
 

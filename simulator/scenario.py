@@ -61,8 +61,13 @@ class TrainingSpec(_Strict):
     # DDP-style gradient buckets reduced during the backward, or one reduction after it
     grad_reduce_overlap: bool = True
     # whether the backward TP all-reduce (SP: reduce-scatter) hides behind the weight
-    # gradient GEMM (Megatron-LM's asynchronous TP communication) or is waited for at once
-    tp_comm_overlap: Literal["none", "async"] = "async"
+    # gradient GEMM (Megatron-LM's asynchronous TP communication) or is waited for at
+    # once; pipelined: Transformer Engine's userbuffers also overlap the forward's SP
+    # all-gathers and reduce-scatters with their GEMMs (Megatron-Core --tp-comm-overlap)
+    tp_comm_overlap: Literal["none", "async", "pipelined"] = "async"
+    # with optimizer_sharding: the updated weights are all-gathered beside the next
+    # forward (Megatron-Core --overlap-param-gather) instead of after the optimizer
+    param_gather_overlap: bool = False
     # the dtype gradients are accumulated and reduced in: Megatron-LM keeps fp32 main
     # gradients for bf16 training and torchtitan's FSDP reduces in fp32 by default
     grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
@@ -260,6 +265,12 @@ def _check_schedule(
         raise ScenarioError(
             f"parallel.virtual_stages: {v} virtual stages need schedule interleaved-1f1b "
             f"(got {parallel.schedule})"
+        )
+    training = spec.training
+    if training.tp_comm_overlap == "pipelined" and layout.tp > 1 and not parallel.sp:
+        raise ScenarioError(
+            "training.tp_comm_overlap: pipelined (Transformer Engine's GEMM-collective "
+            f"overlap) needs parallel.sp: true with tp({layout.tp}), as Megatron-LM requires"
         )
     if parallel.schedule == "custom" and not parallel.schedule_file:
         raise ScenarioError("parallel.schedule_file: schedule custom needs a CSV order file")

@@ -34,15 +34,19 @@ class BlockTimer:
     """Body times, memoised per body (bodies are shared between blocks).
 
     ``compute_time(op)`` and ``collective_time(op)`` give an op's duration alone;
-    ``collective_time`` returns ``(seconds, "kind/algorithm/protocol")``.
+    ``collective_time`` returns ``(seconds, "kind/algorithm/protocol")``. A compute op
+    starts no earlier than the host issued it: ``host_index × host_overhead`` after the
+    block (its pipeline action) starts.
     """
 
     def __init__(
         self,
         compute_time: Callable[[Compute], float],
         collective_time: Callable[[Collective], tuple[float, str]],
+        host_overhead: float = 0.0,
     ):
         self._compute_time = compute_time
+        self._host_overhead = host_overhead
         self._collective_time = collective_time
         self._cache: dict[int, tuple[tuple, BodyTimes]] = {}
 
@@ -58,6 +62,8 @@ class BlockTimer:
         for op in body:
             at = max([clock.get(op.stream, 0.0), *(end[d] for d in op.deps)])
             if type(op) is Compute:
+                # the host issues the action's ops one per host_overhead from its start
+                at = max(at, op.host_index * self._host_overhead)
                 seconds = self._compute_time(op)
             elif type(op) is Collective:
                 seconds, name = self._collective_time(op)

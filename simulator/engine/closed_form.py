@@ -48,7 +48,9 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
         choices[name] = choices.get(name, 0) + 1
         return seconds
 
-    block_times = BlockTimer(compute.duration, plan)
+    block_times = BlockTimer(compute.duration, plan, compute.host_overhead)
+    host = compute.host_overhead
+    action_start: dict[int, float] = {}  # rank -> start of its current action's first op
     makespans: dict[int, float] = {}  # id(body) -> its makespan
     runs: dict[int, list] = {}  # id(body) -> [body, times it ran]
 
@@ -123,8 +125,13 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
                 waits.setdefault(blocker, []).append(index)
                 break
             op_id = op.id
-            issued[op_id] = at
             kind = type(op)
+            if kind is Compute:
+                if op.host_index == 0:
+                    action_start[rank] = at
+                elif host:
+                    at = max(at, action_start[rank] + op.host_index * host)
+            issued[op_id] = at
             if kind is Compute or kind is Block:
                 if kind is Compute:
                     stop = at + duration(op)

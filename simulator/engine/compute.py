@@ -50,13 +50,18 @@ class ComputeModel:
         self.peak = gpu.peak_flops
         self.stream_bandwidth = gpu.hbm_bandwidth * gpu.hbm_efficiency
         self.launch_overhead = gpu.kernel_launch_overhead
+        self.host_overhead = gpu.host_overhead
         self.matmul_efficiency = gpu.matmul_efficiency
         self.attention_efficiency = gpu.attention_efficiency
         self.sm_count = gpu.sm_count
         self.gemm = None
         if gpu.sm_count is not None and gpu.gemm_tile is not None:
             self.gemm = GemmEfficiency(
-                gpu.matmul_efficiency, gpu.sm_count, gpu.gemm_tile, gpu.gemm_table
+                gpu.matmul_efficiency,
+                gpu.sm_count,
+                gpu.gemm_tile,
+                gpu.gemm_table,
+                gpu.gemm_k_overhead,
             )
         self._memo: dict[tuple, float] = {}
 

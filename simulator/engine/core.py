@@ -107,7 +107,10 @@ class _Engine:
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
         self.compute = ComputeModel(cluster.spec)
         self.alone = AloneTimes(cluster, schedule.groups, options.algorithm, options.protocol)
-        self.blocks = BlockTimer(self.compute.duration, self.alone.collective)
+        self.blocks = BlockTimer(
+            self.compute.duration, self.alone.collective, self.compute.host_overhead
+        )
+        self.action_start: dict[int, float] = {}  # rank -> its current action's start
         self.groups = {name: tuple(members) for name, members in schedule.groups.items()}
         self.group_gpus = {name: sorted(members) for name, members in self.groups.items()}
         self.member_sets = {name: frozenset(members) for name, members in self.groups.items()}
@@ -186,6 +189,12 @@ class _Engine:
             op_id = op.id
             kind = type(op)
             if kind is Compute:
+                if op.host_index == 0:
+                    self.action_start[rank] = at
+                elif self.compute.host_overhead:
+                    at = max(
+                        at, self.action_start[rank] + op.host_index * self.compute.host_overhead
+                    )
                 seconds = durations.get(id(op))  # compute ops are shared between peers
                 if seconds is None:
                     seconds = durations[id(op)] = self.compute.duration(op)

@@ -72,8 +72,10 @@ def gemm_efficiency(
     sm_count: int,
     largest_tile: Sequence[int],
     batch: int = 1,
+    k_overhead: float = K_OVERHEAD,
 ) -> float:
-    """Fraction of peak a ``batch × (m, n, k)`` GEMM reaches (see the module docstring)."""
+    """Fraction of peak a ``batch × (m, n, k)`` GEMM reaches (see the module docstring);
+    ``k_overhead`` is a tile's prologue and epilogue in elements of ``k``."""
     if min(m, n, k, batch) <= 0:
         return base
     best_reuse = _reuse((int(largest_tile[0]), int(largest_tile[1])))
@@ -90,7 +92,7 @@ def gemm_efficiency(
             waves = math.ceil(ctas / sm_count)
             occupancy = ctas / (waves * sm_count)
             k_part = k / split
-            efficiency = useful * relative * occupancy * k_part / (k_part + K_OVERHEAD)
+            efficiency = useful * relative * occupancy * k_part / (k_part + k_overhead)
             best = max(best, efficiency)
             # split-K only helps an output with fewer tiles than SMs, down to 256-deep k
             if tiles * split * 2 > sm_count or k_part / 2 < 256:
@@ -109,8 +111,10 @@ class GemmEfficiency:
         sm_count: int,
         largest_tile: Sequence[int],
         table: Sequence[Sequence[float]] = (),
+        k_overhead: float = K_OVERHEAD,
     ):
         self.base = base
+        self.k_overhead = k_overhead
         self.sm_count = sm_count
         self.largest_tile = tuple(int(x) for x in largest_tile)
         self.table = [(int(m), int(n), int(k), float(e)) for m, n, k, e in table]
@@ -125,6 +129,7 @@ class GemmEfficiency:
             sm_count=self.sm_count,
             largest_tile=self.largest_tile,
             batch=batch,
+            k_overhead=self.k_overhead,
         )
 
     def __call__(self, m: int, n: int, k: int, batch: int = 1) -> float:

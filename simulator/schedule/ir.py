@@ -80,6 +80,9 @@ class Compute:
     # a collective of this rank runs beside it by construction (an overlapped TP/SP
     # collective): its NCCL kernels take some of the GPU's SMs
     beside_comm: bool = False
+    # ops the host issued in this op's pipeline action before it, counted from the
+    # action's first compute op: the host issues one op per host_overhead
+    host_index: int = 0
     type = "compute"
 
 

@@ -101,6 +101,7 @@ class StepConfig:
         grad_reduce_overlap: bool = True,
         tp_comm_overlap: str = "async",
         grad_reduce_dtype: str = "fp32",
+        param_gather_overlap: bool = False,
     ):
         self.model = model
         self.layout = layout
@@ -120,6 +121,7 @@ class StepConfig:
         self.grad_reduce_overlap = grad_reduce_overlap
         self.tp_comm_overlap = tp_comm_overlap
         self.grad_bytes = GRAD_BYTES[grad_reduce_dtype]
+        self.param_gather_overlap = param_gather_overlap
         self._traffic: dict[tuple[int, int, int], MoELayerTraffic] = {}
 
     def moe_traffic(self, layer: int, microbatch: int, group: int) -> MoELayerTraffic:
@@ -195,6 +197,8 @@ class _ProgramWriter:
         self.ops: list[Op] = []
         self._tags: dict[tuple, dict[str, Any]] = {}
         # gradient buckets, per group that reduces them (dense: dp; experts: edp)
+        self.issued = 0  # ops issued since the action's first compute op
+        self.action_open = True  # the next compute op is its action's first
         self.bucket_bytes: dict[str, float] = {}
         self.bucket_index: dict[str, int] = {}
         self.last_buckets: dict[str, int] = {}
@@ -236,6 +240,8 @@ class _ProgramWriter:
         beside_comm: bool = False,
     ) -> int:
         op_id = len(self.ops)
+        if self.action_open:
+            self.issued, self.action_open = 0, False
         self.ops.append(
             Compute(
                 op_id,
@@ -249,8 +255,10 @@ class _ProgramWriter:
                 cost.shape,
                 cost.batch,
                 beside_comm,
+                self.issued,
             )
         )
+        self.issued += 1
         return op_id
 
     def collective(
@@ -265,6 +273,7 @@ class _ProgramWriter:
     ) -> int:
         op_id = len(self.ops)
         self.ops.append(Collective(op_id, stream, kind, group, size, label, deps, tags))
+        self.issued += 1
         return op_id
 
     def block(
@@ -296,6 +305,7 @@ class _ProgramWriter:
     ) -> int:
         op_id = len(self.ops)
         self.ops.append(op_type(op_id, stream, peer, size, tag, label, deps, tags))
+        self.issued += 1
         return op_id
 
 
@@ -316,7 +326,11 @@ class _RankBuilder:
         self.layers_per_stage = model.layers // self.stages
         self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp, config.attention)
         self.core = attention_core_names(config.attention)
-        self.overlap_tp = config.tp_comm_overlap == "async"
+        # backward TP collectives beside the GEMM that follows (async and pipelined); with
+        # pipelined (Transformer Engine's userbuffers) the forward's too
+        self.overlap_tp = config.tp_comm_overlap in ("async", "pipelined")
+        self.pipelined = config.tp_comm_overlap == "pipelined" and self.sp
+        self.gathers: list[int] = []  # in-flight all-gathers the next GEMM runs beside
         self.bwd_ops = [(op, backward_of(op)) for op in reversed(self.fwd_ops)]
         self.activation_bytes = ACT_BYTES * b * model.seq_len * model.hidden
         # SP keeps the residual stream sharded, so stage boundaries carry 1/t of it
@@ -366,11 +380,25 @@ class _RankBuilder:
 
     def _run(self, cost: OpCost, label: str, beside_comm: bool = False, **tags: Any) -> int:
         """A compute op after the last one; ``beside_comm``: a collective of this rank is
-        in flight beside it by construction (its NCCL kernels share the SMs)."""
+        in flight beside it by construction (its NCCL kernels share the SMs).
+
+        In-flight all-gathers (:attr:`gathers`) run beside the next GEMM, which works on
+        the chunks already gathered, and the op after it waits for them; any other op
+        waits for them first."""
+        overlapped = False
+        if self.gathers:
+            if cost.kind == "gemm" and cost.batch == 1:
+                overlapped = beside_comm = True
+            else:
+                self.waits.extend(self.gathers)
+                self.gathers = []
         deps, self.waits = tuple(self.waits), []
         get = tags.get
         tagset = self.w.tag_set(None, get("layer"), get("microbatch"), get("phase"), self.stage)
         self.last = self.w.compute(cost, label, deps, tagset, beside_comm)
+        if overlapped:
+            self.waits.extend(self.gathers)
+            self.gathers = []
         return self.last
 
     def _after_last(self) -> tuple[int, ...]:
@@ -431,6 +459,7 @@ class _RankBuilder:
     # -- forward ----------------------------------------------------------------------
     def forward(self, stage: int, mb: int, blocked: bool = False) -> None:
         self.stage = stage
+        self.w.action_open = True
         w, pp_tags = self.w, self.w.tag_set("pp", None, mb, "fwd", stage)
         if stage > 0:
             recv = w.p2p(
@@ -519,12 +548,26 @@ class _RankBuilder:
             self._forward_op(cost, layer, mb, tags)
 
     def _forward_op(self, cost: OpCost, layer: int, mb: int, tags: dict[str, Any]) -> None:
+        """A forward op and the TP (SP) collective after it. With pipelined TP overlap,
+        an all-gather runs beside the GEMM that consumes it, and a reduce-scatter beside
+        the GEMM that produces it, chunk by chunk (Transformer Engine's userbuffers)."""
         phase = tags["phase"]
-        self._run(cost, f"L{layer}.{cost.name}.{phase}.mb{mb}", **tags)
+        label = f"L{layer}.{cost.name}.{phase}.mb{mb}"
         kind = self._FWD_COMM[self.sp].get(cost.name)
-        if kind is not None:
-            label = f"L{layer}.{cost.name}.{kind}.{phase}.mb{mb}"
-            self._wait_for(self._tp_collective(kind, label, **tags))
+        comm_label = f"L{layer}.{cost.name}.{kind}.{phase}.mb{mb}"
+        if self.pipelined and kind == "reduce_scatter" and self.tp_group is not None:
+            scatter = self._tp_collective(kind, comm_label, **tags)
+            self._run(cost, label, True, **tags)
+            self._wait_for(scatter)
+            return
+        self._run(cost, label, **tags)
+        if kind is None:
+            return
+        collective = self._tp_collective(kind, comm_label, **tags)
+        if self.pipelined and kind == "all_gather" and collective is not None:
+            self.gathers.append(collective)
+        else:
+            self._wait_for(collective)
 
     # -- mixture of experts -----------------------------------------------------------
     def _moe_ops(self, layer: int, mb: int) -> tuple[list[OpCost], MoELayerTraffic]:
@@ -596,6 +639,7 @@ class _RankBuilder:
         """``part``: ``B`` (all of it), ``I`` (input gradients, weight gradients
         deferred) or ``W`` (the deferred weight gradients)."""
         self.stage = stage
+        self.w.action_open = True
         phase = self._PHASES[part]
         if part == "W":
             self._action(
@@ -679,7 +723,6 @@ class _RankBuilder:
         (``none``). An all-gather before a row-parallel GEMM's backward (SP) is waited
         for at once. With ``defer`` the weight gradients are kept for the ``W`` action."""
         pending: list[int] = []  # dgrad collectives the weight gradient overlaps
-        regathers: list[int] = []  # SP input gathers the weight gradient needs
         comm = self._BWD_COMM[self.sp]
         for grad in grads:
             name = grad.name
@@ -687,32 +730,33 @@ class _RankBuilder:
                 label = f"{prefix}{name.split('.')[0]}.input_ag.bwd.mb{mb}"
                 regather = self._tp_collective("all_gather", label, **tags)
                 if self.overlap_tp:
-                    regathers.append(regather)
+                    self.gathers.append(regather)  # beside the dgrad; the wgrad waits
                 else:
                     self._wait_for(regather)
             params = 0 if tied else grad.weight_params
             expert = name.startswith("expert_")
-            if name.endswith(".wgrad"):
-                for op in regathers:
-                    self._wait_for(op)
-                regathers = []
-                if defer:
-                    entry = (grad, f"{prefix}{name}", params, expert)
-                    self.deferred.setdefault((stage, mb), []).append(entry)
-                    continue
-            beside = bool(pending or regathers)
-            op = self._run(grad, f"{prefix}{name}.mb{mb}", beside, **tags)
+            if name.endswith(".wgrad") and defer:
+                self.waits.extend(self.gathers)
+                self.gathers = []
+                entry = (grad, f"{prefix}{name}", params, expert)
+                self.deferred.setdefault((stage, mb), []).append(entry)
+                continue
+            op = self._run(grad, f"{prefix}{name}.mb{mb}", bool(pending), **tags)
             self._grad_ready(params, op, mb, final, expert)
             kind = comm.get(name)
             if kind is None:
                 continue
             label = f"{prefix}{name.split('.')[0]}.{kind}.bwd.mb{mb}"
             collective = self._tp_collective(kind, label, **tags)
-            if name.endswith(".dgrad") and self.overlap_tp and collective is not None:
+            if collective is None:
+                continue
+            if name.endswith(".dgrad") and self.overlap_tp:
                 pending.append(collective)  # overlaps the weight gradient
+            elif kind == "all_gather" and self.pipelined:
+                self.gathers.append(collective)  # beside the next (row-parallel) dgrad
             else:
                 self._wait_for(collective)
-        for op in pending + regathers:
+        for op in pending:
             self._wait_for(op)
 
     def _layer_backward(self, layer: int, mb: int, final: bool, phase: str, defer: bool) -> None:
@@ -753,6 +797,21 @@ class _RankBuilder:
         for index, action in enumerate(order):
             if action.type in ("B", "W"):
                 last_grad[action.stage] = index
+        total = stage_parameter_count(self.model, self.layout, self.pipeline_rank, self.moe)
+        gather = self.config.zero1 and self.dp_group is not None
+        early_gather = None
+        if gather and self.config.param_gather_overlap:
+            # the weights the last step updated are gathered beside this step's forward
+            # (Megatron-Core's --overlap-param-gather); the optimizer waits for it
+            early_gather = self.w.collective(
+                "all_gather",
+                self.dp_group,
+                total * ACT_BYTES,
+                "dp",
+                "dp.param_all_gather",
+                (),
+                self.w.tags(stage=order[0].stage, axis="dp", phase="fwd"),
+            )
         for index, action in enumerate(order):
             final = last_grad.get(action.stage) == index
             blocked = blocks and not final
@@ -764,7 +823,6 @@ class _RankBuilder:
                 raise ValueError(f"unsupported pipeline action {action}")
         for group in list(self.w.bucket_bytes):
             self._flush_bucket(group, self.last, order[-1].microbatch)
-        total = stage_parameter_count(self.model, self.layout, self.pipeline_rank, self.moe)
         local = total / (self.layout.dp if self.config.zero1 else 1)
         grad_bytes = self.config.grad_bytes
         grad_norm = OpCost("grad_norm", "elementwise", 2.0 * local, grad_bytes * local, 0.0)
@@ -776,9 +834,11 @@ class _RankBuilder:
             0.0,
         )
         self.waits.extend(self.w.last_buckets.values())
+        self._wait_for(early_gather)
+        self.w.action_open = True
         self._run(grad_norm, "optimizer.grad_norm", phase="optimizer")
         self._run(optimizer, "optimizer.step", phase="optimizer")
-        if self.config.zero1 and self.dp_group is not None:
+        if gather and early_gather is None:
             # ZeRO-1: every rank updated 1/dp of the weights; gather the updated bf16 weights
             self.w.collective(
                 "all_gather",
