@@ -38,6 +38,10 @@ from .units import format_bandwidth, format_bytes, format_flops
 
 __all__ = ["Cluster", "FileTopologyCluster", "Link", "Route"]
 
+# NCCL src/graph/tuning.cc (nvlsEfficiency): NVLS reaches 0.85 of the NVLink bandwidth
+# on Hopper (0.74 on Blackwell).
+NVLS_EFFICIENCY = 0.85
+
 
 @dataclass(frozen=True)
 class Link:
@@ -143,6 +147,13 @@ class Cluster:
     def has_nvls(self) -> bool:
         """Whether a node's switch reduces in-network, so NCCL may run NVLS."""
         raise NotImplementedError
+
+    @property
+    def nvls_efficiency(self) -> float:
+        """The fraction of NVLink bandwidth NCCL's NVLS reaches (``nvswitch``'s, else
+        NCCL's Hopper value)."""
+        nvswitch = getattr(self.spec, "nvswitch", None)
+        return nvswitch.nvls_efficiency if nvswitch is not None else NVLS_EFFICIENCY
 
     # -- construction ----------------------------------------------------------------
 

@@ -134,6 +134,8 @@ class NVSwitchSpec(_Spec):
     """Fraction of ``bandwidth`` that carries data (packet headers take the rest)."""
     nvls: bool = False
     """Whether the switch reduces in-network (NVLink SHARP), enabling NCCL's NVLS."""
+    nvls_efficiency: Fraction = 0.85
+    """Fraction of the NVLink bandwidth NVLS reaches (NCCL's nvlsEfficiency)."""
 
 
 class PCIeSpec(_Spec):

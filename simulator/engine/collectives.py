@@ -265,7 +265,13 @@ def _plan_collective(
             if protocol is not None and proto != protocol:
                 continue
             busbw = bus_bandwidth(
-                kind, candidate.algorithm, proto, candidate.link_busbw, nodes, ppn
+                kind,
+                candidate.algorithm,
+                proto,
+                candidate.link_busbw,
+                nodes,
+                ppn,
+                cluster.nvls_efficiency,
             )
             if busbw <= 0:
                 continue

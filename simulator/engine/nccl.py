@@ -15,8 +15,11 @@ with bandwidths from the modelled links instead of NCCL's topology search:
   for all-reduce or several nodes, ⅓ otherwise, capped at NCCL's ``llMaxBws``), LL128
   120 of 128 bytes (0.92; 0.7 with one GPU per node), Simple all of it; trees run at
   0.92 of their links.
+  NVLS reaches ``nvlsEfficiency`` of the NVLink bandwidth (0.85 on Hopper, 0.74 on
+  Blackwell; ``src/graph/tuning.cc``) on ``(nCh − 1)/nCh`` of its 16 channels.
 * **Algorithm bandwidth**: bus bandwidth × ``n/steps`` for a ring, × 0.5 for a tree
-  (every byte goes up and down it), × 5/6 for NVLS.
+  (every byte goes up and down it); NVLS moves each GPU's buffer up to the switch and
+  the sum down once, so its algorithm bandwidth is that bus bandwidth.
 """
 
 from __future__ import annotations
@@ -131,8 +134,18 @@ def latency_seconds(
     return (base + extra) * 1e-6
 
 
+# NCCL's NVLS runs on 16 channels and loses one to management: busBw × (nCh − 1)/nCh.
+NVLS_CHANNELS = 16
+
+
 def bus_bandwidth(
-    kind: str, algorithm: str, protocol: str, link_busbw: float, nodes: int, ppn: int
+    kind: str,
+    algorithm: str,
+    protocol: str,
+    link_busbw: float,
+    nodes: int,
+    ppn: int,
+    nvls_efficiency: float = 0.85,
 ) -> float:
     """The bus bandwidth a protocol reaches on links that give ``link_busbw``; 0 if the
     pair is unavailable."""
@@ -152,7 +165,9 @@ def bus_bandwidth(
             return busbw * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0)
         return busbw
     if algorithm == "nvls":
-        return link_busbw if protocol == "Simple" else 0.0
+        if protocol != "Simple":
+            return 0.0
+        return link_busbw * nvls_efficiency * (NVLS_CHANNELS - 1) / NVLS_CHANNELS
     raise ValueError(f"unknown algorithm {algorithm!r}")
 
 
@@ -161,7 +176,7 @@ def algorithm_bandwidth(kind: str, algorithm: str, busbw: float, n: int) -> floa
     if algorithm == "tree":
         return busbw * 0.5
     if algorithm == "nvls":
-        return busbw * 5.0 / 6.0
+        return busbw  # each GPU sends its buffer up once and receives the sum once
     if algorithm in ("direct", "hierarchical"):
         return busbw * n / max(1, n - 1) if kind == "all_to_all" else busbw
     return busbw * n / ring_steps(kind, n) if kind != "broadcast" else busbw
