@@ -10,7 +10,9 @@ model's parameters by least squares and writes a versioned profile
 
 * matmul: ``t = t0 + flops / R`` over the GEMM sweep gives ``matmul_efficiency =
   R / peak_flops`` and ``kernel_launch_overhead = t0`` — exactly the roofline the
-  simulator uses, so the efficiency is a function of size through ``t0``;
+  simulator uses, so the efficiency is a function of size through ``t0``; each
+  measured shape also becomes a ``gemm_table`` row (its own efficiency once ``t0`` is
+  taken off), which the simulator's GEMM model anchors on;
 * memory copy: ``t = t0 + bytes / BW`` gives ``hbm_bandwidth``;
 * each collective kind, inside a node and across nodes (one rank per node):
   ``t = a + b·S`` gives ``α = a / steps`` and ``B = factor / b`` of the ring model
@@ -110,6 +112,16 @@ def _peak_flops(args: argparse.Namespace, runtime: Runtime) -> tuple[float, str]
     return spec.gpu.peak_flops, f"preset {preset}"
 
 
+def gemm_table(rows: list[dict], t0: float, peak: float) -> list[list[float]]:
+    """``(m, n, k, efficiency)`` of each measured GEMM, its launch overhead ``t0`` off."""
+    table = []
+    for r in rows:
+        seconds = max(r["seconds"] - t0, 1e-12)
+        efficiency = min(1.0, r["flops"] / seconds / peak)
+        table.append([r["m"], r["n"], r["k"], efficiency])
+    return table
+
+
 def fit_profile(raw: dict, runtime: Runtime, peak: float, peak_source: str) -> dict:
     """The profile (a JSON-ready dict) from the gathered measurements."""
     matmul = raw["matmul"]
@@ -161,6 +173,7 @@ def fit_profile(raw: dict, runtime: Runtime, peak: float, peak_source: str) -> d
             "attention_efficiency": efficiency,
             "kernel_launch_overhead": t0,
             "hbm_bandwidth": 1.0 / per_byte,
+            "gemm_table": gemm_table(matmul, t0, peak),
         },
         "comm": comm,
         "fits": {

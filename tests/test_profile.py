@@ -127,3 +127,23 @@ def test_bad_profile_through_the_command_line(tmp_path, capsys):
     path = write(tmp_path, payload)
     assert main(["run", str(SCENARIOS / "cpu-tiny.yaml"), "--set", f"cluster.profile={path}"]) == 2
     assert "cluster.profile: " in capsys.readouterr().err
+
+
+def test_a_measured_gemm_table_times_its_shapes(tmp_path):
+    """A profile's measured GEMMs replace the shape model: a measured shape runs at its
+    measured efficiency, on a GPU preset with a shape model or on one without."""
+    from simulator.engine.compute import ComputeModel
+    from simulator.schedule.ir import Compute
+
+    payload = copy.deepcopy(VALID)
+    payload["gpu"]["gemm_table"] = [[256, 256, 256, 0.25], [512, 512, 512, 0.4]]
+    spec = cluster_with(write(tmp_path, payload))
+    model = ComputeModel(spec)
+    for n, efficiency in ((256, 0.25), (512, 0.4)):
+        flops = 2.0 * n**3
+        op = Compute(0, "compute", flops, 0.0, "gemm", shape=(n, n, n))
+        seconds = model.duration(op) - spec.gpu.kernel_launch_overhead
+        assert seconds == pytest.approx(flops / (spec.gpu.peak_flops * efficiency))
+    plain = ComputeModel(cluster_with(write(tmp_path, VALID, "plain.json")))
+    op = Compute(0, "compute", 2.0 * 512**3, 0.0, "gemm", shape=(512, 512, 512))
+    assert plain.duration(op) < model.duration(op)  # 0.5 flat against 0.4 measured

@@ -14,7 +14,8 @@ Format (``format: parasim-calibration``, ``version: 1``)::
       "device": {"name": "...", "type": "cpu" | "cuda", "count": 2, "per_node": 2, "nodes": 1},
       "software": {"torch": "2.13.0", "backend": "gloo", "backend_version": "..."},
       "gpu": {"matmul_efficiency": 0.8, "attention_efficiency": 0.8,
-              "kernel_launch_overhead": 5e-06, "hbm_bandwidth": 1.2e12, "peak_flops": 9.9e14},
+              "kernel_launch_overhead": 5e-06, "hbm_bandwidth": 1.2e12, "peak_flops": 9.9e14,
+              "gemm_table": [[4096, 4096, 4096, 0.78], ...]},   # optional
       "comm": {"all_reduce": {"intra_node": {"alpha": 2e-05, "bandwidth": 3e9,
                                               "rms_residual_s": 1e-06, "points": 8}}, ...},
       "matmul": [...], "memcopy": [...]          # the raw measurements
@@ -68,6 +69,8 @@ class ProfileGPU(BaseModel):
     attention_efficiency: float = Field(gt=0, le=1)
     kernel_launch_overhead: float = Field(ge=0)
     hbm_bandwidth: float = Field(gt=0)
+    # measured GEMMs: (m, n, k, efficiency) rows the simulator's GEMM model anchors on
+    gemm_table: list[tuple[int, int, int, float]] = []
 
 
 class ProfileFit(_Open):

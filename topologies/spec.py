@@ -115,7 +115,7 @@ class GPUSpec(_Spec):
     """Streaming multiprocessors: the GEMM model's wave size (None: no shape model)."""
     gemm_tile: tuple[Count, Count] | None = None
     """The largest CTA tile ``(m, n)`` cuBLAS runs bf16 GEMMs with on this GPU."""
-    gemm_k_overhead: PositiveRatio = 128.0
+    gemm_k_overhead: PositiveRatio = 256.0
     """A GEMM tile's prologue and epilogue, in elements of ``k`` (the short-k penalty)."""
     gemm_table: tuple[tuple[float, float, float, float], ...] = ()
     """Measured GEMM efficiencies by shape, ``(m, n, k, efficiency)`` rows (a profile's)."""

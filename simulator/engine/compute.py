@@ -55,7 +55,8 @@ class ComputeModel:
         self.attention_efficiency = gpu.attention_efficiency
         self.sm_count = gpu.sm_count
         self.gemm = None
-        if gpu.sm_count is not None and gpu.gemm_tile is not None:
+        shaped = gpu.sm_count is not None and gpu.gemm_tile is not None
+        if shaped or gpu.gemm_table:
             self.gemm = GemmEfficiency(
                 gpu.matmul_efficiency,
                 gpu.sm_count,

@@ -35,10 +35,10 @@ from collections.abc import Sequence
 
 __all__ = ["K_OVERHEAD", "TILE_REUSE_CONSTANT", "tile_shapes", "gemm_efficiency", "GemmEfficiency"]
 
-# Prologue + epilogue of a CTA in units of k: a multistage (3-4 deep) cp.async/TMA
-# pipeline of 32- or 64-deep k-slices fills before the first MMA and drains after the
-# last, then the epilogue writes the tile (CUTLASS's default Ampere/Hopper mainloops).
-K_OVERHEAD = 128.0
+# Prologue + epilogue of a CTA in units of k: a 4-deep cp.async/TMA pipeline of 64-deep
+# k-slices fills before the first MMA and drains after the last, then the epilogue
+# writes the tile (CUTLASS's default Ampere/Hopper mainloops: 4 stages x 64 = 256).
+K_OVERHEAD = 256.0
 # Puts a 128x128 tile at 0.9 of a 256x128 tile's speed on a shape both tile exactly.
 TILE_REUSE_CONSTANT = 42.7
 
@@ -108,19 +108,22 @@ class GemmEfficiency:
     def __init__(
         self,
         base: float,
-        sm_count: int,
-        largest_tile: Sequence[int],
+        sm_count: int | None,
+        largest_tile: Sequence[int] | None,
         table: Sequence[Sequence[float]] = (),
         k_overhead: float = K_OVERHEAD,
     ):
         self.base = base
         self.k_overhead = k_overhead
         self.sm_count = sm_count
-        self.largest_tile = tuple(int(x) for x in largest_tile)
+        self.largest_tile = tuple(int(x) for x in largest_tile) if largest_tile else None
         self.table = [(int(m), int(n), int(k), float(e)) for m, n, k, e in table]
         self._memo: dict[tuple[int, int, int, int], float] = {}
 
     def model(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        """The shape model's efficiency (the base alone without SMs and a tile)."""
+        if self.sm_count is None or self.largest_tile is None:
+            return self.base
         return gemm_efficiency(
             m,
             n,
