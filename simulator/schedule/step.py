@@ -17,15 +17,26 @@ a *global* stage ``s``: with ``v`` virtual stages rank ``r`` holds stages
   receive the output gradient, recompute the forward when ``recompute`` says so, run
   the layers' backward in reverse and send the input gradient back. ``I`` runs the
   input-gradient half (every ``dgrad`` and the communication); ``W`` runs the weight
-  gradients later. The TP all-reduces (SP: reduce-scatters) of the input gradients of
-  the QKV and first MLP GEMMs overlap the weight-gradient GEMM that follows, as
-  Megatron-LM's asynchronous TP all-reduce does.
+  gradients later. What the TP communication overlaps is the recipe's
+  ``tp_comm_overlap``: with ``async`` the all-reduces (SP: reduce-scatters) of the input
+  gradients of the QKV and first MLP GEMMs run beside the weight-gradient GEMM that
+  follows (Megatron-LM's asynchronous TP communication), with ``none`` they are waited
+  for at once, and with ``pipelined`` (Transformer Engine's userbuffers) the forward's
+  SP all-gathers and reduce-scatters also run beside their GEMMs. With SP, each
+  column-parallel GEMM's saved input shard is all-gathered again for its weight
+  gradient. Compute that runs beside a collective by construction is marked
+  ``beside_comm`` (the engine slows it for the SMs NCCL takes).
 * **data-parallel gradients**: during a stage's last backward, each weight gradient
   joins a bucket in the order backward produces them; a bucket is all-reduced (ZeRO-1:
   reduce-scattered) on the ``dp`` stream once it holds its cap (1 MiB for the first,
-  then 25 MiB: PyTorch DDP's defaults), overlapping the rest of the backward. The
-  optimizer step waits for the last bucket; with ZeRO-1 it updates ``1/dp`` of the
-  parameters and all-gathers them back.
+  then 25 MiB: PyTorch DDP's defaults), overlapping the rest of the backward; with
+  ``grad_reduce_overlap: false`` every gradient is reduced once after the backward.
+  Gradients are ``grad_reduce_dtype`` (fp32 by default). The optimizer step (after the
+  gradient norm) waits for the last bucket; with ZeRO-1 it updates ``1/dp`` of the
+  parameters and all-gathers them back, after it or, with ``param_gather_overlap``,
+  beside the step's forward.
+* **the host**: every compute op records how many ops the host issued before it in its
+  action (``host_index``), so the engine can hold it until the host has issued it.
 
 Sends and receives use one stream per direction, neighbour and chunk, so each stream
 pairs with exactly one stream of the neighbour in the same micro-batch order and
