@@ -110,8 +110,8 @@ def stage_activation_bytes(config: StepConfig, stage: int) -> float:
     """Bytes one micro-batch leaves on a rank for global ``stage``: its layers', and
     the embedding's (first stage) or the final norm's, logits' and loss's (last)."""
     model, layout, b = config.model, config.layout, config.micro_batch
-    per = model.layers // config.stages
-    layers = range(stage * per, (stage + 1) * per)
+    layers = config.layers_of(stage)
+    per = len(layers)
     moe = [layer for layer in layers if config.is_moe_layer(layer)]
     total = 0.0
     if len(moe) < per:  # dense layers all save the same
@@ -139,14 +139,14 @@ def memory_per_rank(config: StepConfig, capacity_bytes: float) -> dict[str, Any]
     sizes = dict(BYTES_PER_PARAM, gradients=config.grad_bytes)
     ranks = []
     for pipeline_rank in range(layout.pp):
-        params = stage_parameter_count(config.model, layout, pipeline_rank, config.moe)
+        params = stage_parameter_count(config, pipeline_rank)
         terms = {name: float(params * size) for name, size in sizes.items()}
         if config.zero1:
             terms["optimizer_state"] /= layout.dp
         in_flight, by_stage = held_activations(orders[pipeline_rank])
         activations = sum(per_stage[stage] * count for stage, count in by_stage.items())
         if config.recompute == "full":  # one layer's full activations during its backward
-            layers = [stage * (config.model.layers // config.stages) for stage in by_stage] or [0]
+            layers = [config.layers_of(stage).start for stage in by_stage] or [0]
             activations += max(layer_activation_bytes(config, layer, "none") for layer in layers)
         terms["activations"] = activations
         terms["communication_buffers"] = float(communicators * NCCL_BUFFERS_PER_COMMUNICATOR)

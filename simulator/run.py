@@ -79,10 +79,17 @@ def step_config(scenario: Scenario) -> StepConfig:
         virtual = (
             max(a.stage for actions in orders.values() for a in actions) + 1
         ) // scenario.layout.pp
-        if scenario.model.layers % (scenario.layout.pp * virtual):
+        stages = scenario.layout.pp * virtual
+        split = parallel.stage_layers
+        if split is None and scenario.model.layers % stages:
             raise ScenarioError(
                 f"parallel.schedule_file: layers({scenario.model.layers}) is not divisible by "
-                f"the order's {scenario.layout.pp * virtual} stages"
+                f"the order's {stages} stages"
+            )
+        if split is not None and (len(split) != stages or sum(split) != scenario.model.layers):
+            raise ScenarioError(
+                f"parallel.stage_layers: {len(split)} entries summing to {sum(split)}, but "
+                f"the order has {stages} stages and the model layers({scenario.model.layers})"
             )
     return StepConfig(
         model=scenario.model,
@@ -104,6 +111,7 @@ def step_config(scenario: Scenario) -> StepConfig:
         tp_comm_overlap=training.tp_comm_overlap,
         grad_reduce_dtype=training.grad_reduce_dtype,
         param_gather_overlap=training.param_gather_overlap,
+        stage_layers=parallel.stage_layers,
     )
 
 

@@ -84,6 +84,10 @@ class ParallelSpec(_Strict):
     schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "custom"] = "1f1b"
     virtual_stages: int = Field(default=1, gt=0)
     schedule_file: str | None = None  # custom: torch.distributed.pipelining CSV order
+    # layers of each global pipeline stage (pp · virtual_stages entries), when the model
+    # is not split evenly (Megatron-DeepSpeed's and Megatron-Core's uneven first and last
+    # stages); None: layers / (pp · virtual_stages) each
+    stage_layers: list[int] | None = None
     placement: list[Literal["tp", "dp", "pp"]] = ["tp", "dp", "pp"]
 
 
@@ -218,7 +222,9 @@ def _resolve_model(section: ModelSection) -> tuple[ModelSpec, MoESpec | None]:
     return model, moe
 
 
-def _check_divisibility(model: ModelSpec, training: TrainingSpec, layout: Layout) -> None:
+def _check_divisibility(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, stage_layers: list[int] | None
+) -> None:
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     checks = [
         (model.heads % tp, f"parallel.tp: heads({model.heads}) is not divisible by tp({tp})"),
@@ -229,7 +235,11 @@ def _check_divisibility(model: ModelSpec, training: TrainingSpec, layout: Layout
         ),
         (model.ffn % tp, f"parallel.tp: ffn_hidden({model.ffn}) is not divisible by tp({tp})"),
         (model.vocab % tp, f"parallel.tp: vocab({model.vocab}) is not divisible by tp({tp})"),
-        (model.layers % pp, f"parallel.pp: layers({model.layers}) is not divisible by pp({pp})"),
+        (
+            model.layers % pp and stage_layers is None,
+            f"parallel.pp: layers({model.layers}) is not divisible by pp({pp}); give "
+            "parallel.stage_layers for an uneven split",
+        ),
         (
             training.global_batch % (dp * training.micro_batch),
             f"training.global_batch: global_batch({training.global_batch}) is not divisible "
@@ -251,10 +261,11 @@ def _check_schedule(
             raise ScenarioError(
                 f"parallel.schedule: interleaved-1f1b needs a pipeline (pp >= 2, got pp({pp}))"
             )
-        if model.layers % (pp * v):
+        if model.layers % (pp * v) and parallel.stage_layers is None:
             raise ScenarioError(
                 f"parallel.virtual_stages: layers({model.layers}) is not divisible by "
-                f"pp({pp}) * virtual_stages({v}) = {pp * v}"
+                f"pp({pp}) * virtual_stages({v}) = {pp * v}; give parallel.stage_layers "
+                "for an uneven split"
             )
         if microbatches % pp:
             raise ScenarioError(
@@ -266,6 +277,18 @@ def _check_schedule(
             f"parallel.virtual_stages: {v} virtual stages need schedule interleaved-1f1b "
             f"(got {parallel.schedule})"
         )
+    stage_layers = parallel.stage_layers
+    if stage_layers is not None and parallel.schedule != "custom":
+        if len(stage_layers) != pp * v:
+            raise ScenarioError(
+                f"parallel.stage_layers: {len(stage_layers)} entries, but pp({pp}) * "
+                f"virtual_stages({v}) = {pp * v} stages"
+            )
+        if sum(stage_layers) != model.layers or min(stage_layers) < 1:
+            raise ScenarioError(
+                f"parallel.stage_layers: {stage_layers} must be at least 1 each and sum to "
+                f"layers({model.layers}), not {sum(stage_layers)}"
+            )
     training = spec.training
     if training.tp_comm_overlap == "pipelined" and layout.tp > 1 and not parallel.sp:
         raise ScenarioError(
@@ -332,7 +355,7 @@ def scenario_from_dict(
     if moe is not None:
         check_expert_parallel(moe, parallel.ep, dp)
     layout = Layout(tp=tp, pp=pp, dp=dp, placement=tuple(parallel.placement), ep=parallel.ep)
-    _check_divisibility(model, spec.training, layout)
+    _check_divisibility(model, spec.training, layout, parallel.stage_layers)
     _check_schedule(
         spec, model, layout, spec.training.global_batch // (dp * spec.training.micro_batch)
     )

@@ -113,6 +113,7 @@ class StepConfig:
         tp_comm_overlap: str = "async",
         grad_reduce_dtype: str = "fp32",
         param_gather_overlap: bool = False,
+        stage_layers: list[int] | tuple[int, ...] | None = None,
     ):
         self.model = model
         self.layout = layout
@@ -133,6 +134,11 @@ class StepConfig:
         self.tp_comm_overlap = tp_comm_overlap
         self.grad_bytes = GRAD_BYTES[grad_reduce_dtype]
         self.param_gather_overlap = param_gather_overlap
+        stages = layout.pp * virtual_stages
+        if stage_layers is None:
+            stage_layers = [model.layers // stages] * stages
+        self.stage_layers = tuple(stage_layers)
+        self._first_layer = [sum(self.stage_layers[:s]) for s in range(len(self.stage_layers))]
         self._traffic: dict[tuple[int, int, int], MoELayerTraffic] = {}
 
     def moe_traffic(self, layer: int, microbatch: int, group: int) -> MoELayerTraffic:
@@ -159,6 +165,21 @@ class StepConfig:
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and is_moe_layer(self.moe, layer)
 
+    def layers_of(self, stage: int) -> range:
+        """The layers of global ``stage`` (contiguous, in stage order)."""
+        first = self._first_layer[stage]
+        return range(first, first + self.stage_layers[stage])
+
+    def rank_layers(self, pipeline_rank: int) -> list[int]:
+        """The layers pipeline rank ``pipeline_rank`` holds: those of its global stages
+        ``r, r + pp, …`` (with virtual stages, not contiguous)."""
+        pp = self.layout.pp
+        return [
+            layer
+            for stage in range(pipeline_rank, self.stages, pp)
+            for layer in self.layers_of(stage)
+        ]
+
     @property
     def stages(self) -> int:
         """Global pipeline stages: ``pp × virtual_stages``."""
@@ -172,15 +193,15 @@ class StepConfig:
         return self.orders
 
 
-def stage_parameter_count(
-    model: ModelSpec, layout: Layout, stage: int, moe: MoESpec | None = None
-) -> int:
-    """Parameters held by one rank of ``stage`` (its TP shard of the stage's layers,
-    plus the embedding on the first stage and the norm and logits on the last). An MoE
-    layer holds the router and its ``E/ep`` experts instead of the dense MLP."""
-    tp, pp = layout.tp, layout.pp
+def stage_parameter_count(config: StepConfig, pipeline_rank: int) -> int:
+    """Parameters held by one rank of pipeline rank ``pipeline_rank``: its TP shard of the
+    layers of every stage it holds, plus the embedding on the first stage and the norm
+    and logits on the last. An MoE layer holds the router and its ``E/ep`` experts
+    instead of the dense MLP."""
+    model, layout, moe = config.model, config.layout, config.moe
+    tp = layout.tp
     ops = layer_forward_ops(model, 1, tp)
-    layers = range(stage * model.layers // pp, (stage + 1) * model.layers // pp)
+    layers = config.rank_layers(pipeline_rank)
     count = sum(op.weight_params for op in ops) * len(layers)
     if moe is not None:
         dense_mlp = sum(op.weight_params for op in ops if op.name in ("fc1", "fc2"))
@@ -188,13 +209,13 @@ def stage_parameter_count(
             moe, model.hidden, layout.ep, tp, model.ffn, model.mlp, model.bias
         )
         count += sum(experts - dense_mlp for layer in layers if is_moe_layer(moe, layer))
-    if stage == 0:
+    if pipeline_rank == 0:
         count += embedding_op(model, 1, tp).weight_params
-    if stage == pp - 1:
+    if pipeline_rank == (config.stages - 1) % layout.pp:
         count += final_norm_op(model, 1).weight_params
         # an untied output layer, or Megatron-LM's copy of the tied word embeddings on
         # the last stage when it is not the first
-        if not model.tie_embeddings or pp > 1:
+        if not model.tie_embeddings or config.stages > 1:
             count += logits_forward_op(model, 1, tp).weight_params
     return count
 
@@ -334,7 +355,6 @@ class _RankBuilder:
         model = config.model
         self.model = model
         b = config.micro_batch
-        self.layers_per_stage = model.layers // self.stages
         self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp, config.attention)
         self.core = attention_core_names(config.attention)
         # backward TP collectives beside the GEMM that follows (async and pipelined); with
@@ -373,8 +393,7 @@ class _RankBuilder:
 
     # -- helpers ----------------------------------------------------------------------
     def _layers(self, stage: int) -> range:
-        first = stage * self.layers_per_stage
-        return range(first, first + self.layers_per_stage)
+        return self.config.layers_of(stage)
 
     def _neighbour(self, stage: int) -> int:
         """The rank (in this rank's pipeline) that holds global ``stage``."""
@@ -808,7 +827,7 @@ class _RankBuilder:
         for index, action in enumerate(order):
             if action.type in ("B", "W"):
                 last_grad[action.stage] = index
-        total = stage_parameter_count(self.model, self.layout, self.pipeline_rank, self.moe)
+        total = stage_parameter_count(self.config, self.pipeline_rank)
         gather = self.config.zero1 and self.dp_group is not None
         early_gather = None
         if gather and self.config.param_gather_overlap:

@@ -1,0 +1,84 @@
+"""Pipeline stages that hold different numbers of layers, and the parameters each
+pipeline rank holds with virtual stages."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.counts import parameter_count
+from simulator.errors import ScenarioError
+from simulator.run import build_schedule, run_scenario, step_config
+from simulator.scenario import load_scenario
+from simulator.schedule.ir import Compute
+from simulator.schedule.step import stage_parameter_count
+
+from .conftest import SCENARIOS
+
+PIPE = SCENARIOS / "pipeline-demo.yaml"
+FOUR = ["parallel.tp=4", "parallel.pp=4"]  # GPT-3 1.3B: 24 layers on 4 stages
+
+
+def layers_run(schedule, rank):
+    return {op.tags["layer"] for op in schedule.programs[rank].ops if "layer" in op.tags}
+
+
+def test_uneven_stages_run_the_layers_they_are_given():
+    scenario = load_scenario(PIPE, FOUR)
+    layers, pp = scenario.model.layers, scenario.layout.pp
+    split = [layers // pp - 1] + [layers // pp] * (pp - 2) + [layers // pp + 1]
+    uneven = load_scenario(PIPE, [*FOUR, f"parallel.stage_layers={split}", "simulation.fold=false"])
+    schedule = build_schedule(uneven)
+    config = step_config(uneven)
+    first = 0
+    for stage, count in enumerate(split):
+        rank = uneven.layout.rank_of(pp=stage)
+        assert layers_run(schedule, rank) == set(range(first, first + count))
+        assert list(config.layers_of(stage)) == list(range(first, first + count))
+        first += count
+    result = run_scenario(uneven).result
+    assert (
+        result["memory"]["per_stage"][-1]["parameters"]
+        > result["memory"]["per_stage"][1]["parameters"]
+    )
+
+
+@pytest.mark.parametrize("tie", ["true", "false"])
+def test_pipeline_ranks_hold_every_parameter_once_with_virtual_stages_and_moe(tie):
+    overrides = [
+        "parallel.tp=1", "parallel.pp=2", "parallel.dp=1", "parallel.ep=1",
+        "parallel.schedule=interleaved-1f1b", "parallel.virtual_stages=2",
+        "model.layers=8", "model.moe.every=2", "training.global_batch=4",
+        "cluster.nodes=1", "cluster.gpus_per_node=2", "cluster.nic.per_node=2",
+        f"model.tie_embeddings={tie}",
+    ]  # fmt: skip
+    scenario = load_scenario(SCENARIOS / "mixtral-ep.yaml", overrides)
+    config = step_config(scenario)
+    held = [stage_parameter_count(config, rank) for rank in range(2)]
+    total = parameter_count(scenario.model, scenario.moe)
+    copy = scenario.model.vocab * scenario.model.hidden if tie == "true" else 0
+    assert sum(held) == total + copy  # the last stage's copy of the tied embedding
+    # rank 0 holds stages 0 and 2 (layers 0-1, 4-5), rank 1 stages 1 and 3
+    assert config.rank_layers(0) == [0, 1, 4, 5] and config.rank_layers(1) == [2, 3, 6, 7]
+
+
+@pytest.mark.parametrize(
+    "split,message",
+    [
+        ("[4, 4]", r"parallel.stage_layers: 2 entries, but pp\(4\)"),
+        ("[5, 6, 6, 6]", r"sum to layers\(24\), not 23"),
+        ("[0, 8, 8, 8]", r"at least 1 each"),
+    ],
+)
+def test_bad_stage_layers_are_refused(split, message):
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario(PIPE, [*FOUR, f"parallel.stage_layers={split}"])
+
+
+def test_uneven_layers_without_a_split_name_the_field():
+    with pytest.raises(
+        ScenarioError, match=r"layers\(30\) is not divisible by pp\(4\).*stage_layers"
+    ):
+        load_scenario(PIPE, [*FOUR, "model.layers=30"])
+    assert all(type(op) is not Compute or op.flops >= 0 for op in build_schedule(
+        load_scenario(PIPE, [*FOUR, "model.layers=30", "parallel.stage_layers=[7, 8, 8, 7]"])
+    ).programs[0].ops)  # fmt: skip
