@@ -194,7 +194,7 @@ class ProgramExecutor:
         q = self.buffers.matrix("q", s_q, d, op.batch).unsqueeze(0)
         kv = self.buffers.matrix("k", s_kv, d, op.batch).unsqueeze(0)
         forward_flops = 4.0 * op.batch * s_q * s_kv * d
-        for _ in range(max(1, round(op.flops / forward_flops))):
+        for _ in range(max(1, math.floor(op.flops / forward_flops + 0.5))):
             torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True)
 
     # -- communication ------------------------------------------------------------------

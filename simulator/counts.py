@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .layer_ops import OpCost, backward_of, layer_forward_ops, logits_forward_op
 from .model import ModelSpec, dense_parameter_count, mlp_parameter_count
-from .moe import MoESpec, expert_ops, moe_layer_parameters, moe_layers
+from .moe import MoESpec, expert_ffn, expert_ops, moe_layer_parameters, moe_layers
 
 __all__ = ["parameter_count", "active_parameter_count", "model_flops_per_step"]
 
@@ -29,8 +29,6 @@ def active_parameter_count(model: ModelSpec, moe: MoESpec | None = None) -> int:
     layer (the "active" count MoE papers quote)."""
     if moe is None:
         return parameter_count(model)
-    from .moe import expert_ffn
-
     active_mlp = moe.top_k * mlp_parameter_count(model, expert_ffn(moe, model.hidden, model.ffn))
     per_layer = model.hidden * moe.experts + active_mlp - mlp_parameter_count(model)
     return dense_parameter_count(model) + len(moe_layers(moe, model.layers)) * per_layer

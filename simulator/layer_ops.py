@@ -381,7 +381,8 @@ def layer_saved_bytes(
     """Activation bytes one layer keeps for backward, from its ops' saved tensors.
 
     ``none``: every op's. ``selective``: the attention core is rerun in the backward,
-    so its saved tensors give way to its inputs Q, K and V (what the checkpoint keeps).
+    so its saved tensors give way to its inputs Q, K and V (what the checkpoint keeps:
+    the QKV projection's output, K and V not yet expanded to every query head).
     ``full``: only the layer's input (``checkpoint``)."""
     if recompute == "full":
         return checkpoint
@@ -389,14 +390,6 @@ def layer_saved_bytes(
         return sum(op.saved_bytes for op in ops)
     core = set(attention_core_names(attention))
     kept = sum(op.saved_bytes for op in ops if op.name not in core)
-    return kept + _core_inputs(ops, core)
-
-
-def _core_inputs(ops: list[OpCost], core: set[str]) -> float:
-    """Bytes of Q, K and V, the attention core's inputs, as the core holds them."""
-    for op in ops:
-        if op.name == "attn_core":  # FlashAttention saves Q, K, V and the log-sum-exp
-            return op.saved_bytes - 4.0 * op.batch * op.shape[0]
-        if op.name == "attn_qk":  # saves Q and K; V (as large) is saved by attn_av
-            return 1.5 * op.saved_bytes
-    return 0.0
+    qkv = next(op for op in ops if op.name == "qkv")
+    m, n, _ = qkv.shape
+    return kept + ACT_BYTES * m * n

@@ -146,8 +146,11 @@ def memory_per_rank(config: StepConfig, capacity_bytes: float) -> dict[str, Any]
         in_flight, by_stage = held_activations(orders[pipeline_rank])
         activations = sum(per_stage[stage] * count for stage, count in by_stage.items())
         if config.recompute == "full":  # one layer's full activations during its backward
-            layers = [config.layers_of(stage).start for stage in by_stage] or [0]
-            activations += max(layer_activation_bytes(config, layer, "none") for layer in layers)
+            held = [layer for stage in by_stage for layer in config.layers_of(stage)] or [0]
+            kinds = {config.is_moe_layer(layer): layer for layer in held}  # a dense, an MoE
+            activations += max(
+                layer_activation_bytes(config, layer, "none") for layer in kinds.values()
+            )
         terms["activations"] = activations
         terms["communication_buffers"] = float(communicators * NCCL_BUFFERS_PER_COMMUNICATOR)
         total = sum(terms.values())

@@ -17,7 +17,7 @@ from .errors import ScenarioError
 from .links import link_summary
 from .memory import memory_per_rank
 from .metrics import account_rank, account_step
-from .scenario import Scenario
+from .scenario import Scenario, check_stage_layers
 from .schedule.ir import Block, Compute, Schedule
 from .schedule.step import StepConfig, build_step
 from .trace import OpRecord, Trace
@@ -86,11 +86,8 @@ def step_config(scenario: Scenario) -> StepConfig:
                 f"parallel.schedule_file: layers({scenario.model.layers}) is not divisible by "
                 f"the order's {stages} stages"
             )
-        if split is not None and (len(split) != stages or sum(split) != scenario.model.layers):
-            raise ScenarioError(
-                f"parallel.stage_layers: {len(split)} entries summing to {sum(split)}, but "
-                f"the order has {stages} stages and the model layers({scenario.model.layers})"
-            )
+        if split is not None:
+            check_stage_layers(split, stages, scenario.model.layers, "the order's stage count")
     return StepConfig(
         model=scenario.model,
         layout=scenario.layout,

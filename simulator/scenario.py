@@ -38,6 +38,7 @@ __all__ = [
     "read_scenario_file",
     "scenario_from_dict",
     "apply_overrides",
+    "check_stage_layers",
 ]
 
 # PyTorch DDP's default bucket_cap_mb=25 (MiB), and its first bucket of 1 MiB
@@ -251,6 +252,23 @@ def _check_divisibility(
             raise ScenarioError(message)
 
 
+def check_stage_layers(split: list[int], stages: int, layers: int, what: str) -> None:
+    """``parallel.stage_layers`` gives each of ``stages`` stages at least one layer and
+    ``layers`` in all; ``what`` names where the stage count comes from."""
+    if len(split) != stages:
+        raise ScenarioError(
+            f"parallel.stage_layers: {len(split)} entries, but {what} = {stages} stages"
+        )
+    if min(split) < 1:
+        raise ScenarioError(
+            f"parallel.stage_layers: every stage needs at least one layer, got {min(split)}"
+        )
+    if sum(split) != layers:
+        raise ScenarioError(
+            f"parallel.stage_layers: {split} sums to {sum(split)}, not layers({layers})"
+        )
+
+
 def _check_schedule(
     spec: ScenarioSpec, model: ModelSpec, layout: Layout, microbatches: int
 ) -> None:
@@ -277,19 +295,16 @@ def _check_schedule(
             f"parallel.virtual_stages: {v} virtual stages need schedule interleaved-1f1b "
             f"(got {parallel.schedule})"
         )
-    stage_layers = parallel.stage_layers
-    if stage_layers is not None and parallel.schedule != "custom":
-        if len(stage_layers) != pp * v:
-            raise ScenarioError(
-                f"parallel.stage_layers: {len(stage_layers)} entries, but pp({pp}) * "
-                f"virtual_stages({v}) = {pp * v} stages"
-            )
-        if sum(stage_layers) != model.layers or min(stage_layers) < 1:
-            raise ScenarioError(
-                f"parallel.stage_layers: {stage_layers} must be at least 1 each and sum to "
-                f"layers({model.layers}), not {sum(stage_layers)}"
-            )
+    if parallel.stage_layers is not None and parallel.schedule != "custom":
+        check_stage_layers(
+            parallel.stage_layers, pp * v, model.layers, f"pp({pp}) * virtual_stages({v})"
+        )
     training = spec.training
+    if training.param_gather_overlap and not training.optimizer_sharding:
+        raise ScenarioError(
+            "training.param_gather_overlap: only with training.optimizer_sharding (it moves "
+            "the sharded optimizer's parameter all-gather)"
+        )
     if training.tp_comm_overlap == "pipelined" and layout.tp > 1 and not parallel.sp:
         raise ScenarioError(
             "training.tp_comm_overlap: pipelined (Transformer Engine's GEMM-collective "

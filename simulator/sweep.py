@@ -456,6 +456,8 @@ class SweepBase:
         fixed = [f"simulation.fidelity={fidelity}"]
         if self.raw.get("parallel", {}).get("schedule_file") is not None:
             fixed.append("parallel.schedule_file=null")
+        if self.raw.get("parallel", {}).get("stage_layers") is not None:
+            fixed.append("parallel.stage_layers=null")  # a split for the scenario's pp only
         return [*self.extra_overrides, *candidate.overrides(), *fixed]
 
 

@@ -16,20 +16,52 @@ from .conftest import SCENARIOS
 A100 = load_cluster_spec({"preset": "dgx-a100", "nodes": 1})
 
 
-def gemm(m, n, k, beside=False, batch=1):
+def gemm(m, n, k, batch=1):
     flops = 2.0 * batch * m * n * k
     return Compute(0, "compute", flops, 2.0 * batch * (m * k + k * n + m * n), "gemm",
-                   shape=(m, n, k), batch=batch, beside_comm=beside)  # fmt: skip
+                   shape=(m, n, k), batch=batch)  # fmt: skip
 
 
-def test_overlapped_communication_slows_a_gemm_and_nothing_else_does():
+def test_overlapped_communication_slows_a_gemm_for_the_overlapped_span_only():
     model = ComputeModel(A100)
-    alone = model.duration(gemm(8192, 8192, 8192))
-    beside = model.duration(gemm(8192, 8192, 8192, beside=True))
-    launch = A100.gpu.kernel_launch_overhead
+    op = gemm(8192, 8192, 8192)
+    math = model.duration(op) - A100.gpu.kernel_launch_overhead
     sms = A100.gpu.sm_count
-    assert beside - launch == pytest.approx((alone - launch) * sms / (sms - NCCL_CHANNELS))
-    assert model.duration(gemm(8192, 8192, 8192)) == alone  # unchanged without comm
+    slower = sms / (sms - NCCL_CHANNELS)
+    # a large all-reduce lasting longer than the GEMM: the whole GEMM runs slower
+    assert model.interference(op, 10 * math) == pytest.approx(math * (slower - 1))
+    # a short one: only its span
+    assert model.interference(op, math / 4) == pytest.approx(math / 4 * (slower - 1))
+    assert model.interference(op, 0.0) == 0.0  # no communication, no change
+
+
+def test_a_large_all_reduce_beside_a_gemm_slows_it_in_both_engines():
+    """A program with a GEMM and, beside it by construction, an all-reduce on another
+    stream: the GEMM lasts longer than alone, the same in the closed form and SimPy."""
+    from simulator.engine.core import EngineOptions, simulate
+    from simulator.schedule.ir import Collective, Program, Schedule
+
+    from .helpers import cluster
+
+    machine = cluster(nodes=1)
+    op = gemm(8192, 8192, 8192)
+    for beside, expected_longer in (((0,), True), ((), False)):
+        programs = {
+            rank: Program(rank, [
+                Collective(0, "comm", "all_reduce", "world", 2**30),
+                Compute(1, "compute", op.flops, op.bytes, "gemm", shape=op.shape,
+                        beside_comm=beside),
+            ]) for rank in range(8)
+        }  # fmt: skip
+        schedule = Schedule(programs, {"world": tuple(range(8))})
+        times = [
+            simulate(schedule, machine, EngineOptions("analytic", closed_form=closed))
+            for closed in (True, False)
+        ]
+        gemm_times = [t.end[0][1] - t.start[0][1] for t in times]
+        assert gemm_times[0] == pytest.approx(gemm_times[1], rel=1e-12)
+        alone = ComputeModel(machine.spec).duration(op)
+        assert (gemm_times[0] > alone * 1.01) is expected_longer
 
 
 def test_step_builder_marks_the_weight_gradient_beside_the_async_tp_all_reduce():
@@ -40,7 +72,9 @@ def test_step_builder_marks_the_weight_gradient_beside_the_async_tp_all_reduce()
         )
         ops = build_schedule(scenario).programs[0].ops
         wgrads = [op for op in ops if type(op) is Compute and op.label.startswith("L0.qkv.wgrad")]
-        assert wgrads and all(op.beside_comm is expected for op in wgrads)
+        assert wgrads and all(bool(op.beside_comm) is expected for op in wgrads)
+        for op in wgrads:  # it names the all-reduce it runs beside
+            assert all(ops[i].kind == "all_reduce" for i in op.beside_comm)
     # no tensor parallelism: nothing runs beside communication by construction
     scenario = load_scenario(
         SCENARIOS / "small.yaml",

@@ -147,3 +147,16 @@ def test_a_measured_gemm_table_times_its_shapes(tmp_path):
     plain = ComputeModel(cluster_with(write(tmp_path, VALID, "plain.json")))
     op = Compute(0, "compute", 2.0 * 512**3, 0.0, "gemm", shape=(512, 512, 512))
     assert plain.duration(op) < model.duration(op)  # 0.5 flat against 0.4 measured
+
+
+def test_a_profile_bandwidth_is_what_kernels_reach(tmp_path):
+    """A profile's measured copy bandwidth is not derated again by the preset's
+    hbm_efficiency."""
+    from simulator.engine.compute import ComputeModel
+
+    payload = copy.deepcopy(VALID)
+    payload["device"]["per_node"] = 8
+    path = write(tmp_path, payload)
+    spec = load_cluster_spec({"preset": "dgx-h100", "nodes": 1, "profile": str(path)})
+    assert spec.gpu.hbm_bandwidth == 1e10 and spec.gpu.hbm_efficiency == 1.0
+    assert ComputeModel(spec).stream_bandwidth == 1e10

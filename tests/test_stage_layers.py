@@ -65,8 +65,9 @@ def test_pipeline_ranks_hold_every_parameter_once_with_virtual_stages_and_moe(ti
     "split,message",
     [
         ("[4, 4]", r"parallel.stage_layers: 2 entries, but pp\(4\)"),
-        ("[5, 6, 6, 6]", r"sum to layers\(24\), not 23"),
-        ("[0, 8, 8, 8]", r"at least 1 each"),
+        ("[5, 6, 6, 6]", r"sums to 23, not layers\(24\)"),
+        ("[0, 8, 8, 8]", r"every stage needs at least one layer, got 0"),
+        ("[-2, 10, 8, 8]", r"every stage needs at least one layer, got -2"),
     ],
 )
 def test_bad_stage_layers_are_refused(split, message):

@@ -36,7 +36,8 @@ class BlockTimer:
     ``compute_time(op)`` and ``collective_time(op)`` give an op's duration alone;
     ``collective_time`` returns ``(seconds, "kind/algorithm/protocol")``. A compute op
     starts no earlier than the host issued it: ``host_index × host_overhead`` after the
-    block (its pipeline action) starts.
+    block (its pipeline action) starts, and runs longer beside collectives
+    (``interference(op, their alone seconds)``).
     """
 
     def __init__(
@@ -44,9 +45,11 @@ class BlockTimer:
         compute_time: Callable[[Compute], float],
         collective_time: Callable[[Collective], tuple[float, str]],
         host_overhead: float = 0.0,
+        interference: Callable[[Compute, float], float] | None = None,
     ):
         self._compute_time = compute_time
         self._host_overhead = host_overhead
+        self._interference = interference
         self._collective_time = collective_time
         self._cache: dict[int, tuple[tuple, BodyTimes]] = {}
 
@@ -65,6 +68,9 @@ class BlockTimer:
                 # the host issues the action's ops one per host_overhead from its start
                 at = max(at, op.host_index * self._host_overhead)
                 seconds = self._compute_time(op)
+                if op.beside_comm and self._interference is not None:
+                    comm = sum(self._collective_time(body[i])[0] for i in op.beside_comm)
+                    seconds += self._interference(op, comm)
             elif type(op) is Collective:
                 seconds, name = self._collective_time(op)
                 choices[name] = choices.get(name, 0) + 1

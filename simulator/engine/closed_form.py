@@ -48,7 +48,20 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
         choices[name] = choices.get(name, 0) + 1
         return seconds
 
-    block_times = BlockTimer(compute.duration, plan, compute.host_overhead)
+    block_times = BlockTimer(compute.duration, plan, compute.host_overhead, compute.interference)
+    beside: dict[int, float] = {}  # id(compute op) -> its time with the comm beside it
+
+    def compute_time(rank: int, op: Compute) -> float:
+        """The op's time, with the collectives beside it (shared ops: memoised)."""
+        if not op.beside_comm:
+            return duration(op)
+        seconds = beside.get(id(op))
+        if seconds is None:
+            ops = schedule.programs[rank].ops
+            comm = sum(plan(ops[i])[0] for i in op.beside_comm)
+            seconds = beside[id(op)] = duration(op) + compute.interference(op, comm)
+        return seconds
+
     host = compute.host_overhead
     action_start: dict[int, float] = {}  # rank -> start of its current action's first op
     makespans: dict[int, float] = {}  # id(body) -> its makespan
@@ -134,7 +147,7 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             issued[op_id] = at
             if kind is Compute or kind is Block:
                 if kind is Compute:
-                    stop = at + duration(op)
+                    stop = at + compute_time(rank, op)
                 else:
                     stop = at + block_time(op)
                 begun[op_id], done[op_id] = at, stop

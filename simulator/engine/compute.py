@@ -8,7 +8,7 @@ the op is:
   of :mod:`.gemm` (tile and wave quantisation over the GPU's SMs, short ``k``) on top
   of the preset's ``matmul_efficiency``, or a calibration profile's measured table;
 * FlashAttention (``kind: attention``, shape ``(s_q, s_kv, d)`` over ``batch`` heads):
-  ``attention_efficiency`` (FlashAttention-2 on A100, FlashAttention-3 on H100/H200),
+  ``attention_efficiency`` (the presets: FlashAttention-2 on A100 and H100/H200),
   with the causal mask skipping the key blocks above the diagonal: of ``n = s/128``
   key blocks per query block, ``(n + 1)/2n`` are computed on average, and the CTAs
   (one per query block and head) fill the SMs in waves as a GEMM's tiles do;
@@ -19,9 +19,10 @@ Overlapped communication is not free: NCCL's kernels run one CTA per channel on 
 GPU's SMs, so a compute op that the schedule runs beside a collective of its rank
 (``beside_comm``: the weight gradient beside the asynchronous TP all-reduce or
 reduce-scatter, the input gradient beside SP's input all-gather) gets the SMs NCCL
-leaves: its math runs ``SMs / (SMs − channels)`` longer, with ``NCCL_CHANNELS``
-channels (the 16 NCCL opens on NVSwitch systems, as :mod:`simulator.memory` counts its
-buffers).
+leaves while they overlap: for ``min(math, collective alone)`` seconds its math runs
+``SMs / (SMs − channels)`` slower, with ``NCCL_CHANNELS`` channels (the 16 NCCL opens
+on NVSwitch systems, as :mod:`simulator.memory` counts its buffers). The engines add
+:meth:`ComputeModel.interference` with the collectives' alone times.
 """
 
 from __future__ import annotations
@@ -68,17 +69,22 @@ class ComputeModel:
 
     def duration(self, op) -> float:
         """Seconds ``op`` (a :class:`~simulator.schedule.ir.Compute`) takes alone."""
-        key = (op.kind, op.flops, op.bytes, op.shape, op.batch, op.beside_comm)
+        key = (op.kind, op.flops, op.bytes, op.shape, op.batch)
         cached = self._memo.get(key)
         if cached is not None:
             return cached
-        math_seconds = self.compute_seconds(op)
-        if op.beside_comm and self.sm_count is not None and self.sm_count > NCCL_CHANNELS:
-            math_seconds *= self.sm_count / (self.sm_count - NCCL_CHANNELS)
-        seconds = max(math_seconds, op.bytes / self.stream_bandwidth)
+        seconds = max(self.compute_seconds(op), op.bytes / self.stream_bandwidth)
         seconds += self.launch_overhead
         self._memo[key] = seconds
         return seconds
+
+    def interference(self, op, comm_seconds: float) -> float:
+        """Extra seconds ``op`` takes while collectives lasting ``comm_seconds`` alone run
+        beside it: for the overlapped span its math gets ``SMs − NCCL_CHANNELS`` SMs."""
+        if self.sm_count is None or self.sm_count <= NCCL_CHANNELS or comm_seconds <= 0:
+            return 0.0
+        overlapped = min(self.compute_seconds(op), comm_seconds)
+        return overlapped * NCCL_CHANNELS / (self.sm_count - NCCL_CHANNELS)
 
     def compute_seconds(self, op) -> float:
         """The op's math time at the efficiency its kind and shape reach."""

@@ -108,7 +108,10 @@ class _Engine:
         self.compute = ComputeModel(cluster.spec)
         self.alone = AloneTimes(cluster, schedule.groups, options.algorithm, options.protocol)
         self.blocks = BlockTimer(
-            self.compute.duration, self.alone.collective, self.compute.host_overhead
+            self.compute.duration,
+            self.alone.collective,
+            self.compute.host_overhead,
+            self.compute.interference,
         )
         self.action_start: dict[int, float] = {}  # rank -> its current action's start
         self.groups = {name: tuple(members) for name, members in schedule.groups.items()}
@@ -197,7 +200,12 @@ class _Engine:
                     )
                 seconds = durations.get(id(op))  # compute ops are shared between peers
                 if seconds is None:
-                    seconds = durations[id(op)] = self.compute.duration(op)
+                    seconds = self.compute.duration(op)
+                    if op.beside_comm:
+                        program = self.schedule.programs[rank].ops
+                        comm = sum(self.alone.collective(program[i])[0] for i in op.beside_comm)
+                        seconds += self.compute.interference(op, comm)
+                    durations[id(op)] = seconds
             elif kind is Block:
                 seconds = self._block_time(op)
             elif kind is Collective and self.analytic and op.group in self.folded:

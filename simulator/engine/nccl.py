@@ -15,8 +15,9 @@ with bandwidths from the modelled links instead of NCCL's topology search:
   for all-reduce or several nodes, ⅓ otherwise, capped at NCCL's ``llMaxBws``), LL128
   120 of 128 bytes (0.92; 0.7 with one GPU per node), Simple all of it; trees run at
   0.92 of their links.
-  NVLS reaches ``nvlsEfficiency`` of the NVLink bandwidth (0.85 on Hopper, 0.74 on
-  Blackwell; ``src/graph/tuning.cc``) on ``(nCh − 1)/nCh`` of its 16 channels.
+  NVLS reaches ``nvls_efficiency`` of the NVLink bandwidth on ``(nCh − 1)/nCh`` of its
+  16 channels: NCCL's tuner assumes 0.85 on Hopper and 0.74 on Blackwell
+  (``src/graph/tuning.cc``, nvlsEfficiency); a preset may give a measured value.
 * **Algorithm bandwidth**: bus bandwidth × ``n/steps`` for a ring, × 0.5 for a tree
   (every byte goes up and down it); NVLS moves each GPU's buffer up to the switch and
   the sum down once, so its algorithm bandwidth is that bus bandwidth.

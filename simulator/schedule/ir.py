@@ -77,9 +77,9 @@ class Compute:
     tags: dict[str, Any] = field(default_factory=dict)
     shape: tuple[int, int, int] | None = None
     batch: int = 1  # a batched GEMM's count, or the attention kernel's batch × heads
-    # a collective of this rank runs beside it by construction (an overlapped TP/SP
-    # collective): its NCCL kernels take some of the GPU's SMs
-    beside_comm: bool = False
+    # ids of the collectives of this program (or block body) that run beside it by
+    # construction (overlapped TP/SP collectives): their NCCL kernels take some SMs
+    beside_comm: tuple[int, ...] = ()
     # ops the host issued in this op's pipeline action before it, counted from the
     # action's first compute op: the host issues one op per host_overhead
     host_index: int = 0
@@ -146,7 +146,7 @@ _OP_TYPES: dict[str, type] = {
     "recv": Recv,
     "block": Block,
 }
-_TUPLE_FIELDS = ("deps", "shape", "splits")
+_TUPLE_FIELDS = ("deps", "shape", "splits", "beside_comm")
 
 
 @dataclass

@@ -269,7 +269,7 @@ class _ProgramWriter:
         label: str,
         deps: tuple[int, ...],
         tags: dict[str, Any],
-        beside_comm: bool = False,
+        beside_comm: tuple[int, ...] = (),
     ) -> int:
         op_id = len(self.ops)
         if self.action_open:
@@ -375,7 +375,9 @@ class _RankBuilder:
         self.loss = loss_op(model, b, self.tp)
         self.last = 0  # the latest compute op
         self.waits: list[int] = []  # ops on other streams the next compute op must wait for
-        self.deferred: dict[tuple[int, int], list[tuple[OpCost, str, dict]]] = {}
+        # (stage, micro-batch) -> weight gradients an I action leaves for its W action:
+        # (gradient, label, parameters, expert?)
+        self.deferred: dict[tuple[int, int], list[tuple[OpCost, str, int, bool]]] = {}
         self.stage = 0  # the stage of the action being written
         self.neighbours: dict[int, int] = {}  # global stage -> rank holding it
         # (action kind, stage) -> (body, flops, bytes, micro-batch, deferred weight grads)
@@ -408,9 +410,9 @@ class _RankBuilder:
     def _tag(self, stage: int, mb: int, direction: int) -> int:
         return (stage * self.config.microbatches + mb) * 2 + direction
 
-    def _run(self, cost: OpCost, label: str, beside_comm: bool = False, **tags: Any) -> int:
-        """A compute op after the last one; ``beside_comm``: a collective of this rank is
-        in flight beside it by construction (its NCCL kernels share the SMs).
+    def _run(self, cost: OpCost, label: str, beside_comm: tuple[int, ...] = (), **tags: Any) -> int:
+        """A compute op after the last one; ``beside_comm``: the collectives of this rank
+        in flight beside it by construction (their NCCL kernels share the SMs).
 
         In-flight all-gathers (:attr:`gathers`) run beside the next GEMM, which works on
         the chunks already gathered, and the op after it waits for them; any other op
@@ -418,7 +420,8 @@ class _RankBuilder:
         overlapped = False
         if self.gathers:
             if cost.kind == "gemm" and cost.batch == 1:
-                overlapped = beside_comm = True
+                overlapped = True
+                beside_comm = (*beside_comm, *self.gathers)
             else:
                 self.waits.extend(self.gathers)
                 self.gathers = []
@@ -587,7 +590,7 @@ class _RankBuilder:
         comm_label = f"L{layer}.{cost.name}.{kind}.{phase}.mb{mb}"
         if self.pipelined and kind == "reduce_scatter" and self.tp_group is not None:
             scatter = self._tp_collective(kind, comm_label, **tags)
-            self._run(cost, label, True, **tags)
+            self._run(cost, label, (scatter,), **tags)
             self._wait_for(scatter)
             return
         self._run(cost, label, **tags)
@@ -612,6 +615,8 @@ class _RankBuilder:
             ep=self.ep,
             model_ffn=self.model.ffn,
             router_tokens=tokens,
+            mlp=self.model.mlp,
+            bias=self.model.bias,
         )
         return ops, traffic
 
@@ -626,7 +631,7 @@ class _RankBuilder:
             sum(splits),
             "ep",
             label,
-            (self.last,),
+            (self.last, *self.waits),
             self.w.tags(stage=self.stage, axis="ep", **tags),
         )
         self.w.ops[op].splits = splits
@@ -720,6 +725,9 @@ class _RankBuilder:
         for layer in reversed(self._layers(stage)):
             self._layer_backward(layer, mb, final, phase, defer)
         if stage == 0:
+            if self.sp:  # the backward of the embedding's reduce-scatter
+                label = f"embedding.all_gather.bwd.mb{mb}"
+                self._wait_for(self._tp_collective("all_gather", label, **bwd))
             self._grads(backward_of(self.embedding), "", mb, final, bwd, stage, defer)
 
     # backward op name -> the TP (SP) collective that follows it in Megatron-LM
@@ -771,7 +779,7 @@ class _RankBuilder:
                 entry = (grad, f"{prefix}{name}", params, expert)
                 self.deferred.setdefault((stage, mb), []).append(entry)
                 continue
-            op = self._run(grad, f"{prefix}{name}.mb{mb}", bool(pending), **tags)
+            op = self._run(grad, f"{prefix}{name}.mb{mb}", tuple(pending), **tags)
             self._grad_ready(params, op, mb, final, expert)
             kind = comm.get(name)
             if kind is None:
@@ -822,11 +830,13 @@ class _RankBuilder:
     def build(self, order: list[Action], blocks: bool = False) -> Program:
         """The rank's program for its pipeline ``order``. With ``blocks`` every action
         but those that hand gradients to data parallelism becomes one Block."""
-        # a stage's gradients are complete after its last backward (B) or weight (W) action
+        # a stage's gradients are complete after its last backward (B) or weight (W)
+        # action; with a split backward, the gradients its input half (I) computes (the
+        # norms', the embedding's) after its last I
         last_grad = {}
         for index, action in enumerate(order):
-            if action.type in ("B", "W"):
-                last_grad[action.stage] = index
+            if action.type in ("B", "W", "I"):
+                last_grad[(action.stage, action.type == "I")] = index
         total = stage_parameter_count(self.config, self.pipeline_rank)
         gather = self.config.zero1 and self.dp_group is not None
         early_gather = None
@@ -843,7 +853,7 @@ class _RankBuilder:
                 self.w.tags(stage=order[0].stage, axis="dp", phase="fwd"),
             )
         for index, action in enumerate(order):
-            final = last_grad.get(action.stage) == index
+            final = last_grad.get((action.stage, action.type == "I")) == index
             blocked = blocks and not final
             if action.type == "F":
                 self.forward(action.stage, action.microbatch, blocked)
