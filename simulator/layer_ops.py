@@ -53,6 +53,7 @@ __all__ = [
     "OpCost",
     "kv_heads_per_rank",
     "layer_forward_ops",
+    "activation_op",
     "mlp_forward_ops",
     "backward_of",
     "attention_core_names",
@@ -218,32 +219,32 @@ def _attention_core(
     return ops
 
 
+def activation_op(mlp: str, elements: float, prefix: str = "") -> OpCost:
+    """An MLP's fused activation over ``elements`` outputs. SwiGLU reads the gate and up
+    halves and writes the output (6 B/element), its backward reads dy and both halves
+    and writes both gradients (10 B/element), and it saves its two-half input.
+    Bias-GELU reads x and writes y (4 B/element), its backward reads dy and x and writes
+    dx (6 B/element), and it saves its input."""
+    if mlp == "swiglu":
+        return _elementwise(f"{prefix}swiglu", elements, 4, 6, 10, 2 * ACT_BYTES)
+    return _elementwise(f"{prefix}gelu", elements, 8, 4, 6, ACT_BYTES)
+
+
 def mlp_forward_ops(
-    model: ModelSpec,
-    tokens: int,
-    ffn: int,
-    tp: int,
-    *,
-    prefix: str = "",
-    input_shard: int = 1,
+    model: ModelSpec, tokens: int, ffn: int, tp: int, *, input_shard: int = 1
 ) -> list[OpCost]:
     """``fc1``, the activation and ``fc2`` of one MLP of width ``ffn`` on ``tokens``
-    tokens (split over ``tp`` ranks as Megatron's column- and row-parallel pair);
-    ``fc1`` saves ``1/input_shard`` of its input (the SP shard)."""
+    tokens (split over ``tp`` ranks as Megatron's column- and row-parallel pair; with
+    SwiGLU ``fc1`` is the gate and up projections in one GEMM); ``fc1`` saves
+    ``1/input_shard`` of its input (the SP shard)."""
     h, f = model.hidden, ffn // tp
     fc1_input = ACT_BYTES * tokens * h / input_shard
-    if model.mlp == "swiglu":
-        # gate and up in one GEMM; the fused SwiGLU reads both halves and writes f/t
-        # (6 B/element of output), its backward reads dy and both halves and writes both
-        # gradients (10 B/element); it saves its two-half input
-        fc1 = _gemm(f"{prefix}fc1", tokens, 2 * f, h, bias=model.bias, saved=fc1_input)
-        act = _elementwise(f"{prefix}swiglu", tokens * f, 4, 6, 10, 2 * ACT_BYTES)
-    else:
-        fc1 = _gemm(f"{prefix}fc1", tokens, f, h, bias=model.bias, saved=fc1_input)
-        # fused bias-GELU: reads x, writes y; backward reads dy and x, writes dx
-        act = _elementwise(f"{prefix}gelu", tokens * f, 8, 4, 6, ACT_BYTES)
-    fc2 = _gemm(f"{prefix}fc2", tokens, h, f, bias=model.bias)
-    return [fc1, act, fc2]
+    width = 2 * f if model.mlp == "swiglu" else f
+    return [
+        _gemm("fc1", tokens, width, h, bias=model.bias, saved=fc1_input),
+        activation_op(model.mlp, tokens * f),
+        _gemm("fc2", tokens, h, f, bias=model.bias),
+    ]
 
 
 def layer_forward_ops(

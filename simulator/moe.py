@@ -66,7 +66,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simulator.errors import ScenarioError
-from simulator.layer_ops import ACT_BYTES, OpCost, backward_of
+from simulator.layer_ops import ACT_BYTES, OpCost, activation_op, backward_of
 
 __all__ = [
     "UniformRouting",
@@ -575,16 +575,7 @@ def expert_ops(
     local = f // tp
     elements = tokens * local
     fc1_width = 2 * local if mlp == "swiglu" else local
-    if mlp == "swiglu":
-        act = OpCost(
-            "expert_swiglu", "elementwise", 4 * elements, 6 * elements, 0.0,
-            saved_bytes=2 * ACT_BYTES * elements, backward_bytes=10 * elements,
-        )  # fmt: skip
-    else:
-        act = OpCost(
-            "expert_gelu", "elementwise", 8 * elements, 4 * elements, 0.0,
-            saved_bytes=ACT_BYTES * elements, backward_bytes=6 * elements,
-        )  # fmt: skip
+    act = activation_op(mlp, elements, prefix="expert_")
     return [
         router_op(spec, h, router_tokens),
         _grouped_gemm(

@@ -33,23 +33,20 @@ class BodyTimes:
 class BlockTimer:
     """Body times, memoised per body (bodies are shared between blocks).
 
-    ``compute_time(op)`` and ``collective_time(op)`` give an op's duration alone;
-    ``collective_time`` returns ``(seconds, "kind/algorithm/protocol")``. A compute op
-    starts no earlier than the host issued it: ``host_index × host_overhead`` after the
-    block (its pipeline action) starts, and runs longer beside collectives
-    (``interference(op, their alone seconds)``).
+    ``compute_time(op, body)`` gives a compute op's duration with the body's collectives
+    that run beside it, ``collective_time(op)`` a collective's alone as ``(seconds,
+    "kind/algorithm/protocol")``. A compute op starts no earlier than the host issued it:
+    ``host_index × host_overhead`` after the block (its pipeline action) starts.
     """
 
     def __init__(
         self,
-        compute_time: Callable[[Compute], float],
+        compute_time: Callable[[Compute, tuple], float],
         collective_time: Callable[[Collective], tuple[float, str]],
         host_overhead: float = 0.0,
-        interference: Callable[[Compute, float], float] | None = None,
     ):
         self._compute_time = compute_time
         self._host_overhead = host_overhead
-        self._interference = interference
         self._collective_time = collective_time
         self._cache: dict[int, tuple[tuple, BodyTimes]] = {}
 
@@ -67,10 +64,7 @@ class BlockTimer:
             if type(op) is Compute:
                 # the host issues the action's ops one per host_overhead from its start
                 at = max(at, op.host_index * self._host_overhead)
-                seconds = self._compute_time(op)
-                if op.beside_comm and self._interference is not None:
-                    comm = sum(self._collective_time(body[i])[0] for i in op.beside_comm)
-                    seconds += self._interference(op, comm)
+                seconds = self._compute_time(op, body)
             elif type(op) is Collective:
                 seconds, name = self._collective_time(op)
                 choices[name] = choices.get(name, 0) + 1

@@ -48,18 +48,18 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
         choices[name] = choices.get(name, 0) + 1
         return seconds
 
-    block_times = BlockTimer(compute.duration, plan, compute.host_overhead, compute.interference)
+    block_times = BlockTimer(
+        lambda op, body: compute.with_comm(op, body, plan), plan, compute.host_overhead
+    )
     beside: dict[int, float] = {}  # id(compute op) -> its time with the comm beside it
 
     def compute_time(rank: int, op: Compute) -> float:
         """The op's time, with the collectives beside it (shared ops: memoised)."""
         if not op.beside_comm:
-            return duration(op)
+            return compute.duration(op)
         seconds = beside.get(id(op))
         if seconds is None:
-            ops = schedule.programs[rank].ops
-            comm = sum(plan(ops[i])[0] for i in op.beside_comm)
-            seconds = beside[id(op)] = duration(op) + compute.interference(op, comm)
+            seconds = beside[id(op)] = compute.with_comm(op, schedule.programs[rank].ops, plan)
         return seconds
 
     host = compute.host_overhead
@@ -116,7 +116,6 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
         if op_id in waiters[rank]:
             woken(rank, op_id)
 
-    duration = compute.duration
     current = -1
     while runnable:
         index = current = runnable.popleft()

@@ -78,6 +78,15 @@ class ComputeModel:
         self._memo[key] = seconds
         return seconds
 
+    def with_comm(self, op, ops, collective_time) -> float:
+        """Seconds ``op`` takes with the collectives beside it: ``ops`` is its program
+        (or block body), ``collective_time(collective)`` gives ``(seconds alone, name)``."""
+        seconds = self.duration(op)
+        if op.beside_comm:
+            comm = sum(collective_time(ops[i])[0] for i in op.beside_comm)
+            seconds += self.interference(op, comm)
+        return seconds
+
     def interference(self, op, comm_seconds: float) -> float:
         """Extra seconds ``op`` takes while collectives lasting ``comm_seconds`` alone run
         beside it: for the overlapped span its math gets ``SMs − NCCL_CHANNELS`` SMs."""

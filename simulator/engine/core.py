@@ -108,10 +108,9 @@ class _Engine:
         self.compute = ComputeModel(cluster.spec)
         self.alone = AloneTimes(cluster, schedule.groups, options.algorithm, options.protocol)
         self.blocks = BlockTimer(
-            self.compute.duration,
+            lambda op, body: self.compute.with_comm(op, body, self.alone.collective),
             self.alone.collective,
             self.compute.host_overhead,
-            self.compute.interference,
         )
         self.action_start: dict[int, float] = {}  # rank -> its current action's start
         self.groups = {name: tuple(members) for name, members in schedule.groups.items()}
@@ -200,12 +199,9 @@ class _Engine:
                     )
                 seconds = durations.get(id(op))  # compute ops are shared between peers
                 if seconds is None:
-                    seconds = self.compute.duration(op)
-                    if op.beside_comm:
-                        program = self.schedule.programs[rank].ops
-                        comm = sum(self.alone.collective(program[i])[0] for i in op.beside_comm)
-                        seconds += self.compute.interference(op, comm)
-                    durations[id(op)] = seconds
+                    seconds = durations[id(op)] = self.compute.with_comm(
+                        op, self.schedule.programs[rank].ops, self.alone.collective
+                    )
             elif kind is Block:
                 seconds = self._block_time(op)
             elif kind is Collective and self.analytic and op.group in self.folded:

@@ -228,9 +228,9 @@ class _ProgramWriter:
         self.config = config
         self.ops: list[Op] = []
         self._tags: dict[tuple, dict[str, Any]] = {}
-        # gradient buckets, per group that reduces them (dense: dp; experts: edp)
         self.issued = 0  # ops issued since the action's first compute op
         self.action_open = True  # the next compute op is its action's first
+        # gradient buckets, per group that reduces them (dense: dp; experts: edp)
         self.bucket_bytes: dict[str, float] = {}
         self.bucket_index: dict[str, int] = {}
         self.last_buckets: dict[str, int] = {}
