@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from simulator.collbench import collbench_cluster, collbench_rows
-from simulator.run import run_scenario
-from simulator.scenario import load_scenario
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario
+from simulator.tools.collbench import collbench_cluster, collbench_rows
 from topologies import preset_names
 
 ROOT = Path(__file__).resolve().parent.parent

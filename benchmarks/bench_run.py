@@ -22,12 +22,12 @@ from pathlib import Path
 
 import simpy
 
+from simulator.analysis.metrics import account_step
+from simulator.common.files import write_json
 from simulator.engine.core import simulate
-from simulator.metrics import account_step
-from simulator.outputs import write_json
 from simulator.report import write_chrome_trace, write_timeline_html
-from simulator.run import build_schedule, make_trace, run_scenario, trace_ranks
-from simulator.scenario import load_scenario
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import build_schedule, make_trace, run_scenario, trace_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIOS = [ROOT / "scenarios" / "gpt3-175b.yaml"]

@@ -53,8 +53,8 @@ ONE_T = {
 # name -> (python source run in a fresh process, printing one JSON line), target, unit
 BENCHMARKS: dict[str, tuple[str, float, str]] = {
     "1t-analytic": (
-        "from simulator.scenario import scenario_from_dict\n"
-        "from simulator.run import run_scenario\n"
+        "from simulator.request.scenario import scenario_from_dict\n"
+        "from simulator.run.simulate import run_scenario\n"
         f"raw = {ONE_T!r}\n"
         "run = run_scenario(scenario_from_dict(raw))\n"
         "figure = {'step_time_s': run.result['step_time_s'], 'ops': run.result['simulation']['ops']}\n",
@@ -62,8 +62,8 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "s",
     ),
     "1t-flow": (
-        "from simulator.scenario import scenario_from_dict\n"
-        "from simulator.run import run_scenario\n"
+        "from simulator.request.scenario import scenario_from_dict\n"
+        "from simulator.run.simulate import run_scenario\n"
         f"raw = {ONE_T!r}\n"
         "raw['simulation'] = {'fidelity': 'flow'}\n"
         "run = run_scenario(scenario_from_dict(raw))\n"
@@ -72,8 +72,8 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "s",
     ),
     "gpt3-128-flow": (
-        "from simulator.scenario import load_scenario\n"
-        "from simulator.run import run_scenario\n"
+        "from simulator.request.scenario import load_scenario\n"
+        "from simulator.run.simulate import run_scenario\n"
         "s = load_scenario('scenarios/gpt3-175b.yaml', ['training.global_batch=128'])\n"
         "run = run_scenario(s)\n"
         "figure = {'step_time_s': run.result['step_time_s'], 'ops': run.result['simulation']['ops']}\n",
@@ -81,7 +81,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "s",
     ),
     "sweep-175b-1024": (
-        "from simulator.sweep import run_sweep\n"
+        "from simulator.tools.sweep import run_sweep\n"
         "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, progress=False)\n"
         "figure = {'simulated': out['counts']['simulated']}\n",
         30.0,
@@ -89,8 +89,8 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     ),
     "engine-overhead": (
         "from benchmarks.bench_run import bare_simpy_events_per_second\n"
-        "from simulator.scenario import load_scenario\n"
-        "from simulator.run import build_schedule\n"
+        "from simulator.request.scenario import load_scenario\n"
+        "from simulator.run.simulate import build_schedule\n"
         "from simulator.engine.core import simulate\n"
         "import time\n"
         "s = load_scenario('scenarios/gpt3-175b.yaml', ['simulation.fidelity=flow'])\n"

@@ -18,7 +18,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from simulator.cli import main as parasim
+from simulator.cli.main import main as parasim
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = str(ROOT / "scenarios" / "cpu-tiny.yaml")

@@ -4,7 +4,7 @@ Each pair in ``scenarios/teaching/`` is a layout mistake and its fix, one per fa
 of the parallel axes: data parallelism running out of memory, tensor parallelism across
 nodes, pipeline bubbles from too few micro-batches, sequence parallelism for activation
 memory, routing imbalance in a mixture of experts, and layering the axes backwards. This
-script runs ``parasim explain`` (:func:`simulator.explain.diagnose`) on both files of every
+script runs ``parasim explain`` (:func:`simulator.tools.explain.diagnose`) on both files of every
 pair and writes the walkthrough with the simulator's numbers, and one chart page holding
 every pair's time breakdown and memory (plotly.js embedded, so it opens offline).
 
@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.explain import (
+from simulator.analysis.metrics import CATEGORIES
+from simulator.report.style import BREAKDOWN_COLORS, MEMORY_COLORS
+from simulator.tools.explain import (
     Explanation,
     Finding,
     cost_text,
@@ -34,8 +36,6 @@ from simulator.explain import (
     describe_memory,
     diagnose,
 )
-from simulator.metrics import CATEGORIES
-from simulator.report.style import BREAKDOWN_COLORS, MEMORY_COLORS
 from topologies.units import format_time
 
 __all__ = [

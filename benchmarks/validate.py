@@ -82,7 +82,7 @@ def _scenario_metric(result: dict[str, Any], metric: str) -> float:
 
 
 def _predict_collective(spec: dict[str, Any]) -> float:
-    from simulator.collbench import collbench_cluster, collbench_rows
+    from simulator.tools.collbench import collbench_cluster, collbench_rows
     from topologies import parse_bytes
 
     cluster = collbench_cluster(spec["preset"], spec["nodes"], spec.get("gpus_per_node"))
@@ -92,9 +92,9 @@ def _predict_collective(spec: dict[str, Any]) -> float:
 
 def predict(case: dict[str, Any]) -> CaseResult:
     """One case's prediction (or the reason parasim cannot describe it)."""
-    from simulator.errors import ParasimError
-    from simulator.run import run_scenario
-    from simulator.scenario import scenario_from_dict
+    from simulator.common.errors import ParasimError
+    from simulator.request.scenario import scenario_from_dict
+    from simulator.run.simulate import run_scenario
 
     metric = case["published"]["metric"]
     published = _published(case)

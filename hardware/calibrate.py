@@ -33,8 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from simulator.common.files import write_json
 from simulator.engine.collectives import algorithm_steps, bus_factor
-from simulator.outputs import write_json
 from topologies import load_cluster_spec, parse_flops
 from topologies.profile import PROFILE_FORMAT, PROFILE_VERSION
 

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from simulator.engine.core import SimulationTimes
-from simulator.outputs import write_run_outputs
-from simulator.run import RunResult, assemble_result, build_schedule
-from simulator.scenario import load_scenario
+from simulator.report.outputs import write_run_outputs
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import RunResult, assemble_result, build_schedule
 
 from .executor import ProgramExecutor
 from .groups import build_groups

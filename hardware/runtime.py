@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from simulator.errors import ParasimError
+from simulator.common.errors import ParasimError
 
 __all__ = ["Runtime", "init_runtime", "run_rank", "Watchdog", "inject_fault", "HardwareError"]
 

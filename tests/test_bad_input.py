@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from simulator.cli import main
+from simulator.cli.main import main
+from simulator.common.errors import DeadlockError
 from simulator.engine.core import simulate
-from simulator.errors import DeadlockError
 from simulator.schedule.ir import Collective, Compute, Program, Recv, Schedule
 
 from .conftest import ROOT, SCENARIOS
@@ -102,7 +102,7 @@ def test_a_failed_run_leaves_earlier_results_intact(tmp_path):
 
 def test_command_line_prints_no_traceback():
     proc = subprocess.run(
-        [sys.executable, "-m", "simulator.cli", "run", SMALL, "--set", "parallel.tpp=2"],
+        [sys.executable, "-m", "simulator.cli.main", "run", SMALL, "--set", "parallel.tpp=2"],
         capture_output=True,
         text=True,
         cwd=ROOT,

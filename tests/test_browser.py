@@ -33,19 +33,14 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from simulator.cli import main
-from simulator.compare import load_run_dir, overlay_trace
-from simulator.errors import ParasimError
-from simulator.report.images import (
-    ImageExportError,
-    export_figure,
-    export_figures,
-    find_browser,
-)
+from simulator.analysis.trace import Trace
+from simulator.cli.main import main
+from simulator.common.errors import ParasimError
+from simulator.report.images import ImageExportError, export_figure, export_figures, find_browser
 from simulator.report.timeline import timeline_figure
-from simulator.run import make_trace, run_scenario, trace_ranks
-from simulator.scenario import load_scenario
-from simulator.trace import Trace
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import make_trace, run_scenario, trace_ranks
+from simulator.tools.compare import load_run_dir, overlay_trace
 
 from .conftest import SCENARIOS
 

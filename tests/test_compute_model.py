@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from simulator.engine.compute import NCCL_CHANNELS, ComputeModel
-from simulator.run import build_schedule, run_scenario
-from simulator.scenario import load_scenario
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import build_schedule, run_scenario
 from simulator.schedule.ir import Compute
 from topologies import load_cluster_spec
 

@@ -21,8 +21,16 @@ import pytest
 import yaml
 
 from benchmarks import make_teaching
-from simulator.errors import ParasimError
-from simulator.explain import (
+from simulator.analysis.metrics import CATEGORIES
+from simulator.common.errors import ParasimError
+from simulator.report.explain_report import (
+    TERM_COLORS,
+    finding_sentence,
+    memory_is_the_point,
+    render_explain_html,
+)
+from simulator.request.scenario import apply_overrides, scenario_from_dict
+from simulator.tools.explain import (
     FINDING_IDS,
     Explanation,
     Finding,
@@ -32,15 +40,7 @@ from simulator.explain import (
     explain,
     main,
 )
-from simulator.metrics import CATEGORIES
-from simulator.report.explain_report import (
-    TERM_COLORS,
-    finding_sentence,
-    memory_is_the_point,
-    render_explain_html,
-)
-from simulator.scenario import apply_overrides, scenario_from_dict
-from simulator.sweep import BAR_COLORS
+from simulator.tools.sweep import BAR_COLORS
 
 ROOT = Path(__file__).resolve().parent.parent
 TEACHING = ROOT / "scenarios" / "teaching"

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from simulator.cli import main
+from simulator.cli.main import main
 from simulator.engine.core import EngineOptions, simulate
-from simulator.run import run_scenario
-from simulator.scenario import load_scenario
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario
 from simulator.schedule.ir import Collective, Program, Schedule
 
 from .conftest import SCENARIOS
@@ -168,7 +168,7 @@ def test_collbench_bad_input(capsys):
 @pytest.mark.parametrize("name,overrides", STEP_SCENARIOS)
 def test_closed_form_analytic_equals_the_simpy_replay(name, overrides):
     """The event-free evaluator and the SimPy engine give the same analytic times."""
-    from simulator.run import build_schedule
+    from simulator.run.simulate import build_schedule
 
     scenario = load_scenario(SCENARIOS / name, [*overrides, "simulation.fidelity=analytic"])
     schedule = build_schedule(scenario)
@@ -202,7 +202,7 @@ DENSE_STEPS += [
 def test_blocks_time_a_step_exactly_as_its_ops(name, overrides):
     """A pipeline action written as one block gives the same times and accounting as
     the action written op by op."""
-    from simulator.run import assemble_result, step_config
+    from simulator.run.simulate import assemble_result, step_config
     from simulator.schedule.step import build_step
 
     scenario = load_scenario(SCENARIOS / name, [*overrides, "simulation.fidelity=analytic"])

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from simulator.common.errors import ScenarioError
 from simulator.engine.core import EngineOptions, simulate
-from simulator.errors import ScenarioError
-from simulator.run import build_schedule, run_scenario
-from simulator.scenario import load_scenario
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import build_schedule, run_scenario
 from simulator.schedule.ir import Collective, Compute
 
 from .conftest import SCENARIOS

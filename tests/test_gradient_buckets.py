@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.run import build_schedule, step_config
-from simulator.scenario import load_scenario
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import build_schedule, step_config
 from simulator.schedule.ir import Collective
 from simulator.schedule.step import stage_parameter_count
 

@@ -17,9 +17,9 @@ pytest.importorskip("torch")
 
 from hardware.launch import launch_local  # noqa: E402
 from hardware.runtime import HardwareError  # noqa: E402
-from simulator.cli import main  # noqa: E402
-from simulator.run import run_scenario  # noqa: E402
-from simulator.scenario import load_scenario  # noqa: E402
+from simulator.cli.main import main
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario
 
 from .conftest import SCENARIOS  # noqa: E402
 

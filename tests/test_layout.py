@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.errors import ScenarioError
-from simulator.layout import Layout
+from simulator.common.errors import ScenarioError
+from simulator.request.layout import Layout
 
 
 def test_default_placement_puts_tp_innermost():

@@ -7,23 +7,22 @@ import itertools
 
 import pytest
 
-from simulator.counts import active_parameter_count, model_flops_per_step, parameter_count
-from simulator.layer_ops import (
+from simulator.arithmetic.closed_forms import korthikanti_activation_bytes, megatron_model_flops
+from simulator.arithmetic.counts import (
+    active_parameter_count,
+    dense_parameter_count,
+    model_flops_per_step,
+    parameter_count,
+)
+from simulator.arithmetic.layer_ops import (
     backward_of,
     checkpoint_bytes,
     kv_heads_per_rank,
     layer_forward_ops,
     layer_saved_bytes,
 )
-from simulator.model import (
-    MODEL_PRESETS,
-    PUBLISHED_PARAMETERS,
-    ModelSpec,
-    dense_parameter_count,
-    korthikanti_activation_bytes,
-    megatron_model_flops,
-)
-from simulator.moe import MoESpec
+from simulator.request.model import MODEL_PRESETS, PUBLISHED_PARAMETERS, ModelSpec
+from simulator.request.moe import MoESpec
 
 GPT_PRESETS = sorted(name for name, p in MODEL_PRESETS.items() if p.get("mlp", "gelu") == "gelu")
 

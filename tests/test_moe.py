@@ -7,13 +7,10 @@ import numpy as np
 import pydantic
 import pytest
 
-from simulator.errors import ScenarioError
-from simulator.layer_ops import backward_of
-from simulator.moe import (
-    MoESpec,
+from simulator.arithmetic.layer_ops import backward_of
+from simulator.arithmetic.moe import (
     apply_capacity,
     capacity,
-    check_expert_parallel,
     dispatch_splits,
     expert_backward_of,
     expert_loads,
@@ -23,8 +20,9 @@ from simulator.moe import (
     moe_layer_parameters,
     moe_layer_parameters_per_rank,
     moe_layer_traffic,
-    moe_layers,
 )
+from simulator.common.errors import ScenarioError
+from simulator.request.moe import MoESpec, check_expert_parallel, moe_layers
 
 ROUTINGS = [
     {"kind": "uniform"},

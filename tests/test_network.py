@@ -216,7 +216,7 @@ def test_dp_all_reduce_and_pipeline_sends_on_one_nic_slow_each_other():
 
 
 def test_link_utilisation_is_recorded_per_link():
-    from simulator.links import link_summary, utilisation_bins
+    from simulator.analysis.links import link_summary, utilisation_bins
 
     machine = cluster(nodes=2)
     size = 1e9

@@ -17,7 +17,7 @@ sys.meta_path.insert(0, NoTorch())
 import pkgutil, importlib, simulator
 for module in pkgutil.walk_packages(simulator.__path__, 'simulator.'):
     importlib.import_module(module.name)
-from simulator.cli import main
+from simulator.cli.main import main
 raise SystemExit(main(['run', sys.argv[1], '--out', sys.argv[2], '--json']))
 """
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from simulator.analysis.metrics import account_rank
 from simulator.engine.core import simulate
-from simulator.metrics import account_rank
 from simulator.schedule.ir import Compute, Program, Recv, Schedule, Send
 from simulator.schedule.pipeline import gpipe_order, one_f_one_b_order, parse_action
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from simulator.analysis.metrics import account_rank
 from simulator.engine.core import simulate
-from simulator.metrics import account_rank
 from simulator.schedule.ir import Compute, Program, Recv, Schedule, Send
 from simulator.schedule.pipeline import (
     SCHEDULES,

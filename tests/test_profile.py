@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from simulator.run import run_scenario
-from simulator.scenario import load_scenario
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario
 from topologies import TopologyError, load_cluster_spec
 
 from .conftest import SCENARIOS
@@ -120,7 +120,7 @@ def test_unreadable_profiles(tmp_path):
 
 
 def test_bad_profile_through_the_command_line(tmp_path, capsys):
-    from simulator.cli import main
+    from simulator.cli.main import main
 
     payload = copy.deepcopy(VALID)
     payload["version"] = 0

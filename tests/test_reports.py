@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from simulator.analysis.trace import OpRecord, Trace
 from simulator.report import (
     chrome_trace_events,
     timeline_figure,
@@ -16,7 +17,6 @@ from simulator.report import (
     write_timeline_html,
 )
 from simulator.report.chrome_trace import select_ranks
-from simulator.trace import OpRecord, Trace
 
 MS = 1e-3
 
@@ -418,8 +418,8 @@ def test_timeline_thins_representative_ranks_that_do_not_fit():
 
 
 def test_coalesce_merges_only_adjacent_ops_of_one_category_in_one_lane():
+    from simulator.analysis.trace import OpRecord
     from simulator.report.timeline import coalesce
-    from simulator.trace import OpRecord
 
     def op(i, start, end, phase="fwd", stream="compute"):
         return OpRecord(

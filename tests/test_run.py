@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from simulator.cli import main
-from simulator.metrics import CATEGORIES
-from simulator.run import build_schedule, run_scenario
-from simulator.scenario import load_scenario
+from simulator.analysis.metrics import CATEGORIES
+from simulator.cli.main import main
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import build_schedule, run_scenario
 from simulator.schedule.ir import Collective, Schedule
 
 from .conftest import SCENARIOS

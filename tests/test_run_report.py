@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from plotly.offline import get_plotlyjs
 
-from simulator.metrics import CATEGORIES
-from simulator.outputs import write_run_outputs
+from simulator.analysis.metrics import CATEGORIES
 from simulator.report import run_report as report
+from simulator.report.outputs import write_run_outputs
 from simulator.report.run_report import (
     LINK_BINS,
     LINK_ROWS,
@@ -23,8 +23,8 @@ from simulator.report.run_report import (
     run_report_html,
 )
 from simulator.report.style import AXIS_COLORS, BREAKDOWN_COLORS
-from simulator.run import make_trace, representative_ranks, run_scenario
-from simulator.scenario import load_scenario
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import make_trace, representative_ranks, run_scenario
 from topologies.units import format_time
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from simulator import scale, sweep
-from simulator.errors import ParasimError
-from simulator.run import run_scenario
-from simulator.scenario import load_scenario
+from simulator.common.errors import ParasimError
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario
+from simulator.tools import scale, sweep
 
 from .conftest import SCENARIOS
 

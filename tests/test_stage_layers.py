@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.counts import parameter_count
-from simulator.errors import ScenarioError
-from simulator.run import build_schedule, run_scenario, step_config
-from simulator.scenario import load_scenario
+from simulator.arithmetic.counts import parameter_count
+from simulator.common.errors import ScenarioError
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import build_schedule, run_scenario, step_config
 from simulator.schedule.ir import Compute
 from simulator.schedule.step import stage_parameter_count
 

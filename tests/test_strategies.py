@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from simulator.cli import main
+from simulator.analysis.memory import NCCL_BUFFERS_PER_COMMUNICATOR, memory_per_rank
+from simulator.arithmetic.closed_forms import korthikanti_activation_bytes
+from simulator.arithmetic.layer_ops import embedding_op, final_norm_op, logits_forward_op, loss_op
+from simulator.cli.main import main
 from simulator.engine.collectives import bus_factor
-from simulator.layer_ops import embedding_op, final_norm_op, logits_forward_op, loss_op
-from simulator.memory import NCCL_BUFFERS_PER_COMMUNICATOR, memory_per_rank
-from simulator.model import korthikanti_activation_bytes
-from simulator.run import build_schedule, run_scenario, step_config
-from simulator.scenario import load_scenario
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import build_schedule, run_scenario, step_config
 from simulator.schedule.ir import Collective
 
 from .conftest import SCENARIOS
@@ -103,7 +103,7 @@ def test_recompute_raises_hardware_flops_not_model_flops():
     )
     # full recompute runs every layer's forward once more (not the logits): on every
     # rank, for every micro-batch
-    from simulator.layer_ops import layer_forward_ops
+    from simulator.arithmetic.layer_ops import layer_forward_ops
 
     scenario = load_scenario(SMALL, ONE_STAGE)
     layout, model = scenario.layout, scenario.model

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from simulator import sweep
-from simulator.errors import ParasimError, ScenarioError
-from simulator.memory import memory_per_rank
-from simulator.run import run_scenario, step_config
-from simulator.scenario import load_scenario
+from simulator.analysis.memory import memory_per_rank
+from simulator.common.errors import ParasimError, ScenarioError
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario, step_config
+from simulator.tools import sweep
 
 from .conftest import SCENARIOS
 

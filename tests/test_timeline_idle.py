@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from simulator.report.timeline import timeline_figure
-from simulator.run import make_trace, run_scenario
-from simulator.scenario import load_scenario
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import make_trace, run_scenario
 
 from .conftest import SCENARIOS
 

@@ -20,15 +20,15 @@ from typing import Any
 
 import pytest
 
+from simulator.analysis.trace import Trace
 from simulator.report.chrome_trace import (
     rank_trace_name,
     trace_from_chrome,
     write_chrome_trace,
     write_rank_traces,
 )
-from simulator.run import make_trace, run_scenario
-from simulator.scenario import load_scenario
-from simulator.trace import Trace
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import make_trace, run_scenario
 
 # Two pipeline stages (sends and recvs between ranks 0-7 and 8-15), TP all-reduces in
 # groups of four and DP all-reduces in pairs: every kind of arrow the writer draws, in

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from simulator.engine.collectives import TransferSpec, collective_transfers, p2p_transfer
+from simulator.schedule.ir import Collective
 from topologies import Cluster
-
-from ..schedule.ir import Collective
-from .collectives import TransferSpec, collective_transfers, p2p_transfer
 
 __all__ = ["AloneTimes", "time_alone"]
 

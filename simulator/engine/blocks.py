@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..schedule.ir import Block, Collective, Compute
+from simulator.schedule.ir import Block, Collective, Compute
 
 __all__ = ["BlockTimer", "BodyTimes"]
 

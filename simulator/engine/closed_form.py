@@ -21,13 +21,12 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from simulator.common.errors import DeadlockError, ScenarioError
+from simulator.engine.alone import AloneTimes
+from simulator.engine.blocks import BlockTimer
+from simulator.engine.compute import ComputeModel
+from simulator.schedule.ir import Block, Collective, Compute, Schedule, Send
 from topologies import Cluster
-
-from ..errors import DeadlockError, ScenarioError
-from ..schedule.ir import Block, Collective, Compute, Schedule, Send
-from .alone import AloneTimes
-from .blocks import BlockTimer
-from .compute import ComputeModel
 
 __all__ = ["evaluate"]
 

@@ -33,9 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from topologies import Cluster
-
-from .nccl import (
+from simulator.engine.nccl import (
     ALGORITHMS,
     PROTOCOLS,
     CollectiveChoice,
@@ -44,6 +42,7 @@ from .nccl import (
     latency_seconds,
     ring_steps,
 )
+from topologies import Cluster
 
 __all__ = [
     "TransferSpec",

@@ -21,7 +21,7 @@ GPU's SMs, so a compute op that the schedule runs beside a collective of its ran
 reduce-scatter, the input gradient beside SP's input all-gather) gets the SMs NCCL
 leaves while they overlap: for ``min(math, collective alone)`` seconds its math runs
 ``SMs / (SMs − channels)`` slower, with ``NCCL_CHANNELS`` channels (the 16 NCCL opens
-on NVSwitch systems, as :mod:`simulator.memory` counts its buffers). The engines add
+on NVSwitch systems, as :mod:`simulator.analysis.memory` counts its buffers). The engines add
 :meth:`ComputeModel.interference` with the collectives' alone times.
 """
 
@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import math
 
+from simulator.engine.gemm import GemmEfficiency
 from topologies import ClusterSpec
-
-from .gemm import GemmEfficiency
 
 __all__ = ["ComputeModel", "ATTENTION_BLOCK", "NCCL_CHANNELS"]
 

@@ -16,7 +16,7 @@ only what happens on the network (a transfer's start, a rate change, a completio
 and a stream costs nothing while it computes. Rank ``r`` runs on GPU ``r``. Every op's
 ``ready``, ``start`` and ``end`` instants are recorded. When the event queue empties
 with ops unfinished, the schedule could never finish:
-:class:`~simulator.errors.DeadlockError` names the stuck ranks and ops.
+:class:`~simulator.common.errors.DeadlockError` names the stuck ranks and ops.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from simulator.common.errors import DeadlockError, ScenarioError
+from simulator.engine.alone import AloneTimes, time_alone
+from simulator.engine.blocks import BlockTimer
+from simulator.engine.closed_form import evaluate
+from simulator.engine.collectives import collective_transfers, p2p_transfer
+from simulator.engine.compute import ComputeModel
+from simulator.engine.network import FlowNetwork
+from simulator.schedule.ir import Block, Collective, Compute, Recv, Schedule, Send
 from topologies import Cluster
-
-from ..errors import DeadlockError, ScenarioError
-from ..schedule.ir import Block, Collective, Compute, Recv, Schedule, Send
-from .alone import AloneTimes, time_alone
-from .blocks import BlockTimer
-from .closed_form import evaluate
-from .collectives import collective_transfers, p2p_transfer
-from .compute import ComputeModel
-from .network import FlowNetwork
 
 __all__ = ["simulate", "SimulationTimes", "EngineOptions"]
 

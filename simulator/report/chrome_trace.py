@@ -48,7 +48,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from simulator.trace import OpRecord, Trace, category_of
+from simulator.analysis.trace import OpRecord, Trace, category_of
 
 __all__ = [
     "chrome_trace_events",

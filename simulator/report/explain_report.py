@@ -20,12 +20,17 @@ import html
 from pathlib import Path
 from typing import Any
 
+from simulator.analysis.metrics import CATEGORIES
+from simulator.common.files import write_atomically, write_json
+from simulator.report.style import MEMORY_COLORS, breakdown_bar
+from simulator.tools.explain import (
+    Explanation,
+    Finding,
+    cost_text,
+    describe_layout,
+    describe_memory,
+)
 from topologies.units import format_bytes, format_time
-
-from ..explain import Explanation, Finding, cost_text, describe_layout, describe_memory
-from ..metrics import CATEGORIES
-from ..outputs import write_atomically, write_json
-from .style import MEMORY_COLORS, breakdown_bar
 
 __all__ = [
     "MEMORY_FINDINGS",

@@ -16,7 +16,7 @@ parasim uses the browser already installed on the machine and never downloads on
 
 The browser loads plotly.js from the installed plotly package and no MathJax, so an
 export needs no network. Without kaleido or without a browser, :class:`ImageExportError`
-(a :class:`~simulator.errors.ParasimError`, so the command line prints it as one line and
+(a :class:`~simulator.common.errors.ParasimError`, so the command line prints it as one line and
 exits with status 2) says what to install. Files are written atomically: a failed
 export leaves any previous file in place.
 """
@@ -31,8 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import ParasimError
-from simulator.outputs import write_atomically
+from simulator.common.errors import ParasimError
+from simulator.common.files import write_atomically
 
 __all__ = [
     "check_requirements",

@@ -33,7 +33,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from simulator.metrics import CATEGORIES
+from simulator.analysis.metrics import CATEGORIES
+from simulator.analysis.trace import Trace
 from simulator.report.style import (
     AXIS_COLORS,
     BREAKDOWN_COLORS,
@@ -44,11 +45,10 @@ from simulator.report.style import (
     base_layout,
 )
 from simulator.report.timeline import coalesce, timeline_figure
-from simulator.trace import Trace
 from topologies.units import format_bandwidth, format_bytes, format_time
 
 if TYPE_CHECKING:
-    from simulator.run import RunResult
+    from simulator.run.simulate import RunResult
 
 __all__ = [
     "MAX_BREAKDOWN_ROWS",
@@ -384,7 +384,7 @@ def link_heatmap(run: RunResult, top: int = LINK_ROWS, bins: int = LINK_BINS) ->
     """Utilisation (0..1) of the ``top`` links that carried the most bytes, in ``bins``
     slices of the step, busiest link on top; None when no link carried anything (every
     fidelity but flow)."""
-    from simulator.links import utilisation_bins
+    from simulator.analysis.links import utilisation_bins
 
     step = run.times.step_time
     utilisation = run.times.link_utilisation
@@ -460,7 +460,7 @@ def report_trace(
     merged bars cover.
     """
     from simulator.report.chrome_trace import select_ranks
-    from simulator.run import representative_ranks
+    from simulator.run.simulate import representative_ranks
 
     if len(trace.records) <= max_bars:
         return trace, None
@@ -639,12 +639,12 @@ def _note(text: str) -> str:
 def run_report_html(
     run: RunResult, title: str, trace: Trace | None = None
 ) -> tuple[str, dict[str, Any]]:
-    """The HTML text of ``report.html`` for ``run`` (a :class:`simulator.run.RunResult`)
+    """The HTML text of ``report.html`` for ``run`` (a :class:`simulator.run.simulate.RunResult`)
     and a summary: ``charts`` (the div ids drawn, in page order) and ``timeline`` (what
     :func:`~simulator.report.timeline.timeline_figure` says it drew). ``trace`` is the
     trace ``timeline.html`` draws; it is made here the same way when not given."""
     if trace is None:
-        from simulator.run import make_trace, trace_ranks
+        from simulator.run.simulate import make_trace, trace_ranks
 
         trace = make_trace(run, trace_ranks(run)[0])
     result = run.result

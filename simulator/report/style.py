@@ -34,7 +34,7 @@ __all__ = [
 #: The timeline's font, for every chart and the page around them.
 FONT: str = _FONT
 
-#: Colour of each time-breakdown category, in :data:`simulator.metrics.CATEGORIES` order.
+#: Colour of each time-breakdown category, in :data:`simulator.analysis.metrics.CATEGORIES` order.
 BREAKDOWN_COLORS: dict[str, str] = {
     "compute": "#4C78A8",
     "exposed_comm": "#E45756",
@@ -48,7 +48,7 @@ AXIS_COLORS: dict[str, str] = {
     axis: CATEGORY_COLORS[f"comm:{axis}"] for axis in ("tp", "sp", "dp", "pp", "ep")
 }
 
-#: Colour of each memory term of :func:`simulator.memory.memory_per_rank`, as the memory
+#: Colour of each memory term of :func:`simulator.analysis.memory.memory_per_rank`, as the memory
 #: panels of ``explain.html`` draw them.
 MEMORY_COLORS: dict[str, str] = {
     "weights": "#4C78A8",

@@ -32,8 +32,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from simulator.analysis.trace import OpRecord, Trace, category_of
 from simulator.report.chrome_trace import select_ranks, stream_order
-from simulator.trace import OpRecord, Trace, category_of
 from topologies.units import format_bytes, format_flops, format_time
 
 __all__ = ["CATEGORY_COLORS", "IDLE_COLORS", "timeline_figure", "write_timeline_html"]

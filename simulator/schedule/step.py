@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..layer_ops import (
+from simulator.arithmetic.layer_ops import (
     ACT_BYTES,
     OpCost,
     attention_core_names,
@@ -60,19 +60,18 @@ from ..layer_ops import (
     logits_forward_op,
     loss_op,
 )
-from ..layout import Layout
-from ..model import ModelSpec
-from ..moe import (
+from simulator.arithmetic.moe import (
     MoELayerTraffic,
-    MoESpec,
     expert_backward_of,
     expert_ops,
-    is_moe_layer,
     moe_layer_parameters_per_rank,
     moe_layer_traffic,
 )
-from .ir import Block, Collective, Compute, Op, Program, Recv, Schedule, Send
-from .pipeline import Action, pipeline_order
+from simulator.request.layout import Layout
+from simulator.request.model import ModelSpec
+from simulator.request.moe import MoESpec, is_moe_layer
+from simulator.schedule.ir import Block, Collective, Compute, Op, Program, Recv, Schedule, Send
+from simulator.schedule.pipeline import Action, pipeline_order
 
 __all__ = ["StepConfig", "build_step", "stage_parameter_count", "STREAMS"]
 

@@ -30,7 +30,7 @@ sequence shards: Megatron-LM all-gathers them again in the backward. Summed, the
 bytes of the GPT block with unfused attention are Korthikanti et al.'s
 ``sbh(10 + 24/t + 5as/ht)`` (and its SP, selective and full-recompute cases, see
 :func:`layer_saved_bytes`); FlashAttention keeps no ``s²`` term. Memory
-(:mod:`simulator.memory`) sums these same ops, so time and memory cannot disagree.
+(:mod:`simulator.analysis.memory`) sums these same ops, so time and memory cannot disagree.
 
 FLOPs are ``2mnk`` per GEMM; model FLOPs count the matmuls (the attention core's
 ``4·b·s²·h/t`` in full, as Megatron-LM's formula does), hardware FLOPs every op as it
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .model import ModelSpec
+from simulator.request.model import ModelSpec
 
 __all__ = [
     "ACT_BYTES",

@@ -50,7 +50,7 @@ summing to ``k·T`` with none over ``T`` are realisable with ``k`` distinct expe
 token, so nothing else is needed to stay physical while sampling only ``E`` counts —
 cheap enough for every layer, micro-batch and rank of a sweep.
 
-Expert compute (:func:`expert_ops`) follows :mod:`simulator.model`'s conventions: FLOPs
+Expert compute (:func:`expert_ops`) follows :mod:`simulator.request.model`'s conventions: FLOPs
 ``2mnk`` per GEMM, 2-byte tensors, the local experts as one grouped GEMM that reads
 every local expert's weights once. Sizes are in tokens, bytes and FLOPs.
 """
@@ -60,30 +60,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from simulator.errors import ScenarioError
-from simulator.layer_ops import ACT_BYTES, OpCost, activation_op, backward_of
+from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost, activation_op, backward_of
+from simulator.common.errors import ScenarioError
+from simulator.request.moe import (
+    HistogramRouting,
+    MoESpec,
+    UniformRouting,
+    ZipfRouting,
+    experts_per_rank,
+)
 
 __all__ = [
-    "UniformRouting",
-    "ZipfRouting",
-    "DirichletRouting",
-    "HistogramRouting",
-    "RoutingSpec",
-    "MoESpec",
-    "is_moe_layer",
-    "moe_layers",
     "expert_loads",
     "capacity",
     "apply_capacity",
-    "experts_per_rank",
     "expert_ranks",
     "local_experts",
-    "check_expert_parallel",
     "MoELayerTraffic",
     "moe_layer_traffic",
     "dispatch_splits",
@@ -97,91 +92,6 @@ __all__ = [
 
 # Spawn key that separates a layer's popularity stream from its micro-batch streams.
 _POPULARITY_KEY = 0x4D6F45
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class UniformRouting(_Strict):
-    """Every expert gets the same number of assignments (exactly, up to one)."""
-
-    kind: Literal["uniform"] = "uniform"
-
-
-class ZipfRouting(_Strict):
-    """Expert popularity ``∝ 1/rank^exponent``, ranks permuted at random per layer."""
-
-    kind: Literal["zipf"]
-    exponent: float = Field(ge=0)
-
-
-class DirichletRouting(_Strict):
-    """Expert popularity drawn per layer from a symmetric Dirichlet distribution."""
-
-    kind: Literal["dirichlet"]
-    concentration: float = Field(gt=0)
-
-
-class HistogramRouting(_Strict):
-    """A measured per-expert load (any scale; normalised here)."""
-
-    kind: Literal["histogram"]
-    loads: list[float]
-    sample: bool = True
-
-    @field_validator("loads")
-    @classmethod
-    def _normalise(cls, loads: list[float]) -> list[float]:
-        for e, x in enumerate(loads):
-            if not math.isfinite(x) or x < 0:
-                raise ValueError(f"loads[{e}]({x}) must be finite and >= 0")
-        total = sum(loads)
-        if total <= 0:
-            raise ValueError(f"loads sum to {total}; at least one expert needs a load > 0")
-        return [x / total for x in loads]
-
-
-RoutingSpec = Annotated[
-    UniformRouting | ZipfRouting | DirichletRouting | HistogramRouting,
-    Field(discriminator="kind"),
-]
-
-
-class MoESpec(_Strict):
-    """The mixture-of-experts part of a model (scenario key ``model.moe``).
-
-    Layer ``i`` (0-based) is an MoE layer when ``(i + 1) % every == 0``: ``every: 1``
-    makes every layer MoE (GShard's decoder, Switch, Mixtral), ``every: 2`` every other
-    layer. ``ffn_hidden`` is each expert's MLP width (the model's by default).
-    """
-
-    experts: int = Field(gt=0)
-    top_k: int = Field(default=1, gt=0)
-    capacity_factor: float | None = Field(default=None, gt=0)
-    every: int = Field(default=1, ge=1)
-    ffn_hidden: int | None = Field(default=None, gt=0)
-    routing: RoutingSpec = Field(default_factory=UniformRouting)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> MoESpec:
-        if self.top_k > self.experts:
-            raise ValueError(f"top_k({self.top_k}) > experts({self.experts})")
-        if isinstance(self.routing, HistogramRouting) and len(self.routing.loads) != self.experts:
-            raise ValueError(
-                f"routing.loads has {len(self.routing.loads)} entries != experts({self.experts})"
-            )
-        return self
-
-
-def is_moe_layer(spec: MoESpec, layer: int) -> bool:
-    """Whether layer ``layer`` (0-based) is an MoE layer."""
-    return (layer + 1) % spec.every == 0
-
-
-def moe_layers(spec: MoESpec, layers: int) -> list[int]:
-    """Indices of the MoE layers of a ``layers``-layer model."""
-    return [i for i in range(layers) if is_moe_layer(spec, i)]
 
 
 # ---------------------------------------------------------------------------- routing
@@ -323,15 +233,6 @@ def apply_capacity(loads: np.ndarray, cap: int | None) -> tuple[np.ndarray, np.n
 # -------------------------------------------------------------------------- placement
 
 
-def experts_per_rank(spec: MoESpec, ep: int) -> int:
-    """Experts each rank of an EP group of ``ep`` ranks holds."""
-    if ep < 1:
-        raise ScenarioError(f"parallel.ep: ep({ep}) must be >= 1")
-    if spec.experts % ep:
-        raise ScenarioError(f"parallel.ep: experts({spec.experts}) is not divisible by ep({ep})")
-    return spec.experts // ep
-
-
 def expert_ranks(spec: MoESpec, ep: int) -> np.ndarray:
     """The EP rank that holds each expert (length ``experts``)."""
     return np.arange(spec.experts) // experts_per_rank(spec, ep)
@@ -343,14 +244,6 @@ def local_experts(spec: MoESpec, ep: int, rank: int) -> range:
     if not 0 <= rank < ep:
         raise ValueError(f"rank({rank}) is outside the EP group of ep({ep}) ranks")
     return range(rank * per, (rank + 1) * per)
-
-
-def check_expert_parallel(spec: MoESpec, ep: int, dp: int | None = None) -> None:
-    """Raise :class:`ScenarioError` unless ``ep`` splits the experts evenly and, given
-    ``dp``, divides it (EP ranks are data-parallel replicas of the dense layers)."""
-    experts_per_rank(spec, ep)
-    if dp is not None and dp % ep:
-        raise ScenarioError(f"parallel.ep: dp({dp}) is not divisible by ep({ep})")
 
 
 # --------------------------------------------------------------------------- traffic
@@ -563,7 +456,7 @@ def expert_ops(
     as Megatron's dense MLP, the local experts as one grouped GEMM each. The dispatch
     all-to-all falls between ``moe_router`` and ``expert_fc1``, the combine after
     ``expert_fc2``. Activation bytes and saved tensors follow
-    :func:`simulator.layer_ops.mlp_forward_ops`.
+    :func:`simulator.arithmetic.layer_ops.mlp_forward_ops`.
     """
     _check_nonnegative(tokens=tokens)
     h, f = model_hidden, expert_ffn(spec, model_hidden, model_ffn)
@@ -588,7 +481,7 @@ def expert_ops(
 
 def expert_backward_of(op: OpCost, local_experts: int = 1) -> list[OpCost]:
     """Backward ops of an op from :func:`expert_ops`: like
-    :func:`simulator.model.backward_of`, but a grouped expert GEMM's dgrad reads, and
+    :func:`simulator.request.model.backward_of`, but a grouped expert GEMM's dgrad reads, and
     its wgrad writes, every one of the ``local_experts`` weights."""
     if op.kind != "gemm" or local_experts == 1:
         return backward_of(op)

@@ -29,9 +29,9 @@ out-of-memory             any other layout that does not fit; fix: the first of 
 ========================  ==================================================================
 
 Every fix is a set of scenario overrides (``--set key.path=value``). Candidate fixes are
-checked for memory with :func:`~simulator.memory.memory_per_rank` before any is simulated,
+checked for memory with :func:`~simulator.analysis.memory.memory_per_rank` before any is simulated,
 and the fix is chosen among those that fit. Both the scenario and the fix run through
-:func:`~simulator.run.run_scenario`, in analytic fidelity unless asked otherwise, so the
+:func:`~simulator.run.simulate.run_scenario`, in analytic fidelity unless asked otherwise, so the
 step times, the breakdown (``compute``, ``exposed_comm``, ``bubble``, ``imbalance_stall``,
 ``other``) and memory before and after are the simulator's own numbers. A TP finding caused
 by tp > node or a backwards placement names ``tp-across-nodes`` in ``also``, so one problem
@@ -58,17 +58,16 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from simulator.analysis.memory import memory_per_rank
+from simulator.analysis.metrics import CATEGORIES
+from simulator.cli.options import add_fidelity_option, add_set_option
+from simulator.common.errors import ParasimError
+from simulator.common.files import dumps_result
+from simulator.request.layout import Layout
+from simulator.request.scenario import Scenario, load_scenario, scenario_from_dict
+from simulator.run.simulate import run_scenario, step_config
 from topologies import TopologyError
 from topologies.units import format_bytes, format_time
-
-from .cli_options import add_fidelity_option, add_set_option
-from .errors import ParasimError
-from .layout import Layout
-from .memory import memory_per_rank
-from .metrics import CATEGORIES
-from .outputs import dumps_result
-from .run import run_scenario, step_config
-from .scenario import Scenario, load_scenario, scenario_from_dict
 
 __all__ = [
     "BUBBLE_TARGET",
@@ -1206,7 +1205,7 @@ def write_outputs(explanation: Explanation, out: Path) -> list[Path]:
     """Write ``explain.json`` (what ``--json`` prints) and ``explain.html`` to ``out``.
 
     A folder that cannot be written is bad input (:class:`ParasimError`)."""
-    from .report.explain_report import write_explain_outputs
+    from simulator.report.explain_report import write_explain_outputs
 
     try:
         return write_explain_outputs(explanation, out)
@@ -1232,7 +1231,7 @@ def command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m simulator.explain``: the subcommand on its own."""
+    """``python -m simulator.tools.explain``: the subcommand on its own."""
     parser = argparse.ArgumentParser(prog="parasim")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["explain", *(sys.argv[1:] if argv is None else argv)])

@@ -25,13 +25,14 @@ from pathlib import Path
 
 from rich.console import Console
 
+from simulator.cli.options import add_fidelity_option, add_set_option
+from simulator.common.errors import ParasimError
+from simulator.common.files import dumps_result
+from simulator.common.version import __version__
+from simulator.report.outputs import write_run_outputs
+from simulator.tools import explain, scale, sweep
 from topologies import TopologyError
 from topologies.units import format_time
-
-from . import __version__, explain, scale, sweep
-from .cli_options import add_fidelity_option, add_set_option
-from .errors import ParasimError
-from .outputs import dumps_result, write_run_outputs
 
 COLLBENCH_OPS = (
     "all_reduce",
@@ -167,7 +168,7 @@ def _command_calibrate(args: argparse.Namespace) -> int:
 
 
 def _command_replay(args: argparse.Namespace) -> int:
-    from .scenario import load_scenario
+    from simulator.request.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)  # bad input fails here, at once
     world = scenario.layout.world
@@ -188,8 +189,8 @@ def _command_replay(args: argparse.Namespace) -> int:
 def _command_compare(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from .compare import compare_runs, load_run_dir, write_overlay
-    from .outputs import write_atomically, write_json
+    from simulator.common.files import write_atomically, write_json
+    from simulator.tools.compare import compare_runs, load_run_dir, write_overlay
 
     predicted, measured = load_run_dir(args.predicted), load_run_dir(args.measured)
     report = compare_runs(predicted, measured)
@@ -229,7 +230,7 @@ def _command_compare(args: argparse.Namespace) -> int:
 def _command_collbench(args: argparse.Namespace) -> int:
     import json
 
-    from .collbench import collbench_cluster, collbench_rows, parse_sizes
+    from simulator.tools.collbench import collbench_cluster, collbench_rows, parse_sizes
 
     cluster = collbench_cluster(args.preset, args.nodes, args.gpus_per_node, args.profile)
     sizes = parse_sizes(args.sizes)
@@ -263,12 +264,12 @@ def _command_collbench(args: argparse.Namespace) -> int:
 
 
 def _command_run(args: argparse.Namespace) -> int:
-    from .run import run_scenario
-    from .scenario import load_scenario
-    from .summary import print_summary
+    from simulator.report.summary import print_summary
+    from simulator.request.scenario import load_scenario
+    from simulator.run.simulate import run_scenario
 
     if args.image:
-        from .report.images import check_requirements
+        from simulator.report.images import check_requirements
 
         check_requirements()  # before the simulation, not after it
     scenario = load_scenario(args.scenario, args.overrides)

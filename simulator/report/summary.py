@@ -7,9 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from simulator.analysis.metrics import CATEGORIES
 from topologies.units import format_bytes, format_flops, format_time
-
-from .metrics import CATEGORIES
 
 __all__ = ["print_summary"]
 

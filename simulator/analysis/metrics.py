@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engine.blocks import BlockTimer
-from .engine.core import SimulationTimes
-from .layout import Layout
-from .schedule.ir import Block, Collective, Compute, Schedule
+from simulator.engine.blocks import BlockTimer
+from simulator.engine.core import SimulationTimes
+from simulator.request.layout import Layout
+from simulator.schedule.ir import Block, Collective, Compute, Schedule
 
 __all__ = ["CATEGORIES", "account_rank", "account_step"]
 

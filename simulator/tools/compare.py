@@ -21,11 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ParasimError
-from .metrics import CATEGORIES
-from .report.chrome_trace import trace_from_chrome
-from .report.timeline import write_timeline_html
-from .trace import Trace, category_of
+from simulator.analysis.metrics import CATEGORIES
+from simulator.analysis.trace import Trace, category_of
+from simulator.common.errors import ParasimError
+from simulator.report.chrome_trace import trace_from_chrome
+from simulator.report.timeline import write_timeline_html
 
 __all__ = ["load_run_dir", "compare_runs", "overlay_trace", "relative_error"]
 

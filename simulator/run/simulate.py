@@ -10,17 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import __version__
-from .counts import active_parameter_count, model_flops_per_step, parameter_count
-from .engine.core import EngineOptions, SimulationTimes, simulate
-from .errors import ScenarioError
-from .links import link_summary
-from .memory import memory_per_rank
-from .metrics import account_rank, account_step
-from .scenario import Scenario, check_stage_layers
-from .schedule.ir import Block, Compute, Schedule
-from .schedule.step import StepConfig, build_step
-from .trace import OpRecord, Trace
+from simulator.analysis.links import link_summary
+from simulator.analysis.memory import memory_per_rank
+from simulator.analysis.metrics import account_rank, account_step
+from simulator.analysis.trace import OpRecord, Trace
+from simulator.arithmetic.counts import (
+    active_parameter_count,
+    model_flops_per_step,
+    parameter_count,
+)
+from simulator.common.errors import ScenarioError
+from simulator.common.version import __version__
+from simulator.engine.core import EngineOptions, SimulationTimes, simulate
+from simulator.request.scenario import Scenario, check_stage_layers
+from simulator.schedule.ir import Block, Compute, Schedule
+from simulator.schedule.step import StepConfig, build_step
 
 __all__ = [
     "RunResult",
@@ -119,7 +123,7 @@ def moe_summary(schedule: Schedule) -> dict[str, Any] | None:
 
 def load_custom_order(scenario: Scenario, path: str) -> dict:
     """A custom pipeline order from torch.distributed.pipelining's CSV format, checked."""
-    from .schedule.pipeline import load_csv_order, validate_order
+    from simulator.schedule.pipeline import load_csv_order, validate_order
 
     try:
         order = load_csv_order(path)

@@ -35,12 +35,13 @@ Each candidate then meets these filters, in order, and the count of each is repo
 
 1. *invalid*: the scenario validator rejects it (counted by the first line of its
    message, e.g. ``parallel.tp: heads(12) is not divisible by tp(8)``);
-2. *pruned*: it is valid but does not fit in memory (:func:`simulator.memory.memory_per_rank`,
-   no simulation needed); the dominant memory term of the pruned layouts is reported;
+2. *pruned*: it is valid but does not fit in memory
+   (:func:`simulator.analysis.memory.memory_per_rank`, no simulation needed); the
+   dominant memory term of the pruned layouts is reported;
 3. *dominated*: the same layout with lighter recompute (``none`` < ``selective`` < ``full``)
    also fits. Recompute only adds work to a step, so the lighter one is never slower
    and the heavier one is not simulated; ``--exhaustive`` simulates them anyway;
-4. *simulated*: one step with :func:`simulator.run.run_scenario`, in ``analytic``
+4. *simulated*: one step with :func:`simulator.run.simulate.run_scenario`, in ``analytic``
    fidelity by default (collectives in closed form, symmetric ranks folded), on every
    core, and ranked by step time (ties broken by the layout string). A simulation
    that ends in an error (a schedule that cannot finish) is counted as *failed*.
@@ -85,18 +86,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from simulator.analysis.memory import memory_per_rank
+from simulator.analysis.metrics import CATEGORIES
+from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
+from simulator.common.errors import ParasimError, ScenarioError
+from simulator.common.files import write_atomically, write_csv, write_json
+from simulator.report.style import BREAKDOWN_COLORS, breakdown_bar
+from simulator.request.scenario import (
+    ScenarioSpec,
+    apply_overrides,
+    read_scenario_file,
+    scenario_from_dict,
+)
+from simulator.run.simulate import run_scenario, step_config
 from topologies import TopologyError, load_cluster_spec
 from topologies.units import format_time
 from topologies.validation import nearest_key_hint, validation_message
-
-from .cli_options import add_fidelity_option, add_set_option, add_workers_option
-from .errors import ParasimError, ScenarioError
-from .memory import memory_per_rank
-from .metrics import CATEGORIES
-from .outputs import write_atomically, write_csv, write_json
-from .report.style import BREAKDOWN_COLORS, breakdown_bar
-from .run import run_scenario, step_config
-from .scenario import ScenarioSpec, apply_overrides, read_scenario_file, scenario_from_dict
 
 __all__ = [
     "FIX_KEYS",
@@ -462,7 +467,8 @@ class SweepBase:
 
 
 def read_raw(path: str | Path) -> dict[str, Any]:
-    """The parsed YAML of a scenario file (:func:`simulator.scenario.read_scenario_file`)."""
+    """The parsed YAML of a scenario file
+    (:func:`simulator.request.scenario.read_scenario_file`)."""
     return read_scenario_file(path)
 
 

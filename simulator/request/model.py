@@ -17,7 +17,7 @@ output (logits) layer. The block is the one people train today or trained then:
 * ``dropout``: whether the block runs dropout (attention probabilities and the two
   residual branches, as Megatron-LM's GPT does; Llama-style recipes run none).
 
-The per-op costs of a block are in :mod:`simulator.layer_ops`; this module holds the
+The per-op costs of a block are in :mod:`simulator.arithmetic.layer_ops`; this module holds the
 shape, the presets with their published sources, the parameter count in closed form,
 and the reference formulas the op sums must reproduce in their limiting cases
 (Megatron-LM's model FLOPs and Korthikanti et al.'s activation memory).
@@ -40,10 +40,6 @@ __all__ = [
     "ModelSpec",
     "MODEL_PRESETS",
     "PUBLISHED_PARAMETERS",
-    "layer_parameter_count",
-    "dense_parameter_count",
-    "megatron_model_flops",
-    "korthikanti_activation_bytes",
 ]
 
 
@@ -184,67 +180,3 @@ PUBLISHED_PARAMETERS: dict[str, tuple[float, str]] = {
     "mixtral-8x7b": (46.7e9, "Jiang et al. 2024, section 2: 47B total (46.7B)"),
     "mixtral-8x22b": (140.6e9, "mistralai/Mixtral-8x22B-v0.1 model card: 141B total"),
 }
-
-
-def _norm_parameters(model: ModelSpec) -> int:
-    return (2 if model.norm == "layernorm" else 1) * model.hidden
-
-
-def attention_parameter_count(model: ModelSpec) -> int:
-    """QKV and output projections (and their biases): ``h·(a + 2g)·d + h·h``."""
-    h, d = model.hidden, model.head_dim
-    qkv_width = (model.heads + 2 * model.kv) * d
-    biases = qkv_width + h if model.bias else 0
-    return h * qkv_width + h * h + biases
-
-
-def mlp_parameter_count(model: ModelSpec, ffn: int | None = None) -> int:
-    """One MLP of width ``ffn``: ``2hf`` (GELU) or ``3hf`` (SwiGLU), plus biases."""
-    h, f = model.hidden, ffn if ffn is not None else model.ffn
-    if model.mlp == "swiglu":
-        return 3 * h * f + ((2 * f + h) if model.bias else 0)
-    return 2 * h * f + ((f + h) if model.bias else 0)
-
-
-def layer_parameter_count(model: ModelSpec) -> int:
-    """Parameters of one dense layer: attention, MLP and two norms (``12h² + 13h`` for
-    the GPT block with ``f = 4h``)."""
-    return (
-        attention_parameter_count(model) + mlp_parameter_count(model) + 2 * _norm_parameters(model)
-    )
-
-
-def dense_parameter_count(model: ModelSpec) -> int:
-    """All parameters of a dense model: layers, token (and learned position) embeddings,
-    the final norm, and an untied output layer when ``tie_embeddings`` is false."""
-    h = model.hidden
-    embeddings = model.vocab * h + (model.seq_len * h if model.position == "learned" else 0)
-    output = 0 if model.tie_embeddings else model.vocab * h
-    return (
-        model.layers * layer_parameter_count(model) + embeddings + output + _norm_parameters(model)
-    )
-
-
-def megatron_model_flops(model: ModelSpec, global_batch: int) -> float:
-    """Megatron-LM's closed form ``72·B·L·s·h²·(1 + s/6h + V/12Lh)`` (Narayanan et al.,
-    SC'21, eq. 3 without recompute; valid for the GPT block with ``f = 4h``)."""
-    B, L, s, h, V = global_batch, model.layers, model.seq_len, model.hidden, model.vocab
-    return 72.0 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * L * h))
-
-
-def korthikanti_activation_bytes(
-    model: ModelSpec, micro_batch: int, tp: int, sp: bool = False, recompute: str = "none"
-) -> float:
-    """Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
-    (2022), table 2, per layer and micro-batch on one TP rank, for the GPT block with
-    unfused attention: ``sbh(34 + 5as/h)`` alone, ``sbh(10 + 24/t + 5as/ht)`` with TP,
-    ``(sbh/t)(34 + 5as/h)`` with TP+SP, ``2sbh`` (÷t with SP) with full recompute;
-    selective recompute drops the ``5as/h`` term."""
-    s, b, h, a, t = model.seq_len, micro_batch, model.hidden, model.heads, tp
-    sbh = float(s * b * h)
-    if recompute == "full":
-        return 2.0 * sbh / (t if sp else 1)
-    attention_term = 0.0 if recompute == "selective" else 5.0 * a * s / h
-    if sp:
-        return sbh / t * (34.0 + attention_term)
-    return sbh * (10.0 + 24.0 / t + attention_term / t)

@@ -14,12 +14,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from simulator.common.errors import ParasimError
+from simulator.engine.collectives import bus_factor, plan_collective, plan_p2p
+from simulator.engine.core import EngineOptions, simulate
+from simulator.schedule.ir import Collective, Program, Recv, Schedule, Send
 from topologies import Cluster, build_cluster, load_cluster_spec, parse_bytes
-
-from .engine.collectives import bus_factor, plan_collective, plan_p2p
-from .engine.core import EngineOptions, simulate
-from .errors import ParasimError
-from .schedule.ir import Collective, Program, Recv, Schedule, Send
 
 __all__ = ["OPS", "parse_sizes", "collbench_rows", "collbench_cluster"]
 

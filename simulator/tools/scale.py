@@ -9,7 +9,7 @@ and simulates one step there. How the layout follows the size:
   ``--mode weak`` (the default) grows the global batch with ``dp``, so every replica
   keeps the scenario's share of it; ``--mode strong`` keeps the global batch, which must
   still divide into ``dp`` replicas of whole micro-batches;
-* ``--best`` runs a small sweep at each size (:func:`simulator.sweep.run_sweep` over
+* ``--best`` runs a small sweep at each size (:func:`simulator.tools.sweep.run_sweep` over
   ``tp`` and ``pp``, ``dp`` the rest, everything else pinned to the scenario's values)
   and keeps the fastest layout that fits in memory. Weak mode then grows the global
   batch with the number of GPUs.
@@ -39,13 +39,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from topologies.units import format_time
-
-from .cli_options import add_fidelity_option, add_set_option, add_workers_option
-from .errors import ParasimError, ScenarioError
-from .outputs import write_atomically, write_csv, write_json
-from .scenario import Scenario, apply_overrides, scenario_from_dict
-from .sweep import (
+from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
+from simulator.common.errors import ParasimError, ScenarioError
+from simulator.common.files import write_atomically, write_csv, write_json
+from simulator.request.scenario import Scenario, apply_overrides, scenario_from_dict
+from simulator.tools.sweep import (
     Candidate,
     ProgressBar,
     SweepBase,
@@ -59,6 +57,7 @@ from .sweep import (
     simulate_chunk,
     wide_console,
 )
+from topologies.units import format_time
 
 __all__ = [
     "MODES",

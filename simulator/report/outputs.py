@@ -1,67 +1,17 @@
-"""Writing result files safely: all-or-nothing, never a half-written file.
-
-Each file is written to a temporary name in its destination folder and moved into
-place with ``os.replace``, which is atomic, so an interrupted run leaves the previous
-file intact.
-"""
+"""The files of a run: ``result.json``, ``trace.json``, ``timeline.html``,
+``report.html``, and on request per-rank trace files and static chart images, each
+written atomically (:mod:`simulator.common.files`)."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_atomically", "write_json", "write_csv", "dumps_result", "write_run_outputs"]
+from simulator.common.files import write_atomically, write_json
 
-
-def write_atomically(path: Path, write: Callable[[Path], Any]) -> Any:
-    """Call ``write(tmp_path)``, then move the temporary file to ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(handle)
-    tmp = Path(tmp_name)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file normal permissions
-    try:
-        outcome = write(tmp)
-        os.replace(tmp, path)
-        return outcome
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def dumps_result(result: dict[str, Any]) -> str:
-    """Canonical JSON text of a result: sorted keys, so equal results are equal bytes."""
-    return json.dumps(result, sort_keys=True, indent=2) + "\n"
-
-
-def write_csv(
-    path: Path,
-    fields: tuple[str, ...],
-    rows: list[dict[str, Any]],
-    value: Callable[[dict[str, Any], str], Any],
-) -> None:
-    """Write ``rows`` as CSV with a header of ``fields``, each cell ``value(row, field)``."""
-    import csv
-
-    def write(tmp: Path) -> None:
-        with tmp.open("w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(fields)
-            for row in rows:
-                writer.writerow([value(row, key) for key in fields])
-
-    write_atomically(path, write)
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    write_atomically(path, lambda tmp: tmp.write_text(dumps_result(payload)))
+__all__ = ["write_run_outputs", "write_rank_folder", "write_run_images"]
 
 
 def write_run_outputs(
@@ -70,7 +20,7 @@ def write_run_outputs(
     """Write ``result.json``, ``trace.json``, ``timeline.html`` and ``report.html`` of a
     run to ``out``, each atomically, and return their paths in that order.
 
-    ``run`` is a :class:`simulator.run.RunResult`, simulated or measured. Large runs
+    ``run`` is a :class:`simulator.run.simulate.RunResult`, simulated or measured. Large runs
     keep representative ranks in the trace files and say so in the result's warnings;
     ``report.html`` draws its timeline from the same trace. With ``image_format``
     (``"png"`` or ``"svg"``) the report's charts are also written as static images
@@ -78,8 +28,8 @@ def write_run_outputs(
     ``hta`` the folder ``hta/`` gets one trace file per rank for Holistic Trace Analysis
     (``TraceAnalysis(trace_dir=out / "hta")``), replacing any earlier one whole.
     """
-    from .report import write_chrome_trace, write_run_report, write_timeline_html
-    from .run import make_trace, trace_ranks
+    from simulator.report import write_chrome_trace, write_run_report, write_timeline_html
+    from simulator.run.simulate import make_trace, trace_ranks
 
     ranks, note = trace_ranks(run)
     if note and note not in run.result["warnings"]:
@@ -100,7 +50,7 @@ def write_run_outputs(
 def write_rank_folder(trace: Any, folder: Path) -> Path:
     """Per-rank trace files (:func:`~simulator.report.chrome_trace.write_rank_traces`)
     written into a fresh folder beside ``folder``, which then replaces it whole."""
-    from .report.chrome_trace import write_rank_traces
+    from simulator.report.chrome_trace import write_rank_traces
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -118,9 +68,14 @@ def write_run_images(run: Any, trace: Any, out: Path, title: str, image_format: 
     """The charts of ``report.html`` as ``<chart>.png`` or ``.svg`` files in ``out``
     (timeline, breakdown, memory, and link utilisation in flow fidelity), drawn by
     kaleido with the system Chromium (:mod:`simulator.report.images`)."""
-    from .report.images import export_figures
-    from .report.run_report import breakdown_figure, link_heatmap, memory_figure, report_trace
-    from .report.timeline import timeline_figure
+    from simulator.report.images import export_figures
+    from simulator.report.run_report import (
+        breakdown_figure,
+        link_heatmap,
+        memory_figure,
+        report_trace,
+    )
+    from simulator.report.timeline import timeline_figure
 
     figures = [
         ("timeline", timeline_figure(report_trace(run, trace)[0], title)[0]),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import ScenarioError
+from simulator.common.errors import ScenarioError
 
 __all__ = ["Layout", "AXES"]
 

@@ -5,7 +5,7 @@ recipe, the parallel layout and the simulation settings. :func:`load_scenario` r
 the YAML, applies ``--set key.path=value`` overrides, validates every section with
 pydantic (unknown keys are errors with the nearest valid key suggested) and resolves
 presets, giving a :class:`Scenario` whose layout is known to be possible. Every
-problem becomes a :class:`~simulator.errors.ScenarioError` with one line naming the
+problem becomes a :class:`~simulator.common.errors.ScenarioError` with one line naming the
 field and the numbers.
 """
 
@@ -19,14 +19,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from simulator.common.errors import ScenarioError
+from simulator.request.layout import Layout
+from simulator.request.model import MODEL_PRESETS, ModelSpec
+from simulator.request.moe import MoESpec, check_expert_parallel
 from topologies import Cluster, ClusterSpec, TopologyError, build_cluster, load_cluster_spec
 from topologies.units import Bytes
 from topologies.validation import nearest_key_hint, validation_message
-
-from .errors import ScenarioError
-from .layout import Layout
-from .model import MODEL_PRESETS, ModelSpec
-from .moe import MoESpec, check_expert_parallel
 
 __all__ = [
     "TrainingSpec",

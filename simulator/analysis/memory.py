@@ -6,7 +6,7 @@
   variance), as in Rajbhandari et al., "ZeRO" (SC'20), section 3.1. With optimizer
   sharding (ZeRO-1) the 12 bytes of Adam state are split across the ``dp`` replicas.
 * Activations are what the ops of a layer save for their backward
-  (:func:`simulator.layer_ops.layer_saved_bytes`), summed over the layers of each stage
+  (:func:`simulator.arithmetic.layer_ops.layer_saved_bytes`), summed over the layers of each stage
   a rank holds, plus the embedding's, the final norm's, the logits' and the loss's
   (the fp32 softmax) on the first and last stage, times the (stage, micro-batch)
   activation sets a rank holds at its peak, counted from its actual pipeline order:
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layer_ops import (
+from simulator.arithmetic.layer_ops import (
     OpCost,
     checkpoint_bytes,
     embedding_op,
@@ -35,9 +35,10 @@ from .layer_ops import (
     logits_forward_op,
     loss_op,
 )
-from .moe import expert_ops, is_moe_layer
-from .schedule.pipeline import Action
-from .schedule.step import StepConfig, stage_parameter_count
+from simulator.arithmetic.moe import expert_ops
+from simulator.request.moe import is_moe_layer
+from simulator.schedule.pipeline import Action
+from simulator.schedule.step import StepConfig, stage_parameter_count
 
 __all__ = [
     "BYTES_PER_PARAM",

@@ -1,0 +1,111 @@
+"""Whole-model totals: parameters and model FLOPs per step, dense or mixture of experts.
+
+Both are sums over the ops of :mod:`simulator.arithmetic.layer_ops` and
+:mod:`simulator.arithmetic.moe` (parameters also in closed form,
+:func:`dense_parameter_count`), so the numbers a run reports are the ones its schedule
+runs.
+"""
+
+from __future__ import annotations
+
+from simulator.arithmetic.layer_ops import OpCost, backward_of, layer_forward_ops, logits_forward_op
+from simulator.arithmetic.moe import expert_ffn, expert_ops, moe_layer_parameters
+from simulator.request.model import ModelSpec
+from simulator.request.moe import MoESpec, moe_layers
+
+__all__ = [
+    "attention_parameter_count",
+    "mlp_parameter_count",
+    "layer_parameter_count",
+    "dense_parameter_count",
+    "parameter_count",
+    "active_parameter_count",
+    "model_flops_per_step",
+]
+
+
+def _norm_parameters(model: ModelSpec) -> int:
+    return (2 if model.norm == "layernorm" else 1) * model.hidden
+
+
+def attention_parameter_count(model: ModelSpec) -> int:
+    """QKV and output projections (and their biases): ``h·(a + 2g)·d + h·h``."""
+    h, d = model.hidden, model.head_dim
+    qkv_width = (model.heads + 2 * model.kv) * d
+    biases = qkv_width + h if model.bias else 0
+    return h * qkv_width + h * h + biases
+
+
+def mlp_parameter_count(model: ModelSpec, ffn: int | None = None) -> int:
+    """One MLP of width ``ffn``: ``2hf`` (GELU) or ``3hf`` (SwiGLU), plus biases."""
+    h, f = model.hidden, ffn if ffn is not None else model.ffn
+    if model.mlp == "swiglu":
+        return 3 * h * f + ((2 * f + h) if model.bias else 0)
+    return 2 * h * f + ((f + h) if model.bias else 0)
+
+
+def layer_parameter_count(model: ModelSpec) -> int:
+    """Parameters of one dense layer: attention, MLP and two norms (``12h² + 13h`` for
+    the GPT block with ``f = 4h``)."""
+    return (
+        attention_parameter_count(model) + mlp_parameter_count(model) + 2 * _norm_parameters(model)
+    )
+
+
+def dense_parameter_count(model: ModelSpec) -> int:
+    """All parameters of a dense model: layers, token (and learned position) embeddings,
+    the final norm, and an untied output layer when ``tie_embeddings`` is false."""
+    h = model.hidden
+    embeddings = model.vocab * h + (model.seq_len * h if model.position == "learned" else 0)
+    output = 0 if model.tie_embeddings else model.vocab * h
+    return (
+        model.layers * layer_parameter_count(model) + embeddings + output + _norm_parameters(model)
+    )
+
+
+def parameter_count(model: ModelSpec, moe: MoESpec | None = None) -> int:
+    """All parameters; an MoE layer holds its router and every expert instead of the
+    dense MLP."""
+    total = dense_parameter_count(model)
+    if moe is not None:
+        per_layer = moe_layer_parameters(moe, model.hidden, model.ffn, model.mlp, model.bias)
+        total += len(moe_layers(moe, model.layers)) * (per_layer - mlp_parameter_count(model))
+    return total
+
+
+def active_parameter_count(model: ModelSpec, moe: MoESpec | None = None) -> int:
+    """Parameters one token passes through: the router and ``top_k`` experts per MoE
+    layer (the "active" count MoE papers quote)."""
+    if moe is None:
+        return parameter_count(model)
+    active_mlp = moe.top_k * mlp_parameter_count(model, expert_ffn(moe, model.hidden, model.ffn))
+    per_layer = model.hidden * moe.experts + active_mlp - mlp_parameter_count(model)
+    return dense_parameter_count(model) + len(moe_layers(moe, model.layers)) * per_layer
+
+
+def _with_backward(op: OpCost) -> float:
+    return op.model_flops + sum(b.model_flops for b in backward_of(op))
+
+
+def model_flops_per_step(model: ModelSpec, global_batch: int, moe: MoESpec | None = None) -> float:
+    """Model FLOPs of one training step summed from the per-op costs (forward plus
+    backward, matmuls only, no recompute). For a mixture of experts an MoE layer counts
+    its router and the ``top_k`` experts each token visits instead of the dense MLP."""
+    ops = layer_forward_ops(model, 1, 1)
+    per_layer = sum(_with_backward(op) for op in ops)
+    per_sequence = model.layers * per_layer + _with_backward(logits_forward_op(model, 1, 1))
+    if moe is not None:
+        tokens = model.seq_len
+        mlp = sum(_with_backward(op) for op in ops if op.name in ("fc1", "fc2"))
+        experts = expert_ops(
+            moe,
+            model.hidden,
+            tokens * moe.top_k,
+            model_ffn=model.ffn,
+            router_tokens=tokens,
+            mlp=model.mlp,
+            bias=model.bias,
+        )
+        moe_layer = sum(_with_backward(op) for op in experts)
+        per_sequence += len(moe_layers(moe, model.layers)) * (moe_layer - mlp)
+    return global_batch * per_sequence

@@ -1,0 +1,1 @@
+"""The ``parasim`` command line: one module per command."""

@@ -1,0 +1,3 @@
+"""parasim's version, in one place."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,130 @@
+"""The mixture-of-experts part of a model, as the scenario states it (``model.moe``):
+how many experts, top-k, capacity, which layers, and the routing distribution.
+
+The routing, capacity, traffic and expert compute that follow from it are in
+:mod:`simulator.arithmetic.moe`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from simulator.common.errors import ScenarioError
+
+__all__ = [
+    "UniformRouting",
+    "ZipfRouting",
+    "DirichletRouting",
+    "HistogramRouting",
+    "RoutingSpec",
+    "MoESpec",
+    "is_moe_layer",
+    "moe_layers",
+    "experts_per_rank",
+    "check_expert_parallel",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class UniformRouting(_Strict):
+    """Every expert gets the same number of assignments (exactly, up to one)."""
+
+    kind: Literal["uniform"] = "uniform"
+
+
+class ZipfRouting(_Strict):
+    """Expert popularity ``∝ 1/rank^exponent``, ranks permuted at random per layer."""
+
+    kind: Literal["zipf"]
+    exponent: float = Field(ge=0)
+
+
+class DirichletRouting(_Strict):
+    """Expert popularity drawn per layer from a symmetric Dirichlet distribution."""
+
+    kind: Literal["dirichlet"]
+    concentration: float = Field(gt=0)
+
+
+class HistogramRouting(_Strict):
+    """A measured per-expert load (any scale; normalised here)."""
+
+    kind: Literal["histogram"]
+    loads: list[float]
+    sample: bool = True
+
+    @field_validator("loads")
+    @classmethod
+    def _normalise(cls, loads: list[float]) -> list[float]:
+        for e, x in enumerate(loads):
+            if not math.isfinite(x) or x < 0:
+                raise ValueError(f"loads[{e}]({x}) must be finite and >= 0")
+        total = sum(loads)
+        if total <= 0:
+            raise ValueError(f"loads sum to {total}; at least one expert needs a load > 0")
+        return [x / total for x in loads]
+
+
+RoutingSpec = Annotated[
+    UniformRouting | ZipfRouting | DirichletRouting | HistogramRouting,
+    Field(discriminator="kind"),
+]
+
+
+class MoESpec(_Strict):
+    """The mixture-of-experts part of a model (scenario key ``model.moe``).
+
+    Layer ``i`` (0-based) is an MoE layer when ``(i + 1) % every == 0``: ``every: 1``
+    makes every layer MoE (GShard's decoder, Switch, Mixtral), ``every: 2`` every other
+    layer. ``ffn_hidden`` is each expert's MLP width (the model's by default).
+    """
+
+    experts: int = Field(gt=0)
+    top_k: int = Field(default=1, gt=0)
+    capacity_factor: float | None = Field(default=None, gt=0)
+    every: int = Field(default=1, ge=1)
+    ffn_hidden: int | None = Field(default=None, gt=0)
+    routing: RoutingSpec = Field(default_factory=UniformRouting)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MoESpec:
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k({self.top_k}) > experts({self.experts})")
+        if isinstance(self.routing, HistogramRouting) and len(self.routing.loads) != self.experts:
+            raise ValueError(
+                f"routing.loads has {len(self.routing.loads)} entries != experts({self.experts})"
+            )
+        return self
+
+
+def is_moe_layer(spec: MoESpec, layer: int) -> bool:
+    """Whether layer ``layer`` (0-based) is an MoE layer."""
+    return (layer + 1) % spec.every == 0
+
+
+def moe_layers(spec: MoESpec, layers: int) -> list[int]:
+    """Indices of the MoE layers of a ``layers``-layer model."""
+    return [i for i in range(layers) if is_moe_layer(spec, i)]
+
+
+def experts_per_rank(spec: MoESpec, ep: int) -> int:
+    """Experts each rank of an EP group of ``ep`` ranks holds."""
+    if ep < 1:
+        raise ScenarioError(f"parallel.ep: ep({ep}) must be >= 1")
+    if spec.experts % ep:
+        raise ScenarioError(f"parallel.ep: experts({spec.experts}) is not divisible by ep({ep})")
+    return spec.experts // ep
+
+
+def check_expert_parallel(spec: MoESpec, ep: int, dp: int | None = None) -> None:
+    """Raise :class:`ScenarioError` unless ``ep`` splits the experts evenly and, given
+    ``dp``, divides it (EP ranks are data-parallel replicas of the dense layers)."""
+    experts_per_rank(spec, ep)
+    if dp is not None and dp % ep:
+        raise ScenarioError(f"parallel.ep: dp({dp}) is not divisible by ep({ep})")

@@ -1,0 +1,1 @@
+"""The run: scenario to schedule to engine to result, in one call."""
