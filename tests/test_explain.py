@@ -22,6 +22,8 @@ import yaml
 
 from benchmarks import make_teaching
 from simulator.analysis.metrics import CATEGORIES
+from simulator.cli.explain import add_parser, command
+from simulator.cli.main import main as parasim_main
 from simulator.common.errors import ParasimError
 from simulator.report.explain_report import (
     TERM_COLORS,
@@ -34,11 +36,8 @@ from simulator.tools.explain import (
     FINDING_IDS,
     Explanation,
     Finding,
-    add_parser,
-    command,
     diagnose,
     explain,
-    main,
 )
 from simulator.tools.sweep import BAR_COLORS
 
@@ -295,7 +294,7 @@ def test_bad_input(capsys, tmp_path):
         command(_args(str(tmp_path / "missing.yaml")))
     with pytest.raises(ParasimError, match="parallel"):
         command(_args(str(TEACHING / "layering-fix.yaml"), "--set", "parallel.tp=3"))
-    assert main([str(tmp_path / "missing.yaml")]) == 2
+    assert parasim_main(["explain", str(tmp_path / "missing.yaml")]) == 2
     assert capsys.readouterr().err.startswith("parasim: error:")
     with pytest.raises(SystemExit):
         _args("x.yaml", "--fidelity", "exact")
@@ -384,6 +383,6 @@ def test_out_defaults_to_the_scenario_folder_and_bad_out_is_bad_input(capsys, tm
     (tmp_path / "file").write_text("")
     with pytest.raises(ParasimError, match="--out"):
         command(_args(path, "--out", str(tmp_path / "file")))
-    assert main([path, "--out", str(tmp_path / "file")]) == 2
+    assert parasim_main(["explain", path, "--out", str(tmp_path / "file")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("parasim: error: --out") and err.count("\n") == 1

@@ -353,10 +353,10 @@ def test_inline_topology_with_overrides_and_flags():
 
 
 def test_cluster_of_spec_builds_the_matching_fabric():
-    assert isinstance(Cluster(load_cluster_spec({"topology": SWITCH_RING})), DimensionCluster)
-    assert isinstance(Cluster(load_cluster_spec({"topology": GRAPH})), GraphCluster)
+    assert isinstance(build_cluster(load_cluster_spec({"topology": SWITCH_RING})), DimensionCluster)
+    assert isinstance(build_cluster(load_cluster_spec({"topology": GRAPH})), GraphCluster)
     assert isinstance(
-        Cluster(load_cluster_spec({"preset": "dgx-a100", "nodes": 1})), FatTreeCluster
+        build_cluster(load_cluster_spec({"preset": "dgx-a100", "nodes": 1})), FatTreeCluster
     )
 
 

@@ -81,13 +81,13 @@ def test_run_outputs_write_the_report_and_nothing_else(flow_out):
 
 
 def test_a_failed_report_leaves_no_partial_file(analytic_run, tmp_path, monkeypatch):
-    import simulator.report
+    import simulator.report.outputs
 
     def broken(run, path, title, trace=None):
         Path(path).write_text("<!DOCTYPE html><html>half a page")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(simulator.report, "write_run_report", broken)
+    monkeypatch.setattr(simulator.report.outputs, "write_run_report", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         write_run_outputs(analytic_run, tmp_path, title="x")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(OUTPUTS[:3])

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from simulator.cli import scale as scale_command
 from simulator.common.errors import ParasimError
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import run_scenario
@@ -23,7 +24,7 @@ PURE_DP = ["parallel.tp=1", "parallel.pp=1", "parallel.dp=8", "training.micro_ba
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parasim")
-    scale.add_parser(parser.add_subparsers(dest="command"))
+    scale_command.add_parser(parser.add_subparsers(dest="command"))
     return parser
 
 
@@ -106,7 +107,7 @@ def test_best_layout_per_size_and_outputs(tmp_path, capsys):
     args = _parser().parse_args(
         ["scale", str(SMALL), "--gpus", "8,16", "--best", "--workers", "1", "--out", str(out)]
     )
-    assert scale.command(args) == 0
+    assert scale_command.command(args) == 0
     result = json.loads((out / "scale.json").read_text())
     assert result["best"] and result["mode"] == "weak"
     rows = result["rows"]

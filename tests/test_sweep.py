@@ -10,6 +10,7 @@ import json
 import pytest
 
 from simulator.analysis.memory import memory_per_rank
+from simulator.cli import sweep as sweep_command
 from simulator.common.errors import ParasimError, ScenarioError
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import run_scenario, step_config
@@ -33,12 +34,12 @@ PINNED = [
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parasim")
-    sweep.add_parser(parser.add_subparsers(dest="command"))
+    sweep_command.add_parser(parser.add_subparsers(dest="command"))
     return parser
 
 
 def _command(*argv: str) -> int:
-    return sweep.command(_parser().parse_args(["sweep", *map(str, argv)]))
+    return sweep_command.command(_parser().parse_args(["sweep", *map(str, argv)]))
 
 
 def test_every_fitting_layout_is_found_and_ranked_by_step_time(tmp_path, capsys):

@@ -40,7 +40,10 @@ from pydantic import ValidationError
 
 from .cluster import Cluster
 from .custom import read_topology
+from .dimensions import DimensionCluster
 from .errors import TopologyError
+from .fattree import FatTreeCluster
+from .graph import GraphCluster
 from .profile import load_profile, profile_overrides
 from .spec import ClusterSpec, check_cluster_spec
 from .validation import nearest_key_hint, validation_message
@@ -177,5 +180,10 @@ def _load_custom(
 
 
 def build_cluster(spec: ClusterSpec) -> Cluster:
-    """The network graph and routing of ``spec`` (the subclass its fabric needs)."""
-    return Cluster(spec)
+    """The network graph and routing of ``spec``, as the subclass its fabric needs: a
+    fat tree for a preset, the per-dimension or explicit graph of a custom topology."""
+    if spec.topology is None:
+        return FatTreeCluster(spec)
+    if spec.topology.form == "dimensions":
+        return DimensionCluster(spec)
+    return GraphCluster(spec)

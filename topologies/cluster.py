@@ -4,8 +4,8 @@ A :class:`Cluster` is built from a :class:`~topologies.spec.ClusterSpec` for any
 number of nodes. GPUs are numbered ``0 .. num_gpus-1`` node-major: GPU ``g`` is
 local GPU ``g % gpus_per_node`` of node ``g // gpus_per_node``.
 
-``Cluster(spec)`` builds the fabric the spec describes and returns an instance of
-the matching subclass:
+:func:`topologies.build.build_cluster` builds the fabric the spec describes as an
+instance of the matching subclass:
 
 - :class:`~topologies.fattree.FatTreeCluster` — nodes with an NVSwitch (``nvswitch``)
   or PCIe switches only (``pcie``), NICs on rails, a rail-optimised leaf/spine fat
@@ -75,11 +75,6 @@ class Cluster:
     list and the route cache. Subclasses build the vertices and links
     (:meth:`_build`) and name the vertices of a route (:meth:`_path`).
     """
-
-    def __new__(cls, spec: ClusterSpec | None = None, *args: object, **kwargs: object) -> Cluster:
-        if cls is Cluster and spec is not None:
-            cls = _fabric_class(spec)
-        return super().__new__(cls)
 
     def __init__(self, spec: ClusterSpec) -> None:
         check_cluster_spec(spec)
@@ -229,21 +224,6 @@ class Cluster:
             f"{type(self).__name__}({self.spec.name!r}, nodes={self.num_nodes}, "
             f"gpus_per_node={self.gpus_per_node}, num_gpus={self.num_gpus})"
         )
-
-
-def _fabric_class(spec: ClusterSpec) -> type[Cluster]:
-    """The subclass that builds ``spec``'s fabric (imported here: they import this module)."""
-    if spec.topology is None:
-        from .fattree import FatTreeCluster
-
-        return FatTreeCluster
-    if spec.topology.form == "dimensions":
-        from .dimensions import DimensionCluster
-
-        return DimensionCluster
-    from .graph import GraphCluster
-
-    return GraphCluster
 
 
 class FileTopologyCluster(Cluster):

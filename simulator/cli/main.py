@@ -25,12 +25,18 @@ from pathlib import Path
 
 from rich.console import Console
 
+from simulator.cli import explain, scale, sweep
 from simulator.cli.options import add_fidelity_option, add_set_option
 from simulator.common.errors import ParasimError
-from simulator.common.files import dumps_result
+from simulator.common.files import dumps_result, write_atomically, write_json
 from simulator.common.version import __version__
+from simulator.report.images import check_requirements
 from simulator.report.outputs import write_run_outputs
-from simulator.tools import explain, scale, sweep
+from simulator.report.summary import print_summary
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario
+from simulator.tools.collbench import collbench_cluster, collbench_rows, parse_sizes
+from simulator.tools.compare import compare_runs, load_run_dir, write_overlay
 from topologies import TopologyError
 from topologies.units import format_time
 
@@ -168,7 +174,6 @@ def _command_calibrate(args: argparse.Namespace) -> int:
 
 
 def _command_replay(args: argparse.Namespace) -> int:
-    from simulator.request.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)  # bad input fails here, at once
     world = scenario.layout.world
@@ -188,9 +193,6 @@ def _command_replay(args: argparse.Namespace) -> int:
 
 def _command_compare(args: argparse.Namespace) -> int:
     from rich.table import Table
-
-    from simulator.common.files import write_atomically, write_json
-    from simulator.tools.compare import compare_runs, load_run_dir, write_overlay
 
     predicted, measured = load_run_dir(args.predicted), load_run_dir(args.measured)
     report = compare_runs(predicted, measured)
@@ -230,8 +232,6 @@ def _command_compare(args: argparse.Namespace) -> int:
 def _command_collbench(args: argparse.Namespace) -> int:
     import json
 
-    from simulator.tools.collbench import collbench_cluster, collbench_rows, parse_sizes
-
     cluster = collbench_cluster(args.preset, args.nodes, args.gpus_per_node, args.profile)
     sizes = parse_sizes(args.sizes)
     rows = collbench_rows(cluster, args.op, sizes, args.algo, args.proto, args.fidelity)
@@ -264,13 +264,8 @@ def _command_collbench(args: argparse.Namespace) -> int:
 
 
 def _command_run(args: argparse.Namespace) -> int:
-    from simulator.report.summary import print_summary
-    from simulator.request.scenario import load_scenario
-    from simulator.run.simulate import run_scenario
 
     if args.image:
-        from simulator.report.images import check_requirements
-
         check_requirements()  # before the simulation, not after it
     scenario = load_scenario(args.scenario, args.overrides)
     run = run_scenario(scenario)

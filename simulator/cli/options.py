@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from simulator.common.vocabulary import FIDELITIES
+
 __all__ = ["add_set_option", "add_fidelity_option", "add_workers_option"]
 
 
@@ -30,7 +32,7 @@ def add_fidelity_option(
     """``--fidelity analytic|flow``."""
     parser.add_argument(
         "--fidelity",
-        choices=["analytic", "flow"],
+        choices=list(FIDELITIES),
         default=default,
         help=help or f"simulation fidelity (default {default})",
     )

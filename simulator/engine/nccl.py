@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from simulator.common.vocabulary import ALGORITHMS, PROTOCOLS
+
 __all__ = [
     "ALGORITHMS",
     "PROTOCOLS",
@@ -38,8 +40,6 @@ __all__ = [
     "ring_steps",
 ]
 
-ALGORITHMS = ("ring", "tree", "nvls", "direct", "hierarchical")
-PROTOCOLS = ("LL", "LL128", "Simple")
 
 # NCCL tuning.cc baseLat (µs), indexed (algorithm, protocol). "direct" (pairwise
 # all-to-all and send/recv, which NCCL runs as grouped p2p) takes the ring's values.

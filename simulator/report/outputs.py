@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from simulator.common.files import write_atomically, write_json
+from simulator.report import write_chrome_trace, write_run_report, write_timeline_html
+from simulator.report.chrome_trace import write_rank_traces
+from simulator.report.images import export_figures
+from simulator.report.run_report import breakdown_figure, link_heatmap, memory_figure, report_trace
+from simulator.report.timeline import timeline_figure
+from simulator.run.simulate import make_trace, trace_ranks
 
 __all__ = ["write_run_outputs", "write_rank_folder", "write_run_images"]
 
@@ -28,8 +34,6 @@ def write_run_outputs(
     ``hta`` the folder ``hta/`` gets one trace file per rank for Holistic Trace Analysis
     (``TraceAnalysis(trace_dir=out / "hta")``), replacing any earlier one whole.
     """
-    from simulator.report import write_chrome_trace, write_run_report, write_timeline_html
-    from simulator.run.simulate import make_trace, trace_ranks
 
     ranks, note = trace_ranks(run)
     if note and note not in run.result["warnings"]:
@@ -50,7 +54,6 @@ def write_run_outputs(
 def write_rank_folder(trace: Any, folder: Path) -> Path:
     """Per-rank trace files (:func:`~simulator.report.chrome_trace.write_rank_traces`)
     written into a fresh folder beside ``folder``, which then replaces it whole."""
-    from simulator.report.chrome_trace import write_rank_traces
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -68,14 +71,6 @@ def write_run_images(run: Any, trace: Any, out: Path, title: str, image_format: 
     """The charts of ``report.html`` as ``<chart>.png`` or ``.svg`` files in ``out``
     (timeline, breakdown, memory, and link utilisation in flow fidelity), drawn by
     kaleido with the system Chromium (:mod:`simulator.report.images`)."""
-    from simulator.report.images import export_figures
-    from simulator.report.run_report import (
-        breakdown_figure,
-        link_heatmap,
-        memory_figure,
-        report_trace,
-    )
-    from simulator.report.timeline import timeline_figure
 
     figures = [
         ("timeline", timeline_figure(report_trace(run, trace)[0], title)[0]),

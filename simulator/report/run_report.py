@@ -27,14 +27,16 @@ import html
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from simulator.analysis.links import utilisation_bins
 from simulator.analysis.metrics import CATEGORIES
 from simulator.analysis.trace import Trace
+from simulator.report.chrome_trace import select_ranks
 from simulator.report.style import (
     AXIS_COLORS,
     BREAKDOWN_COLORS,
@@ -45,10 +47,8 @@ from simulator.report.style import (
     base_layout,
 )
 from simulator.report.timeline import coalesce, timeline_figure
+from simulator.run.simulate import RunResult, make_trace, representative_ranks, trace_ranks
 from topologies.units import format_bandwidth, format_bytes, format_time
-
-if TYPE_CHECKING:
-    from simulator.run.simulate import RunResult
 
 __all__ = [
     "MAX_BREAKDOWN_ROWS",
@@ -384,7 +384,6 @@ def link_heatmap(run: RunResult, top: int = LINK_ROWS, bins: int = LINK_BINS) ->
     """Utilisation (0..1) of the ``top`` links that carried the most bytes, in ``bins``
     slices of the step, busiest link on top; None when no link carried anything (every
     fidelity but flow)."""
-    from simulator.analysis.links import utilisation_bins
 
     step = run.times.step_time
     utilisation = run.times.link_utilisation
@@ -459,8 +458,6 @@ def report_trace(
     stretches (``meta["idle"]``) shorter than the gap are left out with the gaps the
     merged bars cover.
     """
-    from simulator.report.chrome_trace import select_ranks
-    from simulator.run.simulate import representative_ranks
 
     if len(trace.records) <= max_bars:
         return trace, None
@@ -644,8 +641,6 @@ def run_report_html(
     :func:`~simulator.report.timeline.timeline_figure` says it drew). ``trace`` is the
     trace ``timeline.html`` draws; it is made here the same way when not given."""
     if trace is None:
-        from simulator.run.simulate import make_trace, trace_ranks
-
         trace = make_trace(run, trace_ranks(run)[0])
     result = run.result
     _, row_kind = breakdown_rows(result)

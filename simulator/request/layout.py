@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simulator.common.errors import ScenarioError
+from simulator.common.vocabulary import PLACEMENT_AXES
 
 __all__ = ["Layout", "AXES"]
 
-AXES = ("tp", "dp", "pp")
+AXES = PLACEMENT_AXES
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ from pydantic import (
     model_validator,
 )
 
+from simulator.common.vocabulary import MLP_KINDS, NORM_KINDS, POSITION_KINDS
+
 __all__ = [
     "ModelSpec",
     "MODEL_PRESETS",
@@ -56,9 +58,9 @@ class ModelSpec(BaseModel):
     vocab: int = Field(gt=0)
     ffn_hidden: int | None = Field(default=None, gt=0)
     kv_heads: int | None = Field(default=None, gt=0)
-    mlp: Literal["gelu", "swiglu"] = "gelu"
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    position: Literal["learned", "rope"] = "learned"
+    mlp: Literal[MLP_KINDS] = "gelu"
+    norm: Literal[NORM_KINDS] = "layernorm"
+    position: Literal[POSITION_KINDS] = "learned"
     bias: bool = True
     tie_embeddings: bool = True
     dropout: bool = True

@@ -20,6 +20,21 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simulator.common.errors import ScenarioError
+from simulator.common.vocabulary import (
+    ALGORITHMS,
+    ATTENTION_KERNELS,
+    FIDELITIES,
+    GRADIENT_DTYPES,
+    MLP_KINDS,
+    NORM_KINDS,
+    PLACEMENT_AXES,
+    POSITION_KINDS,
+    PROTOCOLS,
+    RECOMPUTE_MODES,
+    SCHEDULES,
+    TP_COMM_OVERLAP,
+    TRAINING_DTYPES,
+)
 from simulator.request.layout import Layout
 from simulator.request.model import MODEL_PRESETS, ModelSpec
 from simulator.request.moe import MoESpec, check_expert_parallel
@@ -53,24 +68,24 @@ class _Strict(BaseModel):
 class TrainingSpec(_Strict):
     global_batch: int = Field(gt=0)
     micro_batch: int = Field(default=1, gt=0)
-    dtype: Literal["bf16", "fp16"] = "bf16"
-    recompute: Literal["none", "selective", "full"] = "none"
+    dtype: Literal[TRAINING_DTYPES] = "bf16"
+    recompute: Literal[RECOMPUTE_MODES] = "none"
     optimizer_sharding: bool = False  # ZeRO-1: Adam state sharded across dp
     # the attention kernel: FlashAttention, or Megatron-LM's unfused path before it
-    attention: Literal["flash", "unfused"] = "flash"
+    attention: Literal[ATTENTION_KERNELS] = "flash"
     # DDP-style gradient buckets reduced during the backward, or one reduction after it
     grad_reduce_overlap: bool = True
     # whether the backward TP all-reduce (SP: reduce-scatter) hides behind the weight
     # gradient GEMM (Megatron-LM's asynchronous TP communication) or is waited for at
     # once; pipelined: Transformer Engine's userbuffers also overlap the forward's SP
     # all-gathers and reduce-scatters with their GEMMs (Megatron-Core --tp-comm-overlap)
-    tp_comm_overlap: Literal["none", "async", "pipelined"] = "async"
+    tp_comm_overlap: Literal[TP_COMM_OVERLAP] = "async"
     # with optimizer_sharding: the updated weights are all-gathered beside the next
     # forward (Megatron-Core --overlap-param-gather) instead of after the optimizer
     param_gather_overlap: bool = False
     # the dtype gradients are accumulated and reduced in: Megatron-LM keeps fp32 main
     # gradients for bf16 training and torchtitan's FSDP reduces in fp32 by default
-    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    grad_reduce_dtype: Literal[GRADIENT_DTYPES] = "fp32"
     grad_bucket_bytes: Bytes = float(DDP_BUCKET_BYTES)
     first_grad_bucket_bytes: Bytes = float(DDP_FIRST_BUCKET_BYTES)
 
@@ -81,21 +96,21 @@ class ParallelSpec(_Strict):
     dp: int | None = Field(default=None, gt=0)
     ep: int = Field(default=1, gt=0)
     sp: bool = False
-    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "custom"] = "1f1b"
+    schedule: Literal[SCHEDULES] = "1f1b"
     virtual_stages: int = Field(default=1, gt=0)
     schedule_file: str | None = None  # custom: torch.distributed.pipelining CSV order
     # layers of each global pipeline stage (pp · virtual_stages entries), when the model
     # is not split evenly (Megatron-DeepSpeed's and Megatron-Core's uneven first and last
     # stages); None: layers / (pp · virtual_stages) each
     stage_layers: list[int] | None = None
-    placement: list[Literal["tp", "dp", "pp"]] = ["tp", "dp", "pp"]
+    placement: list[Literal[PLACEMENT_AXES]] = list(PLACEMENT_AXES)
 
 
 class SimulationSpec(_Strict):
-    fidelity: Literal["flow", "analytic"] = "flow"
+    fidelity: Literal[FIDELITIES] = "flow"
     seed: int = 0
-    algorithm: Literal["ring", "tree", "nvls", "direct", "hierarchical"] | None = None
-    protocol: Literal["LL", "LL128", "Simple"] | None = None
+    algorithm: Literal[ALGORITHMS] | None = None
+    protocol: Literal[PROTOCOLS] | None = None
     # simulate one rank per pipeline stage for the symmetric others (None: analytic
     # always folds; flow folds above FLOW_FOLD_WORLD ranks)
     fold: bool | None = None
@@ -111,9 +126,9 @@ class ModelSection(_Strict):
     vocab: int | None = Field(default=None, gt=0)
     ffn_hidden: int | None = Field(default=None, gt=0)
     kv_heads: int | None = Field(default=None, gt=0)
-    mlp: Literal["gelu", "swiglu"] | None = None
-    norm: Literal["layernorm", "rmsnorm"] | None = None
-    position: Literal["learned", "rope"] | None = None
+    mlp: Literal[MLP_KINDS] | None = None
+    norm: Literal[NORM_KINDS] | None = None
+    position: Literal[POSITION_KINDS] | None = None
     bias: bool | None = None
     tie_embeddings: bool | None = None
     dropout: bool | None = None

@@ -24,6 +24,7 @@ from simulator.common.version import __version__
 from simulator.engine.core import EngineOptions, SimulationTimes, simulate
 from simulator.request.scenario import Scenario, check_stage_layers
 from simulator.schedule.ir import Block, Compute, Schedule
+from simulator.schedule.pipeline import load_csv_order, validate_order
 from simulator.schedule.step import StepConfig, build_step
 
 __all__ = [
@@ -123,7 +124,6 @@ def moe_summary(schedule: Schedule) -> dict[str, Any] | None:
 
 def load_custom_order(scenario: Scenario, path: str) -> dict:
     """A custom pipeline order from torch.distributed.pipelining's CSV format, checked."""
-    from simulator.schedule.pipeline import load_csv_order, validate_order
 
     try:
         order = load_csv_order(path)

@@ -43,6 +43,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from simulator.common.vocabulary import COLLECTIVE_KINDS
+
 __all__ = [
     "Compute",
     "Collective",
@@ -54,15 +56,6 @@ __all__ = [
     "Schedule",
     "COLLECTIVE_KINDS",
 ]
-
-COLLECTIVE_KINDS = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "broadcast",
-    "barrier",
-)
 
 
 @dataclass(slots=True)

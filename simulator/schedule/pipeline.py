@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from simulator.common.vocabulary import PIPELINE_SCHEDULES
+
 __all__ = [
     "Action",
     "COMPUTE_TYPES",
@@ -64,7 +66,7 @@ __all__ = [
 ]
 
 COMPUTE_TYPES = ("F", "B", "I", "W")
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
+SCHEDULES = PIPELINE_SCHEDULES
 
 _ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
 # A cell of torch's CSV format: compute and communication actions, and the FSDP and

@@ -67,6 +67,7 @@ from simulator.arithmetic.moe import (
     moe_layer_parameters_per_rank,
     moe_layer_traffic,
 )
+from simulator.common.vocabulary import PHASE_OF_PART
 from simulator.request.layout import Layout
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec, is_moe_layer
@@ -667,7 +668,7 @@ class _RankBuilder:
         self._grads(backward_of(router), f"L{layer}.", mb, final, tags, self.stage, defer)
 
     # -- backward ---------------------------------------------------------------------
-    _PHASES = {"B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
+    _PHASES = PHASE_OF_PART
 
     def backward(self, stage: int, mb: int, final: bool, part: str, blocked: bool = False) -> None:
         """``part``: ``B`` (all of it), ``I`` (input gradients, weight gradients

@@ -45,10 +45,8 @@ Like ``parasim sweep`` and ``scale``, the command also writes its files to ``--o
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,13 +58,10 @@ from rich.text import Text
 
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
-from simulator.cli.options import add_fidelity_option, add_set_option
 from simulator.common.errors import ParasimError
-from simulator.common.files import dumps_result
 from simulator.request.layout import Layout
 from simulator.request.scenario import Scenario, load_scenario, scenario_from_dict
 from simulator.run.simulate import run_scenario, step_config
-from topologies import TopologyError
 from topologies.units import format_bytes, format_time
 
 __all__ = [
@@ -85,10 +80,7 @@ __all__ = [
     "diagnose",
     "explain",
     "print_explanation",
-    "add_parser",
     "write_outputs",
-    "command",
-    "main",
 ]
 
 #: A pipeline's bubble above this share of the step is a finding, and the fix aims at it.
@@ -1172,35 +1164,6 @@ def print_explanation(explanation: Explanation, console: Console) -> None:
 # ---------------------------------------------------------------------- the command
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``parasim explain`` to an ``argparse`` subparsers object."""
-    parser = subparsers.add_parser(
-        "explain",
-        help="find layering mistakes, each quantified against its corrected layout",
-        description="Simulate a scenario, find its parallel-layout mistakes and simulate "
-        "the fix of each; print the report and write explain.json and explain.html (each "
-        "mistake beside its fix) to --out. Exit status 0: nothing found; 1: problems found; "
-        "2: bad input.",
-    )
-    parser.add_argument("scenario", help="scenario YAML file")
-    add_set_option(parser, "override a scenario field, e.g. --set parallel.tp=16 (repeatable)")
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print the findings as JSON (what explain.json holds) instead of the report",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help="output folder for explain.json and explain.html (default: out/<scenario>-explain)",
-    )
-    add_fidelity_option(
-        parser, help="simulation fidelity of the scenario and its fixes (default: analytic)"
-    )
-    return parser
-
-
 def write_outputs(explanation: Explanation, out: Path) -> list[Path]:
     """Write ``explain.json`` (what ``--json`` prints) and ``explain.html`` to ``out``.
 
@@ -1211,36 +1174,3 @@ def write_outputs(explanation: Explanation, out: Path) -> list[Path]:
         return write_explain_outputs(explanation, out)
     except OSError as exc:
         raise ParasimError(f"--out: cannot write to {out}: {exc.strerror or exc}") from exc
-
-
-def command(args: argparse.Namespace) -> int:
-    """Run ``parasim explain``: 0 when nothing is wrong, 1 when problems were found.
-
-    The report is printed (``--json``: the findings as JSON) and written to ``--out``,
-    by default ``out/<scenario>-explain``, as the other commands do."""
-    explanation = diagnose(args.scenario, args.overrides, fidelity=args.fidelity)
-    out = args.out if args.out is not None else Path("out") / f"{explanation.scenario}-explain"
-    paths = write_outputs(explanation, out)
-    if args.json:
-        sys.stdout.write(dumps_result(explanation.to_dict()))
-    else:
-        console = Console()
-        print_explanation(explanation, console)
-        console.print(f"wrote {', '.join(str(p) for p in paths)}")
-    return 0 if explanation.ok else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m simulator.tools.explain``: the subcommand on its own."""
-    parser = argparse.ArgumentParser(prog="parasim")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["explain", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return command(args)
-    except (ParasimError, TopologyError) as exc:
-        print(f"parasim: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -39,7 +39,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
 from simulator.common.errors import ParasimError, ScenarioError
 from simulator.common.files import write_atomically, write_csv, write_json
 from simulator.request.scenario import Scenario, apply_overrides, scenario_from_dict
@@ -55,7 +54,6 @@ from simulator.tools.sweep import (
     run_chunked,
     run_sweep,
     simulate_chunk,
-    wide_console,
 )
 from topologies.units import format_time
 
@@ -66,8 +64,6 @@ __all__ = [
     "print_scale",
     "write_scale_outputs",
     "scale_figure",
-    "add_parser",
-    "command",
 ]
 
 MODES = ("weak", "strong")
@@ -549,58 +545,3 @@ def print_scale(result: dict[str, Any], console: Console, outputs: Iterable[str]
 
 
 # -- command line ----------------------------------------------------------------------
-
-
-def add_parser(subparsers: Any) -> None:
-    """Add ``parasim scale`` to the CLI's subparsers."""
-    parser = subparsers.add_parser(
-        "scale",
-        help="scaling curves: the scenario at several GPU counts",
-        description=(
-            "Simulate the scenario at each GPU count (whole nodes), keeping its tp and pp "
-            "(dp the rest) or, with --best, the fastest layout at each size; report "
-            "throughput and scaling efficiency."
-        ),
-    )
-    parser.add_argument("scenario", help="scenario YAML file")
-    parser.add_argument(
-        "--gpus",
-        required=True,
-        type=_gpus_argument,
-        help="GPU counts, e.g. 8,16,32 or 8,16,...,4096 (doubling)",
-    )
-    parser.add_argument(
-        "--mode",
-        choices=MODES,
-        default="weak",
-        help="weak: global batch grows with the replicas (default); strong: it stays",
-    )
-    parser.add_argument(
-        "--best", action="store_true", help="sweep tp and pp at each size and keep the fastest"
-    )
-    parser.add_argument("--max-tp", type=int, help="with --best: largest tp to try")
-    parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-scale)")
-    add_fidelity_option(parser, help="simulation fidelity (default analytic: fast, folded)")
-    add_workers_option(parser)
-    add_set_option(parser, "override a scenario field first (repeatable)")
-
-
-def command(args: argparse.Namespace) -> int:
-    """Run ``parasim scale``: print the table and write the outputs."""
-    result = run_scale(
-        args.scenario,
-        args.gpus,
-        mode=args.mode,
-        best=args.best,
-        overrides=args.overrides,
-        fidelity=args.fidelity,
-        workers=args.workers,
-        progress=True,
-        max_tp=args.max_tp,
-    )
-    if result["reference_gpus"] is None:
-        raise ParasimError(f"no layout fits at any size: {result['rows'][0]['reason']}")
-    out = args.out if args.out is not None else Path("out") / f"{result['scenario']}-scale"
-    paths = write_scale_outputs(result, out)
-    print_scale(result, wide_console(), [str(p) for p in paths])
-    return 0

@@ -60,7 +60,6 @@ layouts and the counts and writes ``sweep.csv``, ``sweep.json`` and ``sweep.html
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
@@ -88,9 +87,9 @@ from rich.text import Text
 
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
-from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
 from simulator.common.errors import ParasimError, ScenarioError
 from simulator.common.files import write_atomically, write_csv, write_json
+from simulator.common.vocabulary import PIPELINE_SCHEDULES, PLACEMENT_AXES, RECOMPUTE_MODES
 from simulator.report.style import BREAKDOWN_COLORS, breakdown_bar
 from simulator.request.scenario import (
     ScenarioSpec,
@@ -132,8 +131,6 @@ __all__ = [
     "print_sweep",
     "write_sweep_outputs",
     "sweep_figure",
-    "add_parser",
-    "command",
 ]
 
 #: Dimensions ``--fix`` can pin, in the order a layout string shows them.
@@ -150,10 +147,14 @@ FIX_KEYS = (
     "placement",
 )
 _FIX_ALIASES = {"mb": "micro_batch", "v": "virtual_stages", "rc": "recompute"}
+# searched by default, in this order: every built-in schedule but ZB-H2, which holds
+# more micro-batches in flight than ZB-H1 for the last of the bubble (--fix
+# schedule=zb-h2 searches it)
+_ALL_SCHEDULES = PIPELINE_SCHEDULES
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1")
-_ALL_SCHEDULES = (*SCHEDULES, "zb-h2")
-RECOMPUTE = ("none", "selective", "full")
-PLACEMENTS = (("tp", "dp", "pp"), ("tp", "pp", "dp"), ("dp", "tp", "pp"))
+assert set(SCHEDULES) < set(PIPELINE_SCHEDULES)
+RECOMPUTE = RECOMPUTE_MODES
+PLACEMENTS = (PLACEMENT_AXES, ("tp", "pp", "dp"), ("dp", "tp", "pp"))
 MAX_MICRO_BATCH = 8
 VIRTUAL_STAGES = (2, 4)
 _RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE)}
@@ -1040,63 +1041,3 @@ def count_lines(result: dict[str, Any]) -> list[str]:
 
 
 # -- command line ----------------------------------------------------------------------
-
-
-def add_parser(subparsers: Any) -> None:
-    """Add ``parasim sweep`` to the CLI's subparsers."""
-    parser = subparsers.add_parser(
-        "sweep",
-        help="every valid layout of a scenario's model on its cluster, ranked",
-        description=(
-            "Try every layout (tp, pp, dp, ep, sp, micro-batch, schedule, recompute, "
-            "placement) of the scenario's model on its cluster; drop the invalid ones and "
-            "those that do not fit in memory, simulate the rest and rank them by step time."
-        ),
-    )
-    parser.add_argument("scenario", help="scenario YAML file")
-    parser.add_argument("--gpus", type=int, help="resize the cluster to N GPUs (whole nodes)")
-    parser.add_argument("--top", type=int, default=10, help="layouts to show (default 10)")
-    parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-sweep)")
-    parser.add_argument(
-        "--fix",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"pin a dimension, e.g. --fix tp=8 (repeatable; keys: {', '.join(FIX_KEYS)})",
-    )
-    parser.add_argument(
-        "--max-tp",
-        type=int,
-        help="largest tp to try (default: GPUs per node; larger values let TP span nodes)",
-    )
-    add_fidelity_option(parser, help="simulation fidelity (default analytic: fast, folded)")
-    add_workers_option(parser)
-    add_set_option(parser, "override a scenario field before sweeping (repeatable)")
-    parser.add_argument(
-        "--exhaustive",
-        action="store_true",
-        help="also simulate layouts that a lighter recompute of the same layout beats",
-    )
-
-
-def command(args: argparse.Namespace) -> int:
-    """Run ``parasim sweep``: print the ranking and write the outputs."""
-    if args.top < 1:
-        raise ParasimError(f"--top: expected a positive number (got {args.top})")
-    result = run_sweep(
-        args.scenario,
-        overrides=args.overrides,
-        gpus=args.gpus,
-        fixed=parse_fixes(args.fix),
-        max_tp=args.max_tp,
-        fidelity=args.fidelity,
-        workers=args.workers,
-        progress=True,
-        exhaustive=args.exhaustive,
-    )
-    if not result["rows"]:
-        raise ParasimError(no_layout_message(result))
-    out = args.out if args.out is not None else Path("out") / f"{result['scenario']}-sweep"
-    paths = write_sweep_outputs(result, out, top=args.top)
-    print_sweep(result, wide_console(), args.top, [str(p) for p in paths])
-    return 0

@@ -1,0 +1,66 @@
+"""``parasim explain``: find a scenario's layering mistakes and price each against its fix."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from simulator.cli.options import add_fidelity_option, add_set_option
+from simulator.common.files import dumps_result
+from simulator.tools.explain import (
+    diagnose,
+    print_explanation,
+    write_outputs,
+)
+
+__all__ = ["add_parser", "command"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``parasim explain`` to an ``argparse`` subparsers object."""
+    parser = subparsers.add_parser(
+        "explain",
+        help="find layering mistakes, each quantified against its corrected layout",
+        description="Simulate a scenario, find its parallel-layout mistakes and simulate "
+        "the fix of each; print the report and write explain.json and explain.html (each "
+        "mistake beside its fix) to --out. Exit status 0: nothing found; 1: problems found; "
+        "2: bad input.",
+    )
+    parser.add_argument("scenario", help="scenario YAML file")
+    add_set_option(parser, "override a scenario field, e.g. --set parallel.tp=16 (repeatable)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the findings as JSON (what explain.json holds) instead of the report",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="output folder for explain.json and explain.html (default: out/<scenario>-explain)",
+    )
+    add_fidelity_option(
+        parser, help="simulation fidelity of the scenario and its fixes (default: analytic)"
+    )
+    return parser
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run ``parasim explain``: 0 when nothing is wrong, 1 when problems were found.
+
+    The report is printed (``--json``: the findings as JSON) and written to ``--out``,
+    by default ``out/<scenario>-explain``, as the other commands do."""
+    explanation = diagnose(args.scenario, args.overrides, fidelity=args.fidelity)
+    out = args.out if args.out is not None else Path("out") / f"{explanation.scenario}-explain"
+    paths = write_outputs(explanation, out)
+    if args.json:
+        sys.stdout.write(dumps_result(explanation.to_dict()))
+    else:
+        console = Console()
+        print_explanation(explanation, console)
+        console.print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0 if explanation.ok else 1

@@ -1,0 +1,81 @@
+"""``parasim sweep``: rank every valid layout of a scenario's model on its cluster."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
+from simulator.common.errors import ParasimError
+from simulator.tools.sweep import (
+    FIX_KEYS,
+    no_layout_message,
+    parse_fixes,
+    print_sweep,
+    run_sweep,
+    wide_console,
+    write_sweep_outputs,
+)
+
+__all__ = ["add_parser", "command"]
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``parasim sweep`` to the CLI's subparsers."""
+    parser = subparsers.add_parser(
+        "sweep",
+        help="every valid layout of a scenario's model on its cluster, ranked",
+        description=(
+            "Try every layout (tp, pp, dp, ep, sp, micro-batch, schedule, recompute, "
+            "placement) of the scenario's model on its cluster; drop the invalid ones and "
+            "those that do not fit in memory, simulate the rest and rank them by step time."
+        ),
+    )
+    parser.add_argument("scenario", help="scenario YAML file")
+    parser.add_argument("--gpus", type=int, help="resize the cluster to N GPUs (whole nodes)")
+    parser.add_argument("--top", type=int, default=10, help="layouts to show (default 10)")
+    parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-sweep)")
+    parser.add_argument(
+        "--fix",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"pin a dimension, e.g. --fix tp=8 (repeatable; keys: {', '.join(FIX_KEYS)})",
+    )
+    parser.add_argument(
+        "--max-tp",
+        type=int,
+        help="largest tp to try (default: GPUs per node; larger values let TP span nodes)",
+    )
+    add_fidelity_option(parser, help="simulation fidelity (default analytic: fast, folded)")
+    add_workers_option(parser)
+    add_set_option(parser, "override a scenario field before sweeping (repeatable)")
+    parser.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="also simulate layouts that a lighter recompute of the same layout beats",
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run ``parasim sweep``: print the ranking and write the outputs."""
+    if args.top < 1:
+        raise ParasimError(f"--top: expected a positive number (got {args.top})")
+    result = run_sweep(
+        args.scenario,
+        overrides=args.overrides,
+        gpus=args.gpus,
+        fixed=parse_fixes(args.fix),
+        max_tp=args.max_tp,
+        fidelity=args.fidelity,
+        workers=args.workers,
+        progress=True,
+        exhaustive=args.exhaustive,
+    )
+    if not result["rows"]:
+        raise ParasimError(no_layout_message(result))
+    out = args.out if args.out is not None else Path("out") / f"{result['scenario']}-sweep"
+    paths = write_sweep_outputs(result, out, top=args.top)
+    print_sweep(result, wide_console(), args.top, [str(p) for p in paths])
+    return 0

@@ -1,0 +1,82 @@
+"""The closed sets of names parasim uses, each defined once.
+
+The scenario schema (``Literal`` types), the command line's ``choices``, the sweep's
+search space, the step builder's tags and the NCCL tables all derive from these
+tuples, so adding a schedule, a recompute mode or an algorithm is one edit here plus
+the code that implements it. Orders are meaningful where said.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PIPELINE_SCHEDULES",
+    "SCHEDULES",
+    "RECOMPUTE_MODES",
+    "PHASES",
+    "PHASE_OF_PART",
+    "PLACEMENT_AXES",
+    "GROUP_AXES",
+    "COLLECTIVE_KINDS",
+    "ALGORITHMS",
+    "PROTOCOLS",
+    "FIDELITIES",
+    "ATTENTION_KERNELS",
+    "TP_COMM_OVERLAP",
+    "GRADIENT_DTYPES",
+    "TRAINING_DTYPES",
+    "MLP_KINDS",
+    "NORM_KINDS",
+    "POSITION_KINDS",
+    "SHARDING_LEVELS",
+]
+
+# Pipeline schedules with a built-in order (simulator.schedule.pipeline), and every
+# value ``parallel.schedule`` takes (``custom`` reads the order from a CSV file).
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
+SCHEDULES = (*PIPELINE_SCHEDULES, "custom")
+
+# Activation recompute, lightest first: each one reruns more of the forward.
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+# What part of the step an op belongs to (its ``phase`` tag), in step order.
+PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight", "recompute", "optimizer")
+# A pipeline action's part (B: whole backward, I: input gradients, W: weight
+# gradients) -> the phase of its ops.
+PHASE_OF_PART = {"B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
+
+# Axes of the rank grid that ``parallel.placement`` orders, innermost first.
+PLACEMENT_AXES = ("tp", "dp", "pp")
+# Axes a collective or transfer can belong to (its ``axis`` tag): the grid's, SP's
+# collectives on the TP group, and the expert (ep) and expert-data-parallel (edp)
+# groups MoE splits each DP group into.
+GROUP_AXES = ("tp", "sp", "dp", "pp", "ep", "edp")
+
+# Collective operations the Schedule IR names.
+COLLECTIVE_KINDS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "barrier",
+)
+# NCCL's algorithms and protocols (src/graph/tuning.cc), as parasim models them.
+ALGORITHMS = ("ring", "tree", "nvls", "direct", "hierarchical")
+PROTOCOLS = ("LL", "LL128", "Simple")
+
+# Simulation fidelities: every op alone in closed form, or flows sharing links.
+FIDELITIES = ("analytic", "flow")
+
+# Training recipe choices (``training:``).
+ATTENTION_KERNELS = ("flash", "unfused")
+TP_COMM_OVERLAP = ("none", "async", "pipelined")
+GRADIENT_DTYPES = ("fp32", "bf16")
+TRAINING_DTYPES = ("bf16", "fp16")
+# ZeRO stages by what they shard across data parallelism: nothing, the optimizer
+# state (ZeRO-1), also the gradients (ZeRO-2), also the weights (ZeRO-3, FSDP).
+SHARDING_LEVELS = ("none", "optimizer")
+
+# Block choices (``model:``).
+MLP_KINDS = ("gelu", "swiglu")
+NORM_KINDS = ("layernorm", "rmsnorm")
+POSITION_KINDS = ("learned", "rope")

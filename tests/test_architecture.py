@@ -1,0 +1,182 @@
+"""The layering rule, enforced: every module imports only its own layer or lower ones,
+no import cycle exists, and an import inside a function is only for an optional heavy
+package (torch, plotly, kaleido), never to dodge a cycle or reach upward.
+
+The layers, lowest first, are the folders of ``simulator/`` (DESIGN.md, "Layout of the
+code"), with ``topologies/`` below them all and ``hardware/`` between the reports and
+the command line. Imports are read from the source with :mod:`ast`, so the test needs
+no package importable and sees imports inside functions too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("topologies", "simulator", "hardware")
+
+# lowest first; a module belongs to the first prefix that matches its name
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("topologies",),
+    ("simulator.common",),
+    ("simulator.request",),
+    ("simulator.arithmetic",),
+    ("simulator.schedule",),
+    ("simulator.engine",),
+    ("simulator.analysis",),
+    ("simulator.run",),
+    ("simulator.tools",),
+    ("simulator.report",),
+    ("hardware",),
+    ("simulator.cli",),
+    ("simulator",),  # the front door (simulator/__init__.py) re-exports from below
+)
+HEAVY = ("torch", "plotly", "kaleido")
+# Upward imports and cycles still tolerated, as (importer, imported): empty means the
+# rule holds everywhere.
+ALLOWED: set[tuple[str, str]] = {
+    ("simulator.tools.compare", "simulator.report.chrome_trace"),
+    ("simulator.tools.compare", "simulator.report.timeline"),
+    ("simulator.tools.explain", "simulator.report.explain_report"),
+    ("simulator.tools.sweep", "simulator.report.style"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _layer(module: str) -> int:
+    for index, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    raise AssertionError(f"{module} belongs to no layer: add its folder to LAYERS")
+
+
+def _target(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _project_module(name: str) -> str | None:
+    """The project module ``name`` refers to (a symbol's module when it names one)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str) -> list[tuple[str, bool]]:
+    """(imported project module, at top level?) for every import in ``module``."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
+    for node in tree.body:  # imports under `if TYPE_CHECKING:` or try/except at top
+        if isinstance(node, (ast.If, ast.Try)):
+            top |= {id(child) for child in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _target(module, node, path.name == "__init__.py")
+            names = [f"{base}.{alias.name}" for alias in node.names] or [base]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            target = _project_module(name)
+            if target is not None and target != module:
+                found.append((target, id(node) in top))
+    return found
+
+
+def _imports_heavy(module: str, seen: set[str] | None = None) -> bool:
+    """Whether importing ``module`` imports torch, plotly or kaleido at top level."""
+    seen = set() if seen is None else seen
+    if module in seen:
+        return False
+    seen.add(module)
+    tree = ast.parse(MODULES[module].read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] in HEAVY for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            if (node.module or "").split(".")[0] in HEAVY:
+                return True
+    return any(_imports_heavy(t, seen) for t, top in _imports(module) if top)
+
+
+def _graph() -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for module in MODULES:
+        graph.add_node(module)
+        for target, top in _imports(module):
+            graph.add_edge(module, target, top=top)
+    return graph
+
+
+def test_every_import_goes_down_or_sideways():
+    upward = [
+        f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})"
+        for a, b in _graph().edges
+        if _layer(b) > _layer(a) and (a, b) not in ALLOWED
+    ]
+    assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def test_topologies_knows_nothing_of_the_simulator():
+    wrong = [
+        f"{a} imports {b}"
+        for a, b in _graph().edges
+        if a.startswith("topologies") and not b.startswith("topologies")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_hardware_never_imports_tools_or_the_cli():
+    wrong = [
+        f"{a} imports {b}"
+        for a, b in _graph().edges
+        if a.startswith("hardware") and b.startswith(("simulator.tools", "simulator.cli"))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    graph.remove_edges_from(ALLOWED)
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c + [c[0]]) for c in cycles)
+
+
+def test_late_imports_only_for_heavy_packages():
+    late = [
+        f"{a} imports {b} inside a function"
+        for a, b, top in _graph().edges(data="top")
+        if not top and not _imports_heavy(b) and (a, b) not in ALLOWED
+    ]
+    assert not late, "\n".join(sorted(late))
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_module_says_what_it_is(module):
+    tree = ast.parse(MODULES[module].read_text())
+    assert ast.get_docstring(tree), f"{module} has no docstring at the top"
