@@ -4,7 +4,8 @@ Under torchrun (one process per rank)::
 
     torchrun --nnodes N --nproc-per-node G -m hardware.replay SCENARIO --out DIR
 
-Every rank builds the same Schedule IR the simulator replays, creates the process
+Every rank builds the step's plain per-rank Schedule IR (every op of every rank, never
+folded or blocked, whatever the scenario's ``simulation`` settings say), creates the process
 groups, runs warm-up steps (the first one checks every collective's result), then the
 measured steps, timing every op. Rank 0 gathers the times, picks the median step and
 writes ``result.json`` (the simulator's keys, ``fidelity: measured``, plus a
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from simulator.engine.core import SimulationTimes
 from simulator.report.outputs import write_run_outputs
 from simulator.request.scenario import load_scenario
-from simulator.run.simulate import RunResult, assemble_result, build_schedule
+from simulator.run.simulate import RunResult, assemble_result, per_rank_schedule
 
 from .executor import ProgramExecutor
 from .groups import build_groups
@@ -57,7 +58,7 @@ def replay(args: argparse.Namespace) -> int:
         raise HardwareError(
             f"--steps must be >= 1 and --warmup >= 0 (got {args.steps}, {args.warmup})"
         )
-    schedule = build_schedule(scenario)
+    schedule = per_rank_schedule(scenario)
     groups = build_groups(schedule, runtime)
     gpu = scenario.cluster_spec.gpu
     executor = ProgramExecutor(

@@ -19,7 +19,7 @@ from hardware.launch import launch_local  # noqa: E402
 from hardware.runtime import HardwareError  # noqa: E402
 from simulator.cli.main import main
 from simulator.request.scenario import load_scenario
-from simulator.run.simulate import run_scenario
+from simulator.run.simulate import per_rank_schedule, run_scenario
 
 from .conftest import SCENARIOS  # noqa: E402
 
@@ -90,6 +90,27 @@ def test_replay_times_every_op_and_checks_collectives(name, tmp_path):
     total_ops = sum(len(p.ops) for p in run_scenario(scenario).schedule.programs.values())
     assert len(timed) == total_ops
     assert all(e["dur"] >= 0 and math.isfinite(e["ts"]) for e in timed)
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "flow"])
+def test_replay_runs_every_op_whatever_the_fidelity(fidelity, tmp_path):
+    """The simulator folds and blocks analytic steps; the hardware always gets the plain
+    per-rank IR, so both fidelities measure the same ops."""
+    overrides = [*TINY, "parallel.tp=1", "parallel.dp=2", f"simulation.fidelity={fidelity}"]
+    launch_local(
+        "hardware.replay",
+        [SCENARIO, "--out", str(tmp_path), "--warmup", "0", "--steps", "1", *_sets(overrides)],
+        2,
+        "gloo",
+        60,
+    )
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    # trace.json names a collective "nccl:<kind> <label>"
+    measured = sorted(e["name"].split(" ")[-1] for e in events if e["ph"] == "X")
+    scenario = load_scenario(SCENARIO, [*TINY, "parallel.tp=1", "parallel.dp=2"])
+    plain = per_rank_schedule(scenario)
+    assert sorted(plain.programs) == [0, 1]
+    assert measured == sorted(op.label for p in plain.programs.values() for op in p.ops)
 
 
 def test_every_collective_kind_and_uneven_all_to_all_are_correct(tmp_path, monkeypatch):

@@ -7,8 +7,9 @@ import pytest
 
 from simulator.analysis.metrics import account_rank
 from simulator.engine.core import simulate
+from simulator.request.orders import parse_action
 from simulator.schedule.ir import Compute, Program, Recv, Schedule, Send
-from simulator.schedule.pipeline import gpipe_order, one_f_one_b_order, parse_action
+from simulator.schedule.pipeline import gpipe_order, one_f_one_b_order
 
 from .helpers import FREE_NETWORK, cluster, seconds_to_flops
 

@@ -11,18 +11,20 @@ import pytest
 
 from simulator.analysis.metrics import account_rank
 from simulator.engine.core import simulate
+from simulator.request.orders import (
+    Action,
+    dump_csv_order,
+    in_flight_peak,
+    load_csv_order,
+    validate_order,
+)
 from simulator.schedule.ir import Compute, Program, Recv, Schedule, Send
 from simulator.schedule.pipeline import (
     SCHEDULES,
-    Action,
-    dump_csv_order,
     gpipe_order,
-    in_flight_peak,
     interleaved_1f1b_order,
-    load_csv_order,
     one_f_one_b_order,
     pipeline_order,
-    validate_order,
     zb_h1_order,
     zb_h2_order,
 )

@@ -28,12 +28,11 @@ def test_uneven_stages_run_the_layers_they_are_given():
     split = [layers // pp - 1] + [layers // pp] * (pp - 2) + [layers // pp + 1]
     uneven = load_scenario(PIPE, [*FOUR, f"parallel.stage_layers={split}", "simulation.fold=false"])
     schedule = build_schedule(uneven)
-    config = step_config(uneven)
     first = 0
     for stage, count in enumerate(split):
         rank = uneven.layout.rank_of(pp=stage)
         assert layers_run(schedule, rank) == set(range(first, first + count))
-        assert list(config.layers_of(stage)) == list(range(first, first + count))
+        assert list(uneven.recipe.layers_of(stage)) == list(range(first, first + count))
         first += count
     result = run_scenario(uneven).result
     assert (
@@ -58,7 +57,8 @@ def test_pipeline_ranks_hold_every_parameter_once_with_virtual_stages_and_moe(ti
     copy = scenario.model.vocab * scenario.model.hidden if tie == "true" else 0
     assert sum(held) == total + copy  # the last stage's copy of the tied embedding
     # rank 0 holds stages 0 and 2 (layers 0-1, 4-5), rank 1 stages 1 and 3
-    assert config.rank_layers(0) == [0, 1, 4, 5] and config.rank_layers(1) == [2, 3, 6, 7]
+    assert scenario.recipe.rank_layers(0) == [0, 1, 4, 5]
+    assert scenario.recipe.rank_layers(1) == [2, 3, 6, 7]
 
 
 @pytest.mark.parametrize(

@@ -210,7 +210,8 @@ def test_expert_parallel_needs_moe_and_divisible_dp(capsys):
 
 
 def test_a_custom_order_from_torch_csv_runs_like_the_named_schedule(tmp_path):
-    from simulator.schedule.pipeline import dump_csv_order, one_f_one_b_order
+    from simulator.request.orders import dump_csv_order
+    from simulator.schedule.pipeline import one_f_one_b_order
 
     base = [
         "parallel.tp=2",

@@ -37,7 +37,7 @@ from simulator.arithmetic.layer_ops import (
 )
 from simulator.arithmetic.moe import expert_ops
 from simulator.request.moe import is_moe_layer
-from simulator.schedule.pipeline import Action
+from simulator.request.orders import Action
 from simulator.schedule.step import StepConfig, stage_parameter_count
 
 __all__ = [
@@ -79,7 +79,7 @@ def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
     assignments a rank receives when routing is balanced)."""
     model, layout = config.model, config.layout
     sp = config.sp and layout.tp > 1
-    ops = layer_forward_ops(model, config.micro_batch, layout.tp, sp, config.attention)
+    ops = layer_forward_ops(model, config.micro_batch, layout.tp, sp, config.recipe.attention)
     if config.moe is None or not is_moe_layer(config.moe, layer):
         return ops
     tokens = config.micro_batch * model.seq_len
@@ -103,8 +103,10 @@ def layer_activation_bytes(config: StepConfig, layer: int, recompute: str | None
     layout = config.layout
     sp = config.sp and layout.tp > 1
     checkpoint = checkpoint_bytes(config.model, config.micro_batch, layout.tp, sp)
-    recompute = config.recompute if recompute is None else recompute
-    return layer_saved_bytes(_layer_ops(config, layer), recompute, config.attention, checkpoint)
+    recompute = config.recipe.recompute if recompute is None else recompute
+    return layer_saved_bytes(
+        _layer_ops(config, layer), recompute, config.recipe.attention, checkpoint
+    )
 
 
 def stage_activation_bytes(config: StepConfig, stage: int) -> float:
@@ -146,7 +148,7 @@ def memory_per_rank(config: StepConfig, capacity_bytes: float) -> dict[str, Any]
             terms["optimizer_state"] /= layout.dp
         in_flight, by_stage = held_activations(orders[pipeline_rank])
         activations = sum(per_stage[stage] * count for stage, count in by_stage.items())
-        if config.recompute == "full":  # one layer's full activations during its backward
+        if config.recipe.recompute == "full":  # one layer's full activations during its backward
             held = [layer for stage in by_stage for layer in config.layers_of(stage)] or [0]
             kinds = {config.is_moe_layer(layer): layer for layer in held}  # a dense, an MoE
             activations += max(

@@ -38,6 +38,8 @@ from simulator.common.vocabulary import (
 from simulator.request.layout import Layout
 from simulator.request.model import MODEL_PRESETS, ModelSpec
 from simulator.request.moe import MoESpec, check_expert_parallel
+from simulator.request.orders import Action, load_csv_order, validate_order
+from simulator.request.recipe import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, Recipe
 from topologies import Cluster, ClusterSpec, TopologyError, build_cluster, load_cluster_spec
 from topologies.units import Bytes
 from topologies.validation import nearest_key_hint, validation_message
@@ -54,11 +56,6 @@ __all__ = [
     "apply_overrides",
     "check_stage_layers",
 ]
-
-# PyTorch DDP's default bucket_cap_mb=25 (MiB), and its first bucket of 1 MiB
-# (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) that lets the first all-reduce start early.
-DDP_BUCKET_BYTES = 25 * 1024 * 1024
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 
 
 class _Strict(BaseModel):
@@ -153,6 +150,7 @@ class Scenario:
     model: ModelSpec
     cluster_spec: ClusterSpec
     layout: Layout
+    recipe: Recipe
     warnings: list[str] = field(default_factory=list)
     moe_spec: MoESpec | None = None
     _cluster: Cluster | None = field(default=None, repr=False)
@@ -332,6 +330,65 @@ def _check_schedule(
         )
 
 
+def _recipe(spec: ScenarioSpec, model: ModelSpec, layout: Layout) -> Recipe:
+    """The scenario's recipe: its layout and training settings, with a custom schedule's
+    order read from its CSV file and the layers split over the stages."""
+    training, parallel = spec.training, spec.parallel
+    microbatches = training.global_batch // (layout.dp * training.micro_batch)
+    orders, virtual = None, parallel.virtual_stages
+    if parallel.schedule == "custom":
+        assert parallel.schedule_file is not None
+        order = _load_custom_order(parallel.schedule_file, layout.pp, microbatches)
+        virtual = (max(a.stage for actions in order.values() for a in actions) + 1) // layout.pp
+        orders = tuple(tuple(order[rank]) for rank in range(layout.pp))
+    stages = layout.pp * virtual
+    split = parallel.stage_layers
+    if split is None:
+        if model.layers % stages:
+            raise ScenarioError(
+                f"parallel.schedule_file: layers({model.layers}) is not divisible by "
+                f"the order's {stages} stages"
+            )
+        split = [model.layers // stages] * stages
+    elif parallel.schedule == "custom":
+        check_stage_layers(split, stages, model.layers, "the order's stage count")
+    return Recipe(
+        layout=layout,
+        micro_batch=training.micro_batch,
+        microbatches=microbatches,
+        stage_layers=tuple(split),
+        schedule=parallel.schedule,
+        virtual_stages=virtual,
+        recompute=training.recompute,
+        sp=parallel.sp,
+        sharding="optimizer" if training.optimizer_sharding else "none",
+        attention=training.attention,
+        grad_reduce_overlap=training.grad_reduce_overlap,
+        tp_comm_overlap=training.tp_comm_overlap,
+        grad_reduce_dtype=training.grad_reduce_dtype,
+        param_gather_overlap=training.param_gather_overlap,
+        grad_bucket_bytes=training.grad_bucket_bytes,
+        first_grad_bucket_bytes=training.first_grad_bucket_bytes,
+        orders=orders,
+    )
+
+
+def _load_custom_order(path: str, pp: int, microbatches: int) -> dict[int, list[Action]]:
+    """A custom pipeline order from torch.distributed.pipelining's CSV format, checked."""
+    try:
+        order = load_csv_order(path)
+        stages = max(a.stage for actions in order.values() for a in actions) + 1
+        validate_order(order, stages, microbatches)
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(f"parallel.schedule_file: {path}: {exc}") from None
+    if sorted(order) != list(range(pp)) or stages % pp:
+        raise ScenarioError(
+            f"parallel.schedule_file: {path} orders {len(order)} ranks and {stages} stages; "
+            f"the layout has pp({pp})"
+        )
+    return order
+
+
 def _layout_warnings(layout: Layout, cluster_spec: ClusterSpec) -> list[str]:
     per_node = cluster_spec.gpus_per_node
     tp_groups = [m for name, m in layout.groups.items() if name.startswith("tp")]
@@ -393,6 +450,7 @@ def scenario_from_dict(
         model=model,
         cluster_spec=cluster_spec,
         layout=layout,
+        recipe=_recipe(spec, model, layout),
         warnings=_layout_warnings(layout, cluster_spec),
         moe_spec=moe,
     )

@@ -19,12 +19,10 @@ from simulator.arithmetic.counts import (
     model_flops_per_step,
     parameter_count,
 )
-from simulator.common.errors import ScenarioError
 from simulator.common.version import __version__
 from simulator.engine.core import EngineOptions, SimulationTimes, simulate
-from simulator.request.scenario import Scenario, check_stage_layers
+from simulator.request.scenario import Scenario
 from simulator.schedule.ir import Block, Compute, Schedule
-from simulator.schedule.pipeline import load_csv_order, validate_order
 from simulator.schedule.step import StepConfig, build_step
 
 __all__ = [
@@ -32,6 +30,7 @@ __all__ = [
     "run_scenario",
     "assemble_result",
     "build_schedule",
+    "per_rank_schedule",
     "folds",
     "idle_intervals",
     "make_trace",
@@ -60,7 +59,26 @@ def build_schedule(scenario: Scenario) -> Schedule:
     in analytic fidelity."""
     fold = folds(scenario)
     analytic = scenario.spec.simulation.fidelity == "analytic"
-    return build_step(step_config(scenario), fold=fold, blocks=fold and analytic)
+    return build_step(
+        scenario.recipe,
+        scenario.model,
+        moe=scenario.moe,
+        seed=scenario.spec.simulation.seed,
+        fold=fold,
+        blocks=fold and analytic,
+    )
+
+
+def per_rank_schedule(scenario: Scenario) -> Schedule:
+    """The plain Schedule IR of one step: a program for every rank, op by op, neither
+    folded nor blocked, whatever ``simulation`` asks of the simulator. This is what the
+    hardware replays, so a measured step runs every op of every rank."""
+    return build_step(
+        scenario.recipe,
+        scenario.model,
+        moe=scenario.moe,
+        seed=scenario.spec.simulation.seed,
+    )
 
 
 def folds(scenario: Scenario) -> bool:
@@ -76,67 +94,14 @@ def folds(scenario: Scenario) -> bool:
 
 
 def step_config(scenario: Scenario) -> StepConfig:
-    """The builder's view of a scenario (the pipeline order read from its CSV if custom)."""
-    training, parallel = scenario.training, scenario.parallel
-    orders, virtual = None, parallel.virtual_stages
-    if parallel.schedule == "custom":
-        orders = load_custom_order(scenario, parallel.schedule_file)
-        virtual = (
-            max(a.stage for actions in orders.values() for a in actions) + 1
-        ) // scenario.layout.pp
-        stages = scenario.layout.pp * virtual
-        split = parallel.stage_layers
-        if split is None and scenario.model.layers % stages:
-            raise ScenarioError(
-                f"parallel.schedule_file: layers({scenario.model.layers}) is not divisible by "
-                f"the order's {stages} stages"
-            )
-        if split is not None:
-            check_stage_layers(split, stages, scenario.model.layers, "the order's stage count")
-    return StepConfig(
-        model=scenario.model,
-        layout=scenario.layout,
-        micro_batch=training.micro_batch,
-        microbatches=scenario.microbatches,
-        schedule=parallel.schedule,
-        recompute=training.recompute,
-        grad_bucket_bytes=training.grad_bucket_bytes,
-        first_grad_bucket_bytes=training.first_grad_bucket_bytes,
-        sp=parallel.sp,
-        virtual_stages=virtual,
-        zero1=training.optimizer_sharding,
-        orders=orders,
-        moe=scenario.moe,
-        seed=scenario.spec.simulation.seed,
-        attention=training.attention,
-        grad_reduce_overlap=training.grad_reduce_overlap,
-        tp_comm_overlap=training.tp_comm_overlap,
-        grad_reduce_dtype=training.grad_reduce_dtype,
-        param_gather_overlap=training.param_gather_overlap,
-        stage_layers=parallel.stage_layers,
-    )
+    """The builder's view of a scenario: its recipe, model and experts, and the seed
+    its MoE routing is drawn from."""
+    return StepConfig(scenario.recipe, scenario.model, scenario.moe, scenario.spec.simulation.seed)
 
 
 def moe_summary(schedule: Schedule) -> dict[str, Any] | None:
     """Routing statistics of the step's MoE layers (None for a dense model)."""
     return schedule.meta.get("moe")
-
-
-def load_custom_order(scenario: Scenario, path: str) -> dict:
-    """A custom pipeline order from torch.distributed.pipelining's CSV format, checked."""
-
-    try:
-        order = load_csv_order(path)
-        stages = max(a.stage for actions in order.values() for a in actions) + 1
-        validate_order(order, stages, scenario.microbatches)
-    except (OSError, ValueError) as exc:
-        raise ScenarioError(f"parallel.schedule_file: {path}: {exc}") from None
-    if sorted(order) != list(range(scenario.layout.pp)) or stages % scenario.layout.pp:
-        raise ScenarioError(
-            f"parallel.schedule_file: {path} orders {len(order)} ranks and {stages} stages; "
-            f"the layout has pp({scenario.layout.pp})"
-        )
-    return order
 
 
 def representative_ranks(scenario: Scenario, critical_rank: int) -> list[int]:

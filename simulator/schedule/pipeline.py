@@ -32,82 +32,34 @@ Without interleaving rank and stage coincide.
   holds up to ``2p − 1`` micro-batches on the first stage and has no bubble inside any
   stage when ``T_F = T_B = T_W``.
 
-:func:`load_csv_order` reads torch's CSV schedule format (one row per rank) and
-:func:`dump_csv_order` writes it; :func:`validate_order` checks an order is complete and
-can run; :func:`in_flight_peak` counts the micro-batches a rank holds activations for.
+Actions, the CSV format of custom orders and their checks are in
+:mod:`simulator.request.orders`.
 """
 
 from __future__ import annotations
 
-import csv
 import functools
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 
 from simulator.common.vocabulary import PIPELINE_SCHEDULES
+from simulator.request.orders import Action, check_sizes
 
 __all__ = [
-    "Action",
-    "COMPUTE_TYPES",
     "SCHEDULES",
-    "parse_action",
     "gpipe_order",
     "one_f_one_b_order",
     "interleaved_1f1b_order",
     "zb_h1_order",
     "zb_h2_order",
     "pipeline_order",
-    "load_csv_order",
-    "dump_csv_order",
-    "validate_order",
-    "in_flight_peak",
 ]
 
-COMPUTE_TYPES = ("F", "B", "I", "W")
 SCHEDULES = PIPELINE_SCHEDULES
-
-_ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
-# A cell of torch's CSV format: compute and communication actions, and the FSDP and
-# gradient-reduction bookkeeping actions, which carry no micro-batch.
-_CELL_RE = re.compile(
-    r"^(\d+)(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d*)$"
-)
-_OVERLAP_RE = re.compile(r"^\((.*)\)OVERLAP_F_B$")
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    """One pipeline action: ``stage``, ``type`` (F, B, I, W, SEND_F...) and ``microbatch``."""
-
-    stage: int
-    type: str
-    microbatch: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.type}{self.microbatch}"
-
-    __repr__ = __str__
-
-
-def parse_action(text: str) -> Action:
-    """Read ``'1B3'`` back into ``Action(1, 'B', 3)``."""
-    match = _ACTION_RE.match(text.strip())
-    if not match:
-        raise ValueError(f"cannot read pipeline action {text!r} (expected e.g. '0F0', '1B3')")
-    return Action(int(match.group(1)), match.group(2), int(match.group(3)))
-
-
-def _check_sizes(stages: int, microbatches: int, virtual: int = 1) -> None:
-    for name, value in (("stages", stages), ("microbatches", microbatches), ("virtual", virtual)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} ({value!r}) must be a positive integer")
 
 
 def gpipe_order(stages: int, microbatches: int) -> dict[int, list[Action]]:
     """GPipe: every stage runs all forwards, then all backwards."""
-    _check_sizes(stages, microbatches)
+    check_sizes(stages, microbatches)
     return {
         s: [Action(s, "F", i) for i in range(microbatches)]
         + [Action(s, "B", i) for i in range(microbatches)]
@@ -117,7 +69,7 @@ def gpipe_order(stages: int, microbatches: int) -> dict[int, list[Action]]:
 
 def one_f_one_b_order(stages: int, microbatches: int) -> dict[int, list[Action]]:
     """1F1B (PipeDream-Flush): warm-up forwards, steady one-backward-one-forward, drain."""
-    _check_sizes(stages, microbatches)
+    check_sizes(stages, microbatches)
     orders: dict[int, list[Action]] = {}
     for s in range(stages):
         warmup = min(stages - s, microbatches)
@@ -147,7 +99,7 @@ def interleaved_1f1b_order(stages: int, microbatches: int, virtual: int) -> dict
     formula, as torch does, with the same step time. ``virtual = 1`` gives torch's order
     for one chunk: 1F1B's bubble with ``2(p−1−r)`` warm-up forwards instead of ``p−1−r``.
     """
-    _check_sizes(stages, microbatches, virtual)
+    check_sizes(stages, microbatches, virtual)
     if microbatches % stages:
         raise ValueError(
             f"interleaved 1F1B needs the micro-batches to be a multiple of the pipeline "
@@ -177,7 +129,7 @@ def interleaved_1f1b_order(stages: int, microbatches: int, virtual: int) -> dict
 
 def _zero_bubble_order(stages: int, microbatches: int, factor: int) -> dict[int, list[Action]]:
     """The handcrafted zero-bubble orders: ``factor`` 1 is ZB-H1, 2 is ZB-H2."""
-    _check_sizes(stages, microbatches)
+    check_sizes(stages, microbatches)
     orders: dict[int, list[Action]] = {}
     for s in range(stages):
         warmup = min(factor * (stages - 1 - s), microbatches)
@@ -264,173 +216,3 @@ def _pipeline_order(
             f"virtual stages ({virtual}) need the interleaved-1f1b schedule, not {schedule!r}"
         )
     return _BUILDERS[schedule](stages, microbatches)
-
-
-def _read_cell(cell: str) -> list[Action]:
-    """The compute actions of one CSV cell; communication and FSDP actions give none."""
-    text = cell.strip()
-    if not text:
-        return []
-    overlap = _OVERLAP_RE.match(text)
-    if overlap:
-        return [a for part in overlap.group(1).split(";") for a in _read_cell(part)]
-    match = _CELL_RE.match(text)
-    if not match:
-        raise ValueError("not a pipeline action")
-    stage, kind, microbatch = match.groups()
-    if kind not in COMPUTE_TYPES:
-        return []
-    if not microbatch:
-        raise ValueError(f"a {kind} action needs a micro-batch")
-    return [Action(int(stage), kind, int(microbatch))]
-
-
-def load_csv_order(path: str | Path) -> dict[int, list[Action]]:
-    """Read a schedule in ``torch.distributed.pipelining``'s CSV format.
-
-    Row ``r`` (0-based) is rank ``r``'s actions in order, one per cell, as
-    ``_PipelineScheduleRuntime._dump_csv`` writes them and ``_load_csv`` reads them.
-    Empty cells (idle steps) are skipped, and so are communication (``SEND_F``,
-    ``RECV_B``...) and FSDP/gradient-reduction actions (``UNSHARD``, ``RESHARD``,
-    ``REDUCE_GRAD``): the schedule builder adds its own. An ``OVERLAP_F_B`` cell gives its
-    sub-actions in order. Check the result with :func:`validate_order`.
-    """
-    orders: dict[int, list[Action]] = {}
-    with open(path, newline="") as handle:
-        for rank, row in enumerate(csv.reader(handle)):
-            actions: list[Action] = []
-            for column, cell in enumerate(row):
-                try:
-                    actions.extend(_read_cell(cell))
-                except ValueError as err:
-                    raise ValueError(
-                        f"{path}: row {rank + 1} (rank {rank}), column {column + 1}: "
-                        f"cannot read {cell!r} ({err}; expected e.g. '0F0', '1I2', '0W1')"
-                    ) from None
-            orders[rank] = actions
-    return orders
-
-
-def dump_csv_order(order: Mapping[int, Sequence[Action]], path: str | Path) -> None:
-    """Write an order in ``torch.distributed.pipelining``'s CSV format, one row per rank."""
-    ranks = sorted(order)
-    if ranks != list(range(len(ranks))):
-        raise ValueError(f"pipeline order ranks {ranks} are not 0..{len(ranks) - 1}")
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        for rank in ranks:
-            writer.writerow([str(action) for action in order[rank]])
-
-
-def validate_order(order: Mapping[int, Sequence[Action]], stages: int, microbatches: int) -> None:
-    """Check an order is complete and can run; raise a one-line ValueError otherwise.
-
-    ``stages`` counts the global stages, ``p·v`` for ``p`` ranks of ``v`` model chunks;
-    the ranks are the order's keys, which must be ``0..p-1`` with ``p`` dividing
-    ``stages``. Every action must sit on rank ``s % p`` for its stage ``s``, and every
-    stage must run for each micro-batch one ``F`` and then either one ``B`` or one ``I``
-    followed by one ``W``. Finally the ranks are replayed against each other (a forward
-    waits for the previous stage's, a backward for the next stage's) to make sure no
-    rank waits forever.
-    """
-    _check_sizes(stages, microbatches)
-    ranks = sorted(order)
-    if not ranks or ranks != list(range(len(ranks))):
-        raise ValueError(f"pipeline order has ranks {ranks}, expected 0..p-1")
-    p = len(ranks)
-    if stages % p:
-        raise ValueError(f"pipeline order has {p} ranks, which do not divide stages({stages})")
-    done: dict[tuple[int, int], set[str]] = {}
-    for rank in ranks:
-        for action in order[rank]:
-            where = f"rank {rank}: {action}"
-            if action.type not in COMPUTE_TYPES:
-                raise ValueError(f"{where} is not a compute action (F, B, I or W)")
-            if not 0 <= action.stage < stages or action.stage % p != rank:
-                raise ValueError(
-                    f"{where}: stage {action.stage} does not live on rank {rank} "
-                    f"({p} ranks, {stages} stages, stage s on rank s % {p})"
-                )
-            if not 0 <= action.microbatch < microbatches:
-                raise ValueError(f"{where}: micro-batch out of range 0..{microbatches - 1}")
-            seen = done.setdefault((action.stage, action.microbatch), set())
-            if action.type in seen:
-                raise ValueError(f"{where} appears twice")
-            needs = {"F": set(), "B": {"F"}, "I": {"F"}, "W": {"I"}}[action.type]
-            missing = needs - seen
-            if missing:
-                raise ValueError(
-                    f"{where} runs before {action.stage}{min(missing)}{action.microbatch}"
-                )
-            if (action.type == "B" and "I" in seen) or (action.type == "I" and "B" in seen):
-                raise ValueError(f"{where}: a micro-batch has either B or I and W, not both")
-            seen.add(action.type)
-    for stage in range(stages):
-        rank = stage % p
-        for mb in range(microbatches):
-            seen = done.get((stage, mb), set())
-            if "F" not in seen:
-                raise ValueError(f"rank {rank} never runs {stage}F{mb}")
-            if "B" not in seen and "I" not in seen:
-                raise ValueError(f"rank {rank} never runs {stage}B{mb} (nor {stage}I{mb})")
-            if "I" in seen and "W" not in seen:
-                raise ValueError(f"rank {rank} runs {stage}I{mb} but never {stage}W{mb}")
-    _check_progress(order, stages)
-
-
-def _check_progress(order: Mapping[int, Sequence[Action]], total: int) -> None:
-    """Replay the ranks in lock-step on their cross-stage dependencies."""
-    finished: set[tuple[int, str, int]] = set()
-    position = dict.fromkeys(order, 0)
-
-    def needs(action: Action) -> tuple[int, str, int] | None:
-        if action.type == "F" and action.stage > 0:
-            return (action.stage - 1, "F", action.microbatch)
-        if action.type in ("B", "I") and action.stage < total - 1:
-            return (action.stage + 1, "I", action.microbatch)
-        return None
-
-    def ready(action: Action) -> bool:
-        need = needs(action)
-        if need is None:
-            return True
-        if need[1] == "I":
-            # the next stage's input gradient comes from its full or its input backward
-            return (need[0], "I", need[2]) in finished or (need[0], "B", need[2]) in finished
-        return need in finished
-
-    progressed = True
-    while progressed:
-        progressed = False
-        for rank, actions in order.items():
-            while position[rank] < len(actions) and ready(actions[position[rank]]):
-                action = actions[position[rank]]
-                finished.add((action.stage, action.type, action.microbatch))
-                position[rank] += 1
-                progressed = True
-    stuck = [rank for rank, actions in order.items() if position[rank] < len(actions)]
-    if stuck:
-        waits = []
-        for rank in stuck:
-            action = order[rank][position[rank]]
-            need = needs(action)
-            assert need is not None
-            kind = "F" if need[1] == "F" else "B/I"
-            waits.append(f"rank {rank} waits at {action} for {need[0]}{kind}{need[2]}")
-        raise ValueError(f"pipeline order can never finish: {'; '.join(waits)}")
-
-
-def in_flight_peak(actions: Iterable[Action]) -> int:
-    """Most micro-batches a rank holds at once: forward run, backward (B or I) not yet.
-
-    Chunks count separately (a micro-batch in flight on two of the rank's stages counts
-    twice); the memory model multiplies this by one stage's activations.
-    """
-    in_flight = peak = 0
-    for action in actions:
-        if action.type == "F":
-            in_flight += 1
-            peak = max(peak, in_flight)
-        elif action.type in ("B", "I"):
-            in_flight -= 1
-    return peak

@@ -71,8 +71,10 @@ from simulator.common.vocabulary import PHASE_OF_PART
 from simulator.request.layout import Layout
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec, is_moe_layer
+from simulator.request.orders import Action
+from simulator.request.recipe import Recipe
 from simulator.schedule.ir import Block, Collective, Compute, Op, Program, Recv, Schedule, Send
-from simulator.schedule.pipeline import Action, pipeline_order
+from simulator.schedule.pipeline import pipeline_order
 
 __all__ = ["StepConfig", "build_step", "stage_parameter_count", "STREAMS"]
 
@@ -86,64 +88,56 @@ STREAMS = ("compute", "tp", "dp", "pp_recv_fwd", "pp_send_fwd", "pp_recv_bwd", "
 # of every gradient (Megatron-LM's multi_tensor_l2norm).
 ADAM_STATE_BYTES_PER_PARAM = 26
 ADAM_FLOPS_PER_PARAM = 12
-GRAD_BYTES = {"fp32": 4, "bf16": 2}
 
 
 class StepConfig:
-    """What the builder needs: model, layout, and the training recipe."""
+    """The builder's view of one step: the recipe, the model (and its experts), and the
+    MoE routing drawn for it, memoised (every rank of an EP group, and its TP peers,
+    see the same routing)."""
 
-    def __init__(
-        self,
-        model: ModelSpec,
-        layout: Layout,
-        micro_batch: int,
-        microbatches: int,
-        schedule: str = "1f1b",
-        recompute: str = "none",
-        grad_bucket_bytes: float = 25 * 1024 * 1024,
-        first_grad_bucket_bytes: float = 1024 * 1024,
-        sp: bool = False,
-        virtual_stages: int = 1,
-        zero1: bool = False,
-        orders: dict[int, list[Action]] | None = None,
-        moe: MoESpec | None = None,
-        seed: int = 0,
-        attention: str = "flash",
-        grad_reduce_overlap: bool = True,
-        tp_comm_overlap: str = "async",
-        grad_reduce_dtype: str = "fp32",
-        param_gather_overlap: bool = False,
-        stage_layers: list[int] | tuple[int, ...] | None = None,
-    ):
+    def __init__(self, recipe: Recipe, model: ModelSpec, moe: MoESpec | None = None, seed: int = 0):
+        if recipe.layers != model.layers:
+            raise ValueError(f"recipe splits {recipe.layers} layers; the model has {model.layers}")
+        self.recipe = recipe
         self.model = model
-        self.layout = layout
-        self.micro_batch = micro_batch
-        self.microbatches = microbatches
-        self.schedule = schedule
-        self.recompute = recompute
-        self.grad_bucket_bytes = grad_bucket_bytes
-        self.first_grad_bucket_bytes = first_grad_bucket_bytes
-        self.sp = sp
-        self.virtual_stages = virtual_stages
-        self.zero1 = zero1
-        self.orders = orders
         self.moe = moe
         self.seed = seed
-        self.attention = attention
-        self.grad_reduce_overlap = grad_reduce_overlap
-        self.tp_comm_overlap = tp_comm_overlap
-        self.grad_bytes = GRAD_BYTES[grad_reduce_dtype]
-        self.param_gather_overlap = param_gather_overlap
-        stages = layout.pp * virtual_stages
-        if stage_layers is None:
-            stage_layers = [model.layers // stages] * stages
-        self.stage_layers = tuple(stage_layers)
-        self._first_layer = [sum(self.stage_layers[:s]) for s in range(len(self.stage_layers))]
         self._traffic: dict[tuple[int, int, int], MoELayerTraffic] = {}
 
+    # the recipe's settings the builder and memory read
+    @property
+    def layout(self) -> Layout:
+        return self.recipe.layout
+
+    @property
+    def micro_batch(self) -> int:
+        return self.recipe.micro_batch
+
+    @property
+    def microbatches(self) -> int:
+        return self.recipe.microbatches
+
+    @property
+    def stages(self) -> int:
+        return self.recipe.stages
+
+    @property
+    def sp(self) -> bool:
+        return self.recipe.sp
+
+    @property
+    def zero1(self) -> bool:
+        return self.recipe.shards_optimizer
+
+    @property
+    def grad_bytes(self) -> int:
+        return self.recipe.grad_bytes
+
+    def layers_of(self, stage: int) -> range:
+        return self.recipe.layers_of(stage)
+
     def moe_traffic(self, layer: int, microbatch: int, group: int) -> MoELayerTraffic:
-        """Routing of one MoE layer and micro-batch on EP group ``group`` (memoised:
-        every rank of the group, and its TP peers, see the same routing)."""
+        """Routing of one MoE layer and micro-batch on EP group ``group`` (memoised)."""
         key = (layer, microbatch, group)
         traffic = self._traffic.get(key)
         if traffic is None:
@@ -165,32 +159,14 @@ class StepConfig:
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and is_moe_layer(self.moe, layer)
 
-    def layers_of(self, stage: int) -> range:
-        """The layers of global ``stage`` (contiguous, in stage order)."""
-        first = self._first_layer[stage]
-        return range(first, first + self.stage_layers[stage])
-
-    def rank_layers(self, pipeline_rank: int) -> list[int]:
-        """The layers pipeline rank ``pipeline_rank`` holds: those of its global stages
-        ``r, r + pp, …`` (with virtual stages, not contiguous)."""
-        pp = self.layout.pp
-        return [
-            layer
-            for stage in range(pipeline_rank, self.stages, pp)
-            for layer in self.layers_of(stage)
-        ]
-
-    @property
-    def stages(self) -> int:
-        """Global pipeline stages: ``pp × virtual_stages``."""
-        return self.layout.pp * self.virtual_stages
-
     def pipeline_orders(self) -> dict[int, list[Action]]:
-        if self.orders is None:
-            self.orders = pipeline_order(
-                self.schedule, self.layout.pp, self.microbatches, self.virtual_stages
-            )
-        return self.orders
+        """Each pipeline rank's actions: the custom order, or the schedule's."""
+        recipe = self.recipe
+        if recipe.orders is not None:
+            return {rank: list(actions) for rank, actions in enumerate(recipe.orders)}
+        return pipeline_order(
+            recipe.schedule, recipe.layout.pp, recipe.microbatches, recipe.virtual_stages
+        )
 
 
 def stage_parameter_count(config: StepConfig, pipeline_rank: int) -> int:
@@ -201,7 +177,7 @@ def stage_parameter_count(config: StepConfig, pipeline_rank: int) -> int:
     model, layout, moe = config.model, config.layout, config.moe
     tp = layout.tp
     ops = layer_forward_ops(model, 1, tp)
-    layers = config.rank_layers(pipeline_rank)
+    layers = config.recipe.rank_layers(pipeline_rank)
     count = sum(op.weight_params for op in ops) * len(layers)
     if moe is not None:
         dense_mlp = sum(op.weight_params for op in ops if op.name in ("fc1", "fc2"))
@@ -355,12 +331,12 @@ class _RankBuilder:
         model = config.model
         self.model = model
         b = config.micro_batch
-        self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp, config.attention)
-        self.core = attention_core_names(config.attention)
+        self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp, config.recipe.attention)
+        self.core = attention_core_names(config.recipe.attention)
         # backward TP collectives beside the GEMM that follows (async and pipelined); with
         # pipelined (Transformer Engine's userbuffers) the forward's too
-        self.overlap_tp = config.tp_comm_overlap in ("async", "pipelined")
-        self.pipelined = config.tp_comm_overlap == "pipelined" and self.sp
+        self.overlap_tp = config.recipe.tp_comm_overlap in ("async", "pipelined")
+        self.pipelined = config.recipe.tp_comm_overlap == "pipelined" and self.sp
         self.gathers: list[int] = []  # in-flight all-gathers the next GEMM runs beside
         self.bwd_ops = [(op, backward_of(op)) for op in reversed(self.fwd_ops)]
         self.activation_bytes = ACT_BYTES * b * model.seq_len * model.hidden
@@ -405,7 +381,7 @@ class _RankBuilder:
         return rank
 
     def _stream(self, name: str, stage: int) -> str:
-        return name if self.config.virtual_stages == 1 else f"{name}.c{stage // self.pp}"
+        return name if self.config.recipe.virtual_stages == 1 else f"{name}.c{stage // self.pp}"
 
     def _tag(self, stage: int, mb: int, direction: int) -> int:
         return (stage * self.config.microbatches + mb) * 2 + direction
@@ -458,10 +434,14 @@ class _RankBuilder:
             return
         w = self.w
         w.bucket_bytes[group] = w.bucket_bytes.get(group, 0.0) + params * self.config.grad_bytes
-        if not self.config.grad_reduce_overlap:
+        if not self.config.recipe.grad_reduce_overlap:
             return  # one reduction of every gradient after the whole backward
         first = w.bucket_index.get(group, 0) == 0
-        cap = self.config.first_grad_bucket_bytes if first else self.config.grad_bucket_bytes
+        cap = (
+            self.config.recipe.first_grad_bucket_bytes
+            if first
+            else self.config.recipe.grad_bucket_bytes
+        )
         if w.bucket_bytes[group] >= cap:
             self._flush_bucket(group, producer, microbatch)
 
@@ -798,7 +778,7 @@ class _RankBuilder:
             self._wait_for(op)
 
     def _layer_backward(self, layer: int, mb: int, final: bool, phase: str, defer: bool) -> None:
-        recompute = self.config.recompute
+        recompute = self.config.recipe.recompute
         if recompute == "full":
             self._layer_forward(layer, mb, "recompute")
         tags = dict(layer=layer, microbatch=mb, phase=phase)
@@ -840,7 +820,7 @@ class _RankBuilder:
         total = stage_parameter_count(self.config, self.pipeline_rank)
         gather = self.config.zero1 and self.dp_group is not None
         early_gather = None
-        if gather and self.config.param_gather_overlap:
+        if gather and self.config.recipe.param_gather_overlap:
             # the weights the last step updated are gathered beside this step's forward
             # (Megatron-Core's --overlap-param-gather); the optimizer waits for it
             early_gather = self.w.collective(
@@ -904,8 +884,17 @@ def _retarget(op: Op, rank: int, layout: Layout) -> Op:
     return replace(op, peer=layout.stage_rank(rank, peer_stage))
 
 
-def build_step(config: StepConfig, fold: bool = False, blocks: bool = False) -> Schedule:
-    """The Schedule of one training step for every rank of ``config.layout``.
+def build_step(
+    recipe: Recipe,
+    model: ModelSpec,
+    *,
+    moe: MoESpec | None = None,
+    seed: int = 0,
+    fold: bool = False,
+    blocks: bool = False,
+) -> Schedule:
+    """The Schedule of one training step of ``model`` run as ``recipe``, for every rank
+    of its layout (``moe``: the model's experts, routed from ``seed``).
 
     Ranks of one pipeline stage run the same program up to their process groups and
     neighbours, so each stage is built once, for its rank with TP and DP coordinate 0,
@@ -915,6 +904,7 @@ def build_step(config: StepConfig, fold: bool = False, blocks: bool = False) -> 
     ``blocks`` (analytic fidelity) each pipeline action that does not hand gradients to
     data parallelism is written as one :class:`~simulator.schedule.ir.Block`.
     """
+    config = StepConfig(recipe, model, moe, seed)
     layout = config.layout
     orders = config.pipeline_orders()
     if config.moe is not None:
@@ -1001,7 +991,7 @@ def _schedule(
     groups = {name: members for name, members in layout.groups.items() if name in used}
     meta = {
         "moe": _moe_meta(config),
-        "virtual_stages": config.virtual_stages,
+        "virtual_stages": config.recipe.virtual_stages,
         "sequence_parallel": config.sp,
         "layout": {
             "tp": layout.tp,
@@ -1009,7 +999,7 @@ def _schedule(
             "dp": layout.dp,
             "placement": list(layout.placement),
         },
-        "schedule": config.schedule,
+        "schedule": config.recipe.schedule,
         "microbatches": config.microbatches,
         "pipeline_orders": {str(s): [str(a) for a in actions] for s, actions in orders.items()},
     }

@@ -1,0 +1,293 @@
+"""How a training step is run: the layout and every knob of the training recipe, as one
+frozen value built once from the scenario.
+
+A :class:`Recipe` is what the step builder, memory, sweep, scale, explain and the
+reports read instead of the scenario's sections: the rank grid (:class:`Layout`),
+micro-batching, the pipeline schedule and its virtual stages, how the layers are split
+over the stages, recompute, sequence parallelism, optimizer sharding, the attention
+kernel and the framework's overlap settings.
+
+It has one compact text form, printed by ``str()`` and read back by
+:meth:`Recipe.parse`, as pipeline actions have (``0F1``)::
+
+    tp8 pp4 dp4 sp mb1x16 interleaved-1f1b v2 rc=selective [tp,dp,pp] L96 sharding=optimizer
+
+Tokens, in this order: ``tp``, ``pp``, ``dp``, ``ep`` (when > 1), ``sp`` (when on),
+``mb<micro-batch>x<micro-batches>``, the schedule, ``v<virtual stages>`` (when > 1),
+``rc=<recompute>``, the placement, ``L<layers>``, then ``key=value`` for every other
+setting that differs from its default (``stage_layers`` as ``3/5`` when the stages are
+uneven). :meth:`Recipe.label` is the same without the micro-batch count, the layers and
+the extras: the sweep's one-line name for a layout, whose rows share all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from simulator.common.errors import ScenarioError
+from simulator.common.vocabulary import (
+    ATTENTION_KERNELS,
+    GRADIENT_DTYPES,
+    RECOMPUTE_MODES,
+    SCHEDULES,
+    SHARDING_LEVELS,
+    TP_COMM_OVERLAP,
+)
+from simulator.request.layout import Layout
+from simulator.request.orders import Action
+
+__all__ = ["Recipe", "GRADIENT_BYTES", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES"]
+
+# Bytes per gradient element in the dtype gradients are accumulated and reduced in.
+GRADIENT_BYTES = {"fp32": 4, "bf16": 2}
+# PyTorch DDP's default bucket_cap_mb=25 (MiB), and its first bucket of 1 MiB
+# (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) that lets the first all-reduce start early.
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+
+# settings printed as key=value when they differ from their default, in this order
+_EXTRAS = (
+    "sharding",
+    "attention",
+    "tp_comm_overlap",
+    "grad_reduce_overlap",
+    "grad_reduce_dtype",
+    "param_gather_overlap",
+    "grad_bucket_bytes",
+    "first_grad_bucket_bytes",
+    "stage_layers",
+)
+_CHOICES = {
+    "schedule": SCHEDULES,
+    "recompute": RECOMPUTE_MODES,
+    "sharding": SHARDING_LEVELS,
+    "attention": ATTENTION_KERNELS,
+    "tp_comm_overlap": TP_COMM_OVERLAP,
+    "grad_reduce_dtype": GRADIENT_DTYPES,
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The layout and training recipe of one step (see the module docstring)."""
+
+    layout: Layout
+    micro_batch: int
+    microbatches: int
+    stage_layers: tuple[int, ...]
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    recompute: str = "none"
+    sp: bool = False
+    sharding: str = "none"
+    attention: str = "flash"
+    grad_reduce_overlap: bool = True
+    tp_comm_overlap: str = "async"
+    grad_reduce_dtype: str = "fp32"
+    param_gather_overlap: bool = False
+    grad_bucket_bytes: float = float(DDP_BUCKET_BYTES)
+    first_grad_bucket_bytes: float = float(DDP_FIRST_BUCKET_BYTES)
+    # a custom schedule's order, per pipeline rank (None: the schedule builds it)
+    orders: tuple[tuple[Action, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ScenarioError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+        for name in ("micro_batch", "microbatches", "virtual_stages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ScenarioError(f"{name}: must be a positive integer (got {value!r})")
+        if len(self.stage_layers) != self.stages:
+            raise ScenarioError(
+                f"stage_layers: {len(self.stage_layers)} entries for "
+                f"pp({self.layout.pp}) x virtual_stages({self.virtual_stages}) = "
+                f"{self.stages} stages"
+            )
+        object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
+        first, start = [], 0
+        for count in self.stage_layers:
+            first.append(start)
+            start += count
+        object.__setattr__(self, "_first_layer", tuple(first))
+
+    # -- the pipeline's split of the layers ---------------------------------------------
+    @property
+    def stages(self) -> int:
+        """Global pipeline stages: ``pp × virtual_stages``."""
+        return self.layout.pp * self.virtual_stages
+
+    @property
+    def layers(self) -> int:
+        return sum(self.stage_layers)
+
+    def layers_of(self, stage: int) -> range:
+        """The layers of global ``stage`` (contiguous, in stage order)."""
+        first = self._first_layer[stage]  # type: ignore[attr-defined]
+        return range(first, first + self.stage_layers[stage])
+
+    def rank_layers(self, pipeline_rank: int) -> list[int]:
+        """The layers pipeline rank ``pipeline_rank`` holds: those of its global stages
+        ``r, r + pp, …`` (with virtual stages, not contiguous). The builder, the
+        parameter count and memory all ask this one function."""
+        pp = self.layout.pp
+        return [
+            layer
+            for stage in range(pipeline_rank, self.stages, pp)
+            for layer in self.layers_of(stage)
+        ]
+
+    # -- derived settings -------------------------------------------------------------
+    @property
+    def sequence_parallel(self) -> bool:
+        """SP in effect: asked for, with more than one TP rank."""
+        return self.sp and self.layout.tp > 1
+
+    @property
+    def shards_optimizer(self) -> bool:
+        """The Adam state is split across the data-parallel replicas (ZeRO-1 and up)."""
+        return self.sharding != "none"
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element in the reduction dtype."""
+        return GRADIENT_BYTES[self.grad_reduce_dtype]
+
+    def with_(self, **changes: Any) -> Recipe:
+        """A copy with ``changes`` (layout fields included: ``tp=8``)."""
+        layout_keys = {f.name for f in fields(Layout) if f.init}
+        layout_changes = {k: changes.pop(k) for k in list(changes) if k in layout_keys}
+        recipe = self
+        if layout_changes:
+            recipe = replace(recipe, layout=replace(self.layout, **layout_changes))
+        return replace(recipe, **changes) if changes else recipe
+
+    # -- the compact text form --------------------------------------------------------
+    def label(self) -> str:
+        """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``: the layout knobs only."""
+        return " ".join(self._tokens(count=False, extras=False))
+
+    def __str__(self) -> str:
+        return " ".join(self._tokens(count=True, extras=True))
+
+    def _tokens(self, count: bool, extras: bool) -> list[str]:
+        layout = self.layout
+        parts = [f"tp{layout.tp}", f"pp{layout.pp}", f"dp{layout.dp}"]
+        if layout.ep > 1:
+            parts.append(f"ep{layout.ep}")
+        if self.sp:
+            parts.append("sp")
+        parts.append(f"mb{self.micro_batch}" + (f"x{self.microbatches}" if count else ""))
+        parts.append(self.schedule)
+        if self.virtual_stages > 1:
+            parts.append(f"v{self.virtual_stages}")
+        parts.append(f"rc={self.recompute}")
+        parts.append(f"[{','.join(layout.placement)}]")
+        if extras:
+            parts.append(f"L{self.layers}")
+            defaults = _defaults(self)
+            for name in _EXTRAS:
+                value = getattr(self, name)
+                if value != defaults[name]:
+                    parts.append(f"{name}={_format(value)}")
+        return parts
+
+    @classmethod
+    def parse(cls, text: str) -> Recipe:
+        """Read :func:`str` of a recipe back (a custom schedule's order is not in it)."""
+        values: dict[str, Any] = {}
+        layout: dict[str, Any] = {}
+        for token in text.split():
+            try:
+                _read_token(token, values, layout)
+            except ValueError as exc:
+                raise ScenarioError(f"recipe {text!r}: {token!r}: {exc}") from None
+        for key in ("tp", "pp", "dp"):
+            if key not in layout:
+                raise ScenarioError(f"recipe {text!r}: no {key} token")
+        if "microbatches" not in values:
+            raise ScenarioError(f"recipe {text!r}: no mb<size>x<count> token")
+        layout_value = Layout(**layout)
+        stages = layout_value.pp * values.get("virtual_stages", 1)
+        layers = values.pop("layers", None)
+        if "stage_layers" not in values:
+            if layers is None or layers % stages:
+                raise ScenarioError(
+                    f"recipe {text!r}: no L<layers> token that {stages} stages split evenly, "
+                    "and no stage_layers"
+                )
+            values["stage_layers"] = (layers // stages,) * stages
+        elif layers is not None and sum(values["stage_layers"]) != layers:
+            raise ScenarioError(
+                f"recipe {text!r}: stage_layers sum to {sum(values['stage_layers'])}, not L{layers}"
+            )
+        return cls(layout=layout_value, **values)
+
+
+def _defaults(recipe: Recipe) -> dict[str, Any]:
+    defaults = {f.name: f.default for f in fields(Recipe) if f.name in _EXTRAS}
+    # an even split is the default for stage_layers
+    per = recipe.layers // recipe.stages
+    even = (per,) * recipe.stages if per * recipe.stages == recipe.layers else None
+    defaults["stage_layers"] = even
+    return defaults
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "/".join(str(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _read_token(token: str, values: dict[str, Any], layout: dict[str, Any]) -> None:
+    if token == "sp":
+        values["sp"] = True
+        return
+    if token.startswith("[") and token.endswith("]"):
+        layout["placement"] = tuple(token[1:-1].split(","))
+        return
+    if "=" in token:
+        key, _, raw = token.partition("=")
+        key = "recompute" if key == "rc" else key
+        if key not in ("recompute", *_EXTRAS):
+            raise ValueError("unknown setting")
+        values[key] = _parse_value(key, raw)
+        return
+    if token in SCHEDULES:
+        values["schedule"] = token
+        return
+    for prefix, target, key in (
+        ("tp", layout, "tp"),
+        ("pp", layout, "pp"),
+        ("dp", layout, "dp"),
+        ("ep", layout, "ep"),
+        ("v", values, "virtual_stages"),
+        ("L", values, "layers"),
+    ):
+        if token.startswith(prefix) and token[len(prefix) :].isdigit():
+            target[key] = int(token[len(prefix) :])
+            return
+    if token.startswith("mb"):
+        size, _, count = token[2:].partition("x")
+        if size.isdigit() and count.isdigit():
+            values["micro_batch"], values["microbatches"] = int(size), int(count)
+            return
+    raise ValueError("not a recipe token")
+
+
+def _parse_value(key: str, raw: str) -> Any:
+    if key == "stage_layers":
+        return tuple(int(part) for part in raw.split("/"))
+    if key in ("grad_reduce_overlap", "param_gather_overlap"):
+        if raw not in ("true", "false"):
+            raise ValueError("expected true or false")
+        return raw == "true"
+    if key in ("grad_bucket_bytes", "first_grad_bucket_bytes"):
+        return float(raw)
+    return raw
