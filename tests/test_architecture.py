@@ -39,10 +39,7 @@ HEAVY = ("torch", "plotly", "kaleido")
 # Upward imports and cycles still tolerated, as (importer, imported): empty means the
 # rule holds everywhere.
 ALLOWED: set[tuple[str, str]] = {
-    ("simulator.tools.compare", "simulator.report.chrome_trace"),
-    ("simulator.tools.compare", "simulator.report.timeline"),
     ("simulator.tools.explain", "simulator.report.explain_report"),
-    ("simulator.tools.sweep", "simulator.report.style"),
 }
 
 

@@ -36,11 +36,12 @@ import pytest
 from simulator.analysis.trace import Trace
 from simulator.cli.main import main
 from simulator.common.errors import ParasimError
+from simulator.report.compare_report import load_run_dir
 from simulator.report.images import ImageExportError, export_figure, export_figures, find_browser
 from simulator.report.timeline import timeline_figure
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import make_trace, run_scenario, trace_ranks
-from simulator.tools.compare import load_run_dir, overlay_trace
+from simulator.tools.compare import overlay_trace
 
 from .conftest import SCENARIOS
 

@@ -28,8 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _efficiency(result: dict) -> dict[int, float]:
-    return {row["gpus"]: row["efficiency"] for row in result["rows"]}
+def _efficiency(result: scale.ScaleResult) -> dict[int, float]:
+    return {row["gpus"]: row["efficiency"] for row in result.rows}
 
 
 def test_weak_scaling_of_pure_data_parallel_stays_near_one():
@@ -37,7 +37,7 @@ def test_weak_scaling_of_pure_data_parallel_stays_near_one():
     result = scale.run_scale(
         SMALL, [8, 16, 32, 64], mode="weak", overrides=PURE_DP, workers=2, progress=False
     )
-    rows = result["rows"]
+    rows = result.rows
     assert [row["gpus"] for row in rows] == [8, 16, 32, 64]
     assert [row["dp"] for row in rows] == [8, 16, 32, 64]
     assert [row["global_batch"] for row in rows] == [16, 32, 64, 128]  # 2 per replica
@@ -47,7 +47,7 @@ def test_weak_scaling_of_pure_data_parallel_stays_near_one():
     assert [row["efficiency"] for row in rows] == sorted(
         [row["efficiency"] for row in rows], reverse=True
     )
-    assert result["reference_gpus"] == 8
+    assert result.reference_gpus == 8
 
     # each row is what parasim run gives for its overrides
     last = rows[-1]
@@ -63,9 +63,9 @@ def test_tensor_parallel_across_nodes_scales_worse():
         PIPELINE, sizes, overrides=["parallel.placement=[dp,tp,pp]"], workers=1, progress=False
     )
     # at 16 GPUs dp is 1, so both placements are the same rank grid
-    assert across["rows"][0]["step_time_s"] == pytest.approx(inside["rows"][0]["step_time_s"])
-    assert not any(row["warnings"] for row in inside["rows"])
-    assert all("span nodes" in row["warnings"][0] for row in across["rows"][1:])
+    assert across.rows[0]["step_time_s"] == pytest.approx(inside.rows[0]["step_time_s"])
+    assert not any(row["warnings"] for row in inside.rows)
+    assert all("span nodes" in row["warnings"][0] for row in across.rows[1:])
     good, bad = _efficiency(inside), _efficiency(across)
     assert good[64] > 0.85
     assert bad[64] < good[64] - 0.2
@@ -76,7 +76,7 @@ def test_strong_scaling_keeps_the_batch_and_says_when_it_no_longer_divides():
     result = scale.run_scale(
         SMALL, [8, 16], mode="strong", overrides=PURE_DP, workers=1, progress=False
     )
-    rows = result["rows"]
+    rows = result.rows
     assert [row["global_batch"] for row in rows] == [16, 16]
     speedup = rows[0]["step_time_s"] / rows[1]["step_time_s"]
     assert rows[1]["speedup"] == pytest.approx(speedup)
@@ -128,7 +128,7 @@ def test_best_layout_per_size_and_outputs(tmp_path, capsys):
             },
             workers=1,
             progress=False,
-        )["rows"][0]
+        ).rows[0]
         assert row["layout"] == best["layout"]
         assert row["step_time_s"] == best["step_time_s"]
     assert rows[0]["efficiency"] == 1.0

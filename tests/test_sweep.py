@@ -128,12 +128,12 @@ def test_layouts_that_do_not_fit_are_pruned_before_simulating(tmp_path):
         workers=1,
         progress=False,
     )
-    counts = result["counts"]
+    counts = result.counts
     assert counts["pruned_memory"] > 0
     assert next(iter(counts["pruned_by_term"])) == "optimizer_state"
-    assert result["rows"], "with enough TP it fits"
-    assert all(row["tp"] > 1 for row in result["rows"])
-    assert all(not row["oom"] for row in result["rows"])
+    assert result.rows, "with enough TP it fits"
+    assert all(row["tp"] > 1 for row in result.rows)
+    assert all(not row["oom"] for row in result.rows)
 
     with pytest.raises(ParasimError, match="out of memory.*optimizer_state"):
         _command(
@@ -148,9 +148,9 @@ def test_lighter_recompute_is_never_slower():
     result = sweep.run_sweep(
         SMALL, fixed={"tp": 2, "pp": 1}, workers=1, progress=False, exhaustive=True
     )
-    assert result["counts"]["dominated"] == 0
+    assert result.counts["dominated"] == 0
     by_layout: dict[tuple, dict[str, float]] = {}
-    for row in result["rows"]:
+    for row in result.rows:
         key = (row["sp"], row["micro_batch"], tuple(row["placement"]))
         by_layout.setdefault(key, {})[row["recompute"]] = row["step_time_s"]
     assert by_layout
@@ -222,10 +222,10 @@ def test_gpus_resizes_the_cluster():
         workers=1,
         progress=False,
     )
-    assert result["gpus"] == 16 and result["cluster"]["nodes"] == 2
-    assert {(row["tp"], row["pp"], row["dp"]) for row in result["rows"]} == {(8, 1, 2), (8, 2, 1)}
+    assert result.gpus == 16 and result.cluster["nodes"] == 2
+    assert {(row["tp"], row["pp"], row["dp"]) for row in result.rows} == {(8, 1, 2), (8, 2, 1)}
     # TP across nodes only shows up as the [dp,tp,pp] placement, and is slower
-    crossing = [row for row in result["rows"] if row["warnings"]]
-    inside = [row for row in result["rows"] if not row["warnings"]]
+    crossing = [row for row in result.rows if row["warnings"]]
+    inside = [row for row in result.rows if not row["warnings"]]
     assert crossing and inside
     assert min(r["step_time_s"] for r in inside) < min(r["step_time_s"] for r in crossing)

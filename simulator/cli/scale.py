@@ -8,19 +8,22 @@ from typing import Any
 
 from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
 from simulator.common.errors import ParasimError
-from simulator.tools.scale import (
-    MODES,
-    _gpus_argument,
-    print_scale,
-    run_scale,
-    write_scale_outputs,
-)
-from simulator.tools.sweep import wide_console
+from simulator.report.scale_report import print_scale, write_scale_outputs
+from simulator.report.sweep_report import wide_console
+from simulator.tools.scale import MODES, parse_gpus, run_scale
 
 __all__ = ["add_parser", "command"]
 
 
-def add_parser(subparsers: Any) -> None:
+def _gpus_argument(text: str) -> list[int]:
+    """``--gpus`` for argparse, which reports a bad value as a usage error (exit 2)."""
+    try:
+        return parse_gpus(text)
+    except ParasimError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--gpus {text}: ")) from None
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``parasim scale`` to the CLI's subparsers."""
     parser = subparsers.add_parser(
         "scale",
@@ -52,6 +55,7 @@ def add_parser(subparsers: Any) -> None:
     add_fidelity_option(parser, help="simulation fidelity (default analytic: fast, folded)")
     add_workers_option(parser)
     add_set_option(parser, "override a scenario field first (repeatable)")
+    return parser
 
 
 def command(args: argparse.Namespace) -> int:
@@ -67,9 +71,9 @@ def command(args: argparse.Namespace) -> int:
         progress=True,
         max_tp=args.max_tp,
     )
-    if result["reference_gpus"] is None:
-        raise ParasimError(f"no layout fits at any size: {result['rows'][0]['reason']}")
-    out = args.out if args.out is not None else Path("out") / f"{result['scenario']}-scale"
+    if result.reference_gpus is None:
+        raise ParasimError(f"no layout fits at any size: {result.rows[0]['reason']}")
+    out = args.out if args.out is not None else Path("out") / f"{result.scenario}-scale"
     paths = write_scale_outputs(result, out)
     print_scale(result, wide_console(), [str(p) for p in paths])
     return 0

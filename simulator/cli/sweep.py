@@ -8,20 +8,13 @@ from typing import Any
 
 from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
 from simulator.common.errors import ParasimError
-from simulator.tools.sweep import (
-    FIX_KEYS,
-    no_layout_message,
-    parse_fixes,
-    print_sweep,
-    run_sweep,
-    wide_console,
-    write_sweep_outputs,
-)
+from simulator.report.sweep_report import print_sweep, wide_console, write_sweep_outputs
+from simulator.tools.sweep import FIX_KEYS, no_layout_message, parse_fixes, run_sweep
 
 __all__ = ["add_parser", "command"]
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``parasim sweep`` to the CLI's subparsers."""
     parser = subparsers.add_parser(
         "sweep",
@@ -56,6 +49,7 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="also simulate layouts that a lighter recompute of the same layout beats",
     )
+    return parser
 
 
 def command(args: argparse.Namespace) -> int:
@@ -73,9 +67,9 @@ def command(args: argparse.Namespace) -> int:
         progress=True,
         exhaustive=args.exhaustive,
     )
-    if not result["rows"]:
+    if not result.rows:
         raise ParasimError(no_layout_message(result))
-    out = args.out if args.out is not None else Path("out") / f"{result['scenario']}-sweep"
+    out = args.out if args.out is not None else Path("out") / f"{result.scenario}-sweep"
     paths = write_sweep_outputs(result, out, top=args.top)
     print_sweep(result, wide_console(), args.top, [str(p) for p in paths])
     return 0

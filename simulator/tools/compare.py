@@ -9,43 +9,28 @@ from both folders (written by ``parasim run`` and ``parasim replay``), and repor
   ``comm:tp · all_reduce`` — the time per rank spent in those ops, predicted against
   measured, over the ranks present in both traces;
 
-and writes ``compare.json`` and ``compare.html``: the two timelines overlaid, each
-rank's predicted lanes above its measured lanes.
+and :func:`overlay_trace` lays the two timelines over each other, each rank's
+predicted lanes above its measured lanes.
+
+This module only compares: reading the run folders, the console table and the files
+(``compare.json`` and ``compare.html``) are :mod:`simulator.report.compare_report`'s.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from simulator.analysis.metrics import CATEGORIES
 from simulator.analysis.trace import Trace, category_of
 from simulator.common.errors import ParasimError
-from simulator.report.chrome_trace import trace_from_chrome
-from simulator.report.timeline import write_timeline_html
 
-__all__ = ["load_run_dir", "compare_runs", "overlay_trace", "relative_error"]
+__all__ = ["compare_runs", "overlay_trace", "relative_error"]
 
 
 def relative_error(predicted: float, measured: float) -> float | None:
     return None if measured == 0 else (predicted - measured) / measured
-
-
-def load_run_dir(path: Path) -> tuple[dict[str, Any], Trace]:
-    """``result.json`` and the Trace of ``trace.json`` from a run folder."""
-    try:
-        result = json.loads((path / "result.json").read_text())
-        trace = trace_from_chrome(json.loads((path / "trace.json").read_text()))
-    except FileNotFoundError as exc:
-        raise ParasimError(
-            f"{path}: no {Path(exc.filename).name} (not a parasim run folder)"
-        ) from None
-    except (json.JSONDecodeError, KeyError) as exc:
-        raise ParasimError(f"{path}: unreadable run files ({exc})") from None
-    return result, trace
 
 
 def _class_seconds(trace: Trace, ranks: set[int]) -> dict[str, float]:
@@ -107,9 +92,3 @@ def overlay_trace(p_trace: Trace, m_trace: Trace) -> Trace:
         m_trace.meta, scenario=m_trace.meta.get("scenario"), fidelity="predicted over measured"
     )
     return Trace(records=records, step_time=max(p_trace.step_time, m_trace.step_time), meta=meta)
-
-
-def write_overlay(p_trace: Trace, m_trace: Trace, path: Path) -> None:
-    write_timeline_html(
-        overlay_trace(p_trace, m_trace), path, title="predicted (upper lanes) over measured"
-    )

@@ -23,24 +23,22 @@ GPUs. Both are 1 for perfect linear scaling.
 the two numbers before it up to the number after it: geometric when the second is a
 multiple of the first (``8,16,...,4096`` doubles), arithmetic otherwise
 (``64,96,...,256`` adds 32).
+
+:func:`run_scale` returns a :class:`ScaleResult`: data only. The table, ``scale.csv``,
+``scale.json`` and ``scale.html`` are drawn by :mod:`simulator.report.scale_report`,
+and the command line lives in :mod:`simulator.cli.scale`.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import time
-from collections.abc import Iterable
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 from simulator.common.errors import ParasimError, ScenarioError
-from simulator.common.files import write_atomically, write_csv, write_json
 from simulator.request.scenario import Scenario, apply_overrides, scenario_from_dict
 from simulator.tools.sweep import (
     Candidate,
@@ -48,48 +46,21 @@ from simulator.tools.sweep import (
     SweepBase,
     no_layout_message,
     prepare,
-    print_table,
     process_pool,
     resolve_workers,
     run_chunked,
     run_sweep,
     simulate_chunk,
 )
-from topologies.units import format_time
 
 __all__ = [
     "MODES",
+    "ScaleResult",
     "parse_gpus",
     "run_scale",
-    "print_scale",
-    "write_scale_outputs",
-    "scale_figure",
 ]
 
 MODES = ("weak", "strong")
-CSV_FIELDS = (
-    "gpus",
-    "nodes",
-    "layout",
-    "tp",
-    "pp",
-    "dp",
-    "ep",
-    "global_batch",
-    "micro_batch",
-    "microbatches",
-    "step_time_s",
-    "tokens_per_s",
-    "ideal_tokens_per_s",
-    "tflops_per_gpu",
-    "mfu",
-    "peak_bytes_per_gpu",
-    "capacity_bytes",
-    "oom",
-    "speedup",
-    "efficiency",
-    "overrides",
-)
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -134,14 +105,6 @@ def parse_gpus(text: str) -> list[int]:
     return sorted(set(numbers))
 
 
-def _gpus_argument(text: str) -> list[int]:
-    """``--gpus`` for argparse, which reports a bad value as a usage error (exit 2)."""
-    try:
-        return parse_gpus(text)
-    except ParasimError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--gpus {text}: ")) from None
-
-
 def _count(item: str, text: str) -> int:
     try:
         value = int(item)
@@ -161,6 +124,41 @@ def _whole_nodes(gpus: int, per_node: int, cluster: str) -> int:
     return gpus // per_node
 
 
+@dataclass
+class ScaleResult:
+    """A scaling curve: the scenario simulated at each GPU count.
+
+    ``cluster`` holds the cluster's ``name``, ``gpus_per_node``, ``gpu`` and per-GPU
+    ``capacity_bytes``; ``gpus`` the sizes in ascending order; ``reference_gpus`` the
+    smallest size with a result (None when no size has one); ``rows`` one dict per
+    size: its layout, step time, tokens/s, TFLOP/s per GPU, MFU, memory,
+    ``speedup``, ``efficiency`` and the overrides that reproduce it with ``parasim
+    run`` (``layout`` None, with a ``reason``, where no layout fits). ``wall_s`` varies
+    from run to run.
+    """
+
+    scenario: str
+    source: str
+    model: str
+    cluster: dict[str, Any]
+    mode: str
+    best: bool
+    fidelity: str
+    gpus: list[int]
+    reference_gpus: int | None
+    rows: list[dict[str, Any]]
+    wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``scale.json`` holds: every field but the wall time, so that the same
+        inputs give the same bytes."""
+        return {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if field.name != "wall_s"
+        }
+
+
 def run_scale(
     scenario_path: str | Path,
     gpus: list[int],
@@ -171,15 +169,9 @@ def run_scale(
     workers: int | None = None,
     progress: bool = True,
     max_tp: int | None = None,
-) -> dict[str, Any]:
-    """Simulate the scenario at each GPU count; rows in ascending GPU count.
-
-    Returns ``scenario``, ``mode``, ``best``, ``fidelity``, ``gpus``,
-    ``reference_gpus`` (the smallest size with a result), ``rows`` (per size: layout,
-    step time, tokens/s, TFLOP/s per GPU, MFU, memory, ``efficiency``, the overrides
-    that reproduce it with ``parasim run``; ``layout`` None where no layout fits) and
-    ``wall_s``.
-    """
+) -> ScaleResult:
+    """Simulate the scenario at each GPU count; rows in ascending GPU count
+    (:class:`ScaleResult`)."""
     started = time.perf_counter()
     if mode not in MODES:
         raise ParasimError(f"--mode: expected weak or strong (got {mode!r})")
@@ -213,24 +205,24 @@ def run_scale(
             row["efficiency"] = per_gpu / (reference["tokens_per_s"] / reference["gpus"])
         else:
             row["efficiency"] = row["speedup"] / ratio
-    return {
-        "scenario": base.name,
-        "source": base.source,
-        "model": base.model_name,
-        "cluster": {
+    return ScaleResult(
+        scenario=base.name,
+        source=base.source,
+        model=base.model_name,
+        cluster={
             "name": base.cluster_name,
             "gpus_per_node": base.gpus_per_node,
             "gpu": base.gpu_name,
             "capacity_bytes": base.capacity_bytes,
         },
-        "mode": mode,
-        "best": best,
-        "fidelity": fidelity,
-        "gpus": gpus,
-        "reference_gpus": reference["gpus"] if reference is not None else None,
-        "rows": rows,
-        "wall_s": time.perf_counter() - started,
-    }
+        mode=mode,
+        best=best,
+        fidelity=fidelity,
+        gpus=gpus,
+        reference_gpus=reference["gpus"] if reference is not None else None,
+        rows=rows,
+        wall_s=time.perf_counter() - started,
+    )
 
 
 def _candidate(scenario: Scenario, dp: int) -> Candidate:
@@ -354,7 +346,7 @@ def _best_rows(
             workers=workers,
             progress=progress,
         )
-        if not sweep["rows"]:
+        if not sweep.rows:
             rows.append(
                 {
                     "gpus": count,
@@ -365,7 +357,7 @@ def _best_rows(
                 }
             )
             continue
-        top = sweep["rows"][0]
+        top = sweep.rows[0]
         candidate = Candidate(
             **{k: top[k] for k in ("tp", "pp", "dp", "ep", "sp", "micro_batch", "schedule")},
             virtual_stages=top["virtual_stages"],
@@ -397,151 +389,3 @@ def _row(
         "warnings": run["warnings"],
         "overrides": list(overrides),
     }
-
-
-# -- outputs ---------------------------------------------------------------------------
-
-
-def _csv_value(row: dict[str, Any], key: str) -> Any:
-    value = row.get(key)
-    if value is None:
-        return ""
-    if key == "overrides":
-        return " ".join(value)
-    if isinstance(value, float):
-        return repr(value)
-    return value
-
-
-def scale_figure(result: dict[str, Any]):
-    """Plotly figure: tokens/s against GPUs with the ideal linear line, and the scaling
-    efficiency on a second axis."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    rows = [row for row in result["rows"] if row["layout"] is not None]
-    x = [row["gpus"] for row in rows]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=[row["tokens_per_s"] for row in rows],
-            name="throughput",
-            mode="lines+markers",
-            customdata=[row["layout"] for row in rows],
-            hovertemplate="%{x} GPUs: %{y:,.0f} tokens/s<br>%{customdata}<extra></extra>",
-            line={"color": "#4C78A8", "width": 3},
-        ),
-        secondary_y=False,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=[row["ideal_tokens_per_s"] for row in rows],
-            name="ideal (linear)",
-            mode="lines",
-            hovertemplate="%{x} GPUs: %{y:,.0f} tokens/s if linear<extra></extra>",
-            line={"color": "#9D9D9D", "dash": "dash"},
-        ),
-        secondary_y=False,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=[100 * row["efficiency"] for row in rows],
-            name="scaling efficiency",
-            mode="lines+markers",
-            hovertemplate="%{x} GPUs: efficiency %{y:.1f}%<extra></extra>",
-            line={"color": "#E45756", "dash": "dot"},
-        ),
-        secondary_y=True,
-    )
-    how = "fastest layout at each size" if result["best"] else "the scenario's tp and pp"
-    fig.update_layout(
-        title=(
-            f"{result['scenario']}: {result['mode']} scaling of {result['model']} "
-            f"({how}; {result['fidelity']} fidelity)"
-        ),
-        template="plotly_white",
-        legend={"orientation": "h", "y": -0.2},
-        hovermode="x unified",
-    )
-    fig.update_xaxes(title_text="GPUs", type="log", tickvals=x, ticktext=[str(v) for v in x])
-    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(
-        title_text="scaling efficiency (%)", range=[0, 110], showgrid=False, secondary_y=True
-    )
-    return fig
-
-
-def write_scale_outputs(result: dict[str, Any], out: Path) -> list[Path]:
-    """Write ``scale.csv``, ``scale.json`` and ``scale.html`` to ``out``."""
-    out = Path(out)
-    paths = [out / "scale.csv", out / "scale.json", out / "scale.html"]
-    write_csv(paths[0], CSV_FIELDS, result["rows"], _csv_value)
-    write_json(paths[1], {k: v for k, v in result.items() if k != "wall_s"})
-    fig = scale_figure(result)
-    write_atomically(
-        paths[2],
-        lambda tmp: fig.write_html(
-            str(tmp),
-            include_plotlyjs=True,
-            full_html=True,
-            div_id="parasim-scale",
-            config={"displaylogo": False, "responsive": True},
-        ),
-    )
-    return paths
-
-
-def print_scale(result: dict[str, Any], console: Console, outputs: Iterable[str] = ()) -> None:
-    """The scaling table."""
-    cluster = result["cluster"]
-    how = "fastest layout per size" if result["best"] else "scenario's tp and pp, dp the rest"
-    table = Table(
-        title=(
-            f"parasim scale · {result['scenario']} · {result['model']} on {cluster['name']} · "
-            f"{result['mode']} scaling ({how})"
-        ),
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-    )
-    for name in (
-        "GPUs",
-        "layout",
-        "batch",
-        "step time",
-        "tokens/s",
-        "TFLOP/s/GPU",
-        "MFU",
-        "memory",
-        "efficiency",
-    ):
-        table.add_column(name, justify="left" if name == "layout" else "right", no_wrap=True)
-    for row in result["rows"]:
-        if row["layout"] is None:
-            table.add_row(str(row["gpus"]), Text("no layout fits"), str(row["global_batch"]))
-            continue
-        memory = f"{row['peak_bytes_per_gpu'] / 2**30:.1f}/{row['capacity_bytes'] / 2**30:.0f} GiB"
-        table.add_row(
-            str(row["gpus"]),
-            Text(row["layout"]),
-            str(row["global_batch"]),
-            format_time(row["step_time_s"]),
-            f"{row['tokens_per_s']:,.0f}",
-            f"{row['tflops_per_gpu']:.1f}",
-            f"{100 * row['mfu']:.1f}%",
-            Text(memory + (" OOM" if row["oom"] else ""), style="bold red" if row["oom"] else ""),
-            f"{100 * row['efficiency']:.1f}%",
-        )
-    print_table(console, table, lead=2)
-    for row in result["rows"]:
-        if row["layout"] is None:
-            console.print(Text(f"{row['gpus']} GPUs: {row['reason']}", style="yellow"))
-        elif row["oom"]:
-            console.print(Text(f"{row['gpus']} GPUs: does not fit in GPU memory", style="bold red"))
-    if outputs:
-        console.print("wrote " + ", ".join(str(p) for p in outputs))
-
-
-# -- command line ----------------------------------------------------------------------

@@ -54,8 +54,10 @@ which 16 s go to checking.
 Mixture-of-experts steps are not folded (every rank routes differently), so their runs
 take seconds each; pin some dimensions with ``--fix`` to keep such a sweep short.
 
-:func:`run_sweep` does the work and returns a plain dict; ``command`` prints the top
-layouts and the counts and writes ``sweep.csv``, ``sweep.json`` and ``sweep.html``.
+:func:`run_sweep` does the work and returns a :class:`SweepResult`: data only. The
+ranking table, the counts, ``sweep.csv``, ``sweep.json`` and ``sweep.html`` are drawn
+by :mod:`simulator.report.sweep_report`, and the command line lives in
+:mod:`simulator.cli.sweep`.
 """
 
 from __future__ import annotations
@@ -77,20 +79,13 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-from rich import box
 from rich.console import Console
-from rich.measure import Measurement
-from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
 
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
 from simulator.common.errors import ParasimError, ScenarioError
-from simulator.common.files import write_atomically, write_csv, write_json
 from simulator.common.vocabulary import PIPELINE_SCHEDULES, PLACEMENT_AXES, RECOMPUTE_MODES
-from simulator.report.style import BREAKDOWN_COLORS, breakdown_bar
 from simulator.request.scenario import (
     ScenarioSpec,
     apply_overrides,
@@ -99,7 +94,6 @@ from simulator.request.scenario import (
 )
 from simulator.run.simulate import run_scenario, step_config
 from topologies import TopologyError, load_cluster_spec
-from topologies.units import format_time
 from topologies.validation import nearest_key_hint, validation_message
 
 __all__ = [
@@ -111,6 +105,7 @@ __all__ = [
     "VIRTUAL_STAGES",
     "Candidate",
     "SweepBase",
+    "SweepResult",
     "prepare",
     "parse_fixes",
     "check_fixed",
@@ -120,17 +115,11 @@ __all__ = [
     "process_pool",
     "ProgressBar",
     "resolve_workers",
-    "wide_console",
     "no_layout_message",
-    "count_lines",
-    "print_table",
     "check_chunk",
     "simulate_chunk",
     "simulate_overrides",
     "read_raw",
-    "print_sweep",
-    "write_sweep_outputs",
-    "sweep_figure",
 ]
 
 #: Dimensions ``--fix`` can pin, in the order a layout string shows them.
@@ -158,34 +147,6 @@ PLACEMENTS = (PLACEMENT_AXES, ("tp", "pp", "dp"), ("dp", "tp", "pp"))
 MAX_MICRO_BATCH = 8
 VIRTUAL_STAGES = (2, 4)
 _RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE)}
-BAR_COLORS = BREAKDOWN_COLORS
-CSV_FIELDS = (
-    "rank",
-    "layout",
-    "tp",
-    "pp",
-    "dp",
-    "ep",
-    "sp",
-    "micro_batch",
-    "microbatches",
-    "schedule",
-    "virtual_stages",
-    "recompute",
-    "placement",
-    "step_time_s",
-    "tokens_per_s",
-    "tflops_per_gpu",
-    "mfu",
-    "peak_bytes_per_gpu",
-    "capacity_bytes",
-    "memory_fraction",
-    *(f"{c}_s" for c in CATEGORIES),
-    "bubble_fraction",
-    "exposed_comm_fraction",
-    "stall_fraction",
-    "overrides",
-)
 
 
 # -- the space ------------------------------------------------------------------------
@@ -693,12 +654,6 @@ class ProgressBar:
         return advance
 
 
-def wide_console() -> Console:
-    """A console on stdout; when stdout is not a terminal, wide enough for a layout table."""
-    console = Console()
-    return console if console.is_terminal else Console(width=max(console.width, 150))
-
-
 def resolve_workers(workers: int | None) -> int:
     if workers is None:
         return os.cpu_count() or 1
@@ -708,6 +663,45 @@ def resolve_workers(workers: int | None) -> int:
 
 
 # -- the sweep ---------------------------------------------------------------------------
+
+
+@dataclass
+class SweepResult:
+    """A finished sweep: what was searched, what each filter removed, and the ranking.
+
+    ``cluster`` holds the cluster's ``name``, ``nodes``, ``gpus_per_node``, ``gpu`` and
+    per-GPU ``capacity_bytes``; ``counts`` how many layouts were ``enumerated``,
+    ``invalid`` (with ``invalid_by_reason``), ``pruned_memory`` (with
+    ``pruned_by_term`` and ``smallest_pruned_bytes``), ``dominated``, ``failed`` (with
+    ``failed_by_reason``) and ``simulated``; ``rows`` one dict per simulated layout,
+    fastest first, each with its ``rank``, its fields, its headline numbers and the
+    ``overrides`` that reproduce it with ``parasim run``. ``wall_s`` and ``timing_s``
+    (seconds spent checking and simulating) vary from run to run.
+    """
+
+    scenario: str
+    source: str
+    gpus: int
+    cluster: dict[str, Any]
+    model: str
+    global_batch: int
+    fidelity: str
+    fixed: dict[str, Any]
+    max_tp: int | None
+    exhaustive: bool
+    counts: dict[str, Any]
+    rows: list[dict[str, Any]]
+    wall_s: float
+    timing_s: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``sweep.json`` holds: every field but the timings, so that the same
+        inputs give the same bytes."""
+        return {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if field.name not in ("wall_s", "timing_s")
+        }
 
 
 def run_sweep(
@@ -720,15 +714,9 @@ def run_sweep(
     workers: int | None = None,
     progress: bool = True,
     exhaustive: bool = False,
-) -> dict[str, Any]:
-    """Enumerate, validate, prune and simulate every layout; rows ranked by step time.
-
-    Returns ``scenario``, ``gpus``, ``cluster``, ``model``, ``fidelity``, ``fixed``,
-    ``max_tp``, ``counts`` (enumerated, invalid with ``invalid_by_reason``, pruned with
-    ``pruned_by_term``, dominated, failed, simulated), ``rows`` (one per simulated
-    layout, fastest first, each with the overrides that produce it), ``wall_s`` and
-    ``timing_s`` (seconds spent checking and simulating).
-    """
+) -> SweepResult:
+    """Enumerate, validate, prune and simulate every layout; rows ranked by step time
+    (:class:`SweepResult`)."""
     started = time.perf_counter()
     if fidelity not in ("analytic", "flow"):
         raise ParasimError(f"--fidelity: expected analytic or flow (got {fidelity!r})")
@@ -812,28 +800,28 @@ def run_sweep(
         "failed_by_reason": dict(sorted(failed.items(), key=lambda kv: (-kv[1], kv[0]))),
         "simulated": len(rows),
     }
-    return {
-        "scenario": base.name,
-        "source": base.source,
-        "gpus": base.world,
-        "cluster": {
+    return SweepResult(
+        scenario=base.name,
+        source=base.source,
+        gpus=base.world,
+        cluster={
             "name": base.cluster_name,
             "nodes": base.nodes,
             "gpus_per_node": base.gpus_per_node,
             "gpu": base.gpu_name,
             "capacity_bytes": base.capacity_bytes,
         },
-        "model": base.model_name,
-        "global_batch": base.global_batch,
-        "fidelity": fidelity,
-        "fixed": {k: list(v) if isinstance(v, tuple) else v for k, v in fixed.items()},
-        "max_tp": max_tp,
-        "exhaustive": exhaustive,
-        "counts": counts,
-        "rows": rows,
-        "wall_s": time.perf_counter() - started,
-        "timing_s": {"check": checked - started, "simulate": time.perf_counter() - checked},
-    }
+        model=base.model_name,
+        global_batch=base.global_batch,
+        fidelity=fidelity,
+        fixed={k: list(v) if isinstance(v, tuple) else v for k, v in fixed.items()},
+        max_tp=max_tp,
+        exhaustive=exhaustive,
+        counts=counts,
+        rows=rows,
+        wall_s=time.perf_counter() - started,
+        timing_s={"check": checked - started, "simulate": time.perf_counter() - checked},
+    )
 
 
 def _select(
@@ -853,13 +841,10 @@ def _select(
     return chosen, len(fits) - len(chosen)
 
 
-def no_layout_message(result: dict[str, Any]) -> str:
+def no_layout_message(result: SweepResult) -> str:
     """One line saying why a sweep has nothing to rank."""
-    counts = result["counts"]
-    head = (
-        f"no layout of {result['model']} runs on {result['gpus']} GPUs "
-        f"({counts['enumerated']} tried"
-    )
+    counts = result.counts
+    head = f"no layout of {result.model} runs on {result.gpus} GPUs ({counts['enumerated']} tried"
     if counts["invalid"]:
         reason, n = next(iter(counts["invalid_by_reason"].items()))
         head += f"; {counts['invalid']} invalid, most often {n} x '{reason}'"
@@ -868,176 +853,9 @@ def no_layout_message(result: dict[str, Any]) -> str:
         head += (
             f"; {counts['pruned_memory']} out of memory, the smallest needs "
             f"{counts['smallest_pruned_bytes'] / 2**30:.1f} GiB of "
-            f"{result['cluster']['capacity_bytes'] / 2**30:.1f} GiB per GPU (mostly {term})"
+            f"{result.cluster['capacity_bytes'] / 2**30:.1f} GiB per GPU (mostly {term})"
         )
     if counts["failed"]:
         reason = next(iter(counts["failed_by_reason"]))
         head += f"; {counts['failed']} failed to simulate: {reason}"
     return head + ")"
-
-
-# -- outputs ---------------------------------------------------------------------------
-
-
-def _csv_value(row: dict[str, Any], key: str) -> Any:
-    if key.endswith("_s") and key[:-2] in CATEGORIES:
-        return repr(row["breakdown_mean_s"][key[:-2]])
-    value = row[key]
-    if key == "placement":
-        return "[" + ",".join(value) + "]"
-    if key == "overrides":
-        return " ".join(value)
-    if isinstance(value, float):
-        return repr(value)
-    return value
-
-
-def sweep_figure(result: dict[str, Any], top: int):
-    """Plotly figure: one horizontal stacked bar per top layout, mean breakdown (s)."""
-    import plotly.graph_objects as go
-
-    rows = result["rows"][:top]
-    labels = [f"{row['rank']}. {row['layout']}" for row in rows]
-    fig = go.Figure()
-    steps = [row["step_time_s"] for row in rows]
-    for category in CATEGORIES:
-        values = [row["breakdown_mean_s"][category] for row in rows]
-        fig.add_trace(breakdown_bar(category, labels, values, steps))
-    fig.update_layout(
-        barmode="stack",
-        title=(
-            f"{result['scenario']}: the {len(rows)} fastest layouts on {result['gpus']} GPUs "
-            f"({result['fidelity']} fidelity; mean over ranks)"
-        ),
-        xaxis_title="time per step (s)",
-        yaxis={"autorange": "reversed", "automargin": True},
-        legend_title="category",
-        height=max(360, 140 + 28 * len(rows)),
-        template="plotly_white",
-    )
-    return fig
-
-
-def write_sweep_outputs(result: dict[str, Any], out: Path, top: int = 10) -> list[Path]:
-    """Write ``sweep.csv``, ``sweep.json`` and ``sweep.html`` (the top layouts) to ``out``."""
-    out = Path(out)
-    paths = [out / "sweep.csv", out / "sweep.json", out / "sweep.html"]
-    # the same inputs give the same bytes: leave the timings out
-    payload = {k: v for k, v in result.items() if k not in ("wall_s", "timing_s")}
-    write_csv(paths[0], CSV_FIELDS, result["rows"], _csv_value)
-    write_json(paths[1], payload)
-    fig = sweep_figure(result, top)
-    write_atomically(
-        paths[2],
-        lambda tmp: fig.write_html(
-            str(tmp),
-            include_plotlyjs=True,
-            full_html=True,
-            div_id="parasim-sweep",
-            config={"displaylogo": False, "responsive": True},
-        ),
-    )
-    return paths
-
-
-def _percent(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
-def print_sweep(
-    result: dict[str, Any], console: Console, top: int = 10, outputs: Iterable[str] = ()
-) -> None:
-    """The top layouts as a rich table, then the counts."""
-    cluster = result["cluster"]
-    table = Table(
-        title=(
-            f"parasim sweep · {result['scenario']} · {result['model']} on {result['gpus']} × "
-            f"{cluster['gpu']} ({cluster['nodes']} × {cluster['name']}) · "
-            f"global batch {result['global_batch']}"
-        ),
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-    )
-    for name, justify in (
-        ("#", "right"),
-        ("layout", "left"),
-        ("step time", "right"),
-        ("TFLOP/s/GPU", "right"),
-        ("MFU", "right"),
-        ("memory", "right"),
-        ("bubble", "right"),
-        ("exp. comm", "right"),
-        ("stall", "right"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=True)
-    for row in result["rows"][:top]:
-        table.add_row(
-            str(row["rank"]),
-            Text(row["layout"]),
-            format_time(row["step_time_s"]),
-            f"{row['tflops_per_gpu']:.1f}",
-            _percent(row["mfu"]),
-            f"{row['peak_bytes_per_gpu'] / 2**30:.1f}/{row['capacity_bytes'] / 2**30:.0f} GiB",
-            _percent(row["bubble_fraction"]),
-            _percent(row["exposed_comm_fraction"]),
-            _percent(row["stall_fraction"]),
-        )
-    print_table(console, table, lead=2)
-    for line in count_lines(result):
-        console.print(line)
-    if outputs:
-        console.print("wrote " + ", ".join(str(p) for p in outputs))
-
-
-def print_table(console: Console, table: Table, lead: int) -> None:
-    """Print ``table``; on a console too narrow for it, print each row as two lines
-    instead (its first ``lead`` cells, then ``header value`` pairs), never squeezed."""
-    natural = Measurement.get(console, console.options.update_width(10**6), table).maximum
-    if natural <= console.width:
-        console.print(table)
-        return
-    if table.title:
-        console.print(table.title, style="italic")
-    columns = [(str(column.header), list(column.cells)) for column in table.columns]
-    for i in range(table.row_count):
-        head = []
-        for header, cells in columns[:lead]:
-            value = Text.assemble(cells[i])
-            suffix = {"#": ".", "layout": ""}.get(header, f" {header}")
-            head.append(value + suffix)
-        console.print(Text(" ").join(head))
-        pairs = [
-            Text.assemble(f"{header} ", cells[i])
-            for header, cells in columns[lead:]
-            if Text.assemble(cells[i]).plain
-        ]
-        console.print(Padding(Text(" · ").join(pairs), (0, 0, 0, 4)))
-
-
-def count_lines(result: dict[str, Any]) -> list[str]:
-    """The counts of a sweep, one line each (invalid and pruned with their reasons)."""
-    counts = result["counts"]
-    lines = [f"enumerated {counts['enumerated']} layouts"]
-    lines.append(f"invalid {counts['invalid']}")
-    for reason, n in list(counts["invalid_by_reason"].items())[:8]:
-        lines.append(f"  {n:>6} × {reason}")
-    if len(counts["invalid_by_reason"]) > 8:
-        lines.append(f"  ... {len(counts['invalid_by_reason']) - 8} more reasons in sweep.json")
-    terms = ", ".join(f"{term} {n}" for term, n in counts["pruned_by_term"].items())
-    lines.append(
-        f"pruned for memory {counts['pruned_memory']}"
-        + (f" (dominant term: {terms})" if terms else "")
-    )
-    lines.append(f"dominated {counts['dominated']} (a lighter recompute of the same layout fits)")
-    if counts["failed"]:
-        lines.append(f"failed {counts['failed']}")
-        for reason, n in counts["failed_by_reason"].items():
-            lines.append(f"  {n:>6} × {reason}")
-    lines.append(
-        f"simulated {counts['simulated']} ({result['fidelity']} fidelity) "
-        f"in {result['wall_s']:.1f} s"
-    )
-    return lines
-
-
-# -- command line ----------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""``parasim calibrate``: measure this machine on local processes (torch.distributed)
+and write a calibration profile of the model's parameters; needs torch."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from simulator.cli.launch import add_launch_options, backend, launcher
+
+__all__ = ["add_parser", "command"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``parasim calibrate`` to the CLI's subparsers."""
+    parser = subparsers.add_parser(
+        "calibrate", help="measure this machine and write a calibration profile (needs torch)"
+    )
+    add_launch_options(parser)
+    parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    parser.add_argument("--quick", action="store_true", help="a short sweep (seconds)")
+    parser.add_argument("--preset", help="preset whose peak FLOP/s efficiency is measured against")
+    parser.add_argument("--peak-flops", help="peak FLOP/s of one device, e.g. '989 TFLOP/s'")
+    return parser
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run ``parasim calibrate``: start :mod:`hardware.calibrate` on ``--nproc`` ranks."""
+    launch = launcher()
+    forwarded = ["--out", str(args.out.resolve())]
+    if args.quick:
+        forwarded.append("--quick")
+    if args.preset:
+        forwarded += ["--preset", args.preset]
+    if args.peak_flops:
+        forwarded += ["--peak-flops", args.peak_flops]
+    launch("hardware.calibrate", forwarded, args.nproc or 1, backend(args), args.timeout)
+    return 0

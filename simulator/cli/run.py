@@ -1,0 +1,66 @@
+"""``parasim run``: simulate one training step of a scenario, print a summary and write
+``result.json``, ``trace.json``, ``timeline.html`` and ``report.html`` (with ``--hta``
+one trace per rank, with ``--image`` the report's charts as images)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from simulator.cli.options import add_set_option
+from simulator.common.files import dumps_result
+from simulator.report.images import check_requirements
+from simulator.report.outputs import write_run_outputs
+from simulator.report.summary import print_summary
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario
+
+__all__ = ["add_parser", "command"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``parasim run`` to the CLI's subparsers."""
+    parser = subparsers.add_parser("run", help="simulate one training step of a scenario")
+    parser.add_argument("scenario", help="scenario YAML file")
+    add_set_option(parser)
+    parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario name>)")
+    parser.add_argument(
+        "--json", action="store_true", help="print result.json on stdout instead of the summary"
+    )
+    parser.add_argument(
+        "--hta",
+        action="store_true",
+        help="also write hta/, one trace file per rank for Holistic Trace Analysis",
+    )
+    parser.add_argument(
+        "--image",
+        choices=["png", "svg"],
+        help="also write the report's charts as static images (needs kaleido and Chromium; "
+        "BROWSER_PATH picks the browser)",
+    )
+    return parser
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run ``parasim run``: simulate, write the outputs, print the summary (or JSON)."""
+    if args.image:
+        check_requirements()  # before the simulation, not after it
+    scenario = load_scenario(args.scenario, args.overrides)
+    run = run_scenario(scenario)
+    out = args.out if args.out is not None else Path("out") / scenario.name
+    paths = write_run_outputs(
+        run,
+        out,
+        title=f"{scenario.name}: one training step",
+        image_format=args.image,
+        hta=args.hta,
+    )
+    if args.json:
+        sys.stdout.write(dumps_result(run.result))
+    else:
+        print_summary(run.result, Console(), [str(p) for p in paths])
+    return 0

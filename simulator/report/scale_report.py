@@ -1,0 +1,197 @@
+"""What ``parasim scale`` shows and writes: the scaling table and the files.
+
+:func:`simulator.tools.scale.run_scale` simulates each size; this module draws its
+:class:`~simulator.tools.scale.ScaleResult`:
+
+* :func:`print_scale` prints one row per size (layout, batch, step time, tokens/s,
+  TFLOP/s per GPU, MFU, memory, scaling efficiency), then a line for each size where
+  no layout fits or the layout runs out of memory;
+* :func:`write_scale_outputs` writes ``scale.csv`` (:data:`CSV_FIELDS`),
+  ``scale.json`` (:meth:`ScaleResult.to_json`) and ``scale.html``, the plotly chart of
+  :func:`scale_figure`: tokens/s against GPUs beside the ideal linear line, and the
+  efficiency on a second axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from simulator.common.files import write_atomically, write_csv, write_json
+from simulator.report.sweep_report import print_table
+from simulator.tools.scale import ScaleResult
+from topologies.units import format_time
+
+__all__ = ["CSV_FIELDS", "print_scale", "scale_figure", "write_scale_outputs"]
+
+#: The columns of ``scale.csv``, in order.
+CSV_FIELDS = (
+    "gpus",
+    "nodes",
+    "layout",
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "global_batch",
+    "micro_batch",
+    "microbatches",
+    "step_time_s",
+    "tokens_per_s",
+    "ideal_tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "peak_bytes_per_gpu",
+    "capacity_bytes",
+    "oom",
+    "speedup",
+    "efficiency",
+    "overrides",
+)
+
+
+def _csv_value(row: dict[str, Any], key: str) -> Any:
+    value = row.get(key)
+    if value is None:
+        return ""
+    if key == "overrides":
+        return " ".join(value)
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def scale_figure(result: ScaleResult) -> go.Figure:
+    """Plotly figure: tokens/s against GPUs with the ideal linear line, and the scaling
+    efficiency on a second axis."""
+    rows = [row for row in result.rows if row["layout"] is not None]
+    x = [row["gpus"] for row in rows]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[row["tokens_per_s"] for row in rows],
+            name="throughput",
+            mode="lines+markers",
+            customdata=[row["layout"] for row in rows],
+            hovertemplate="%{x} GPUs: %{y:,.0f} tokens/s<br>%{customdata}<extra></extra>",
+            line={"color": "#4C78A8", "width": 3},
+        ),
+        secondary_y=False,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[row["ideal_tokens_per_s"] for row in rows],
+            name="ideal (linear)",
+            mode="lines",
+            hovertemplate="%{x} GPUs: %{y:,.0f} tokens/s if linear<extra></extra>",
+            line={"color": "#9D9D9D", "dash": "dash"},
+        ),
+        secondary_y=False,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[100 * row["efficiency"] for row in rows],
+            name="scaling efficiency",
+            mode="lines+markers",
+            hovertemplate="%{x} GPUs: efficiency %{y:.1f}%<extra></extra>",
+            line={"color": "#E45756", "dash": "dot"},
+        ),
+        secondary_y=True,
+    )
+    how = "fastest layout at each size" if result.best else "the scenario's tp and pp"
+    fig.update_layout(
+        title=(
+            f"{result.scenario}: {result.mode} scaling of {result.model} "
+            f"({how}; {result.fidelity} fidelity)"
+        ),
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.2},
+        hovermode="x unified",
+    )
+    fig.update_xaxes(title_text="GPUs", type="log", tickvals=x, ticktext=[str(v) for v in x])
+    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(
+        title_text="scaling efficiency (%)", range=[0, 110], showgrid=False, secondary_y=True
+    )
+    return fig
+
+
+def write_scale_outputs(result: ScaleResult, out: Path) -> list[Path]:
+    """Write ``scale.csv``, ``scale.json`` and ``scale.html`` to ``out``."""
+    out = Path(out)
+    paths = [out / "scale.csv", out / "scale.json", out / "scale.html"]
+    write_csv(paths[0], CSV_FIELDS, result.rows, _csv_value)
+    write_json(paths[1], result.to_json())
+    fig = scale_figure(result)
+    write_atomically(
+        paths[2],
+        lambda tmp: fig.write_html(
+            str(tmp),
+            include_plotlyjs=True,
+            full_html=True,
+            div_id="parasim-scale",
+            config={"displaylogo": False, "responsive": True},
+        ),
+    )
+    return paths
+
+
+def print_scale(result: ScaleResult, console: Console, outputs: Iterable[str] = ()) -> None:
+    """The scaling table."""
+    cluster = result.cluster
+    how = "fastest layout per size" if result.best else "scenario's tp and pp, dp the rest"
+    table = Table(
+        title=(
+            f"parasim scale · {result.scenario} · {result.model} on {cluster['name']} · "
+            f"{result.mode} scaling ({how})"
+        ),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for name in (
+        "GPUs",
+        "layout",
+        "batch",
+        "step time",
+        "tokens/s",
+        "TFLOP/s/GPU",
+        "MFU",
+        "memory",
+        "efficiency",
+    ):
+        table.add_column(name, justify="left" if name == "layout" else "right", no_wrap=True)
+    for row in result.rows:
+        if row["layout"] is None:
+            table.add_row(str(row["gpus"]), Text("no layout fits"), str(row["global_batch"]))
+            continue
+        memory = f"{row['peak_bytes_per_gpu'] / 2**30:.1f}/{row['capacity_bytes'] / 2**30:.0f} GiB"
+        table.add_row(
+            str(row["gpus"]),
+            Text(row["layout"]),
+            str(row["global_batch"]),
+            format_time(row["step_time_s"]),
+            f"{row['tokens_per_s']:,.0f}",
+            f"{row['tflops_per_gpu']:.1f}",
+            f"{100 * row['mfu']:.1f}%",
+            Text(memory + (" OOM" if row["oom"] else ""), style="bold red" if row["oom"] else ""),
+            f"{100 * row['efficiency']:.1f}%",
+        )
+    print_table(console, table, lead=2)
+    for row in result.rows:
+        if row["layout"] is None:
+            console.print(Text(f"{row['gpus']} GPUs: {row['reason']}", style="yellow"))
+        elif row["oom"]:
+            console.print(Text(f"{row['gpus']} GPUs: does not fit in GPU memory", style="bold red"))
+    if outputs:
+        console.print("wrote " + ", ".join(str(p) for p in outputs))

@@ -1,0 +1,240 @@
+"""What ``parasim sweep`` shows and writes: the ranking table, the counts and the files.
+
+:func:`simulator.tools.sweep.run_sweep` finds and ranks the layouts; this module draws
+its :class:`~simulator.tools.sweep.SweepResult`:
+
+* :func:`print_sweep` prints the top layouts as a rich table (each row as two lines on
+  a console too narrow for it, see :func:`print_table`) and then the counts of every
+  filter (:func:`count_lines`);
+* :func:`write_sweep_outputs` writes ``sweep.csv`` (every simulated layout, one row
+  each, :data:`CSV_FIELDS`), ``sweep.json`` (:meth:`SweepResult.to_json`) and
+  ``sweep.html``, the plotly chart of :func:`sweep_figure`: one bar per top layout,
+  stacked by time-breakdown category in :data:`BAR_COLORS`.
+
+:func:`wide_console` and :func:`print_table` also serve ``parasim scale``
+(:mod:`simulator.report.scale_report`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+from simulator.analysis.metrics import CATEGORIES
+from simulator.common.files import write_atomically, write_csv, write_json
+from simulator.report.style import BREAKDOWN_COLORS, breakdown_bar
+from simulator.tools.sweep import SweepResult
+from topologies.units import format_time
+
+__all__ = [
+    "BAR_COLORS",
+    "CSV_FIELDS",
+    "count_lines",
+    "print_sweep",
+    "print_table",
+    "sweep_figure",
+    "wide_console",
+    "write_sweep_outputs",
+]
+
+#: The colour of each time-breakdown category in the sweep's bars.
+BAR_COLORS = BREAKDOWN_COLORS
+#: The columns of ``sweep.csv``, in order.
+CSV_FIELDS = (
+    "rank",
+    "layout",
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "sp",
+    "micro_batch",
+    "microbatches",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "placement",
+    "step_time_s",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "peak_bytes_per_gpu",
+    "capacity_bytes",
+    "memory_fraction",
+    *(f"{c}_s" for c in CATEGORIES),
+    "bubble_fraction",
+    "exposed_comm_fraction",
+    "stall_fraction",
+    "overrides",
+)
+
+
+def wide_console() -> Console:
+    """A console on stdout; when stdout is not a terminal, wide enough for a layout table."""
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 150))
+
+
+def _csv_value(row: dict[str, Any], key: str) -> Any:
+    if key.endswith("_s") and key[:-2] in CATEGORIES:
+        return repr(row["breakdown_mean_s"][key[:-2]])
+    value = row[key]
+    if key == "placement":
+        return "[" + ",".join(value) + "]"
+    if key == "overrides":
+        return " ".join(value)
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def sweep_figure(result: SweepResult, top: int) -> go.Figure:
+    """Plotly figure: one horizontal stacked bar per top layout, mean breakdown (s)."""
+    rows = result.rows[:top]
+    labels = [f"{row['rank']}. {row['layout']}" for row in rows]
+    fig = go.Figure()
+    steps = [row["step_time_s"] for row in rows]
+    for category in CATEGORIES:
+        values = [row["breakdown_mean_s"][category] for row in rows]
+        fig.add_trace(breakdown_bar(category, labels, values, steps))
+    fig.update_layout(
+        barmode="stack",
+        title=(
+            f"{result.scenario}: the {len(rows)} fastest layouts on {result.gpus} GPUs "
+            f"({result.fidelity} fidelity; mean over ranks)"
+        ),
+        xaxis_title="time per step (s)",
+        yaxis={"autorange": "reversed", "automargin": True},
+        legend_title="category",
+        height=max(360, 140 + 28 * len(rows)),
+        template="plotly_white",
+    )
+    return fig
+
+
+def write_sweep_outputs(result: SweepResult, out: Path, top: int = 10) -> list[Path]:
+    """Write ``sweep.csv``, ``sweep.json`` and ``sweep.html`` (the top layouts) to ``out``."""
+    out = Path(out)
+    paths = [out / "sweep.csv", out / "sweep.json", out / "sweep.html"]
+    write_csv(paths[0], CSV_FIELDS, result.rows, _csv_value)
+    write_json(paths[1], result.to_json())  # no timings: the same inputs, the same bytes
+    fig = sweep_figure(result, top)
+    write_atomically(
+        paths[2],
+        lambda tmp: fig.write_html(
+            str(tmp),
+            include_plotlyjs=True,
+            full_html=True,
+            div_id="parasim-sweep",
+            config={"displaylogo": False, "responsive": True},
+        ),
+    )
+    return paths
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def print_sweep(
+    result: SweepResult, console: Console, top: int = 10, outputs: Iterable[str] = ()
+) -> None:
+    """The top layouts as a rich table, then the counts."""
+    cluster = result.cluster
+    table = Table(
+        title=(
+            f"parasim sweep · {result.scenario} · {result.model} on {result.gpus} × "
+            f"{cluster['gpu']} ({cluster['nodes']} × {cluster['name']}) · "
+            f"global batch {result.global_batch}"
+        ),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for name, justify in (
+        ("#", "right"),
+        ("layout", "left"),
+        ("step time", "right"),
+        ("TFLOP/s/GPU", "right"),
+        ("MFU", "right"),
+        ("memory", "right"),
+        ("bubble", "right"),
+        ("exp. comm", "right"),
+        ("stall", "right"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for row in result.rows[:top]:
+        table.add_row(
+            str(row["rank"]),
+            Text(row["layout"]),
+            format_time(row["step_time_s"]),
+            f"{row['tflops_per_gpu']:.1f}",
+            _percent(row["mfu"]),
+            f"{row['peak_bytes_per_gpu'] / 2**30:.1f}/{row['capacity_bytes'] / 2**30:.0f} GiB",
+            _percent(row["bubble_fraction"]),
+            _percent(row["exposed_comm_fraction"]),
+            _percent(row["stall_fraction"]),
+        )
+    print_table(console, table, lead=2)
+    for line in count_lines(result):
+        console.print(line)
+    if outputs:
+        console.print("wrote " + ", ".join(str(p) for p in outputs))
+
+
+def print_table(console: Console, table: Table, lead: int) -> None:
+    """Print ``table``; on a console too narrow for it, print each row as two lines
+    instead (its first ``lead`` cells, then ``header value`` pairs), never squeezed."""
+    natural = Measurement.get(console, console.options.update_width(10**6), table).maximum
+    if natural <= console.width:
+        console.print(table)
+        return
+    if table.title:
+        console.print(table.title, style="italic")
+    columns = [(str(column.header), list(column.cells)) for column in table.columns]
+    for i in range(table.row_count):
+        head = []
+        for header, cells in columns[:lead]:
+            value = Text.assemble(cells[i])
+            suffix = {"#": ".", "layout": ""}.get(header, f" {header}")
+            head.append(value + suffix)
+        console.print(Text(" ").join(head))
+        pairs = [
+            Text.assemble(f"{header} ", cells[i])
+            for header, cells in columns[lead:]
+            if Text.assemble(cells[i]).plain
+        ]
+        console.print(Padding(Text(" · ").join(pairs), (0, 0, 0, 4)))
+
+
+def count_lines(result: SweepResult) -> list[str]:
+    """The counts of a sweep, one line each (invalid and pruned with their reasons)."""
+    counts = result.counts
+    lines = [f"enumerated {counts['enumerated']} layouts"]
+    lines.append(f"invalid {counts['invalid']}")
+    for reason, n in list(counts["invalid_by_reason"].items())[:8]:
+        lines.append(f"  {n:>6} × {reason}")
+    if len(counts["invalid_by_reason"]) > 8:
+        lines.append(f"  ... {len(counts['invalid_by_reason']) - 8} more reasons in sweep.json")
+    terms = ", ".join(f"{term} {n}" for term, n in counts["pruned_by_term"].items())
+    lines.append(
+        f"pruned for memory {counts['pruned_memory']}"
+        + (f" (dominant term: {terms})" if terms else "")
+    )
+    lines.append(f"dominated {counts['dominated']} (a lighter recompute of the same layout fits)")
+    if counts["failed"]:
+        lines.append(f"failed {counts['failed']}")
+        for reason, n in counts["failed_by_reason"].items():
+            lines.append(f"  {n:>6} × {reason}")
+    lines.append(
+        f"simulated {counts['simulated']} ({result.fidelity} fidelity) in {result.wall_s:.1f} s"
+    )
+    return lines
