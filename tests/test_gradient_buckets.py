@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from simulator.arithmetic.counts import pipeline_rank_parameters
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import build_schedule, step_config
 from simulator.schedule.ir import Collective
-from simulator.schedule.step import stage_parameter_count
 
 from .conftest import SCENARIOS
 
@@ -38,7 +38,9 @@ def test_bucket_bytes_equal_the_parameters_a_rank_holds(name, overrides):
             for op in program.ops
             if type(op) is Collective and op.stream == "dp" and op.label.startswith("dp.bucket")
         )
-        held = stage_parameter_count(config, layout.coords(rank)["pp"])
+        held = pipeline_rank_parameters(
+            scenario.recipe, scenario.model, scenario.moe, layout.coords(rank)["pp"]
+        )
         assert reduced == pytest.approx(held * config.grad_bytes, rel=1e-12), rank
 
 
@@ -58,4 +60,7 @@ def test_swiglu_experts_run_as_swiglu_and_reduce_every_expert_gradient():
     assert fc1.shape[1] == 2 * 1024 // 2  # gate and up, split over tp 2
     config = step_config(scenario)
     edp = sum(op.bytes for op in ops if type(op) is Collective and op.stream == "dp")
-    assert edp == pytest.approx(stage_parameter_count(config, 0) * config.grad_bytes)
+    assert edp == pytest.approx(
+        pipeline_rank_parameters(scenario.recipe, scenario.model, scenario.moe, 0)
+        * config.grad_bytes
+    )

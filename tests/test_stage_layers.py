@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.arithmetic.counts import parameter_count
+from simulator.arithmetic.counts import parameter_count, pipeline_rank_parameters
 from simulator.common.errors import ScenarioError
 from simulator.request.scenario import load_scenario
-from simulator.run.simulate import build_schedule, run_scenario, step_config
+from simulator.run.simulate import build_schedule, run_scenario
 from simulator.schedule.ir import Compute
-from simulator.schedule.step import stage_parameter_count
 
 from .conftest import SCENARIOS
 
@@ -51,8 +50,10 @@ def test_pipeline_ranks_hold_every_parameter_once_with_virtual_stages_and_moe(ti
         f"model.tie_embeddings={tie}",
     ]  # fmt: skip
     scenario = load_scenario(SCENARIOS / "mixtral-ep.yaml", overrides)
-    config = step_config(scenario)
-    held = [stage_parameter_count(config, rank) for rank in range(2)]
+    held = [
+        pipeline_rank_parameters(scenario.recipe, scenario.model, scenario.moe, rank)
+        for rank in range(2)
+    ]
     total = parameter_count(scenario.model, scenario.moe)
     copy = scenario.model.vocab * scenario.model.hidden if tie == "true" else 0
     assert sum(held) == total + copy  # the last stage's copy of the tied embedding

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from simulator.arithmetic.counts import pipeline_rank_parameters
 from simulator.arithmetic.layer_ops import (
     OpCost,
     checkpoint_bytes,
@@ -38,7 +39,7 @@ from simulator.arithmetic.layer_ops import (
 from simulator.arithmetic.moe import expert_ops
 from simulator.request.moe import is_moe_layer
 from simulator.request.orders import Action
-from simulator.schedule.step import StepConfig, stage_parameter_count
+from simulator.schedule.context import StepConfig
 
 __all__ = [
     "BYTES_PER_PARAM",
@@ -142,7 +143,7 @@ def memory_per_rank(config: StepConfig, capacity_bytes: float) -> dict[str, Any]
     sizes = dict(BYTES_PER_PARAM, gradients=config.grad_bytes)
     ranks = []
     for pipeline_rank in range(layout.pp):
-        params = stage_parameter_count(config, pipeline_rank)
+        params = pipeline_rank_parameters(config.recipe, config.model, config.moe, pipeline_rank)
         terms = {name: float(params * size) for name, size in sizes.items()}
         if config.zero1:
             terms["optimizer_state"] /= layout.dp

@@ -8,10 +8,23 @@ runs.
 
 from __future__ import annotations
 
-from simulator.arithmetic.layer_ops import OpCost, backward_of, layer_forward_ops, logits_forward_op
-from simulator.arithmetic.moe import expert_ffn, expert_ops, moe_layer_parameters
+from simulator.arithmetic.layer_ops import (
+    OpCost,
+    backward_of,
+    embedding_op,
+    final_norm_op,
+    layer_forward_ops,
+    logits_forward_op,
+)
+from simulator.arithmetic.moe import (
+    expert_ffn,
+    expert_ops,
+    moe_layer_parameters,
+    moe_layer_parameters_per_rank,
+)
 from simulator.request.model import ModelSpec
-from simulator.request.moe import MoESpec, moe_layers
+from simulator.request.moe import MoESpec, is_moe_layer, moe_layers
+from simulator.request.recipe import Recipe
 
 __all__ = [
     "attention_parameter_count",
@@ -21,6 +34,7 @@ __all__ = [
     "parameter_count",
     "active_parameter_count",
     "model_flops_per_step",
+    "pipeline_rank_parameters",
 ]
 
 
@@ -109,3 +123,32 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, moe: MoESpec | Non
         moe_layer = sum(_with_backward(op) for op in experts)
         per_sequence += len(moe_layers(moe, model.layers)) * (moe_layer - mlp)
     return global_batch * per_sequence
+
+
+def pipeline_rank_parameters(
+    recipe: Recipe, model: ModelSpec, moe: MoESpec | None, pipeline_rank: int
+) -> int:
+    """Parameters held by one rank of pipeline rank ``pipeline_rank``: its TP shard of the
+    layers of every stage it holds (:meth:`Recipe.rank_layers`), plus the embedding on
+    the first stage and the norm and logits on the last. An MoE layer holds the router
+    and its ``E/ep`` experts instead of the dense MLP."""
+    layout = recipe.layout
+    tp = layout.tp
+    ops = layer_forward_ops(model, 1, tp)
+    layers = recipe.rank_layers(pipeline_rank)
+    count = sum(op.weight_params for op in ops) * len(layers)
+    if moe is not None:
+        dense_mlp = sum(op.weight_params for op in ops if op.name in ("fc1", "fc2"))
+        experts = moe_layer_parameters_per_rank(
+            moe, model.hidden, layout.ep, tp, model.ffn, model.mlp, model.bias
+        )
+        count += sum(experts - dense_mlp for layer in layers if is_moe_layer(moe, layer))
+    if pipeline_rank == 0:
+        count += embedding_op(model, 1, tp).weight_params
+    if pipeline_rank == (recipe.stages - 1) % layout.pp:
+        count += final_norm_op(model, 1).weight_params
+        # an untied output layer, or Megatron-LM's copy of the tied word embeddings on
+        # the last stage when it is not the first
+        if not model.tie_embeddings or recipe.stages > 1:
+            count += logits_forward_op(model, 1, tp).weight_params
+    return count

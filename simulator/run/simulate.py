@@ -22,8 +22,9 @@ from simulator.arithmetic.counts import (
 from simulator.common.version import __version__
 from simulator.engine.core import EngineOptions, SimulationTimes, simulate
 from simulator.request.scenario import Scenario
+from simulator.schedule.context import StepConfig
 from simulator.schedule.ir import Block, Compute, Schedule
-from simulator.schedule.step import StepConfig, build_step
+from simulator.schedule.step import build_step
 
 __all__ = [
     "RunResult",

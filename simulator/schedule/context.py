@@ -1,0 +1,95 @@
+"""The lowering passes' shared view of one step: the recipe, the model and its
+experts, and the MoE routing drawn for the step (memoised, so every rank of an EP group
+and its TP peers see the same tokens)."""
+
+from __future__ import annotations
+
+from simulator.arithmetic.layer_ops import ACT_BYTES
+from simulator.arithmetic.moe import MoELayerTraffic, moe_layer_traffic
+from simulator.request.layout import Layout
+from simulator.request.model import ModelSpec
+from simulator.request.moe import MoESpec, is_moe_layer
+from simulator.request.orders import Action
+from simulator.request.recipe import Recipe
+from simulator.schedule.pipeline import pipeline_order
+
+__all__ = ["StepConfig"]
+
+
+class StepConfig:
+    """The builder's view of one step: the recipe, the model (and its experts), and the
+    MoE routing drawn for it, memoised (every rank of an EP group, and its TP peers,
+    see the same routing)."""
+
+    def __init__(self, recipe: Recipe, model: ModelSpec, moe: MoESpec | None = None, seed: int = 0):
+        if recipe.layers != model.layers:
+            raise ValueError(f"recipe splits {recipe.layers} layers; the model has {model.layers}")
+        self.recipe = recipe
+        self.model = model
+        self.moe = moe
+        self.seed = seed
+        self._traffic: dict[tuple[int, int, int], MoELayerTraffic] = {}
+
+    # the recipe's settings the builder and memory read
+    @property
+    def layout(self) -> Layout:
+        return self.recipe.layout
+
+    @property
+    def micro_batch(self) -> int:
+        return self.recipe.micro_batch
+
+    @property
+    def microbatches(self) -> int:
+        return self.recipe.microbatches
+
+    @property
+    def stages(self) -> int:
+        return self.recipe.stages
+
+    @property
+    def sp(self) -> bool:
+        return self.recipe.sp
+
+    @property
+    def zero1(self) -> bool:
+        return self.recipe.shards_optimizer
+
+    @property
+    def grad_bytes(self) -> int:
+        return self.recipe.grad_bytes
+
+    def layers_of(self, stage: int) -> range:
+        return self.recipe.layers_of(stage)
+
+    def moe_traffic(self, layer: int, microbatch: int, group: int) -> MoELayerTraffic:
+        """Routing of one MoE layer and micro-batch on EP group ``group`` (memoised)."""
+        key = (layer, microbatch, group)
+        traffic = self._traffic.get(key)
+        if traffic is None:
+            assert self.moe is not None
+            tokens = self.micro_batch * self.model.seq_len
+            traffic = self._traffic[key] = moe_layer_traffic(
+                self.moe,
+                self.layout.ep,
+                tokens,
+                self.model.hidden,
+                ACT_BYTES,
+                self.seed,
+                layer,
+                microbatch,
+                group=group,
+            )
+        return traffic
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and is_moe_layer(self.moe, layer)
+
+    def pipeline_orders(self) -> dict[int, list[Action]]:
+        """Each pipeline rank's actions: the custom order, or the schedule's."""
+        recipe = self.recipe
+        if recipe.orders is not None:
+            return {rank: list(actions) for rank, actions in enumerate(recipe.orders)}
+        return pipeline_order(
+            recipe.schedule, recipe.layout.pp, recipe.microbatches, recipe.virtual_stages
+        )

@@ -1,0 +1,155 @@
+"""The lowering pass for parameters and gradients: what data parallelism adds to a
+rank's program, and the optimizer step.
+
+The layer lowering (:mod:`simulator.schedule.layers`) calls this pass at three points:
+when a step begins (:meth:`DataParallelGradients.begin_step`), whenever a weight
+gradient is complete (:meth:`~DataParallelGradients.grad_ready`: the op that produced
+it, and whether this is the stage's last backward), and when the pipeline order is
+done (:meth:`~DataParallelGradients.end_step`). What it emits is decided here only:
+
+* **DDP buckets**: during a stage's last backward, each weight gradient joins a bucket
+  in the order backward produces them; a bucket is all-reduced (with optimizer
+  sharding, ZeRO-1: reduce-scattered) on the ``dp`` stream once it holds its cap
+  (``first_grad_bucket_bytes`` for the first, then ``grad_bucket_bytes``: PyTorch
+  DDP's 1 MiB and 25 MiB by default), overlapping the rest of the backward; with
+  ``grad_reduce_overlap: false`` every gradient is reduced once after the backward
+  (Megatron-LM's local DDP). Gradients are ``grad_reduce_dtype`` (fp32 by default).
+  Expert gradients go to the expert-data-parallel group instead.
+* **The optimizer**: the gradient norm for clipping, then Adam over the rank's
+  parameters (``1/dp`` of them with optimizer sharding), after the last bucket.
+* **The parameter all-gather** of a sharded optimizer: after the optimizer, or, with
+  ``param_gather_overlap``, beside the step's forward (Megatron-Core's
+  ``--overlap-param-gather``), which the optimizer then waits for.
+
+A scheme that shards the weights too (FSDP) would add its per-unit gathers here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.arithmetic.counts import pipeline_rank_parameters
+from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
+
+__all__ = ["DataParallelGradients", "ADAM_STATE_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM"]
+
+# Adam with mixed precision (Apex/Megatron-LM's fused multi-tensor Adam) reads the fp32
+# master weight, momentum and variance (12 B) and the gradient, and writes the three
+# fp32 states (12 B) and the bf16 weight (2 B): 26 bytes plus the gradient's per
+# parameter, about a dozen FLOPs; the gradient buffer is zeroed for the next step
+# (one more write of the gradient). Clipping first computes the gradient norm, one read
+# of every gradient (Megatron-LM's multi_tensor_l2norm).
+ADAM_STATE_BYTES_PER_PARAM = 26
+ADAM_FLOPS_PER_PARAM = 12
+
+
+class DataParallelGradients:
+    """Gradient buckets, the optimizer and the parameter all-gather of one rank."""
+
+    def __init__(self, lowering: Any):
+        """``lowering``: the :class:`~simulator.schedule.layers.RankLowering` writing the
+        rank's program, whose writer, last op, pending waits and groups this pass uses."""
+        self.lowering = lowering
+        config = lowering.config
+        self.recipe = config.recipe
+        self.parameters = pipeline_rank_parameters(
+            config.recipe, config.model, config.moe, lowering.pipeline_rank
+        )
+        # gradient buckets, per group that reduces them (dense: dp; experts: edp)
+        self.bucket_bytes: dict[str, float] = {}
+        self.bucket_index: dict[str, int] = {}
+        self.last_buckets: dict[str, int] = {}
+        self.gathers = self.recipe.shards_optimizer and lowering.dp_group is not None
+        self.early_gather: int | None = None
+
+    def begin_step(self, first_stage: int) -> None:
+        """Before the first action: gather the weights the last step updated beside this
+        step's forward, when the recipe overlaps that gather."""
+        if not (self.gathers and self.recipe.param_gather_overlap):
+            return
+        w = self.lowering.w
+        self.early_gather = w.collective(
+            "all_gather",
+            self.lowering.dp_group,
+            self.parameters * ACT_BYTES,
+            "dp",
+            "dp.param_all_gather",
+            (),
+            w.tags(stage=first_stage, axis="dp", phase="fwd"),
+        )
+
+    def grad_ready(
+        self, params: int, producer: int, microbatch: int, final: bool, expert: bool = False
+    ) -> None:
+        """``params`` weight gradients were completed by op ``producer``; ``final``: in
+        the stage's last backward, when they are whole and can be reduced."""
+        lowering = self.lowering
+        group = lowering.edp_group if expert else lowering.dp_group
+        if not final or group is None or params == 0:
+            return
+        self.bucket_bytes[group] = self.bucket_bytes.get(group, 0.0) + (
+            params * self.recipe.grad_bytes
+        )
+        if not self.recipe.grad_reduce_overlap:
+            return  # one reduction of every gradient after the whole backward
+        first = self.bucket_index.get(group, 0) == 0
+        recipe = self.recipe
+        cap = recipe.first_grad_bucket_bytes if first else recipe.grad_bucket_bytes
+        if self.bucket_bytes[group] >= cap:
+            self._flush_bucket(group, producer, microbatch)
+
+    def _flush_bucket(self, group: str, producer: int, microbatch: int) -> None:
+        lowering = self.lowering
+        w = lowering.w
+        size = self.bucket_bytes.get(group, 0.0)
+        if size <= 0:
+            return
+        kind = "reduce_scatter" if self.recipe.shards_optimizer else "all_reduce"
+        index = self.bucket_index.get(group, 0)
+        label = f"{lowering.layout.axis_of_group(group)}.bucket{index}"
+        self.last_buckets[group] = w.collective(
+            kind,
+            group,
+            size,
+            "dp",
+            label,
+            (producer,),
+            w.tags(stage=lowering.stage, axis="dp", phase="bwd", microbatch=microbatch),
+        )
+        self.bucket_index[group] = index + 1
+        self.bucket_bytes[group] = 0.0
+
+    def end_step(self, last_microbatch: int) -> None:
+        """After the last action: reduce what the buckets still hold, then the gradient
+        norm and the optimizer, then (optimizer sharding) gather the updated weights."""
+        lowering = self.lowering
+        for group in list(self.bucket_bytes):
+            self._flush_bucket(group, lowering.last, last_microbatch)
+        dp = lowering.layout.dp if self.recipe.shards_optimizer else 1
+        local = self.parameters / dp
+        grad_bytes = self.recipe.grad_bytes
+        grad_norm = OpCost("grad_norm", "elementwise", 2.0 * local, grad_bytes * local, 0.0)
+        optimizer = OpCost(
+            "optimizer",
+            "optimizer",
+            ADAM_FLOPS_PER_PARAM * local,
+            (ADAM_STATE_BYTES_PER_PARAM + 2 * grad_bytes) * local,
+            0.0,
+        )
+        lowering.waits.extend(self.last_buckets.values())
+        lowering.wait_for(self.early_gather)
+        lowering.w.action_open = True
+        lowering.run(grad_norm, "optimizer.grad_norm", phase="optimizer")
+        lowering.run(optimizer, "optimizer.step", phase="optimizer")
+        if self.gathers and self.early_gather is None:
+            # ZeRO-1: every rank updated 1/dp of the weights; gather the updated bf16 weights
+            w = lowering.w
+            w.collective(
+                "all_gather",
+                lowering.dp_group,
+                self.parameters * ACT_BYTES,
+                "dp",
+                "dp.param_all_gather",
+                (lowering.last,),
+                w.tags(stage=lowering.stage, axis="dp", phase="optimizer"),
+            )

@@ -1,0 +1,470 @@
+"""Lowering pass: a rank's pipeline actions into layer ops with their TP/SP
+collectives, the rank's program in the Schedule IR.
+
+For every rank the pass walks its actions, with the sends and receives
+:func:`~simulator.schedule.actions.with_communication` adds. An action names a *global*
+stage ``s``: with ``v`` virtual stages rank ``r`` holds stages ``r, r+p, …``, with the
+layers :meth:`Recipe.layers_of <simulator.request.recipe.Recipe.layers_of>` gives. Per
+action it emits:
+
+* **forward** ``sFm``: the embedding (stage 0), the stage's layers, the final norm,
+  logits and loss (last stage). Tensor parallelism (Megatron-LM) puts two all-reduces
+  in each layer's forward, after the attention projection and after the second MLP
+  GEMM, on the ``tp`` stream; the next op waits for them. With sequence parallelism
+  each becomes a reduce-scatter, and an all-gather precedes the QKV and first MLP
+  GEMMs: the same bytes, while norms, dropout and residuals work on ``1/t`` of the
+  sequence and stage boundaries carry ``1/t`` of the activation.
+* **backward** ``sBm`` (or ``sIm`` then ``sWm`` when a zero-bubble schedule splits it):
+  recompute the forward when ``recompute`` says so, run the layers' backward in reverse.
+  ``I`` runs the input-gradient half (every ``dgrad`` and the communication); ``W``
+  runs the weight gradients later. What the TP communication overlaps is the recipe's
+  ``tp_comm_overlap``: with ``async`` the all-reduces (SP: reduce-scatters) of the input
+  gradients of the QKV and first MLP GEMMs run beside the weight-gradient GEMM that
+  follows (Megatron-LM's asynchronous TP communication), with ``none`` they are waited
+  for at once, and with ``pipelined`` (Transformer Engine's userbuffers) the forward's
+  SP all-gathers and reduce-scatters also run beside their GEMMs. With SP, each
+  column-parallel GEMM's saved input shard is all-gathered again for its weight
+  gradient. Compute that runs beside a collective by construction is marked
+  ``beside_comm`` (the engine slows it for the SMs NCCL takes).
+* **sends and receives** of activations and gradients between stages. They use one
+  stream per direction, neighbour and chunk, so each stream pairs with exactly one
+  stream of the neighbour in the same micro-batch order and matching cannot deadlock.
+  Receives are posted eagerly (like pre-posted ``irecv``); the compute that needs the
+  data waits for them. Tags are ``(stage·m + mb)·2 + direction``.
+
+MoE layers are lowered by :mod:`simulator.schedule.experts`; every completed weight
+gradient, the step's start and its end go to the gradient pass
+(:mod:`simulator.schedule.gradients`). Every compute op records how many ops the host
+issued before it in its action (``host_index``), so the engine can hold it until the
+host has issued it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.arithmetic.layer_ops import (
+    ACT_BYTES,
+    OpCost,
+    attention_core_names,
+    backward_of,
+    embedding_op,
+    final_norm_op,
+    layer_forward_ops,
+    logits_forward_op,
+    loss_op,
+)
+from simulator.common.vocabulary import PHASE_OF_PART
+from simulator.request.orders import Action
+from simulator.schedule.actions import with_communication
+from simulator.schedule.context import StepConfig
+from simulator.schedule.experts import ExpertLowering
+from simulator.schedule.gradients import DataParallelGradients
+from simulator.schedule.ir import Compute, Program, Recv, Send
+from simulator.schedule.writer import ProgramWriter
+
+__all__ = ["RankLowering"]
+
+
+class RankLowering(ExpertLowering):
+    """Lowers one rank's pipeline actions into its program (see the module docstring)."""
+
+    def __init__(self, rank: int, config: StepConfig):
+        self.config = config
+        self.layout = layout = config.layout
+        self.rank = rank
+        self.w = ProgramWriter(rank)
+        self.pipeline_rank = layout.coords(rank)["pp"]
+        self.pp, self.tp, self.sp = layout.pp, layout.tp, config.sp and layout.tp > 1
+        self.stages = config.stages
+        model = config.model
+        self.model = model
+        b = config.micro_batch
+        self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp, config.recipe.attention)
+        self.core = attention_core_names(config.recipe.attention)
+        # backward TP collectives beside the GEMM that follows (async and pipelined); with
+        # pipelined (Transformer Engine's userbuffers) the forward's too
+        self.overlap_tp = config.recipe.tp_comm_overlap in ("async", "pipelined")
+        self.pipelined = config.recipe.tp_comm_overlap == "pipelined" and self.sp
+        self.gathers: list[int] = []  # in-flight all-gathers the next GEMM runs beside
+        self.bwd_ops = [(op, backward_of(op)) for op in reversed(self.fwd_ops)]
+        self.activation_bytes = ACT_BYTES * b * model.seq_len * model.hidden
+        # SP keeps the residual stream sharded, so stage boundaries carry 1/t of it
+        self.boundary_bytes = self.activation_bytes / (self.tp if self.sp else 1)
+        self.tp_group = layout.group_name("tp", rank) if self.tp > 1 else None
+        self.dp_group = layout.group_name("dp", rank) if layout.dp > 1 else None
+        shard = self.tp if self.sp else 1
+        self.embedding = embedding_op(model, b, self.tp)
+        self.final_norm = final_norm_op(model, b, shard)
+        self.logits = logits_forward_op(model, b, self.tp, shard)
+        self.loss = loss_op(model, b, self.tp)
+        self.last = 0  # the latest compute op
+        self.waits: list[int] = []  # ops on other streams the next compute op must wait for
+        # (stage, micro-batch) -> weight gradients an I action leaves for its W action:
+        # (gradient, label, parameters, expert?)
+        self.deferred: dict[tuple[int, int], list[tuple[OpCost, str, int, bool]]] = {}
+        self.stage = 0  # the stage of the action being written
+        self.neighbours: dict[int, int] = {}  # global stage -> rank holding it
+        # (action kind, stage) -> (body, flops, bytes, micro-batch, deferred weight grads)
+        self.bodies: dict[tuple[str, int], tuple] = {}
+        self.moe = config.moe
+        self.ep = layout.ep
+        self.ep_group = layout.group_name("ep", rank) if self.ep > 1 else None
+        if self.moe is None or self.ep == 1:
+            self.edp_group = self.dp_group  # experts replicated like the dense layers
+        else:
+            edp = layout.group_name("edp", rank)
+            self.edp_group = edp if len(layout.groups[edp]) > 1 else None
+        dp_index = layout.coords(rank)["dp"]
+        self.ep_index, self.ep_group_index = dp_index % self.ep, dp_index // self.ep
+        self.gradients = DataParallelGradients(self)
+
+    # -- helpers ----------------------------------------------------------------------
+    def _layers(self, stage: int) -> range:
+        return self.config.layers_of(stage)
+
+    def _neighbour(self, stage: int) -> int:
+        """The rank (in this rank's pipeline) that holds global ``stage``."""
+        rank = self.neighbours.get(stage)
+        if rank is None:
+            rank = self.neighbours[stage] = self.layout.stage_rank(self.rank, stage % self.pp)
+        return rank
+
+    def _stream(self, name: str, stage: int) -> str:
+        return name if self.config.recipe.virtual_stages == 1 else f"{name}.c{stage // self.pp}"
+
+    def _tag(self, stage: int, mb: int, direction: int) -> int:
+        return (stage * self.config.microbatches + mb) * 2 + direction
+
+    def run(self, cost: OpCost, label: str, beside_comm: tuple[int, ...] = (), **tags: Any) -> int:
+        """A compute op after the last one; ``beside_comm``: the collectives of this rank
+        in flight beside it by construction (their NCCL kernels share the SMs).
+
+        In-flight all-gathers (:attr:`gathers`) run beside the next GEMM, which works on
+        the chunks already gathered, and the op after it waits for them; any other op
+        waits for them first."""
+        overlapped = False
+        if self.gathers:
+            if cost.kind == "gemm" and cost.batch == 1:
+                overlapped = True
+                beside_comm = (*beside_comm, *self.gathers)
+            else:
+                self.waits.extend(self.gathers)
+                self.gathers = []
+        deps, self.waits = tuple(self.waits), []
+        get = tags.get
+        tagset = self.w.tag_set(None, get("layer"), get("microbatch"), get("phase"), self.stage)
+        self.last = self.w.compute(cost, label, deps, tagset, beside_comm)
+        if overlapped:
+            self.waits.extend(self.gathers)
+            self.gathers = []
+        return self.last
+
+    def _after_last(self) -> tuple[int, ...]:
+        """Deps of an op that must follow everything the compute stream has done."""
+        return (*([self.last] if self.w.ops else []), *self.waits)
+
+    def _tp_collective(self, kind: str, label: str, **tags: Any) -> int | None:
+        """A TP (SP) collective of the full activation, after the last compute op."""
+        if self.tp_group is None:
+            return None
+        get = tags.get
+        tagset = self.w.tag_set(
+            "sp" if self.sp else "tp", get("layer"), get("microbatch"), get("phase"), self.stage
+        )
+        return self.w.collective(
+            kind, self.tp_group, self.activation_bytes, "tp", label, (self.last,), tagset
+        )
+
+    def wait_for(self, op: int | None) -> None:
+        if op is not None:
+            self.waits.append(op)
+
+    # -- pipeline actions -------------------------------------------------------------
+    def receive(self, action: Action, phase: str) -> None:
+        """``RECV_F`` (the input activation from the previous stage) or ``RECV_B`` (the
+        output gradient from the next), posted eagerly; the action's compute waits."""
+        stage, mb = action.stage, action.microbatch
+        self.stage = stage
+        self.w.action_open = True
+        forward = action.type == "RECV_F"
+        peer = stage - 1 if forward else stage + 1
+        recv = self.w.p2p(
+            Recv,
+            self._stream("pp_recv_fwd" if forward else "pp_recv_bwd", stage),
+            self._neighbour(peer),
+            self.boundary_bytes,
+            self._tag(peer, mb, 0 if forward else 1),
+            f"recv.{'act' if forward else 'grad'}.s{stage}.mb{mb}",
+            (),
+            self.w.tag_set("pp", None, mb, phase, stage),
+        )
+        self.waits.append(recv)
+
+    def send(self, action: Action, phase: str) -> None:
+        """``SEND_F`` (the output activation to the next stage) or ``SEND_B`` (the input
+        gradient to the previous), after everything the action computed."""
+        stage, mb = action.stage, action.microbatch
+        forward = action.type == "SEND_F"
+        self.w.p2p(
+            Send,
+            self._stream("pp_send_fwd" if forward else "pp_send_bwd", stage),
+            self._neighbour(stage + 1 if forward else stage - 1),
+            self.boundary_bytes,
+            self._tag(stage, mb, 0 if forward else 1),
+            f"send.{'act' if forward else 'grad'}.s{stage}.mb{mb}",
+            self._after_last(),
+            self.w.tag_set("pp", None, mb, phase, stage),
+        )
+
+    def forward(self, stage: int, mb: int, blocked: bool = False) -> None:
+        """An ``F`` action's compute and TP communication."""
+        self.stage = stage
+        self.w.action_open = True
+        self._action("F", stage, mb, "fwd", blocked, self._forward_body)
+
+    def backward(self, stage: int, mb: int, final: bool, part: str, blocked: bool = False) -> None:
+        """A ``B`` (all of it), ``I`` (input gradients, weight gradients deferred) or ``W``
+        (the deferred weight gradients) action's compute and TP communication."""
+        self.stage = stage
+        self.w.action_open = True
+        phase = self._PHASES[part]
+        if part == "W":
+            body = lambda s, m: self._weight_gradients(s, m, final)  # noqa: E731
+        else:
+            body = lambda s, m: self._backward_body(s, m, final, part)  # noqa: E731
+        self._action(part, stage, mb, phase, blocked, body)
+
+    def _forward_body(self, stage: int, mb: int) -> None:
+        """The forward's compute and TP communication: embedding (first stage), the
+        stage's layers, final norm, logits and loss (last stage)."""
+        fwd = dict(phase="fwd", microbatch=mb)
+        if stage == 0:
+            self.run(self.embedding, f"embedding.fwd.mb{mb}", **fwd)
+            kind = "reduce_scatter" if self.sp else "all_reduce"
+            self.wait_for(self._tp_collective(kind, f"embedding.{kind}.mb{mb}", **fwd))
+        for layer in self._layers(stage):
+            self._layer_forward(layer, mb, "fwd")
+        if stage == self.stages - 1:
+            self.run(self.final_norm, f"final_ln.fwd.mb{mb}", **fwd)
+            if self.sp:
+                self.wait_for(self._tp_collective("all_gather", f"final_ln.ag.mb{mb}", **fwd))
+            self.run(self.logits, f"logits.fwd.mb{mb}", **fwd)
+            self.run(self.loss, f"loss.fwd.mb{mb}", **fwd)
+
+    def _action(self, kind: str, stage: int, mb: int, phase: str, blocked: bool, write) -> None:
+        """Write an action's inner ops (``write(stage, mb)``), or, ``blocked``, one
+        :class:`~simulator.schedule.ir.Block` of them: every action of a kind and stage
+        runs the same ops, so the body is written once and shared."""
+        if not blocked:
+            write(stage, mb)
+            return
+        key = (kind, stage)
+        cached = self.bodies.get(key)
+        if cached is None:
+            outer = self.w, self.last, self.waits
+            self.w, self.last, self.waits = ProgramWriter(self.rank), 0, []
+            write(stage, mb)
+            body = tuple(self.w.ops)
+            self.w, self.last, self.waits = outer
+            flops = sum(op.flops for op in body if type(op) is Compute)
+            nbytes = sum(op.bytes for op in body if type(op) is Compute)
+            deferred = tuple(self.deferred.get((stage, mb), ()))
+            cached = self.bodies[key] = (body, flops, nbytes, mb, deferred)
+        elif kind == "W":  # its weight gradients are in the body already
+            self.deferred.pop((stage, mb), None)
+        elif cached[4]:  # an I action defers the weight gradients its W will run
+            self.deferred[(stage, mb)] = list(cached[4])
+        body, flops, nbytes, body_mb, _ = cached
+        deps, self.waits = tuple(self.waits), []
+        tags = self.w.tag_set(None, None, mb, phase, stage)
+        self.last = self.w.block(body, flops, nbytes, f"{stage}{kind}{mb}", deps, body_mb, tags)
+
+    # forward op name -> the TP/SP collective that follows it
+    _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce", "expert_fc2": "all_reduce"},
+                 True: {"ln1": "all_gather", "proj": "reduce_scatter", "ln2": "all_gather",
+                        "fc2": "reduce_scatter", "expert_fc2": "reduce_scatter"}}  # fmt: skip
+    _MLP = ("fc1", "gelu", "swiglu", "fc2")
+
+    def _layer_forward(self, layer: int, mb: int, phase: str) -> None:
+        tags = dict(layer=layer, microbatch=mb, phase=phase)
+        moe = self.config.is_moe_layer(layer)
+        for cost in self.fwd_ops:
+            if moe and cost.name in self._MLP:
+                if cost.name == "fc1":
+                    self._moe_forward(layer, mb, tags)
+                continue
+            self._forward_op(cost, layer, mb, tags)
+
+    def _forward_op(self, cost: OpCost, layer: int, mb: int, tags: dict[str, Any]) -> None:
+        """A forward op and the TP (SP) collective after it. With pipelined TP overlap,
+        an all-gather runs beside the GEMM that consumes it, and a reduce-scatter beside
+        the GEMM that produces it, chunk by chunk (Transformer Engine's userbuffers)."""
+        phase = tags["phase"]
+        label = f"L{layer}.{cost.name}.{phase}.mb{mb}"
+        kind = self._FWD_COMM[self.sp].get(cost.name)
+        comm_label = f"L{layer}.{cost.name}.{kind}.{phase}.mb{mb}"
+        if self.pipelined and kind == "reduce_scatter" and self.tp_group is not None:
+            scatter = self._tp_collective(kind, comm_label, **tags)
+            self.run(cost, label, (scatter,), **tags)
+            self.wait_for(scatter)
+            return
+        self.run(cost, label, **tags)
+        if kind is None:
+            return
+        collective = self._tp_collective(kind, comm_label, **tags)
+        if self.pipelined and kind == "all_gather" and collective is not None:
+            self.gathers.append(collective)
+        else:
+            self.wait_for(collective)
+
+    # -- backward ---------------------------------------------------------------------
+    _PHASES = PHASE_OF_PART
+
+    def _backward_body(self, stage: int, mb: int, final: bool, part: str) -> None:
+        """The backward's compute and TP communication: loss, logits and final norm
+        (last stage), the layers in reverse, the embedding (first stage)."""
+        phase = self._PHASES[part]
+        bwd = dict(phase=phase, microbatch=mb)
+        defer = part == "I"
+        if stage == self.stages - 1:
+            # logits and embedding weights tied on one stage: one gradient, counted once
+            tied = self.stages == 1 and self.model.tie_embeddings
+            self._grads(backward_of(self.loss), "", mb, final, bwd, stage, defer)
+            self._grads(backward_of(self.logits), "", mb, final, bwd, stage, defer, tied=tied)
+            self._grads(backward_of(self.final_norm), "", mb, final, bwd, stage, defer)
+        for layer in reversed(self._layers(stage)):
+            self._layer_backward(layer, mb, final, phase, defer)
+        if stage == 0:
+            if self.sp:  # the backward of the embedding's reduce-scatter
+                label = f"embedding.all_gather.bwd.mb{mb}"
+                self.wait_for(self._tp_collective("all_gather", label, **bwd))
+            self._grads(backward_of(self.embedding), "", mb, final, bwd, stage, defer)
+
+    # backward op name -> the TP (SP) collective that follows it in Megatron-LM
+    _BWD_COMM = {False: {"logits.dgrad": "all_reduce", "qkv.dgrad": "all_reduce",
+                         "fc1.dgrad": "all_reduce", "expert_fc1.dgrad": "all_reduce"},
+                 True: {"logits.dgrad": "reduce_scatter", "qkv.dgrad": "reduce_scatter",
+                        "fc1.dgrad": "reduce_scatter", "expert_fc1.dgrad": "reduce_scatter",
+                        "residual2.bwd": "all_gather",
+                        "residual1.bwd": "all_gather"}}  # fmt: skip
+    # column-parallel GEMMs whose SP-sharded input Megatron-LM all-gathers again in the
+    # backward, for the weight gradient
+    _REGATHER = ("logits.dgrad", "qkv.dgrad", "fc1.dgrad")
+
+    def _grads(
+        self,
+        grads: list[OpCost],
+        prefix: str,
+        mb: int,
+        final: bool,
+        tags: dict[str, Any],
+        stage: int,
+        defer: bool,
+        tied: bool = False,
+    ) -> None:
+        """Run backward ops and their TP communication, as Megatron-LM issues it.
+
+        With SP, a column-parallel GEMM's backward first all-gathers its saved input
+        shard again; the gather overlaps the input gradient (``dgrad``) and the weight
+        gradient (``wgrad``) waits for it. The collective after a ``dgrad`` overlaps the
+        ``wgrad`` that follows (``tp_comm_overlap: async``) or is waited for at once
+        (``none``). An all-gather before a row-parallel GEMM's backward (SP) is waited
+        for at once. With ``defer`` the weight gradients are kept for the ``W`` action."""
+        pending: list[int] = []  # dgrad collectives the weight gradient overlaps
+        comm = self._BWD_COMM[self.sp]
+        for grad in grads:
+            name = grad.name
+            if self.sp and name in self._REGATHER:
+                label = f"{prefix}{name.split('.')[0]}.input_ag.bwd.mb{mb}"
+                regather = self._tp_collective("all_gather", label, **tags)
+                if self.overlap_tp:
+                    self.gathers.append(regather)  # beside the dgrad; the wgrad waits
+                else:
+                    self.wait_for(regather)
+            params = 0 if tied else grad.weight_params
+            expert = name.startswith("expert_")
+            if name.endswith(".wgrad") and defer:
+                self.waits.extend(self.gathers)
+                self.gathers = []
+                entry = (grad, f"{prefix}{name}", params, expert)
+                self.deferred.setdefault((stage, mb), []).append(entry)
+                continue
+            op = self.run(grad, f"{prefix}{name}.mb{mb}", tuple(pending), **tags)
+            self.gradients.grad_ready(params, op, mb, final, expert)
+            kind = comm.get(name)
+            if kind is None:
+                continue
+            label = f"{prefix}{name.split('.')[0]}.{kind}.bwd.mb{mb}"
+            collective = self._tp_collective(kind, label, **tags)
+            if collective is None:
+                continue
+            if name.endswith(".dgrad") and self.overlap_tp:
+                pending.append(collective)  # overlaps the weight gradient
+            elif kind == "all_gather" and self.pipelined:
+                self.gathers.append(collective)  # beside the next (row-parallel) dgrad
+            else:
+                self.wait_for(collective)
+        for op in pending:
+            self.wait_for(op)
+
+    def _layer_backward(self, layer: int, mb: int, final: bool, phase: str, defer: bool) -> None:
+        recompute = self.config.recipe.recompute
+        if recompute == "full":
+            self._layer_forward(layer, mb, "recompute")
+        tags = dict(layer=layer, microbatch=mb, phase=phase)
+        moe = self.config.is_moe_layer(layer)
+        for cost, grads in self.bwd_ops:
+            if moe and cost.name in self._MLP:
+                if cost.name == "fc2":  # the first MLP op the backward meets
+                    self._moe_backward(layer, mb, final, tags, defer)
+                continue
+            if recompute == "selective" and cost.name == self.core[-1]:
+                # the backward meets the attention core's last op first: rerun the core
+                for core in self.fwd_ops:
+                    if core.name in self.core:
+                        self.run(
+                            core,
+                            f"L{layer}.{core.name}.recompute.mb{mb}",
+                            layer=layer,
+                            microbatch=mb,
+                            phase="recompute",
+                        )
+            self._grads(grads, f"L{layer}.", mb, final, tags, self.stage, defer)
+
+    def _weight_gradients(self, stage: int, mb: int, final: bool) -> None:
+        for grad, label, params, expert in self.deferred.pop((stage, mb), []):
+            op = self.run(grad, f"{label}.mb{mb}", phase="bwd_weight", microbatch=mb)
+            self.gradients.grad_ready(params, op, mb, final, expert)
+
+    # -- whole step -------------------------------------------------------------------
+    def build(self, order: list[Action], blocks: bool = False) -> Program:
+        """The rank's program for its pipeline ``order`` (compute actions), lowered with
+        its sends and receives (:func:`~simulator.schedule.actions.with_communication`).
+        With ``blocks`` every action but those that hand gradients to data parallelism
+        becomes one Block."""
+        # a stage's gradients are complete after its last backward (B) or weight (W)
+        # action; with a split backward, the gradients its input half (I) computes (the
+        # norms', the embedding's) after its last I
+        last_grad = {}
+        for action in order:
+            if action.type in ("B", "W", "I"):
+                last_grad[(action.stage, action.type == "I")] = action
+        finals = set(last_grad.values())
+        self.gradients.begin_step(order[0].stage)
+        lowered = with_communication(order, self.stages)
+        for index, action in enumerate(lowered):
+            kind = action.type
+            if kind in ("RECV_F", "RECV_B"):
+                self.receive(action, self._PHASES.get(lowered[index + 1].type, "fwd"))
+            elif kind in ("SEND_F", "SEND_B"):
+                self.send(action, self._PHASES.get(lowered[index - 1].type, "fwd"))
+            else:
+                final = action in finals
+                blocked = blocks and not final
+                if kind == "F":
+                    self.forward(action.stage, action.microbatch, blocked)
+                else:
+                    self.backward(action.stage, action.microbatch, final, kind, blocked)
+        self.gradients.end_step(order[-1].microbatch)
+        return Program(self.rank, self.w.ops)

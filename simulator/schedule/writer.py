@@ -1,0 +1,134 @@
+"""Writing one rank's program of the Schedule IR, op by op.
+
+The lowering passes append ops through a :class:`ProgramWriter`: it numbers them,
+shares one tag dict among the ops with the same tags (a program has millions of ops
+and a few thousand tag sets), and counts the ops the host issued since the current
+pipeline action's first compute op (``host_index``, which the engine uses to hold an
+op until the host has issued it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.arithmetic.layer_ops import OpCost
+from simulator.schedule.ir import Block, Collective, Compute, Op
+
+__all__ = ["ProgramWriter"]
+
+
+class ProgramWriter:
+    """Appends ops to one rank's program: ids in order, one shared tag dict per tag set,
+    and the count of ops the host issued in the current pipeline action."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.ops: list[Op] = []
+        self._tags: dict[tuple, dict[str, Any]] = {}
+        self.issued = 0  # ops issued since the action's first compute op
+        self.action_open = True  # the next compute op is its action's first
+
+    _TAG_KEYS = ("stage", "layer", "microbatch", "phase", "axis")
+
+    def tags(self, **values: Any) -> dict[str, Any]:
+        """One shared dict per distinct tag set (ops of a program share their tags)."""
+        assert values.keys() <= set(self._TAG_KEYS), values.keys()
+        get = values.get
+        return self.tag_set(
+            get("axis"), get("layer"), get("microbatch"), get("phase"), get("stage")
+        )
+
+    def tag_set(self, axis, layer, microbatch, phase, stage) -> dict[str, Any]:
+        """:meth:`tags` with every tag given (None: not set)."""
+        key = (axis, layer, microbatch, phase, stage)
+        cached = self._tags.get(key)
+        if cached is None:
+            cached = self._tags[key] = {}  # keys in sorted order
+            if axis is not None:
+                cached["axis"] = axis
+            if layer is not None:
+                cached["layer"] = layer
+            if microbatch is not None:
+                cached["microbatch"] = microbatch
+            if phase is not None:
+                cached["phase"] = phase
+            if stage is not None:
+                cached["stage"] = stage
+        return cached
+
+    def compute(
+        self,
+        cost: OpCost,
+        label: str,
+        deps: tuple[int, ...],
+        tags: dict[str, Any],
+        beside_comm: tuple[int, ...] = (),
+    ) -> int:
+        op_id = len(self.ops)
+        if self.action_open:
+            self.issued, self.action_open = 0, False
+        self.ops.append(
+            Compute(
+                op_id,
+                "compute",
+                cost.flops,
+                cost.bytes,
+                cost.kind,
+                label,
+                deps,
+                tags,
+                cost.shape,
+                cost.batch,
+                beside_comm,
+                self.issued,
+            )
+        )
+        self.issued += 1
+        return op_id
+
+    def collective(
+        self,
+        kind: str,
+        group: str,
+        size: float,
+        stream: str,
+        label: str,
+        deps: tuple[int, ...],
+        tags: dict[str, Any],
+    ) -> int:
+        op_id = len(self.ops)
+        self.ops.append(Collective(op_id, stream, kind, group, size, label, deps, tags))
+        self.issued += 1
+        return op_id
+
+    def block(
+        self,
+        body: tuple[Op, ...],
+        flops: float,
+        nbytes: float,
+        label: str,
+        deps: tuple[int, ...],
+        body_microbatch: int,
+        tags: dict[str, Any],
+    ) -> int:
+        op_id = len(self.ops)
+        self.ops.append(
+            Block(op_id, "compute", body, flops, nbytes, label, deps, tags, body_microbatch)
+        )
+        return op_id
+
+    def p2p(
+        self,
+        op_type: type,
+        stream: str,
+        peer: int,
+        size: float,
+        tag: int,
+        label: str,
+        deps: tuple[int, ...],
+        tags: dict[str, Any],
+    ) -> int:
+        op_id = len(self.ops)
+        self.ops.append(op_type(op_id, stream, peer, size, tag, label, deps, tags))
+        self.issued += 1
+        return op_id
