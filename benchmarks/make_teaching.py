@@ -27,15 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from simulator.analysis.metrics import CATEGORIES
+from simulator.report.explain_report import cost_text, describe_layout, describe_memory
 from simulator.report.style import BREAKDOWN_COLORS, MEMORY_COLORS
-from simulator.tools.explain import (
-    Explanation,
-    Finding,
-    cost_text,
-    describe_layout,
-    describe_memory,
-    diagnose,
-)
+from simulator.tools.explain import Explanation, Finding, diagnose
 from topologies.units import format_time
 
 __all__ = [

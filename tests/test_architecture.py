@@ -38,9 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 HEAVY = ("torch", "plotly", "kaleido")
 # Upward imports and cycles still tolerated, as (importer, imported): empty means the
 # rule holds everywhere.
-ALLOWED: set[tuple[str, str]] = {
-    ("simulator.tools.explain", "simulator.report.explain_report"),
-}
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _modules() -> dict[str, Path]:

@@ -5,6 +5,9 @@ the mistake in the first file and nothing in the second, propose exactly the sec
 its fix, and that fix must simulate faster (or, for a layout that does not fit, fit).
 ``docs/teaching.md`` is regenerated and compared with the checked-in page, so it never
 drifts from the simulator. The pairs are explained once per module (a few seconds).
+The mistakes are a registry (:data:`simulator.tools.mistakes.MISTAKES`): the tests check
+that it agrees with the teaching files, the teaching page and the ids explain reports,
+and that a new entry is all explain needs to report a new mistake.
 ``--out`` writes ``explain.json`` and an offline ``explain.html`` with one chart per
 finding; every test runs in its own temporary folder, where the default ``out/`` lands.
 """
@@ -25,13 +28,16 @@ from simulator.analysis.metrics import CATEGORIES
 from simulator.cli.explain import add_parser, command
 from simulator.cli.main import main as parasim_main
 from simulator.common.errors import ParasimError
+from simulator.report import explain_report
 from simulator.report.explain_report import (
     TERM_COLORS,
     finding_sentence,
     memory_is_the_point,
     render_explain_html,
 )
+from simulator.report.style import BREAKDOWN_COLORS
 from simulator.request.scenario import apply_overrides, scenario_from_dict
+from simulator.tools import explain as explain_module
 from simulator.tools.explain import (
     FINDING_IDS,
     Explanation,
@@ -39,7 +45,14 @@ from simulator.tools.explain import (
     diagnose,
     explain,
 )
-from simulator.tools.sweep import BAR_COLORS
+from simulator.tools.mistakes import (
+    MEMORY_FINDINGS,
+    MISTAKE_BY_ID,
+    MISTAKES,
+    Mistake,
+    Remedy,
+    Symptom,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TEACHING = ROOT / "scenarios" / "teaching"
@@ -102,10 +115,64 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["explain", *argv])
 
 
+def test_the_registry_is_consistent():
+    assert FINDING_IDS == tuple(m.id for m in MISTAKES)
+    assert len(set(FINDING_IDS)) == len(MISTAKES) and set(MISTAKE_BY_ID) == set(FINDING_IDS)
+    for index, mistake in enumerate(MISTAKES):
+        assert mistake.title and callable(mistake.check) and callable(mistake.fix)
+        assert mistake.choose in ("first", "fastest")
+        assert set(mistake.also) <= set(FINDING_IDS) - {mistake.id}
+        # a mistake is skipped after one checked before it: unless looks backwards only
+        assert set(mistake.unless) <= set(FINDING_IDS[:index]), mistake.id
+    assert MEMORY_FINDINGS == tuple(m.id for m in MISTAKES if m.memory)
+    assert explain_report.MEMORY_FINDINGS == MEMORY_FINDINGS
+
+
+def test_the_registry_names_every_teaching_pair():
+    taught = {m.teaching: m.id for m in MISTAKES if m.teaching is not None}
+    assert taught == {pair.key: pair.finding for pair in make_teaching.PAIRS}
+    for mistake in MISTAKES:
+        if mistake.teaching is not None:
+            assert mistake.teaching_files == (
+                f"{mistake.teaching}-mistake.yaml",
+                f"{mistake.teaching}-fix.yaml",
+            )
+        else:
+            assert mistake.teaching_files is None
+
+
+def test_the_teaching_page_lists_every_mistake_of_the_registry():
+    page = (ROOT / "docs" / "teaching.md").read_text(encoding="utf-8")
+    table = page.split("## What explain looks for", 1)[1]
+    assert re.findall(r"^\| `([a-z-]+)` \|", table, flags=re.MULTILINE) == list(FINDING_IDS)
+
+
+def test_a_new_registry_entry_is_all_explain_needs(monkeypatch, scenarios_dir):
+    def check(case):
+        if case.scenario.training.recompute == "full":
+            return None
+        return Symptom(f"recompute {case.scenario.training.recompute}")
+
+    def fix(case):
+        return Remedy(case.options([({"training.recompute": "full"}, "full recompute")]))
+
+    extra = Mistake("recompute-not-full", "recompute is not full", check, fix, choose="first")
+    monkeypatch.setattr(explain_module, "MISTAKES", (*MISTAKES, extra))
+    (finding,) = explain(scenarios_dir / "small.yaml")
+    assert (finding.id, finding.title) == ("recompute-not-full", "recompute is not full")
+    assert finding.problem == f"recompute {finding.before['layout']['recompute']}"
+    assert finding.fix == {"training.recompute": "full"} and finding.fix_summary == "full recompute"
+    assert finding.after["layout"]["recompute"] == "full"
+    skipped = Mistake("never", "never checked", check, fix, unless=("recompute-not-full",))
+    monkeypatch.setattr(explain_module, "MISTAKES", (*MISTAKES, extra, skipped))
+    assert [f.id for f in explain(scenarios_dir / "small.yaml")] == ["recompute-not-full"]
+
+
 def test_every_teaching_file_is_paired_and_says_what_it_teaches():
     files = sorted(p.name for p in TEACHING.glob("*.yaml"))
-    expected = sorted(f"{key}-{kind}.yaml" for key in KEYS for kind in ("mistake", "fix"))
+    expected = sorted(name for m in MISTAKES if m.teaching_files for name in m.teaching_files)
     assert files == expected
+    assert sorted(KEYS) == sorted(m.teaching for m in MISTAKES if m.teaching)
     for name in files:
         text = (TEACHING / name).read_text()
         header = [line for line in text.splitlines() if line.startswith("#")]
@@ -325,7 +392,7 @@ def _check_page(page: str, explanation: Explanation, plotly_js: str) -> None:
         assert list(time) == list(CATEGORIES)
         for category, trace in time.items():
             assert trace["type"] == "bar" and trace["y"] == ["mistake", "fix"]
-            assert trace["marker"]["color"] == BAR_COLORS[category]
+            assert trace["marker"]["color"] == BREAKDOWN_COLORS[category]
             assert trace["x"] == [
                 finding.before["breakdown"]["critical"][category],
                 finding.after["breakdown"]["critical"][category],

@@ -11,11 +11,8 @@ from rich.console import Console
 
 from simulator.cli.options import add_fidelity_option, add_set_option
 from simulator.common.files import dumps_result
-from simulator.tools.explain import (
-    diagnose,
-    print_explanation,
-    write_outputs,
-)
+from simulator.report.explain_report import print_explanation, write_explain_outputs
+from simulator.tools.explain import diagnose
 
 __all__ = ["add_parser", "command"]
 
@@ -56,7 +53,7 @@ def command(args: argparse.Namespace) -> int:
     by default ``out/<scenario>-explain``, as the other commands do."""
     explanation = diagnose(args.scenario, args.overrides, fidelity=args.fidelity)
     out = args.out if args.out is not None else Path("out") / f"{explanation.scenario}-explain"
-    paths = write_outputs(explanation, out)
+    paths = write_explain_outputs(explanation, out)
     if args.json:
         sys.stdout.write(dumps_result(explanation.to_dict()))
     else:

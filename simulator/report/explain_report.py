@@ -1,4 +1,11 @@
-"""The files of ``parasim explain``: ``explain.json`` and an offline ``explain.html``.
+"""What ``parasim explain`` shows and writes: the report, ``explain.json`` and ``explain.html``.
+
+:func:`simulator.tools.explain.diagnose` finds the mistakes; this module draws its
+:class:`~simulator.tools.explain.Explanation`. :func:`print_explanation` prints the
+report to a rich console: the scenario's layout, step time and memory, then one panel per
+finding with the problem, the fix as ``--set`` arguments, a table of the mistake beside
+its fix, what the mistake costs and what moved. :func:`write_explain_outputs` writes the
+two files.
 
 ``explain.json`` is exactly what ``parasim explain --json`` prints. ``explain.html`` opens
 in any browser without a network (plotly.js is inlined once, in the page's head) and
@@ -20,21 +27,26 @@ import html
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
 from simulator.analysis.metrics import CATEGORIES
+from simulator.common.errors import ParasimError
 from simulator.common.files import write_atomically, write_json
 from simulator.report.style import MEMORY_COLORS, breakdown_bar
-from simulator.tools.explain import (
-    Explanation,
-    Finding,
-    cost_text,
-    describe_layout,
-    describe_memory,
-)
+from simulator.tools.explain import MOVED_SHARE, Explanation, Finding
+from simulator.tools.mistakes import MEMORY_FINDINGS
 from topologies.units import format_bytes, format_time
 
 __all__ = [
     "MEMORY_FINDINGS",
     "TERM_COLORS",
+    "describe_layout",
+    "describe_memory",
+    "cost_text",
+    "print_explanation",
     "chart_id",
     "memory_is_the_point",
     "finding_sentence",
@@ -43,8 +55,6 @@ __all__ = [
     "write_explain_outputs",
 ]
 
-#: Findings about memory: their charts show memory per GPU against capacity.
-MEMORY_FINDINGS = ("dp-only-oom", "sp-off-activation-bound", "out-of-memory")
 #: Colours of the memory terms (hatched, so they are not mistaken for time categories).
 TERM_COLORS = MEMORY_COLORS  # memory terms, as in report.html
 _GIB = 2.0**30
@@ -57,6 +67,142 @@ _STYLE = (
     "td,th{padding:.25em .8em;text-align:left;vertical-align:top;border-bottom:1px solid #eee}"
     ".sentence{font-size:1.1em}.bad{color:#b00020}.ok{color:#1b7f3b}.dim{color:#666}"
 )
+
+
+# ------------------------------------------------------------------------- the text
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
+
+
+def describe_layout(layout: dict[str, Any]) -> str:
+    """One line for a snapshot's layout: ``tp=8 pp=2 dp=1 · placement tp,dp,pp · …``."""
+    parts = [f"tp={layout['tp']} pp={layout['pp']} dp={layout['dp']}"]
+    if layout["ep"] > 1:
+        parts[0] += f" ep={layout['ep']}"
+    if layout["sp"]:
+        parts[0] += " +sp"
+    parts.append("placement " + ",".join(layout["placement"]))
+    if layout["pp"] > 1:
+        schedule = layout["schedule"]
+        if layout["virtual_stages"] > 1:
+            schedule += f" v={layout['virtual_stages']}"
+        parts.append(schedule)
+    parts.append(f"{layout['microbatches']} × micro-batch {layout['micro_batch']}")
+    return " · ".join(parts)
+
+
+def describe_memory(memory: dict[str, Any]) -> str:
+    """One line for a snapshot's memory: peak of capacity, dominant term, verdict."""
+    verdict = "OUT OF MEMORY" if memory["oom"] else "fits"
+    return (
+        f"{format_bytes(memory['peak_bytes_per_gpu'])} of {format_bytes(memory['capacity_bytes'])}"
+        f" ({memory['dominant_term']}) · {verdict}"
+    )
+
+
+def _breakdown_cell(snap: dict[str, Any], category: str, focus: str = "critical") -> str:
+    seconds = snap["breakdown"][focus][category]
+    text = f"{format_time(seconds)}  {_pct(seconds, snap['step_time_s'])}"
+    if category == "exposed_comm":
+        axes = [
+            f"{axis} {format_time(v)}"
+            for axis, v in snap["exposed_comm_by_axis"][focus].items()
+            if v > MOVED_SHARE * snap["step_time_s"]
+        ]
+        if axes:
+            text += " (" + ", ".join(axes) + ")"
+    return text
+
+
+def _console_comparison(before: dict[str, Any], after: dict[str, Any] | None) -> Table:
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("")
+    table.add_column("now")
+    if after is not None:
+        table.add_column("with the fix")
+    snaps = [before] if after is None else [before, after]
+    table.add_row("layout", *[describe_layout(s["layout"]) for s in snaps])
+    table.add_row("step time", *[format_time(s["step_time_s"]) for s in snaps])
+    table.add_row("critical rank:", *["" for _ in snaps])
+    for category in CATEGORIES:
+        table.add_row(f"  {category}", *[_breakdown_cell(s, category) for s in snaps])
+    table.add_row("memory per GPU", *[describe_memory(s["memory"]) for s in snaps])
+    if before["moe"]:
+        table.add_row(
+            "MoE",
+            *[
+                f"busiest expert {s['moe']['imbalance_mean']:.2f}× mean · dropped "
+                f"{100 * s['moe']['dropped_fraction']:.1f}%"
+                for s in snaps
+            ],
+        )
+    return table
+
+
+def cost_text(finding: Finding) -> str:
+    """The cost of a finding in one line."""
+    if finding.after is None:
+        return "no fix expressible as scenario overrides"
+    after = format_time(finding.after["step_time_s"])
+    if finding.cost_s is None:
+        verdict = "fits" if not finding.after["memory"]["oom"] else "still does not fit"
+        return f"the scenario does not fit memory; the fix {verdict}, at {after} per step"
+    if finding.cost_s >= 0:
+        return (
+            f"the mistake costs {format_time(finding.cost_s)} per step "
+            f"({finding.cost_pct:.1f}% of the step)"
+        )
+    return (
+        f"the fix is {format_time(-finding.cost_s)} per step slower "
+        f"({-finding.cost_pct:.1f}%), the price of what it buys"
+    )
+
+
+def print_explanation(explanation: Explanation, console: Console) -> None:
+    """The human report: a header, then one panel per finding with before/after."""
+    snap = explanation.result
+    console.print(f"[bold]parasim explain · {explanation.scenario}[/] ({explanation.fidelity})")
+    console.print(f"  layout   {describe_layout(snap['layout'])}")
+    console.print(f"  step     {format_time(snap['step_time_s'])}")
+    console.print(f"  memory   {describe_memory(snap['memory'])}")
+    if explanation.ok:
+        console.print("[green]No layering mistakes found.[/]")
+        return
+    count = len(explanation.findings)
+    console.print(f"[bold red]{count} problem{'s' if count != 1 else ''} found.[/]")
+    for finding in explanation.findings:
+        parts: list[Any] = [Text(finding.problem)]
+        if finding.fix:
+            fix = " ".join(f"--set {arg}" for arg in finding.set_args)
+            parts.append(
+                Text.assemble(("fix: ", "bold"), (fix, "cyan"), f"  ({finding.fix_summary})")
+            )
+        else:
+            parts.append(Text.assemble(("fix: ", "bold"), finding.fix_summary))
+        parts.append(_console_comparison(finding.before, finding.after))
+        parts.append(Text.assemble(("cost: ", "bold"), cost_text(finding)))
+        if finding.moved:
+            parts.append(
+                Text.assemble(("moved: ", "bold"), "; ".join(m["text"] for m in finding.moved))
+            )
+        for alternative in finding.alternatives:
+            parts.append(
+                Text(
+                    f"also possible: {' '.join(alternative['fix_set'])} ({alternative['summary']})"
+                    f": {format_time(alternative['step_time_s'])} per step, "
+                    f"{format_bytes(alternative['peak_bytes_per_gpu'])} per GPU",
+                    style="dim",
+                )
+            )
+        for note in finding.notes:
+            parts.append(Text(f"note: {note}", style="dim"))
+        title = f"[bold]{finding.id}[/] · {finding.title}"
+        console.print(Panel(Group(*parts), title=title, title_align="left", border_style="red"))
+
+
+# ----------------------------------------------------------------------------- html
 
 
 def _text(value: str) -> str:
@@ -316,10 +462,14 @@ def render_explain_html(explanation: Explanation, plotly_js: str | None = None) 
 
 
 def write_explain_outputs(explanation: Explanation, out: Path) -> list[Path]:
-    """Write ``explain.json`` and ``explain.html`` to ``out``; their paths."""
+    """Write ``explain.json`` (what ``--json`` prints) and ``explain.html`` to ``out``;
+    their paths. A folder that cannot be written is bad input (:class:`ParasimError`)."""
     out = Path(out)
     paths = [out / "explain.json", out / "explain.html"]
     page = render_explain_html(explanation)
-    write_json(paths[0], explanation.to_dict())
-    write_atomically(paths[1], lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    try:
+        write_json(paths[0], explanation.to_dict())
+        write_atomically(paths[1], lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    except OSError as exc:
+        raise ParasimError(f"--out: cannot write to {out}: {exc.strerror or exc}") from exc
     return paths

@@ -1,0 +1,759 @@
+"""The layering mistakes ``parasim explain`` looks for, one registry entry each.
+
+Every mistake is one :class:`Mistake` in :data:`MISTAKES`: its id, its title, a
+``check`` that reads the simulated scenario and says what is wrong (a :class:`Symptom`,
+or None when the mistake is absent), a ``fix`` that proposes the corrected layouts as
+scenario overrides (a :class:`Remedy`), and the key of its teaching pair, the two files
+``scenarios/teaching/<key>-mistake.yaml`` and ``<key>-fix.yaml``. Adding a mistake is
+one entry here and its two teaching scenarios; :data:`FINDING_IDS` and
+:data:`MEMORY_FINDINGS` follow from the registry.
+
+========================  ==================================================================
+finding                   when
+========================  ==================================================================
+tp-beyond-nvlink          ``tp`` is larger than a node (the NVLink domain), so TP crosses
+                          nodes; fix: ``tp`` = GPUs per node, the pipeline (or DP, if it
+                          fits) absorbs the rest
+layering-backwards        DP or PP placed innermost (inside the node) while TP groups
+                          cross nodes; fix: a placement with TP innermost
+tp-across-nodes           TP groups cross nodes for any other reason; fix: placement, or a
+                          smaller ``tp`` that divides the node
+dp-only-oom               data parallel only and the replica does not fit; fix: the smallest
+                          ``tp`` (≤ GPUs per node), then ``pp``, that fits
+sp-off-activation-bound   ``tp > 1`` without sequence parallelism while activations dominate
+                          a GPU under memory pressure, or push it out of memory; fix: SP
+too-few-microbatches      a pipeline whose reference bubble ``(p−1)/(v·m+p−1)`` and
+                          simulated bubble both exceed 10%; fix: more micro-batches
+ep-across-nodes           an expert-parallel group spans nodes, so every MoE layer's
+                          all-to-alls cross the network; fix: placement or a smaller ``ep``
+routing-skew              waiting for the busiest expert (``imbalance_stall``) exceeds 10%
+                          of the step; fix: ``capacity_factor`` 1.25
+out-of-memory             any other layout that does not fit; fix: the first of ZeRO-1,
+                          more recompute, larger ``tp``, larger ``pp`` that fits
+========================  ==================================================================
+
+The registry's order is the order of checking and of the findings. A mistake is not
+checked once one of the ids in its ``unless`` has been found, so one problem is reported
+once (a TP degree beyond the node is not also reported as TP across nodes); ``also``
+names the more general mistakes a finding is an instance of.
+
+Checks and fixes read the scenario through :class:`Case`, which
+:mod:`simulator.tools.explain` implements: the scenario, its simulated result, and
+:meth:`Case.options`, which turns candidate overrides into valid scenarios checked for
+memory (:class:`Option`). The explain tool simulates the options, chooses the fix
+(``choose``: the first option, or the fastest per the same global batch) and prices it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from simulator.request.layout import Layout
+from simulator.request.scenario import Scenario
+from topologies.units import format_bytes, format_time
+
+__all__ = [
+    "BUBBLE_TARGET",
+    "STALL_SHARE",
+    "CAPACITY_FIX",
+    "SP_PRESSURE",
+    "NO_FIX",
+    "Option",
+    "Case",
+    "Symptom",
+    "Remedy",
+    "Mistake",
+    "MISTAKES",
+    "MISTAKE_BY_ID",
+    "FINDING_IDS",
+    "MEMORY_FINDINGS",
+]
+
+#: A pipeline's bubble above this share of the step is a finding, and the fix aims at it.
+BUBBLE_TARGET = 0.10
+#: Waiting for the busiest expert above this share of the step is a finding.
+STALL_SHARE = 0.10
+#: The capacity factor proposed for a skewed router (GShard/Switch's usual 1.25).
+CAPACITY_FIX = 1.25
+#: Activations dominating more than this share of a GPU's memory make SP worth turning on.
+SP_PRESSURE = 0.5
+#: What a finding says in place of a fix when no option was found.
+NO_FIX = "no layout change that fits was found"
+
+_STATE_TERMS = ("weights", "gradients", "optimizer_state")
+
+
+# ------------------------------------------------------------------- the registry
+
+
+@dataclass
+class Option:
+    """A candidate fix: its overrides, one line saying what it does, the scenario with
+    the overrides applied and its memory per rank; ``snap`` is filled in once simulated."""
+
+    fix: dict[str, Any]
+    summary: str
+    scenario: Scenario
+    memory: dict[str, Any]
+    snap: dict[str, Any] | None = None
+
+
+class Case(Protocol):
+    """What a check or a fix may ask of the scenario under examination."""
+
+    scenario: Scenario
+    #: the simulated step of ``scenario`` (``result.json``'s dict)
+    result: dict[str, Any]
+    #: the :func:`~simulator.tools.explain.snapshot` of that step
+    before: dict[str, Any]
+    #: GPUs per node: the NVLink domain
+    per_node: int
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def step(self) -> float: ...
+
+    @property
+    def memory(self) -> dict[str, Any]: ...
+
+    def variant(self, fix: dict[str, Any]) -> Scenario | None:
+        """The scenario with ``fix`` applied, or None when that is not a valid scenario."""
+        ...
+
+    def options(
+        self,
+        candidates: list[tuple[dict[str, Any], str]],
+        notes: list[str] | None = None,
+        accept: Callable[[Scenario], bool] | None = None,
+        rescue: bool = True,
+    ) -> list[Option]:
+        """The valid ``(overrides, summary)`` candidates, preferring those that fit."""
+        ...
+
+
+@dataclass(frozen=True)
+class Symptom:
+    """What a check found: the problem with its numbers, and a title more precise than
+    the mistake's own when the check can give one."""
+
+    problem: str
+    title: str | None = None
+
+
+@dataclass
+class Remedy:
+    """What a fix proposes: the options to simulate (in order of preference), notes for
+    the finding, and what the finding says when there is no option."""
+
+    options: list[Option]
+    notes: list[str] = field(default_factory=list)
+    no_fix: str = NO_FIX
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One registry entry.
+
+    ``check(case)`` returns a :class:`Symptom` when the mistake is present; ``fix(case)``
+    the :class:`Remedy`. ``teaching`` is the key of the teaching pair (None: none yet).
+    ``choose`` picks the fix among the simulated options, ``memory`` says the finding is
+    about memory (its ``moved`` always lists memory, its chart shows memory), ``also``
+    the more general mistakes a finding is an instance of, and ``unless`` the mistakes
+    whose finding makes this one moot."""
+
+    id: str
+    title: str
+    check: Callable[[Case], Symptom | None]
+    fix: Callable[[Case], Remedy]
+    teaching: str | None = None
+    choose: Literal["first", "fastest"] = "fastest"
+    memory: bool = False
+    also: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+
+    @property
+    def teaching_files(self) -> tuple[str, str] | None:
+        """The names of the teaching pair's files in ``scenarios/teaching/``."""
+        if self.teaching is None:
+            return None
+        return f"{self.teaching}-mistake.yaml", f"{self.teaching}-fix.yaml"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _spanning(layout: Layout, axis: str, per_node: int) -> tuple[list[tuple[int, ...]], int]:
+    """The groups of ``axis`` whose members sit on more than one node, and how many
+    groups the axis has."""
+    groups = [m for name, m in layout.groups.items() if layout.axis_of_group(name) == axis]
+    spanning = [m for m in groups if len({rank // per_node for rank in m}) > 1]
+    return spanning, len(groups)
+
+
+def _nodes_of(members: tuple[int, ...], per_node: int) -> int:
+    return len({rank // per_node for rank in members})
+
+
+def _innermost(layout: Layout) -> str:
+    """The innermost axis of the placement that has more than one rank."""
+    return next((axis for axis in layout.placement if layout.size(axis) > 1), "tp")
+
+
+def _tp_first(placement: tuple[str, ...] | list[str], then: str | None = None) -> list[str]:
+    """The placement with TP innermost (and ``then`` next), the other axes in order."""
+    rest = [axis for axis in placement if axis != "tp"]
+    if then is not None:
+        rest = [then] + [axis for axis in rest if axis != then]
+    return ["tp", *rest]
+
+
+def _peak_terms(memory: dict[str, Any]) -> dict[str, float]:
+    return next(s for s in memory["per_stage"] if s["stage"] == memory["peak_stage"])["terms_bytes"]
+
+
+# ------------------------------------------------------ TP across nodes, three ways
+
+
+def _fabric(case: Case) -> str:
+    return "NVLink" if case.scenario.cluster_spec.nvswitch is not None else "PCIe"
+
+
+def _tp_span(case: Case) -> tuple[str, int, str] | None:
+    """Which TP groups span nodes (``every TP group`` or ``k of n TP groups``), the most
+    nodes one spans, and what it costs in words; None when every TP group fits a node."""
+    layout, per_node = case.layout, case.per_node
+    if layout.tp == 1:
+        return None
+    spanning, total = _spanning(layout, "tp", per_node)
+    if not spanning:
+        return None
+    nodes = max(_nodes_of(m, per_node) for m in spanning)
+    axes = case.before["exposed_comm_by_axis"]["critical"]
+    exposed = axes.get("tp", 0.0) + axes.get("sp", 0.0)
+    cost = (
+        f"every layer's TP collectives cross the network instead of {_fabric(case)}: "
+        f"{format_time(exposed)} ({_pct(exposed, case.step)}) of the step is exposed "
+        "TP communication"
+    )
+    groups = f"{len(spanning)} of {total} TP groups" if len(spanning) < total else "every TP group"
+    return groups, nodes, cost
+
+
+def _tp_inside_node(case: Case) -> Callable[[Scenario], bool]:
+    """Accepts a variant whose TP groups all sit inside one node."""
+    per_node = case.per_node
+    return lambda s: not _spanning(s.layout, "tp", per_node)[0]
+
+
+def _reduce_tp(case: Case, limit: int) -> list[tuple[dict[str, Any], str]]:
+    """Candidates with the largest tp ≤ ``limit`` that divides both the node and tp: the
+    pipeline absorbs the factor freed, or data parallelism does."""
+    layout = case.layout
+    placement = list(layout.placement)
+    if _innermost(layout) != "tp":
+        placement = _tp_first(placement)
+    for t in sorted(_divisors(case.per_node), reverse=True):
+        if t > limit or t >= layout.tp or layout.tp % t:
+            continue
+        factor = layout.tp // t
+        extra = {} if placement == list(layout.placement) else {"parallel.placement": placement}
+        candidates = [
+            (
+                {"parallel.tp": t, "parallel.pp": layout.pp * factor, "parallel.dp": layout.dp}
+                | extra,
+                f"tp {t} × pp {layout.pp * factor}: TP inside the node, "
+                f"the pipeline absorbs the factor {factor}",
+            ),
+            (
+                {"parallel.tp": t, "parallel.pp": layout.pp, "parallel.dp": layout.dp * factor}
+                | extra,
+                f"tp {t} × dp {layout.dp * factor}: TP inside the node, "
+                f"data parallelism absorbs the factor {factor}",
+            ),
+        ]
+        if any(case.variant(fix) is not None for fix, _ in candidates):
+            return candidates
+    return []
+
+
+def _placements(case: Case) -> list[tuple[dict[str, Any], str]]:
+    out = []
+    for order in (["tp", "pp", "dp"], ["tp", "dp", "pp"]):
+        if order != list(case.layout.placement):
+            out.append(
+                ({"parallel.placement": order}, f"placement [{', '.join(order)}]: TP innermost")
+            )
+    return out
+
+
+def _check_tp_beyond_nvlink(case: Case) -> Symptom | None:
+    layout, per_node = case.layout, case.per_node
+    span = _tp_span(case)
+    if span is None or layout.tp <= per_node:
+        return None
+    groups, nodes, cost = span
+    return Symptom(
+        f"tp({layout.tp}) > {per_node} GPUs per node, so {groups} spans {nodes} nodes and {cost}.",
+        title=f"TP degree {layout.tp} is larger than the {_fabric(case)} domain ({per_node} GPUs)",
+    )
+
+
+def _fix_tp_beyond_nvlink(case: Case) -> Remedy:
+    notes: list[str] = []
+    options = case.options(_reduce_tp(case, case.per_node), notes, accept=_tp_inside_node(case))
+    return Remedy(options, notes)
+
+
+def _check_layering_backwards(case: Case) -> Symptom | None:
+    layout = case.layout
+    span = _tp_span(case)
+    inner = _innermost(layout)
+    if span is None or inner == "tp":
+        return None
+    groups, nodes, cost = span
+    return Symptom(
+        f"placement [{', '.join(layout.placement)}] puts {inner} ({layout.size(inner)}) "
+        f"innermost, so {groups} of {layout.tp} spans {nodes} nodes and {cost}.",
+        title=f"layering backwards: {inner.upper()} inside the node, TP across nodes",
+    )
+
+
+def _fix_layering_backwards(case: Case) -> Remedy:
+    notes: list[str] = []
+    options = case.options(_placements(case), notes, accept=_tp_inside_node(case))
+    return Remedy(options, notes)
+
+
+def _check_tp_across_nodes(case: Case) -> Symptom | None:
+    span = _tp_span(case)
+    if span is None:
+        return None
+    groups, nodes, cost = span
+    return Symptom(
+        f"tp({case.layout.tp}) does not tile the {case.per_node}-GPU nodes, so {groups} "
+        f"spans {nodes} nodes and {cost}."
+    )
+
+
+def _fix_tp_across_nodes(case: Case) -> Remedy:
+    notes: list[str] = []
+    candidates = _placements(case) + _reduce_tp(case, case.layout.tp)
+    options = case.options(candidates, notes, accept=_tp_inside_node(case))
+    return Remedy(options, notes)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _check_dp_only_oom(case: Case) -> Symptom | None:
+    layout, memory = case.layout, case.memory
+    if layout.tp != 1 or layout.pp != 1 or not memory["oom"]:
+        return None
+    terms = _peak_terms(memory)
+    states = sum(terms[t] for t in _STATE_TERMS)
+    capacity = memory["capacity_bytes"]
+    if memory["dominant_term"] not in _STATE_TERMS and states <= capacity:
+        return None
+    params = memory["per_stage"][0]["parameters"]
+    return Symptom(
+        f"data parallelism alone keeps the whole model on every GPU: {params / 1e9:.2f} B "
+        f"parameters × 16 bytes of weights, gradients and Adam state take "
+        f"{format_bytes(states)} per GPU, plus {format_bytes(terms['activations'])} of "
+        f"activations, {format_bytes(memory['peak_bytes_per_gpu'])} in all against "
+        f"{format_bytes(capacity)}; the {layout.dp} replicas add throughput, not headroom."
+    )
+
+
+def _fix_dp_only_oom(case: Case) -> Remedy:
+    layout = case.layout
+    world, per_node = layout.world, case.per_node
+    placement: dict[str, Any] = {}
+    if layout.placement[0] != "tp":  # TP will be innermost once tp > 1
+        placement = {"parallel.placement": _tp_first(layout.placement)}
+    notes: list[str] = []
+    chosen: list[Option] = []
+    largest_tp = 1
+    for t in _divisors(per_node)[1:]:
+        if world % t:
+            continue
+        fix = {"parallel.tp": t, "parallel.dp": world // t} | placement
+        found = case.options(
+            [(fix, f"tp {t} × dp {world // t}: each GPU holds 1/{t} of the model")], rescue=False
+        )
+        if not found:
+            continue
+        largest_tp = t
+        if not found[0].memory["oom"]:
+            chosen = found
+            break
+        notes.append(
+            f"tp {t} × dp {world // t} would still need "
+            f"{format_bytes(found[0].memory['peak_bytes_per_gpu'])} per GPU"
+        )
+    if not chosen and largest_tp > 1:
+        t = largest_tp
+        for p in _divisors(case.scenario.model.layers)[1:]:
+            if world % (t * p):
+                continue
+            fix = {"parallel.tp": t, "parallel.pp": p, "parallel.dp": world // (t * p)} | placement
+            summary = f"tp {t} × pp {p} × dp {world // (t * p)}: each GPU holds 1/{t * p}"
+            found = case.options([(fix, summary)], rescue=False)
+            if found and not found[0].memory["oom"]:
+                chosen = found
+                break
+    zero1: list[Option] = []
+    if not case.scenario.training.optimizer_sharding and layout.dp > 1:
+        zero1 = case.options(
+            [
+                (
+                    {"training.optimizer_sharding": True},
+                    f"ZeRO-1 alone (Adam state split {layout.dp} ways)",
+                )
+            ],
+            rescue=False,
+        )
+        if zero1 and zero1[0].memory["oom"]:
+            notes.append(
+                f"ZeRO-1 alone would still need "
+                f"{format_bytes(zero1[0].memory['peak_bytes_per_gpu'])} per GPU"
+            )
+            zero1 = []
+    return Remedy(chosen + zero1, notes)
+
+
+def _check_sp(case: Case) -> Symptom | None:
+    layout, memory = case.layout, case.memory
+    if layout.tp == 1 or case.scenario.parallel.sp:
+        return None
+    terms = _peak_terms(memory)
+    activations, peak, capacity = (
+        terms["activations"],
+        memory["peak_bytes_per_gpu"],
+        memory["capacity_bytes"],
+    )
+    dominant = memory["dominant_term"] == "activations"
+    pressured = dominant and (memory["oom"] or peak > SP_PRESSURE * capacity)
+    out_because = memory["oom"] and peak - activations <= capacity
+    if not (pressured or out_because):
+        return None
+    verdict = "out of memory" if memory["oom"] else f"{_pct(peak, capacity)} of the GPU"
+    return Symptom(
+        f"with tp({layout.tp}) and sequence parallelism off, every TP rank keeps the "
+        f"norms', dropouts' and residuals' activations for the whole sequence: activations "
+        f"take {format_bytes(activations)} of the {format_bytes(peak)} per GPU "
+        f"({format_bytes(capacity)} available, {verdict})."
+    )
+
+
+def _fix_sp(case: Case) -> Remedy:
+    tp = case.layout.tp
+    return Remedy(
+        case.options(
+            [({"parallel.sp": True}, f"sequence parallelism: those activations split {tp} ways")]
+        )
+    )
+
+
+def _check_oom(case: Case) -> Symptom | None:
+    memory = case.memory
+    if not memory["oom"]:
+        return None
+    terms = _peak_terms(memory)
+    return Symptom(
+        f"stage {memory['peak_stage']} needs {format_bytes(memory['peak_bytes_per_gpu'])} per "
+        f"GPU against {format_bytes(memory['capacity_bytes'])} ("
+        + ", ".join(f"{name} {format_bytes(v)}" for name, v in terms.items() if v > 0)
+        + ")."
+    )
+
+
+def _fix_oom(case: Case) -> Remedy:
+    scenario, layout = case.scenario, case.layout
+    training = scenario.training
+    candidates: list[tuple[dict[str, Any], str]] = []
+    if not training.optimizer_sharding and layout.dp > 1:
+        candidates.append(({"training.optimizer_sharding": True}, "ZeRO-1: Adam state split"))
+    levels = ("none", "selective", "full")
+    for level in levels[levels.index(training.recompute) + 1 :]:
+        candidates.append(({"training.recompute": level}, f"recompute {level}"))
+    t = layout.tp * 2
+    while t <= case.per_node and layout.dp % (t // layout.tp) == 0:
+        candidates.append(
+            (
+                {"parallel.tp": t, "parallel.dp": layout.dp // (t // layout.tp)},
+                f"tp {t}: each GPU holds 1/{t} of each layer",
+            )
+        )
+        t *= 2
+    p = layout.pp * 2
+    while layout.dp % (p // layout.pp) == 0 and p <= scenario.model.layers:
+        candidates.append(
+            (
+                {"parallel.pp": p, "parallel.dp": layout.dp // (p // layout.pp)},
+                f"pp {p}: each GPU holds 1/{p} of the layers",
+            )
+        )
+        p *= 2
+    return Remedy([o for o in case.options(candidates, rescue=False) if not o.memory["oom"]][:1])
+
+
+# ------------------------------------------------------------------------- pipeline
+
+
+def _pipeline(case: Case) -> tuple[int, int, int, float]:
+    """Stages p, chunks per rank v, micro-batches m and the reference bubble
+    ``(p−1)/(v·m+p−1)``."""
+    scenario = case.scenario
+    p = case.layout.pp
+    schedule = scenario.parallel.schedule
+    v = scenario.parallel.virtual_stages if schedule == "interleaved-1f1b" else 1
+    m = scenario.microbatches
+    return p, v, m, (p - 1) / (v * m + p - 1)
+
+
+def _needed(p: int, v: int) -> int:
+    """The fewest micro-batches that bring the reference bubble to ``BUBBLE_TARGET``."""
+    # (p−1)/(v·m + p−1) ≤ 1/10  ⟺  v·m ≥ 9(p−1)
+    return math.ceil(9 * (p - 1) / v)
+
+
+def _check_microbatches(case: Case) -> Symptom | None:
+    if case.layout.pp == 1:
+        return None
+    p, v, m, reference = _pipeline(case)
+    bubble = case.result["breakdown"]["critical"]["bubble"]
+    if reference <= BUBBLE_TARGET or bubble <= BUBBLE_TARGET * case.step:
+        return None
+    return Symptom(
+        f"the {p}-stage pipeline runs only {m} micro-batch{'es' if m != 1 else ''} per step: "
+        f"the reference bubble (p−1)/({'v·' if v > 1 else ''}m+p−1) is {_pct(reference, 1)}, "
+        f"and the critical rank idles {format_time(bubble)} ({_pct(bubble, case.step)}) of "
+        f"the step in the bubble; {_needed(p, v)} micro-batches or more bring the reference "
+        f"to {_pct(BUBBLE_TARGET, 1)} or less."
+    )
+
+
+def _fix_microbatches(case: Case) -> Remedy:
+    scenario, layout = case.scenario, case.layout
+    p, v, m, _ = _pipeline(case)
+    schedule = scenario.parallel.schedule
+    needed = _needed(p, v)
+    training = scenario.training
+    gb, mb, dp = training.global_batch, training.micro_batch, layout.dp
+    candidates: list[tuple[dict[str, Any], str]] = []
+    for smaller in sorted(_divisors(mb), reverse=True):
+        if smaller < mb and gb % (dp * smaller) == 0 and gb // (dp * smaller) >= needed:
+            m2 = gb // (dp * smaller)
+            candidates.append(
+                (
+                    {"training.micro_batch": smaller},
+                    f"micro-batch {smaller}: {m2} micro-batches, reference bubble "
+                    f"{_pct(p - 1, v * m2 + p - 1)}",
+                )
+            )
+            break
+    if not candidates and schedule in ("1f1b", "gpipe") and m % p == 0:
+        for v2 in range(2, 9):
+            if scenario.model.layers % (p * v2) == 0 and (p - 1) / (v2 * m + p - 1) <= 0.1:
+                candidates.append(
+                    (
+                        {"parallel.schedule": "interleaved-1f1b", "parallel.virtual_stages": v2},
+                        f"interleaved 1F1B with {v2} chunks per rank: reference bubble "
+                        f"{_pct(p - 1, v2 * m + p - 1)}",
+                    )
+                )
+                break
+    if not candidates:
+        m2 = p * math.ceil(needed / p)  # a whole number of rounds (interleaved needs it)
+        candidates.append(
+            (
+                {"training.global_batch": m2 * dp * mb},
+                f"global batch {m2 * dp * mb}: {m2} micro-batches",
+            )
+        )
+    return Remedy(case.options(candidates))
+
+
+# ---------------------------------------------------------------- mixture of experts
+
+
+def _check_ep(case: Case) -> Symptom | None:
+    layout, per_node = case.layout, case.per_node
+    if case.scenario.moe is None or layout.ep == 1:
+        return None
+    spanning, total = _spanning(layout, "ep", per_node)
+    if not spanning:
+        return None
+    nodes = max(_nodes_of(m, per_node) for m in spanning)
+    exposed = case.before["exposed_comm_by_axis"]["critical"].get("ep", 0.0)
+    groups = f"{len(spanning)} of {total} EP groups" if len(spanning) < total else "every EP group"
+    return Symptom(
+        f"ep({layout.ep}) with tp({layout.tp}) and placement [{', '.join(layout.placement)}]: "
+        f"{groups} spans {nodes} nodes, so every MoE layer's dispatch and combine all-to-alls "
+        f"cross the network: {format_time(exposed)} ({_pct(exposed, case.step)}) of the step "
+        "is exposed EP communication."
+    )
+
+
+def _fix_ep(case: Case) -> Remedy:
+    layout, per_node, moe = case.layout, case.per_node, case.scenario.moe
+    assert moe is not None
+    placement = _tp_first(layout.placement, then="dp")
+    extra = {} if placement == list(layout.placement) else {"parallel.placement": placement}
+    candidates = []
+    if extra:
+        candidates.append((extra, f"placement [{', '.join(placement)}]: EP ranks side by side"))
+    for e in sorted(_divisors(layout.ep), reverse=True):
+        if e < layout.ep and moe.experts % e == 0 and layout.tp * e <= per_node:
+            candidates.append(
+                (
+                    {"parallel.ep": e} | extra,
+                    f"ep {e}: each EP group of {e} ranks inside one node, "
+                    f"{moe.experts // e} experts per rank",
+                )
+            )
+            break
+    notes: list[str] = []
+    options = case.options(
+        candidates, notes, accept=lambda s: not _spanning(s.layout, "ep", per_node)[0]
+    )
+    return Remedy(options, notes)
+
+
+def _check_routing(case: Case) -> Symptom | None:
+    moe, moe_result = case.scenario.moe, case.result.get("moe")
+    if moe is None or not moe_result or case.layout.ep == 1:
+        return None
+    stall = case.result["breakdown"]["critical"]["imbalance_stall"]
+    if stall <= STALL_SHARE * case.step:
+        return None
+    return Symptom(
+        f"the {moe_result['routing']} router sends the busiest expert "
+        f"{moe_result['imbalance_mean']:.2f}× the mean load, and the critical rank waits "
+        f"{format_time(stall)} ({_pct(stall, case.step)}) of the step at the all-to-alls for "
+        f"the ranks holding the hot experts."
+    )
+
+
+def _fix_routing(case: Case) -> Remedy:
+    moe = case.scenario.moe
+    assert moe is not None
+    notes = [
+        "dropped token assignments skip the expert through the residual connection; a "
+        "router trained with a load-balancing loss is the lasting cure"
+    ]
+    candidates = []
+    if moe.capacity_factor is None or moe.capacity_factor > CAPACITY_FIX:
+        candidates.append(
+            (
+                {"model.moe.capacity_factor": CAPACITY_FIX},
+                f"capacity factor {CAPACITY_FIX}: each expert takes at most "
+                f"{CAPACITY_FIX}·k·T/E assignments, the overflow is dropped",
+            )
+        )
+    return Remedy(
+        case.options(candidates),
+        notes,
+        no_fix=f"the capacity factor is already {moe.capacity_factor}: the router itself "
+        "needs balancing (an auxiliary load-balancing loss)",
+    )
+
+
+# ------------------------------------------------------------------------ the registry
+
+#: Every mistake, in the order explain checks them and reports their findings.
+MISTAKES: tuple[Mistake, ...] = (
+    Mistake(
+        id="tp-beyond-nvlink",
+        title="TP degree larger than the NVLink domain",
+        check=_check_tp_beyond_nvlink,
+        fix=_fix_tp_beyond_nvlink,
+        also=("tp-across-nodes",),
+    ),
+    Mistake(
+        id="layering-backwards",
+        title="layering backwards: DP or PP inside the node, TP across nodes",
+        check=_check_layering_backwards,
+        fix=_fix_layering_backwards,
+        teaching="layering",
+        also=("tp-across-nodes",),
+        unless=("tp-beyond-nvlink",),
+    ),
+    Mistake(
+        id="tp-across-nodes",
+        title="tensor parallelism across nodes",
+        check=_check_tp_across_nodes,
+        fix=_fix_tp_across_nodes,
+        teaching="tp-across-nodes",
+        unless=("tp-beyond-nvlink", "layering-backwards"),
+    ),
+    Mistake(
+        id="dp-only-oom",
+        title="data parallelism alone does not fit the model",
+        check=_check_dp_only_oom,
+        fix=_fix_dp_only_oom,
+        teaching="dp-oom",
+        choose="first",
+        memory=True,
+    ),
+    Mistake(
+        id="sp-off-activation-bound",
+        title="sequence parallelism off while activations fill the GPU",
+        check=_check_sp,
+        fix=_fix_sp,
+        teaching="sp-memory",
+        choose="first",
+        memory=True,
+    ),
+    Mistake(
+        id="too-few-microbatches",
+        title="too few micro-batches for the pipeline",
+        check=_check_microbatches,
+        fix=_fix_microbatches,
+        teaching="pipeline-bubble",
+        choose="first",
+    ),
+    Mistake(
+        id="ep-across-nodes",
+        title="expert-parallel all-to-all across nodes",
+        check=_check_ep,
+        fix=_fix_ep,
+    ),
+    Mistake(
+        id="routing-skew",
+        title="routing imbalance stalls the step behind the busiest expert",
+        check=_check_routing,
+        fix=_fix_routing,
+        teaching="moe-imbalance",
+        choose="first",
+    ),
+    Mistake(
+        id="out-of-memory",
+        title="the layout does not fit GPU memory",
+        check=_check_oom,
+        fix=_fix_oom,
+        choose="first",
+        memory=True,
+        unless=("dp-only-oom", "sp-off-activation-bound"),
+    ),
+)
+
+#: The registry by id.
+MISTAKE_BY_ID: dict[str, Mistake] = {mistake.id: mistake for mistake in MISTAKES}
+#: The id of every mistake, in registry order.
+FINDING_IDS: tuple[str, ...] = tuple(MISTAKE_BY_ID)
+#: The mistakes about memory: their charts show memory per GPU against capacity.
+MEMORY_FINDINGS: tuple[str, ...] = tuple(m.id for m in MISTAKES if m.memory)
