@@ -45,6 +45,8 @@ from simulator.tools.compare import overlay_trace
 
 from .conftest import SCENARIOS
 
+pytestmark = pytest.mark.browser  # and so slow: see tests/conftest.py
+
 SMALL = SCENARIOS / "small.yaml"
 # GPT-2 small on one DGX A100 node as tp 2 x pp 2 x dp 2: tensor, pipeline and data
 # parallel lanes, ranks grouped in two pipeline stages; a run takes about a second

@@ -224,7 +224,16 @@ def test_blocks_time_a_step_exactly_as_its_ops(name, overrides):
 
 
 @pytest.mark.parametrize("fidelity", ["analytic", "flow"])
-@pytest.mark.parametrize("name,overrides", DENSE_STEPS)
+@pytest.mark.parametrize(
+    "name,overrides",
+    # every rank of a 64- or 128-GPU step of a big model takes seconds to simulate: slow
+    [
+        pytest.param(*case, marks=pytest.mark.slow)
+        if case[0].startswith(("gpt3-175b", "dense-70b"))
+        else case
+        for case in DENSE_STEPS
+    ],
+)
 def test_folded_and_unfolded_steps_agree_within_1_percent(name, overrides, fidelity):
     """Folding simulates one rank per pipeline stage for its symmetric peers; where the
     step is small enough to simulate every rank too, the two agree, and the result says

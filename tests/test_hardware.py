@@ -23,6 +23,8 @@ from simulator.run.simulate import per_rank_schedule, run_scenario
 
 from .conftest import SCENARIOS  # noqa: E402
 
+pytestmark = pytest.mark.hardware  # and so slow: see tests/conftest.py
+
 TINY = [
     "model.layers=2",
     "model.hidden=64",
