@@ -62,8 +62,8 @@ def main() -> int:
         run = run_scenario(scenario)
         print(
             f"gpt3-175b step, {fidelity}: {time.perf_counter() - started:.2f} s wall, "
-            f"step {run.result['step_time_s']:.3f} s, "
-            f"{run.result['simulation']['simulated_ranks']} ranks simulated"
+            f"step {run.result.step_time_s:.3f} s, "
+            f"{run.result.simulation['simulated_ranks']} ranks simulated"
         )
     return 0
 

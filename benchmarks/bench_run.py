@@ -62,7 +62,7 @@ def bench_scenario(path: Path) -> dict[str, float]:
     trace = make_trace(run, ranks)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        write_json(out / "result.json", run.result)
+        write_json(out / "result.json", run.result.to_json())
         write_chrome_trace(trace, out / "trace.json")
         write_timeline_html(trace, out / "timeline.html", title=scenario.name)
     t5 = time.perf_counter()
@@ -76,7 +76,7 @@ def bench_scenario(path: Path) -> dict[str, float]:
         "outputs_s": t5 - t4,
         "ops_per_s": ops / (t4 - t3),
         "sim_ops_per_s": ops / (t2 - t1),
-        "step_time_s": run.result["step_time_s"],
+        "step_time_s": run.result.step_time_s,
     }
 
 

@@ -57,7 +57,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "from simulator.run.simulate import run_scenario\n"
         f"raw = {ONE_T!r}\n"
         "run = run_scenario(scenario_from_dict(raw))\n"
-        "figure = {'step_time_s': run.result['step_time_s'], 'ops': run.result['simulation']['ops']}\n",
+        "figure = {'step_time_s': run.result.step_time_s, 'ops': run.result.simulation['ops']}\n",
         5.0,
         "s",
     ),
@@ -67,7 +67,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         f"raw = {ONE_T!r}\n"
         "raw['simulation'] = {'fidelity': 'flow'}\n"
         "run = run_scenario(scenario_from_dict(raw))\n"
-        "figure = {'step_time_s': run.result['step_time_s'], 'ops': run.result['simulation']['ops']}\n",
+        "figure = {'step_time_s': run.result.step_time_s, 'ops': run.result.simulation['ops']}\n",
         120.0,
         "s",
     ),
@@ -76,7 +76,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "from simulator.run.simulate import run_scenario\n"
         "s = load_scenario('scenarios/gpt3-175b.yaml', ['training.global_batch=128'])\n"
         "run = run_scenario(s)\n"
-        "figure = {'step_time_s': run.result['step_time_s'], 'ops': run.result['simulation']['ops']}\n",
+        "figure = {'step_time_s': run.result.step_time_s, 'ops': run.result.simulation['ops']}\n",
         60.0,
         "s",
     ),

@@ -69,15 +69,16 @@ def _published(case: dict[str, Any]) -> float:
     return value
 
 
-def _scenario_metric(result: dict[str, Any], metric: str) -> float:
-    gpus = result["cluster"]["gpus"]
+def _scenario_metric(result: Any, metric: str) -> float:
+    """``metric`` of a :class:`~simulator.analysis.result.StepResult`."""
+    gpus = result.cluster.gpus
     return {
-        "model_tflops_per_gpu": lambda: result["tflops_per_gpu"],
-        "hardware_tflops_per_gpu": lambda: result["hardware_tflops_per_gpu"],
-        "mfu": lambda: result["mfu"],
-        "hfu": lambda: result["hfu"],
-        "step_time_s": lambda: result["step_time_s"],
-        "tokens_per_s_per_gpu": lambda: result["tokens_per_s"] / gpus,
+        "model_tflops_per_gpu": lambda: result.tflops_per_gpu,
+        "hardware_tflops_per_gpu": lambda: result.hardware_tflops_per_gpu,
+        "mfu": lambda: result.mfu,
+        "hfu": lambda: result.hfu,
+        "step_time_s": lambda: result.step_time_s,
+        "tokens_per_s_per_gpu": lambda: result.tokens_per_s / gpus,
     }[metric]()
 
 

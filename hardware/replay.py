@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from simulator.analysis.result import MeasuredRun
 from simulator.engine.core import SimulationTimes
 from simulator.report.outputs import write_run_outputs
 from simulator.request.scenario import load_scenario
@@ -91,15 +92,15 @@ def replay(args: argparse.Namespace) -> int:
             stats={"ops": schedule.num_ops},
         )
         result = assemble_result(scenario, schedule, times, "measured")
-        result["measured"] = {
-            "backend": runtime.backend,
-            "device": runtime.device_name(),
-            "torch": torch.__version__,
-            "warmup_steps": args.warmup,
-            "step_times_s": step_times,
-            "step_shown": chosen,
-            "verified_collectives": bool(args.verify and args.warmup > 0),
-        }
+        result.measured = MeasuredRun(
+            backend=runtime.backend,
+            device=runtime.device_name(),
+            torch=torch.__version__,
+            warmup_steps=args.warmup,
+            step_times_s=step_times,
+            step_shown=chosen,
+            verified_collectives=bool(args.verify and args.warmup > 0),
+        )
         run = RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
         write_run_outputs(run, args.out, title=f"{scenario.name}: measured step")
         print(

@@ -92,7 +92,7 @@ def test_async_tp_overlap_hides_communication_but_slows_compute():
         ).result
         for mode in ("async", "none")
     }
-    crit = {m: r["breakdown"]["critical"] for m, r in results.items()}
+    crit = {m: r.breakdown.critical for m, r in results.items()}
     assert crit["async"]["compute"] > crit["none"]["compute"]
     assert crit["async"]["exposed_comm"] < crit["none"]["exposed_comm"]
 
@@ -115,9 +115,9 @@ def test_unfused_attention_is_slower_than_flash_and_both_keep_model_flops():
     unfused = run_scenario(
         load_scenario(SCENARIOS / "small.yaml", [*base, "training.attention=unfused"])
     ).result
-    assert unfused["model_flops_per_step"] == flash["model_flops_per_step"]
-    assert unfused["step_time_s"] > flash["step_time_s"]
-    assert unfused["memory"]["peak_bytes_per_gpu"] > flash["memory"]["peak_bytes_per_gpu"]
+    assert unfused.model_flops_per_step == flash.model_flops_per_step
+    assert unfused.step_time_s > flash.step_time_s
+    assert unfused.memory.peak_bytes_per_gpu > flash.memory.peak_bytes_per_gpu
 
 
 def test_elementwise_ops_stream_at_the_reachable_bandwidth():

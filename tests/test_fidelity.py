@@ -87,12 +87,12 @@ def test_whole_steps_agree_within_5_percent(name, overrides):
     layout = analytic.scenario.layout
     # expert-parallel ranks differ, so they are not folded
     simulated = layout.pp if analytic.scenario.moe is None else layout.world
-    assert analytic.result["simulation"]["simulated_ranks"] == simulated
-    assert analytic.result["simulation"]["folded"] == (simulated < layout.world)
-    assert analytic.result["step_time_s"] == pytest.approx(flow.result["step_time_s"], rel=0.05)
-    for category, value in flow.result["breakdown"]["mean"].items():
-        assert analytic.result["breakdown"]["mean"][category] == pytest.approx(
-            value, rel=0.05, abs=0.01 * flow.result["step_time_s"]
+    assert analytic.result.simulation["simulated_ranks"] == simulated
+    assert analytic.result.simulation["folded"] == (simulated < layout.world)
+    assert analytic.result.step_time_s == pytest.approx(flow.result.step_time_s, rel=0.05)
+    for category, value in flow.result.breakdown.mean.items():
+        assert analytic.result.breakdown.mean[category] == pytest.approx(
+            value, rel=0.05, abs=0.01 * flow.result.step_time_s
         )
 
 
@@ -214,13 +214,13 @@ def test_blocks_time_a_step_exactly_as_its_ops(name, overrides):
         times = simulate(schedule, scenario.cluster, EngineOptions("analytic"))
         results.append(assemble_result(scenario, schedule, times, "analytic"))
     ops, blocked = results
-    assert blocked["simulation"]["blocks"] > 0
-    assert blocked["step_time_s"] == pytest.approx(ops["step_time_s"], rel=1e-12)
-    for category, value in ops["breakdown"]["critical"].items():
-        assert blocked["breakdown"]["critical"][category] == pytest.approx(value, abs=1e-9)
-    assert blocked["hardware_flops_per_step"] == pytest.approx(ops["hardware_flops_per_step"])
-    assert blocked["simulation"]["collective_choices"] == ops["simulation"]["collective_choices"]
-    assert blocked["simulation"]["ops"] == ops["simulation"]["ops"]
+    assert blocked.simulation["blocks"] > 0
+    assert blocked.step_time_s == pytest.approx(ops.step_time_s, rel=1e-12)
+    for category, value in ops.breakdown.critical.items():
+        assert blocked.breakdown.critical[category] == pytest.approx(value, abs=1e-9)
+    assert blocked.hardware_flops_per_step == pytest.approx(ops.hardware_flops_per_step)
+    assert blocked.simulation["collective_choices"] == ops.simulation["collective_choices"]
+    assert blocked.simulation["ops"] == ops.simulation["ops"]
 
 
 @pytest.mark.parametrize("fidelity", ["analytic", "flow"])
@@ -246,11 +246,11 @@ def test_folded_and_unfolded_steps_agree_within_1_percent(name, overrides, fidel
         )
         results[fold] = run_scenario(scenario).result
     folded, every = results[True], results[False]
-    world = folded["cluster"]["gpus"]
-    assert folded["simulation"]["folded"] == (folded["simulation"]["simulated_ranks"] < world)
-    assert not every["simulation"]["folded"] and every["simulation"]["simulated_ranks"] == world
-    assert folded["step_time_s"] == pytest.approx(every["step_time_s"], rel=0.01)
-    for category, value in every["breakdown"]["critical"].items():
-        assert folded["breakdown"]["critical"][category] == pytest.approx(
-            value, abs=0.01 * every["step_time_s"]
+    world = folded.cluster.gpus
+    assert folded.simulation["folded"] == (folded.simulation["simulated_ranks"] < world)
+    assert not every.simulation["folded"] and every.simulation["simulated_ranks"] == world
+    assert folded.step_time_s == pytest.approx(every.step_time_s, rel=0.01)
+    for category, value in every.breakdown.critical.items():
+        assert folded.breakdown.critical[category] == pytest.approx(
+            value, abs=0.01 * every.step_time_s
         )

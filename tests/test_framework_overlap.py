@@ -42,7 +42,7 @@ def test_pipelined_tp_overlap_runs_forward_gathers_beside_their_gemm():
 def test_pipelined_overlap_exposes_less_tp_communication():
     def exposed(mode):
         result = run_scenario(load_scenario(SMALL, [*TP_SP, f"training.tp_comm_overlap={mode}"]))
-        return result.result["breakdown"]["critical"]["exposed_comm"]
+        return result.result.breakdown.critical["exposed_comm"]
 
     assert exposed("pipelined") < exposed("async") < exposed("none")
 
@@ -92,7 +92,7 @@ def test_param_gather_overlap_gathers_beside_the_forward():
     assert late.id == len(after) - 1  # after the optimizer
     overlapped = run_scenario(load_scenario(SMALL, [*base, "training.param_gather_overlap=true"]))
     plain = run_scenario(load_scenario(SMALL, base))
-    assert overlapped.result["step_time_s"] < plain.result["step_time_s"]
+    assert overlapped.result.step_time_s < plain.result.step_time_s
 
 
 @pytest.mark.parametrize("host", [0.0, 50e-6])

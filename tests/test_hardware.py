@@ -17,9 +17,9 @@ pytest.importorskip("torch")
 
 from hardware.launch import launch_local  # noqa: E402
 from hardware.runtime import HardwareError  # noqa: E402
-from simulator.cli.main import main
-from simulator.request.scenario import load_scenario
-from simulator.run.simulate import per_rank_schedule, run_scenario
+from simulator.cli.main import main  # noqa: E402
+from simulator.request.scenario import load_scenario  # noqa: E402
+from simulator.run.simulate import per_rank_schedule, run_scenario  # noqa: E402
 
 from .conftest import SCENARIOS  # noqa: E402
 
@@ -149,7 +149,7 @@ def test_calibration_writes_a_profile_that_changes_the_prediction(profile):
     assert (
         calibrated.scenario.cluster_spec.gpu.matmul_efficiency == data["gpu"]["matmul_efficiency"]
     )
-    assert calibrated.result["step_time_s"] != plain.result["step_time_s"]
+    assert calibrated.result.step_time_s != plain.result.step_time_s
 
 
 def test_closed_loop_calibrate_predict_replay_compare(profile, tmp_path, capsys):

@@ -83,9 +83,7 @@ def test_scenario_names_a_profile(tmp_path):
     calibrated = run_scenario(
         load_scenario(SCENARIOS / "cpu-tiny.yaml", [f"cluster.profile={path}"])
     )
-    assert (
-        calibrated.result["step_time_s"] > base.result["step_time_s"]
-    )  # slower GPU in the profile
+    assert calibrated.result.step_time_s > base.result.step_time_s  # slower GPU in the profile
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from simulator.analysis.memory import memory_per_rank
 from simulator.common.errors import ScenarioError
 from simulator.request.recipe import Recipe
 from simulator.request.scenario import load_scenario
-from simulator.run.simulate import build_schedule, step_config
+from simulator.run.simulate import build_schedule
 from simulator.schedule.ir import Collective
 
 from .conftest import SCENARIOS
@@ -104,8 +104,7 @@ def test_each_pipeline_rank_reduces_exactly_the_parameters_memory_counts(model, 
     overrides += [MOE_EVERY_OTHER, "parallel.ep=2"] if model == "moe" else ["model.moe=null"]
     scenario = load_scenario(MIXTRAL, overrides)
     schedule_ir = build_schedule(scenario)
-    config = step_config(scenario)
-    memory = memory_per_rank(config, 80 * 2**30)
+    memory = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, 80 * 2**30)
     layout = scenario.layout
     for pipeline_rank in range(layout.pp):
         rank = layout.rank_of(pp=pipeline_rank)
@@ -114,7 +113,7 @@ def test_each_pipeline_rank_reduces_exactly_the_parameters_memory_counts(model, 
             for op in schedule_ir.programs[rank].ops
             if type(op) is Collective and ".bucket" in op.label
         )
-        counted = memory["per_stage"][pipeline_rank]["parameters"]
+        counted = memory.per_stage[pipeline_rank].parameters
         assert reduced / scenario.recipe.grad_bytes == counted
     layers = [scenario.recipe.rank_layers(r) for r in range(layout.pp)]
     assert sorted(sum(layers, [])) == list(range(8))

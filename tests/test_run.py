@@ -36,41 +36,37 @@ VARIANTS = [
 @pytest.mark.parametrize("name,overrides", VARIANTS)
 def test_categories_add_up_to_the_step_time_on_every_rank(name, overrides):
     run = run_scenario(load_scenario(SCENARIOS / name, overrides))
-    step = run.result["step_time_s"]
+    step = run.result.step_time_s
     assert step > 0
-    for row in run.result["per_rank"]:
-        parts = row["breakdown"]
+    for row in run.result.per_rank:
+        parts = row.breakdown
         assert set(parts) == set(CATEGORIES)
         assert all(value >= -1e-15 for value in parts.values())
         assert sum(parts.values()) == pytest.approx(step, rel=1e-12, abs=1e-15)
-    mean = run.result["breakdown"]["mean"]
+    mean = run.result.breakdown.mean
     assert sum(mean.values()) == pytest.approx(step, rel=1e-12)
 
 
 def test_headline_figures_are_consistent():
     run = run_scenario(load_scenario(SCENARIOS / "pipeline-demo.yaml"))
     r = run.result
-    gpus = r["cluster"]["gpus"]
-    assert r["tflops_per_gpu"] == pytest.approx(
-        r["model_flops_per_step"] / r["step_time_s"] / gpus / 1e12
-    )
-    assert r["mfu"] == pytest.approx(
-        r["tflops_per_gpu"] * 1e12 / r["cluster"]["peak_flops_per_gpu"]
-    )
-    assert r["tokens_per_s"] == pytest.approx(8 * 2048 / r["step_time_s"])
-    assert 0 < r["mfu"] < 1
+    gpus = r.cluster.gpus
+    assert r.tflops_per_gpu == pytest.approx(r.model_flops_per_step / r.step_time_s / gpus / 1e12)
+    assert r.mfu == pytest.approx(r.tflops_per_gpu * 1e12 / r.cluster.peak_flops_per_gpu)
+    assert r.tokens_per_s == pytest.approx(8 * 2048 / r.step_time_s)
+    assert 0 < r.mfu < 1
     # Full recompute would run one more forward: hardware FLOPs exceed model FLOPs only by
     # the non-matmul work here.
-    assert r["hardware_flops_per_step"] >= r["model_flops_per_step"]
+    assert r.hardware_flops_per_step >= r.model_flops_per_step
 
 
 def test_pipeline_stages_have_a_bubble_and_tp_has_exposed_comm():
     run = run_scenario(load_scenario(SCENARIOS / "pipeline-demo.yaml"))
-    mean = run.result["breakdown"]["mean"]
+    mean = run.result.breakdown.mean
     assert mean["bubble"] > 0
     assert mean["exposed_comm"] > 0
-    first = run.result["per_rank"][0]
-    assert first["exposed_comm_by_axis"].keys() == {"tp"}
+    first = run.result.per_rank[0]
+    assert first.exposed_comm_by_axis.keys() == {"tp"}
 
 
 def test_dp_all_reduce_overlaps_backward():
@@ -97,7 +93,7 @@ def test_dp_all_reduce_overlaps_backward():
     assert 1024**2 <= buckets[0].bytes < 25 * 1024**2
     assert all(op.bytes >= 25 * 1024**2 for op in buckets[1:-1])
     comm_time = sum(times.end[0][op.id] - times.start[0][op.id] for op in buckets)
-    exposed = run.result["per_rank"][0]["exposed_comm_by_axis"].get("dp", 0.0)
+    exposed = run.result.per_rank[0].exposed_comm_by_axis.get("dp", 0.0)
     assert exposed < 0.5 * comm_time
 
 
@@ -152,7 +148,7 @@ def test_json_flag_prints_the_result(capsys, tmp_path):
 def test_tp_group_across_nodes_is_legal_but_warned():
     scenario = load_scenario(SCENARIOS / "pipeline-demo.yaml", ["parallel.placement=[pp, tp, dp]"])
     run = run_scenario(scenario)
-    assert any("span nodes" in w for w in run.result["warnings"])
+    assert any("span nodes" in w for w in run.result.warnings)
     inside = run_scenario(load_scenario(SCENARIOS / "pipeline-demo.yaml"))
-    assert not any("span nodes" in w for w in inside.result["warnings"])
-    assert run.result["step_time_s"] > 1.3 * inside.result["step_time_s"]
+    assert not any("span nodes" in w for w in inside.result.warnings)
+    assert run.result.step_time_s > 1.3 * inside.result.step_time_s

@@ -113,15 +113,15 @@ def test_every_chart_has_its_id(flow_page, analytic_page):
 
 def test_summary_numbers_are_in_human_units(flow_run, flow_page):
     result = flow_run.result
-    assert format_time(result["step_time_s"]) in flow_page  # step time
-    assert f"{result['tokens_per_s']:,.0f}" in flow_page
-    assert f"{result['tflops_per_gpu']:.1f} TFLOP/s" in flow_page
-    assert f"{100 * result['mfu']:.1f}%" in flow_page
-    critical = result["breakdown"]["critical"]
-    step = result["step_time_s"]
+    assert format_time(result.step_time_s) in flow_page  # step time
+    assert f"{result.tokens_per_s:,.0f}" in flow_page
+    assert f"{result.tflops_per_gpu:.1f} TFLOP/s" in flow_page
+    assert f"{100 * result.mfu:.1f}%" in flow_page
+    critical = result.breakdown.critical
+    step = result.step_time_s
     for category in ("bubble", "exposed_comm"):
         assert f"{100 * critical[category] / step:.1f}%" in flow_page
-    peak = result["memory"]["peak_bytes_per_gpu"] / 2**30
+    peak = result.memory.peak_bytes_per_gpu / 2**30
     assert f"{peak:.1f} GiB" in flow_page and "79.6 GiB" in flow_page  # peak vs capacity
     assert "tp 8 · pp 2 · dp 1 · ep 1" in flow_page
     assert "1f1b · 8 micro-batches of 1" in flow_page
@@ -147,7 +147,7 @@ def test_breakdown_has_one_trace_per_category_and_one_bar_per_rank(flow_run):
     # each rank's bars add up to the step, in milliseconds
     for i in range(16):
         total = sum(t.x[i] for t in fig.data)
-        assert total == pytest.approx(result["step_time_s"] * 1e3)
+        assert total == pytest.approx(result.step_time_s * 1e3)
 
 
 def test_many_ranks_are_drawn_per_stage(flow_run, monkeypatch):
@@ -156,8 +156,8 @@ def test_many_ranks_are_drawn_per_stage(flow_run, monkeypatch):
     rows, kind = breakdown_rows(result)
     assert kind == "stage"
     assert [row["label"] for row in rows] == ["stage 0 ★", "stage 1"]
-    stage1 = [row for row in result["per_rank"] if row["pp"] == 1]
-    mean = sum(row["breakdown"]["compute"] for row in stage1) / len(stage1)
+    stage1 = [row for row in result.per_rank if row.pp == 1]
+    mean = sum(row.breakdown["compute"] for row in stage1) / len(stage1)
     assert rows[1]["breakdown"]["compute"] == pytest.approx(mean)
     assert all(len(t.y) == 2 for t in breakdown_figure(result).data)
 
@@ -184,32 +184,32 @@ def test_exposed_comm_is_split_by_axis():
 
 
 def test_memory_chart_shows_every_term_and_the_capacity(flow_run):
-    memory = flow_run.result["memory"]
+    memory = flow_run.result.memory
     fig = memory_figure(memory)
     bars = [t for t in fig.data if t.type == "bar"]
-    terms = list(memory["per_stage"][0]["terms_bytes"])
+    terms = list(memory.per_stage[0].terms_bytes)
     assert [t.name for t in bars] == [term.replace("_", " ") for term in terms]
     for bar, term in zip(bars, terms, strict=True):
-        expected = [stage["terms_bytes"][term] / GIB for stage in memory["per_stage"]]
+        expected = [stage.terms_bytes[term] / GIB for stage in memory.per_stage]
         assert list(bar.y) == pytest.approx(expected)
     (capacity,) = [t for t in fig.data if t.type == "scatter"]
     assert capacity.name.startswith("capacity")
-    assert list(capacity.y) == pytest.approx([memory["capacity_bytes"] / GIB] * 2)
-    assert fig.layout.yaxis.range[1] > memory["capacity_bytes"] / GIB  # the line is in view
+    assert list(capacity.y) == pytest.approx([memory.capacity_bytes / GIB] * 2)
+    assert fig.layout.yaxis.range[1] > memory.capacity_bytes / GIB  # the line is in view
     assert not fig.layout.annotations
 
 
 def test_out_of_memory_is_obvious():
     run = _run("dp-only-oom.yaml")
-    memory = run.result["memory"]
-    assert memory["oom"]
+    memory = run.result.memory
+    assert memory.oom
     fig = memory_figure(memory)
     (capacity,) = [t for t in fig.data if t.type == "scatter"]
     assert capacity.line.color == "#B3261E"
     assert "OUT OF MEMORY" in fig.layout.annotations[0].text
-    assert fig.layout.yaxis.range[1] >= memory["peak_bytes_per_gpu"] / GIB
+    assert fig.layout.yaxis.range[1] >= memory.peak_bytes_per_gpu / GIB
     page, _ = run_report_html(run, "oom")
-    needs = memory["peak_bytes_per_gpu"] / 2**30
+    needs = memory.peak_bytes_per_gpu / 2**30
     assert f'<li class="oom">out of memory: stage 0 needs {needs:.1f} GiB' in page
     assert '<div class="card bad">' in page
 
@@ -224,27 +224,25 @@ def test_link_heatmap_only_in_flow_fidelity(flow_run, analytic_run):
     assert all(0.0 <= v <= 1.0 for row in heatmap.z for v in row)
     assert (heatmap.zmin, heatmap.zmax) == (0, 1)
     # busiest first; a row's mean over the bins is the link's mean utilisation
-    bandwidth = {
-        row["link"]: row["bandwidth_Bps"] for row in flow_run.result["network"]["busiest_links"]
-    }
+    bandwidth = {row.link: row.bandwidth_Bps for row in flow_run.result.busiest_links}
     carried = [
         sum(row) * bandwidth.get(name.replace(" → ", "->"), 0.0)
         for name, row in zip(heatmap.y, heatmap.z, strict=True)
     ]
     assert carried[0] == pytest.approx(max(carried), rel=1e-3)
-    summary = {row["link"]: row for row in flow_run.result["network"]["busiest_links"]}
+    summary = {row.link: row for row in flow_run.result.busiest_links}
     first = summary[heatmap.y[0].replace(" → ", "->")]
-    assert sum(heatmap.z[0]) / LINK_BINS == pytest.approx(first["mean_utilisation"], abs=1e-3)
+    assert sum(heatmap.z[0]) / LINK_BINS == pytest.approx(first.mean_utilisation, abs=1e-3)
 
 
 def test_large_traces_are_drawn_with_representative_ranks(flow_run):
     trace = make_trace(flow_run)
     assert len(trace.records) > 3000
     shown, gap = report_trace(flow_run, trace, max_bars=3000)
-    reps = representative_ranks(flow_run.scenario, flow_run.result["breakdown"]["critical_rank"])
+    reps = representative_ranks(flow_run.scenario, flow_run.result.breakdown.critical_rank)
     assert {rec.rank for rec in shown.records} <= set(reps)
     assert len(shown.records) <= 3000
-    assert gap is not None and gap < 1e-6 * flow_run.result["step_time_s"]  # touching ops only
+    assert gap is not None and gap < 1e-6 * flow_run.result.step_time_s  # touching ops only
     small = make_trace(_run("small.yaml"))
     assert report_trace(flow_run, small, max_bars=10**6) == (small, None)
 

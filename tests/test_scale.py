@@ -52,8 +52,8 @@ def test_weak_scaling_of_pure_data_parallel_stays_near_one():
     # each row is what parasim run gives for its overrides
     last = rows[-1]
     rerun = run_scenario(load_scenario(SMALL, last["overrides"])).result
-    assert rerun["step_time_s"] == pytest.approx(last["step_time_s"], rel=1e-12)
-    assert rerun["cluster"]["gpus"] == 64
+    assert rerun.step_time_s == pytest.approx(last["step_time_s"], rel=1e-12)
+    assert rerun.cluster.gpus == 64
 
 
 def test_tensor_parallel_across_nodes_scales_worse():

@@ -34,10 +34,7 @@ def test_uneven_stages_run_the_layers_they_are_given():
         assert list(uneven.recipe.layers_of(stage)) == list(range(first, first + count))
         first += count
     result = run_scenario(uneven).result
-    assert (
-        result["memory"]["per_stage"][-1]["parameters"]
-        > result["memory"]["per_stage"][1]["parameters"]
-    )
+    assert result.memory.per_stage[-1].parameters > result.memory.per_stage[1].parameters
 
 
 @pytest.mark.parametrize("tie", ["true", "false"])

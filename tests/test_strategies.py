@@ -12,7 +12,7 @@ from simulator.arithmetic.layer_ops import embedding_op, final_norm_op, logits_f
 from simulator.cli.main import main
 from simulator.engine.collectives import bus_factor
 from simulator.request.scenario import load_scenario
-from simulator.run.simulate import build_schedule, run_scenario, step_config
+from simulator.run.simulate import build_schedule, run_scenario
 from simulator.schedule.ir import Collective
 
 from .conftest import SCENARIOS
@@ -35,12 +35,11 @@ def test_activation_memory_matches_the_per_layer_formulas(sp, recompute, tp):
         "training.attention=unfused",
     ]
     scenario = load_scenario(SMALL, overrides)
-    config = step_config(scenario)
     model = scenario.model
     sp = sp and tp > 1
-    stage = memory_per_rank(config, 80 * 2**30)["per_stage"][0]
+    stage = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, 80 * 2**30).per_stage[0]
     per_layer = korthikanti_activation_bytes(model, 2, tp, sp=sp, recompute=recompute)
-    expected = per_layer * model.layers * stage["in_flight_microbatches"]
+    expected = per_layer * model.layers * stage.in_flight_microbatches
     if recompute == "full":
         expected += korthikanti_activation_bytes(model, 2, tp, sp=sp)
     # one stage: the embedding's dropout mask, the final norm's and the logits' inputs
@@ -53,8 +52,8 @@ def test_activation_memory_matches_the_per_layer_formulas(sp, recompute, tp):
         + loss_op(model, 2, tp).saved_bytes
     )
     assert loss_op(model, 2, tp).saved_bytes == 4.0 * 2 * model.seq_len * model.vocab / tp
-    expected += ends * stage["in_flight_microbatches"]
-    assert stage["terms_bytes"]["activations"] == pytest.approx(expected, rel=1e-12)
+    expected += ends * stage.in_flight_microbatches
+    assert stage.terms_bytes["activations"] == pytest.approx(expected, rel=1e-12)
 
 
 def test_sp_moves_the_same_tp_bytes_plus_the_backward_regather():
@@ -85,8 +84,8 @@ def test_sp_splits_norms_and_keeps_step_accounting_exact():
     ops = run.schedule.programs[0].ops
     kinds = {op.kind for op in ops if type(op) is Collective and op.tags.get("axis") == "sp"}
     assert kinds == {"all_gather", "reduce_scatter"}
-    for row in run.result["per_rank"]:
-        assert sum(row["breakdown"].values()) == pytest.approx(run.result["step_time_s"], rel=1e-12)
+    for row in run.result.per_rank:
+        assert sum(row.breakdown.values()) == pytest.approx(run.result.step_time_s, rel=1e-12)
 
 
 def test_recompute_raises_hardware_flops_not_model_flops():
@@ -95,11 +94,11 @@ def test_recompute_raises_hardware_flops_not_model_flops():
     selective = run_scenario(
         load_scenario(SMALL, [*ONE_STAGE, "training.recompute=selective"])
     ).result
-    assert full["model_flops_per_step"] == plain["model_flops_per_step"]
+    assert full.model_flops_per_step == plain.model_flops_per_step
     assert (
-        plain["hardware_flops_per_step"]
-        < selective["hardware_flops_per_step"]
-        < full["hardware_flops_per_step"]
+        plain.hardware_flops_per_step
+        < selective.hardware_flops_per_step
+        < full.hardware_flops_per_step
     )
     # full recompute runs every layer's forward once more (not the logits): on every
     # rank, for every micro-batch
@@ -109,23 +108,23 @@ def test_recompute_raises_hardware_flops_not_model_flops():
     layout, model = scenario.layout, scenario.model
     forward = sum(op.flops for op in layer_forward_ops(model, 2, layout.tp))
     extra = forward * model.layers * scenario.microbatches * layout.world
-    assert full["hardware_flops_per_step"] - plain["hardware_flops_per_step"] == pytest.approx(
+    assert full.hardware_flops_per_step - plain.hardware_flops_per_step == pytest.approx(
         extra, rel=1e-9
     )
     assert (
-        full["memory"]["per_stage"][0]["terms_bytes"]["activations"]
-        < plain["memory"]["per_stage"][0]["terms_bytes"]["activations"]
+        full.memory.per_stage[0].terms_bytes["activations"]
+        < plain.memory.per_stage[0].terms_bytes["activations"]
     )
 
 
 def test_optimizer_sharding_divides_adam_state_by_dp():
-    plain = run_scenario(load_scenario(SMALL, ONE_STAGE)).result["memory"]["per_stage"][0]
+    plain = run_scenario(load_scenario(SMALL, ONE_STAGE)).result.memory.per_stage[0]
     sharded = run_scenario(load_scenario(SMALL, [*ONE_STAGE, "training.optimizer_sharding=true"]))
-    terms = sharded.result["memory"]["per_stage"][0]["terms_bytes"]
-    assert terms["optimizer_state"] == pytest.approx(plain["terms_bytes"]["optimizer_state"] / 2)
+    terms = sharded.result.memory.per_stage[0].terms_bytes
+    assert terms["optimizer_state"] == pytest.approx(plain.terms_bytes["optimizer_state"] / 2)
     kinds = {op.kind for op in sharded.schedule.programs[0].ops if op.tags.get("axis") == "dp"}
     assert kinds == {"reduce_scatter", "all_gather"}
-    assert plain["terms_bytes"]["communication_buffers"] == 2 * NCCL_BUFFERS_PER_COMMUNICATOR
+    assert plain.terms_bytes["communication_buffers"] == 2 * NCCL_BUFFERS_PER_COMMUNICATOR
 
 
 def test_data_parallel_only_model_too_large_reports_oom(capsys, tmp_path):
@@ -174,15 +173,15 @@ def moe_run(routing: str, seed: int = 0, capacity: str = "null"):
 
 def test_uniform_routing_has_no_imbalance_stall():
     result = moe_run("{kind: uniform}")
-    assert result["moe"]["imbalance_max"] == 1.0 and result["moe"]["dropped_fraction"] == 0.0
-    step = result["step_time_s"]
-    for row in result["per_rank"]:
-        assert row["breakdown"]["imbalance_stall"] <= 1e-9 * step
+    assert result.moe.imbalance_max == 1.0 and result.moe.dropped_fraction == 0.0
+    step = result.step_time_s
+    for row in result.per_rank:
+        assert row.breakdown["imbalance_stall"] <= 1e-9 * step
 
 
 def test_imbalance_stall_grows_with_skew():
     stalls = [
-        moe_run(f"{{kind: zipf, exponent: {e}}}")["breakdown"]["mean"]["imbalance_stall"]
+        moe_run(f"{{kind: zipf, exponent: {e}}}").breakdown.mean["imbalance_stall"]
         for e in (0.5, 1.0, 1.5)
     ]
     assert 0 < stalls[0] < stalls[1] < stalls[2]
@@ -192,13 +191,13 @@ def test_moe_routing_is_reproducible_per_seed():
     first = moe_run("{kind: dirichlet, concentration: 0.5}", seed=3)
     again = moe_run("{kind: dirichlet, concentration: 0.5}", seed=3)
     other = moe_run("{kind: dirichlet, concentration: 0.5}", seed=4)
-    assert json.dumps(first, sort_keys=True) == json.dumps(again, sort_keys=True)
-    assert other["step_time_s"] != first["step_time_s"]
+    assert first.to_json() == again.to_json()
+    assert other.step_time_s != first.step_time_s
 
 
 def test_capacity_drops_tokens_and_reports_them():
     result = moe_run("{kind: zipf, exponent: 1.2}", capacity="1.0")
-    assert 0 < result["moe"]["dropped_fraction"] < 1
+    assert 0 < result.moe.dropped_fraction < 1
 
 
 def test_expert_parallel_needs_moe_and_divisible_dp(capsys):
@@ -227,7 +226,7 @@ def test_a_custom_order_from_torch_csv_runs_like_the_named_schedule(tmp_path):
     custom = run_scenario(
         load_scenario(SMALL, [*base, "parallel.schedule=custom", f"parallel.schedule_file={path}"])
     ).result
-    assert custom["step_time_s"] == pytest.approx(named["step_time_s"], rel=1e-12)
+    assert custom.step_time_s == pytest.approx(named.step_time_s, rel=1e-12)
     bad = tmp_path / "bad.csv"
     bad.write_text("0F0,0X1\n")
     assert (
@@ -261,6 +260,6 @@ def test_interleaved_and_zero_bubble_shrink_the_bubble():
         "zb-h1": ["parallel.schedule=zb-h1"],
     }.items():
         result = run_scenario(load_scenario(SMALL, [*base, *extra])).result
-        bubble[name] = result["breakdown"]["mean"]["bubble"] / result["step_time_s"]
+        bubble[name] = result.breakdown.mean["bubble"] / result.step_time_s
     assert bubble["interleaved"] < bubble["1f1b"]
     assert bubble["zb-h1"] < bubble["1f1b"]

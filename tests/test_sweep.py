@@ -13,7 +13,7 @@ from simulator.analysis.memory import memory_per_rank
 from simulator.cli import sweep as sweep_command
 from simulator.common.errors import ParasimError, ScenarioError
 from simulator.request.scenario import load_scenario
-from simulator.run.simulate import run_scenario, step_config
+from simulator.run.simulate import run_scenario
 from simulator.tools import sweep
 
 from .conftest import SCENARIOS
@@ -65,8 +65,9 @@ def test_every_fitting_layout_is_found_and_ranked_by_step_time(tmp_path, capsys)
                 scenario = load_scenario(SMALL, overrides)
             except ScenarioError:
                 continue
-            memory = memory_per_rank(step_config(scenario), scenario.cluster_spec.gpu.hbm_capacity)
-            if not memory["oom"]:
+            capacity = scenario.cluster_spec.gpu.hbm_capacity
+            memory = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, capacity)
+            if not memory.oom:
                 expected.add((tp, pp, dp, sp))
     found = {(row["tp"], row["pp"], row["dp"], row["sp"]) for row in rows}
     assert found == expected
@@ -78,8 +79,8 @@ def test_every_fitting_layout_is_found_and_ranked_by_step_time(tmp_path, capsys)
     assert [row["rank"] for row in rows] == list(range(1, len(rows) + 1))
     top = rows[0]
     rerun = run_scenario(load_scenario(SMALL, top["overrides"])).result
-    assert rerun["step_time_s"] == pytest.approx(top["step_time_s"], rel=1e-12)
-    assert rerun["fidelity"] == "analytic"
+    assert rerun.step_time_s == pytest.approx(top["step_time_s"], rel=1e-12)
+    assert rerun.fidelity == "analytic"
 
     # tp 8 does not divide GPT-2 small's 12 heads: invalid, with the validator's reason
     assert result["counts"]["invalid_by_reason"] == {

@@ -25,17 +25,17 @@ from .conftest import SCENARIOS
 def test_idle_bars_add_up_to_the_breakdown(name, overrides):
     run = run_scenario(load_scenario(SCENARIOS / name, overrides))
     trace = make_trace(run)
-    for row in run.result["per_rank"]:
-        intervals = trace.meta["idle"][str(row["rank"])]
+    for row in run.result.per_rank:
+        intervals = trace.meta["idle"][str(row.rank)]
         for category in ("bubble", "imbalance_stall", "exposed_comm", "other"):
             drawn = sum(hi - lo for cat, lo, hi in intervals if cat == category)
-            assert drawn == pytest.approx(row["breakdown"][category], abs=1e-12)
+            assert drawn == pytest.approx(row.breakdown[category], abs=1e-12)
         # idle stretches never overlap each other
         spans = sorted((lo, hi) for _, lo, hi in intervals)
         assert all(a[1] <= b[0] + 1e-15 for a, b in zip(spans, spans[1:], strict=False))
     fig, info = timeline_figure(trace, "idle")
     names = [t.name for t in fig.data]
-    critical = run.result["breakdown"]["critical"]
+    critical = run.result.breakdown.critical
     if critical["bubble"] > 0:
         assert "idle: pipeline bubble" in names
     if critical["imbalance_stall"] > 0:

@@ -23,8 +23,7 @@ Not counted: allocator fragmentation, the CUDA context and cuBLAS workspaces
 
 from __future__ import annotations
 
-from typing import Any
-
+from simulator.analysis.result import MemoryEstimate, StageMemory
 from simulator.arithmetic.counts import pipeline_rank_parameters
 from simulator.arithmetic.layer_ops import (
     OpCost,
@@ -37,8 +36,10 @@ from simulator.arithmetic.layer_ops import (
     loss_op,
 )
 from simulator.arithmetic.moe import expert_ops
-from simulator.request.moe import is_moe_layer
+from simulator.request.model import ModelSpec
+from simulator.request.moe import MoESpec, is_moe_layer
 from simulator.request.orders import Action
+from simulator.request.recipe import Recipe
 from simulator.schedule.context import StepConfig
 
 __all__ = [
@@ -134,8 +135,12 @@ def stage_activation_bytes(config: StepConfig, stage: int) -> float:
     return total
 
 
-def memory_per_rank(config: StepConfig, capacity_bytes: float) -> dict[str, Any]:
-    """Peak bytes per pipeline rank (every rank of a stage holds the same), and the verdict."""
+def memory_per_rank(
+    recipe: Recipe, model: ModelSpec, moe: MoESpec | None, capacity_bytes: float
+) -> MemoryEstimate:
+    """Peak bytes per pipeline rank (every rank of a stage holds the same), and the
+    verdict against ``capacity_bytes``."""
+    config = StepConfig(recipe, model, moe)
     layout = config.layout
     orders = config.pipeline_orders()
     communicators = sum(1 for size in (layout.tp, layout.dp) if size > 1) + (layout.pp > 1)
@@ -143,14 +148,14 @@ def memory_per_rank(config: StepConfig, capacity_bytes: float) -> dict[str, Any]
     sizes = dict(BYTES_PER_PARAM, gradients=config.grad_bytes)
     ranks = []
     for pipeline_rank in range(layout.pp):
-        params = pipeline_rank_parameters(config.recipe, config.model, config.moe, pipeline_rank)
+        params = pipeline_rank_parameters(recipe, model, moe, pipeline_rank)
         terms = {name: float(params * size) for name, size in sizes.items()}
-        if config.zero1:
+        if recipe.shards_optimizer:
             terms["optimizer_state"] /= layout.dp
         in_flight, by_stage = held_activations(orders[pipeline_rank])
         activations = sum(per_stage[stage] * count for stage, count in by_stage.items())
-        if config.recipe.recompute == "full":  # one layer's full activations during its backward
-            held = [layer for stage in by_stage for layer in config.layers_of(stage)] or [0]
+        if recipe.recompute == "full":  # one layer's full activations during its backward
+            held = [layer for stage in by_stage for layer in recipe.layers_of(stage)] or [0]
             kinds = {config.is_moe_layer(layer): layer for layer in held}  # a dense, an MoE
             activations += max(
                 layer_activation_bytes(config, layer, "none") for layer in kinds.values()
@@ -159,21 +164,21 @@ def memory_per_rank(config: StepConfig, capacity_bytes: float) -> dict[str, Any]
         terms["communication_buffers"] = float(communicators * NCCL_BUFFERS_PER_COMMUNICATOR)
         total = sum(terms.values())
         ranks.append(
-            {
-                "stage": pipeline_rank,
-                "parameters": params,
-                "in_flight_microbatches": in_flight,
-                "terms_bytes": terms,
-                "total_bytes": total,
-                "dominant": max(terms, key=terms.get),
-            }
+            StageMemory(
+                stage=pipeline_rank,
+                parameters=params,
+                in_flight_microbatches=in_flight,
+                terms_bytes=terms,
+                total_bytes=total,
+                dominant=max(terms, key=terms.get),  # type: ignore[arg-type]
+            )
         )
-    peak = max(ranks, key=lambda r: r["total_bytes"])
-    return {
-        "peak_bytes_per_gpu": peak["total_bytes"],
-        "peak_stage": peak["stage"],
-        "capacity_bytes": capacity_bytes,
-        "oom": peak["total_bytes"] > capacity_bytes,
-        "dominant_term": peak["dominant"],
-        "per_stage": ranks,
-    }
+    peak = max(ranks, key=lambda r: r.total_bytes)
+    return MemoryEstimate(
+        peak_bytes_per_gpu=peak.total_bytes,
+        peak_stage=peak.stage,
+        capacity_bytes=capacity_bytes,
+        oom=peak.total_bytes > capacity_bytes,
+        dominant_term=peak.dominant,
+        per_stage=ranks,
+    )

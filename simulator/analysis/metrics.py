@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from simulator.analysis.result import Breakdown, RankAccount
 from simulator.engine.blocks import BlockTimer
 from simulator.engine.core import SimulationTimes
 from simulator.request.layout import Layout
@@ -147,7 +148,7 @@ def _body_breakdown(block: Block, blocks: BlockTimer | None, cache: dict) -> dic
 
 def account_step(
     schedule: Schedule, times: SimulationTimes, layout: Layout, gpus_per_node: int
-) -> dict[str, Any]:
+) -> tuple[Breakdown, list[RankAccount]]:
     """Per-rank breakdowns, the critical rank's and the mean over ranks."""
     per_rank = []
     bodies: dict[int, tuple] = {}
@@ -162,14 +163,10 @@ def account_step(
             blocks=times.blocks,
             _bodies=bodies,
         )
-        coords = layout.coords(rank)
-        per_rank.append({"rank": rank, "node": rank // gpus_per_node, **coords, **row})
-    critical = max(per_rank, key=lambda r: (r["end_s"], -r["rank"]))
+        per_rank.append(
+            RankAccount(rank=rank, node=rank // gpus_per_node, **layout.coords(rank), **row)
+        )
+    critical = max(per_rank, key=lambda r: (r.end_s, -r.rank))
     count = len(per_rank)
-    mean = {c: sum(r["breakdown"][c] for r in per_rank) / count for c in CATEGORIES}
-    return {
-        "critical_rank": critical["rank"],
-        "critical": dict(critical["breakdown"]),
-        "mean": mean,
-        "per_rank": per_rank,
-    }
+    mean = {c: sum(r.breakdown[c] for r in per_rank) / count for c in CATEGORIES}
+    return Breakdown(critical.rank, dict(critical.breakdown), mean), per_rank

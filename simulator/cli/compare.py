@@ -34,7 +34,7 @@ def command(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else args.measured
     paths = write_compare_outputs(report, predicted[1], measured[1], out)
     if args.json:
-        sys.stdout.write(dumps_result(report))
+        sys.stdout.write(dumps_result(report.to_json()))
     else:
         print_compare(report, Console(), [str(p) for p in paths])
     return 0

@@ -60,7 +60,7 @@ def command(args: argparse.Namespace) -> int:
         hta=args.hta,
     )
     if args.json:
-        sys.stdout.write(dumps_result(run.result))
+        sys.stdout.write(dumps_result(run.result.to_json()))
     else:
         print_summary(run.result, Console(), [str(p) for p in paths])
     return 0

@@ -17,32 +17,32 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from simulator.analysis.result import StepResult
 from simulator.analysis.trace import Trace
 from simulator.common.errors import ParasimError
 from simulator.common.files import write_atomically, write_json
 from simulator.report.chrome_trace import trace_from_chrome
 from simulator.report.timeline import write_timeline_html
-from simulator.tools.compare import overlay_trace
+from simulator.tools.compare import Comparison, overlay_trace
 from topologies.units import format_time
 
 __all__ = ["load_run_dir", "print_compare", "write_compare_outputs", "write_overlay"]
 
 
-def load_run_dir(path: Path) -> tuple[dict[str, Any], Trace]:
+def load_run_dir(path: Path) -> tuple[StepResult, Trace]:
     """``result.json`` and the Trace of ``trace.json`` from a run folder."""
     try:
-        result = json.loads((path / "result.json").read_text())
+        result = StepResult.from_json(json.loads((path / "result.json").read_text()))
         trace = trace_from_chrome(json.loads((path / "trace.json").read_text()))
     except FileNotFoundError as exc:
         raise ParasimError(
             f"{path}: no {Path(exc.filename).name} (not a parasim run folder)"
         ) from None
-    except (json.JSONDecodeError, KeyError) as exc:
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ParasimError(f"{path}: unreadable run files ({exc})") from None
     return result, trace
 
@@ -55,11 +55,11 @@ def write_overlay(p_trace: Trace, m_trace: Trace, path: Path) -> None:
 
 
 def write_compare_outputs(
-    report: dict[str, Any], p_trace: Trace, m_trace: Trace, out: Path
+    report: Comparison, p_trace: Trace, m_trace: Trace, out: Path
 ) -> list[Path]:
     """Write ``compare.json`` (``report``) and ``compare.html`` (the overlay) to ``out``."""
     paths = [out / "compare.json", out / "compare.html"]
-    write_json(paths[0], report)
+    write_json(paths[0], report.to_json())
     write_atomically(paths[1], lambda tmp: write_overlay(p_trace, m_trace, tmp))
     return paths
 
@@ -68,22 +68,22 @@ def _percent(error: float | None) -> str:
     return "-" if error is None else f"{100 * error:+.1f}%"
 
 
-def print_compare(report: dict[str, Any], console: Console, outputs: Iterable[str] = ()) -> None:
+def print_compare(report: Comparison, console: Console, outputs: Iterable[str] = ()) -> None:
     """The step-time error, then the time per rank of each op class as a table."""
-    step = report["step_time"]
+    step = report.step_time
     console.print(
-        f"step time: predicted {format_time(step['predicted_s'])}, measured "
-        f"{format_time(step['measured_s'])}, error {_percent(step['error'])}"
+        f"step time: predicted {format_time(step.predicted_s)}, measured "
+        f"{format_time(step.measured_s)}, error {_percent(step.error)}"
     )
     table = Table(title="time per rank by op class (ranks in both runs)", title_justify="left")
     for column in ("op class", "predicted", "measured", "error"):
         table.add_column(column, justify="left" if column == "op class" else "right")
-    for row in report["op_classes"]:
+    for row in report.op_classes:
         table.add_row(
-            row["class"],
-            format_time(row["predicted_s"]),
-            format_time(row["measured_s"]),
-            _percent(row["error"]),
+            row.op_class,
+            format_time(row.predicted_s),
+            format_time(row.measured_s),
+            _percent(row.error),
         )
     console.print(table)
     if outputs:

@@ -36,11 +36,11 @@ def write_run_outputs(
     """
 
     ranks, note = trace_ranks(run)
-    if note and note not in run.result["warnings"]:
-        run.result["warnings"].append(note)
+    if note and note not in run.result.warnings:
+        run.result.warnings.append(note)
     trace = make_trace(run, ranks)
     paths = [out / "result.json", out / "trace.json", out / "timeline.html", out / "report.html"]
-    write_json(paths[0], run.result)
+    write_json(paths[0], run.result.to_json())
     write_atomically(paths[1], lambda tmp: write_chrome_trace(trace, tmp))
     write_atomically(paths[2], lambda tmp: write_timeline_html(trace, tmp, title=title))
     write_atomically(paths[3], lambda tmp: write_run_report(run, tmp, title=title, trace=trace))
@@ -75,7 +75,7 @@ def write_run_images(run: Any, trace: Any, out: Path, title: str, image_format: 
     figures = [
         ("timeline", timeline_figure(report_trace(run, trace)[0], title)[0]),
         ("breakdown", breakdown_figure(run.result)),
-        ("memory", memory_figure(run.result["memory"])),
+        ("memory", memory_figure(run.result.memory)),
         ("links", link_heatmap(run)),
     ]
     jobs = [(fig, out / f"{name}.{image_format}") for name, fig in figures if fig is not None]

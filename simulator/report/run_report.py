@@ -35,6 +35,7 @@ from plotly.offline import get_plotlyjs
 
 from simulator.analysis.links import utilisation_bins
 from simulator.analysis.metrics import CATEGORIES
+from simulator.analysis.result import MemoryEstimate, RankAccount, StepResult
 from simulator.analysis.trace import Trace
 from simulator.report.chrome_trace import select_ranks
 from simulator.report.style import (
@@ -98,7 +99,7 @@ def _parameters(count: float) -> str:
 # --- rows of the breakdown charts ---------------------------------------------------------
 
 
-def breakdown_rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+def breakdown_rows(result: StepResult) -> tuple[list[dict[str, Any]], str]:
     """The rows the breakdown charts draw and what a row is (``"rank"`` or ``"stage"``).
 
     Each row has ``label``, ``detail`` (a line for the hover), ``breakdown`` (seconds per
@@ -106,43 +107,43 @@ def breakdown_rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
     ``MAX_BREAKDOWN_ROWS`` simulated ranks give one row each; more give one row per
     pipeline stage, the mean of its ranks.
     """
-    per_rank = sorted(result["per_rank"], key=lambda row: row["rank"])
-    critical = result["breakdown"]["critical_rank"]
-    simulation = result.get("simulation", {})
+    per_rank = sorted(result.per_rank, key=lambda row: row.rank)
+    critical = result.breakdown.critical_rank
+    simulation = result.simulation
     folded = bool(simulation.get("folded"))
     if len(per_rank) <= MAX_BREAKDOWN_ROWS:
-        stands_for = result["cluster"]["gpus"] // max(1, len(per_rank))
+        stands_for = result.cluster.gpus // max(1, len(per_rank))
         rows = []
         for row in per_rank:
-            label = f"stage {row['pp']} · r{row['rank']}" if folded else f"r{row['rank']}"
-            if not folded and result["layout"]["pp"] > 1:
-                label += f" · pp{row['pp']}"
-            if row["rank"] == critical:
+            label = f"stage {row.pp} · r{row.rank}" if folded else f"r{row.rank}"
+            if not folded and result.layout.pp > 1:
+                label += f" · pp{row.pp}"
+            if row.rank == critical:
                 label += " ★"
-            detail = f"node {row['node']} · tp {row['tp']} · dp {row['dp']} · pp {row['pp']}"
+            detail = f"node {row.node} · tp {row.tp} · dp {row.dp} · pp {row.pp}"
             if folded:
                 detail += f" · stands for {stands_for} ranks of its stage"
-            if row["rank"] == critical:
+            if row.rank == critical:
                 detail += " · critical rank (sets the step time)"
             rows.append(
                 {
                     "label": label,
                     "detail": detail,
-                    "breakdown": row["breakdown"],
-                    "exposed_comm_by_axis": row.get("exposed_comm_by_axis", {}),
+                    "breakdown": row.breakdown,
+                    "exposed_comm_by_axis": row.exposed_comm_by_axis,
                 }
             )
         return rows, "rank"
-    stages: dict[int, list[dict[str, Any]]] = {}
+    stages: dict[int, list[RankAccount]] = {}
     for row in per_rank:
-        stages.setdefault(row["pp"], []).append(row)
+        stages.setdefault(row.pp, []).append(row)
     rows = []
     for stage in sorted(stages):
         members = stages[stage]
-        slowest = max(members, key=lambda row: (row["end_s"], -row["rank"]))
-        axes = sorted({axis for row in members for axis in row.get("exposed_comm_by_axis", {})})
-        has_critical = any(row["rank"] == critical for row in members)
-        detail = f"mean of {len(members)} ranks · slowest r{slowest['rank']}"
+        slowest = max(members, key=lambda row: (row.end_s, -row.rank))
+        axes = sorted({axis for row in members for axis in row.exposed_comm_by_axis})
+        has_critical = any(row.rank == critical for row in members)
+        detail = f"mean of {len(members)} ranks · slowest r{slowest.rank}"
         if has_critical:
             detail += f" · holds the critical rank r{critical}"
         rows.append(
@@ -150,11 +151,11 @@ def breakdown_rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
                 "label": f"stage {stage}" + (" ★" if has_critical else ""),
                 "detail": detail,
                 "breakdown": {
-                    c: sum(row["breakdown"].get(c, 0.0) for row in members) / len(members)
+                    c: sum(row.breakdown.get(c, 0.0) for row in members) / len(members)
                     for c in CATEGORIES
                 },
                 "exposed_comm_by_axis": {
-                    axis: sum(row.get("exposed_comm_by_axis", {}).get(axis, 0.0) for row in members)
+                    axis: sum(row.exposed_comm_by_axis.get(axis, 0.0) for row in members)
                     / len(members)
                     for axis in axes
                 },
@@ -203,11 +204,11 @@ def _rows_layout(
     )
 
 
-def breakdown_figure(result: dict[str, Any]) -> go.Figure:
+def breakdown_figure(result: StepResult) -> go.Figure:
     """One horizontal stacked bar per row of :func:`breakdown_rows`, one trace per
     category (every category, so the legend is the same for every run)."""
     rows, _ = breakdown_rows(result)
-    step = result["step_time_s"]
+    step = result.step_time_s
     labels = [row["label"] for row in rows]
     fig = go.Figure()
     for category in CATEGORIES:
@@ -239,14 +240,14 @@ def _axes(rows: list[dict[str, Any]]) -> list[str]:
     return [a for a in AXIS_COLORS if a in present] + sorted(present - set(AXIS_COLORS))
 
 
-def exposed_comm_figure(result: dict[str, Any]) -> go.Figure | None:
+def exposed_comm_figure(result: StepResult) -> go.Figure | None:
     """The exposed communication of each row split by parallel axis (one trace per axis
     that has any), or None when no communication was exposed."""
     rows, _ = breakdown_rows(result)
     axes = _axes(rows)
     if not axes:
         return None
-    step = result["step_time_s"]
+    step = result.step_time_s
     fig = go.Figure()
     for axis in axes:
         seconds = [row["exposed_comm_by_axis"].get(axis, 0.0) for row in rows]
@@ -273,20 +274,20 @@ def exposed_comm_figure(result: dict[str, Any]) -> go.Figure | None:
 # --- memory ----------------------------------------------------------------------------------
 
 
-def memory_figure(memory: dict[str, Any]) -> go.Figure:
+def memory_figure(memory: MemoryEstimate) -> go.Figure:
     """Peak memory per GPU of each pipeline stage stacked by term, the GPU capacity as a
     dashed line (its own trace, named ``capacity …``) and, when out of memory, a red
     capacity line and a note over the chart."""
-    stages = memory["per_stage"]
-    capacity = memory["capacity_bytes"]
+    stages = memory.per_stage
+    capacity = memory.capacity_bytes
     terms: list[str] = []
     for stage in stages:
-        terms += [t for t in stage["terms_bytes"] if t not in terms]
+        terms += [t for t in stage.terms_bytes if t not in terms]
     terms = [t for t in MEMORY_COLORS if t in terms] + [t for t in terms if t not in MEMORY_COLORS]
     x = list(range(len(stages)))
     fig = go.Figure()
     for term in terms:
-        values = [stage["terms_bytes"].get(term, 0.0) for stage in stages]
+        values = [stage.terms_bytes.get(term, 0.0) for stage in stages]
         fig.add_trace(
             go.Bar(
                 name=term.replace("_", " "),
@@ -295,11 +296,11 @@ def memory_figure(memory: dict[str, Any]) -> go.Figure:
                 marker={"color": MEMORY_COLORS.get(term, OTHER_COLOR), "line": {"width": 0}},
                 customdata=[
                     [
-                        stage["stage"],
+                        stage.stage,
                         format_bytes(v),
-                        _share(v, stage["total_bytes"]),
-                        format_bytes(stage["total_bytes"]),
-                        stage.get("in_flight_microbatches", "?"),
+                        _share(v, stage.total_bytes),
+                        format_bytes(stage.total_bytes),
+                        stage.in_flight_microbatches,
                     ]
                     for v, stage in zip(values, stages, strict=True)
                 ],
@@ -311,7 +312,7 @@ def memory_figure(memory: dict[str, Any]) -> go.Figure:
                 ),
             )
         )
-    oom = bool(memory["oom"])
+    oom = bool(memory.oom)
     line_color = "#B3261E" if oom else "#555"
     fig.add_trace(
         go.Scatter(
@@ -323,13 +324,13 @@ def memory_figure(memory: dict[str, Any]) -> go.Figure:
             hovertemplate=f"GPU capacity {format_bytes(capacity)}<extra></extra>",
         )
     )
-    peak = memory["peak_bytes_per_gpu"]
+    peak = memory.peak_bytes_per_gpu
     annotations = []
     if oom:
         annotations.append(
             {
                 "text": (
-                    f"<b>OUT OF MEMORY</b>: stage {memory['peak_stage']} needs "
+                    f"<b>OUT OF MEMORY</b>: stage {memory.peak_stage} needs "
                     f"{format_bytes(peak)} per GPU, {peak / capacity:.1f}× the "
                     f"{format_bytes(capacity)} it has"
                 ),
@@ -361,7 +362,7 @@ def memory_figure(memory: dict[str, Any]) -> go.Figure:
                 "title": {"text": "pipeline stage (every rank of a stage holds the same)"},
                 "tickmode": "array",
                 "tickvals": x,
-                "ticktext": [str(stage["stage"]) for stage in stages],
+                "ticktext": [str(stage.stage) for stage in stages],
                 "range": [-0.5, len(stages) - 0.5],
                 "showline": True,
                 "linecolor": "#999",
@@ -462,7 +463,7 @@ def report_trace(
     if len(trace.records) <= max_bars:
         return trace, None
     present = {rec.rank for rec in trace.records}
-    critical = run.result["breakdown"]["critical_rank"]
+    critical = run.result.breakdown.critical_rank
     reps = [r for r in representative_ranks(run.scenario, critical) if r in present]
     if reps and len(reps) < len(present):
         keep = set(reps)
@@ -513,22 +514,22 @@ def _card(label: str, value: str, detail: str = "", bad: bool = False) -> str:
     )
 
 
-def _cards(result: dict[str, Any]) -> str:
-    step = result["step_time_s"]
-    critical = result["breakdown"]["critical"]
-    mean = result["breakdown"]["mean"]
-    rank = result["breakdown"]["critical_rank"]
-    memory = result["memory"]
-    peak, capacity = memory["peak_bytes_per_gpu"], memory["capacity_bytes"]
+def _cards(result: StepResult) -> str:
+    step = result.step_time_s
+    critical = result.breakdown.critical
+    mean = result.breakdown.mean
+    rank = result.breakdown.critical_rank
+    memory = result.memory
+    peak, capacity = memory.peak_bytes_per_gpu, memory.capacity_bytes
     cards = [
-        _card("step time", format_time(step), f"{result['fidelity']} fidelity"),
-        _card("throughput", f"{result['tokens_per_s']:,.0f}", "tokens/s"),
+        _card("step time", format_time(step), f"{result.fidelity} fidelity"),
+        _card("throughput", f"{result.tokens_per_s:,.0f}", "tokens/s"),
         _card(
             "per GPU",
-            f"{result['tflops_per_gpu']:.1f} TFLOP/s",
-            f"model FLOPs; {result.get('hardware_tflops_per_gpu', 0.0):.1f} with recompute",
+            f"{result.tflops_per_gpu:.1f} TFLOP/s",
+            f"model FLOPs; {result.hardware_tflops_per_gpu:.1f} with recompute",
         ),
-        _card("MFU", f"{100 * result['mfu']:.1f}%", f"HFU {100 * result.get('hfu', 0.0):.1f}%"),
+        _card("MFU", f"{100 * result.mfu:.1f}%", f"HFU {100 * result.hfu:.1f}%"),
         _card(
             "pipeline bubble",
             _share(critical["bubble"], step),
@@ -550,19 +551,19 @@ def _cards(result: dict[str, Any]) -> str:
         )
     cards.append(
         _card(
-            "peak memory" + (" — out of memory" if memory["oom"] else ""),
+            "peak memory" + (" — out of memory" if memory.oom else ""),
             format_bytes(peak),
             f"of {format_bytes(capacity)} per GPU ({_share(peak, capacity)}); stage "
-            f"{memory['peak_stage']}, mostly {memory['dominant_term'].replace('_', ' ')}",
-            bad=bool(memory["oom"]),
+            f"{memory.peak_stage}, mostly {memory.dominant_term.replace('_', ' ')}",
+            bad=bool(memory.oom),
         )
     )
     return '<div class="cards">' + "".join(cards) + "</div>"
 
 
-def _warnings(result: dict[str, Any]) -> str:
+def _warnings(result: StepResult) -> str:
     items = []
-    for warning in result.get("warnings", []):
+    for warning in result.warnings:
         cls = ' class="oom"' if str(warning).startswith("out of memory") else ""
         items.append(f"<li{cls}>{_esc(warning)}</li>")
     return f'<ul class="warnings">{"".join(items)}</ul>' if items else ""
@@ -570,52 +571,52 @@ def _warnings(result: dict[str, Any]) -> str:
 
 def _setup(run: RunResult) -> str:
     result, scenario = run.result, run.scenario
-    cluster, layout, model = result["cluster"], result["layout"], result["model"]
+    cluster, layout, model = result.cluster, result.layout, result.model
     parallel = scenario.parallel
     per_node = scenario.cluster_spec.gpus_per_node
-    schedule = str(layout["schedule"])
+    schedule = str(layout.schedule)
     if getattr(parallel, "virtual_stages", 1) > 1:
         schedule += f" ({parallel.virtual_stages} virtual stages per rank)"
-    simulation = result.get("simulation", {})
-    fidelity = str(result["fidelity"])
+    simulation = result.simulation
+    fidelity = str(result.fidelity)
     if simulation.get("folded"):
         fidelity += (
-            f"; {simulation['simulated_ranks']} of {cluster['gpus']} ranks simulated, one per "
+            f"; {simulation['simulated_ranks']} of {cluster.gpus} ranks simulated, one per "
             "pipeline stage, each standing for its symmetric peers"
         )
-    measured = result.get("measured")
+    measured = result.measured
     if measured:
-        fidelity += f" on {measured.get('device', '?')} ({measured.get('backend', '?')})"
+        fidelity += f" on {measured.device} ({measured.backend})"
     rows = [
         (
             "cluster",
-            f"{cluster['nodes']} × {cluster['name']}: {cluster['gpus']} × {cluster['gpu']}"
+            f"{cluster.nodes} × {cluster.name}: {cluster.gpus} × {cluster.gpu}"
             f" ({per_node} per node)",
         ),
-        ("model", f"{model['name']} ({_parameters(model['parameters'])} parameters)"),
+        ("model", f"{model.name} ({_parameters(model.parameters)} parameters)"),
         (
             "layout",
-            f"tp {layout['tp']} · pp {layout['pp']} · dp {layout['dp']} · "
+            f"tp {layout.tp} · pp {layout.pp} · dp {layout.dp} · "
             f"ep {scenario.layout.ep} · sp {'on' if parallel.sp else 'off'} · "
-            f"placement {', '.join(layout['placement'])}",
+            f"placement {', '.join(layout.placement)}",
         ),
         (
             "schedule",
-            f"{schedule} · {_count(layout['microbatches'], 'micro-batch', 'micro-batches')} "
-            f"of {layout['micro_batch']} · "
-            f"global batch {layout['global_batch']} · recompute {layout['recompute']}",
+            f"{schedule} · {_count(layout.microbatches, 'micro-batch', 'micro-batches')} "
+            f"of {layout.micro_batch} · "
+            f"global batch {layout.global_batch} · recompute {layout.recompute}",
         ),
         ("simulation", fidelity),
     ]
-    moe = result.get("moe")
+    moe = result.moe
     if moe:
         rows.append(
             (
                 "experts",
-                f"{moe['experts']} experts, top-{moe['top_k']}, ep {moe['ep']}, "
-                f"{moe['routing']} routing · busiest expert gets "
-                f"{moe['imbalance_max']:.2f}× the mean · "
-                f"{100 * moe['dropped_fraction']:.1f}% tokens dropped",
+                f"{moe.experts} experts, top-{moe.top_k}, ep {moe.ep}, "
+                f"{moe.routing} routing · busiest expert gets "
+                f"{moe.imbalance_max:.2f}× the mean · "
+                f"{100 * moe.dropped_fraction:.1f}% tokens dropped",
             )
         )
     body = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
@@ -653,7 +654,7 @@ def run_report_html(
     by_what = (
         "one bar per rank"
         if row_kind == "rank"
-        else f"one bar per pipeline stage, the mean of its ranks ({len(result['per_rank'])} "
+        else f"one bar per pipeline stage, the mean of its ranks ({len(result.per_rank)} "
         "ranks are too many to draw one by one)"
     )
     sections.append(
@@ -699,7 +700,7 @@ def run_report_html(
             )
         )
 
-    memory = result["memory"]
+    memory = result.memory
     sections.append(
         _section(
             "memory",
@@ -728,16 +729,16 @@ def run_report_html(
         )
         charts.append("links")
     else:
-        if result["fidelity"] == "flow":
+        if result.fidelity == "flow":
             line = "No link carried any traffic in this step."
-        elif result["fidelity"] == "measured":
+        elif result.fidelity == "measured":
             line = (
                 "Link utilisation needs flow fidelity; a measured step records none. "
                 "Simulate the scenario with --set simulation.fidelity=flow to see it."
             )
         else:
             line = (
-                f"Link utilisation needs flow fidelity; this run is {result['fidelity']}. "
+                f"Link utilisation needs flow fidelity; this run is {result.fidelity}. "
                 "Run it again with --set simulation.fidelity=flow to see it."
             )
         sections.append(
@@ -772,7 +773,7 @@ def run_report_html(
     )
     charts.append("timeline")
 
-    version = result.get("parasim_version", "")
+    version = result.parasim_version
     page = f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -785,7 +786,7 @@ def run_report_html(
 <body>
 <main>
 <h1>{_esc(title)}</h1>
-<p class="sub">{_esc(result["scenario"])}{" · " + _esc(description) if description else ""}</p>
+<p class="sub">{_esc(result.scenario)}{" · " + _esc(description) if description else ""}</p>
 <section id="summary">{summary}</section>
 {"".join(sections)}
 <footer>parasim {_esc(version)} · beside this page: result.json (every number above),

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
 from rich.table import Table
 
 from simulator.analysis.metrics import CATEGORIES
+from simulator.analysis.result import StepResult
 from topologies.units import format_bytes, format_flops, format_time
 
 __all__ = ["print_summary"]
@@ -21,56 +20,53 @@ def _share(part: float, whole: float) -> str:
     return f"{100 * part / whole:5.1f}%" if whole > 0 else "-"
 
 
-def print_summary(result: dict[str, Any], console: Console, outputs: list[str]) -> None:
-    layout = result["layout"]
-    cluster = result["cluster"]
-    step = result["step_time_s"]
-    head = Table(title=f"parasim · {result['scenario']}", show_header=False, title_justify="left")
+def print_summary(result: StepResult, console: Console, outputs: list[str]) -> None:
+    layout = result.layout
+    cluster = result.cluster
+    step = result.step_time_s
+    head = Table(title=f"parasim · {result.scenario}", show_header=False, title_justify="left")
     head.add_column(style="bold")
     head.add_column()
-    head.add_row(
-        "cluster", f"{cluster['nodes']} × {cluster['name']} ({cluster['gpus']} × {cluster['gpu']})"
-    )
+    head.add_row("cluster", f"{cluster.nodes} × {cluster.name} ({cluster.gpus} × {cluster.gpu})")
     head.add_row(
         "model",
-        f"{result['model']['name']} ({_parameters(result['model']['parameters'])} parameters)",
+        f"{result.model.name} ({_parameters(result.model.parameters)} parameters)",
     )
     head.add_row(
         "layout",
-        f"tp={layout['tp']} pp={layout['pp']} dp={layout['dp']} · {layout['schedule']} · "
-        f"{layout['microbatches']} × micro-batch {layout['micro_batch']} · "
-        f"recompute {layout['recompute']}",
+        f"tp={layout.tp} pp={layout.pp} dp={layout.dp} · {layout.schedule} · "
+        f"{layout.microbatches} × micro-batch {layout.micro_batch} · "
+        f"recompute {layout.recompute}",
     )
     head.add_row("step time", format_time(step))
-    head.add_row("throughput", f"{result['tokens_per_s']:,.0f} tokens/s")
+    head.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")
     head.add_row(
         "per GPU",
-        f"{format_flops(result['tflops_per_gpu'] * 1e12)} (model FLOPs) · "
-        f"MFU {100 * result['mfu']:.1f}%",
+        f"{format_flops(result.tflops_per_gpu * 1e12)} (model FLOPs) · MFU {100 * result.mfu:.1f}%",
     )
-    memory = result["memory"]
-    verdict = "[bold red]OUT OF MEMORY[/]" if memory["oom"] else "fits"
+    memory = result.memory
+    verdict = "[bold red]OUT OF MEMORY[/]" if memory.oom else "fits"
     head.add_row(
         "memory",
-        f"{format_bytes(memory['peak_bytes_per_gpu'])} of {format_bytes(memory['capacity_bytes'])} "
-        f"per GPU (stage {memory['peak_stage']}, mostly {memory['dominant_term']}) — {verdict}",
+        f"{format_bytes(memory.peak_bytes_per_gpu)} of {format_bytes(memory.capacity_bytes)} "
+        f"per GPU (stage {memory.peak_stage}, mostly {memory.dominant_term}) — {verdict}",
     )
     console.print(head)
 
-    breakdown = result["breakdown"]
+    breakdown = result.breakdown
     table = Table(title="where the step time goes", title_justify="left")
     table.add_column("category")
-    table.add_column(f"critical rank {breakdown['critical_rank']}", justify="right")
+    table.add_column(f"critical rank {breakdown.critical_rank}", justify="right")
     table.add_column("mean over ranks", justify="right")
     for category in CATEGORIES:
-        crit, mean = breakdown["critical"][category], breakdown["mean"][category]
+        crit, mean = breakdown.critical[category], breakdown.mean[category]
         table.add_row(
             category,
             f"{format_time(crit)}  {_share(crit, step)}",
             f"{format_time(mean)}  {_share(mean, step)}",
         )
     console.print(table)
-    for warning in result["warnings"]:
+    for warning in result.warnings:
         style = "bold red" if warning.startswith("out of memory") else "yellow"
         console.print(f"[{style}]warning:[/] {warning}")
     if outputs:

@@ -13,6 +13,14 @@ from typing import Any
 from simulator.analysis.links import link_summary
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import account_rank, account_step
+from simulator.analysis.result import (
+    ClusterSummary,
+    LayoutSummary,
+    LinkUse,
+    ModelSummary,
+    MoESummary,
+    StepResult,
+)
 from simulator.analysis.trace import OpRecord, Trace
 from simulator.arithmetic.counts import (
     active_parameter_count,
@@ -51,7 +59,7 @@ class RunResult:
     scenario: Scenario
     schedule: Schedule
     times: SimulationTimes
-    result: dict[str, Any]
+    result: StepResult
 
 
 def build_schedule(scenario: Scenario) -> Schedule:
@@ -159,7 +167,7 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
     layout = run.scenario.layout
     meta = {
         "scenario": run.scenario.name,
-        "fidelity": run.result["fidelity"],
+        "fidelity": run.result.fidelity,
         "gpus_per_node": run.scenario.cluster_spec.gpus_per_node,
         "world": layout.world,
         "ranks_shown": chosen,
@@ -230,7 +238,7 @@ def trace_ranks(run: RunResult) -> tuple[list[int] | None, str | None]:
     """Which ranks the trace outputs keep, and a note when they leave some out."""
     if run.schedule.num_ops <= FULL_TRACE_OP_LIMIT:
         return None, None
-    ranks = representative_ranks(run.scenario, run.result["breakdown"]["critical_rank"])
+    ranks = representative_ranks(run.scenario, run.result.breakdown.critical_rank)
     note = (
         f"trace.json and timeline.html show {len(ranks)} representative ranks of "
         f"{run.scenario.layout.world} (one per pipeline stage and the critical rank); "
@@ -251,12 +259,12 @@ def run_scenario(scenario: Scenario) -> RunResult:
 
 def assemble_result(
     scenario: Scenario, schedule: Schedule, times: SimulationTimes, fidelity: str
-) -> dict[str, Any]:
-    """``result.json`` for a step whose op times are known: simulated or measured."""
+) -> StepResult:
+    """The result of a step whose op times are known: simulated or measured."""
     layout = scenario.layout
     gpu = scenario.cluster_spec.gpu
     training = scenario.training
-    accounting = account_step(schedule, times, layout, scenario.cluster_spec.gpus_per_node)
+    breakdown, per_rank = account_step(schedule, times, layout, scenario.cluster_spec.gpus_per_node)
     step = times.step_time
     model_flops = model_flops_per_step(scenario.model, training.global_batch, scenario.moe)
     world = layout.world
@@ -268,65 +276,62 @@ def assemble_result(
         for op in program.ops
         if type(op) is Compute or type(op) is Block
     )
-    memory = memory_per_rank(step_config(scenario), gpu.hbm_capacity)
+    memory = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, gpu.hbm_capacity)
     warnings = list(scenario.warnings)
-    if memory["oom"]:
+    if memory.oom:
         warnings.append(
-            f"out of memory: stage {memory['peak_stage']} needs "
-            f"{memory['peak_bytes_per_gpu'] / 2**30:.1f} GiB per GPU but the GPU has "
-            f"{gpu.hbm_capacity / 2**30:.1f} GiB ({memory['dominant_term']} dominate)"
+            f"out of memory: stage {memory.peak_stage} needs "
+            f"{memory.peak_bytes_per_gpu / 2**30:.1f} GiB per GPU but the GPU has "
+            f"{gpu.hbm_capacity / 2**30:.1f} GiB ({memory.dominant_term} dominate)"
         )
-    result: dict[str, Any] = {
-        "parasim_version": __version__,
-        "scenario": scenario.name,
-        "fidelity": fidelity,
-        "cluster": {
-            "name": scenario.cluster_spec.name,
-            "nodes": scenario.cluster_spec.nodes,
-            "gpus": world,
-            "gpu": gpu.name,
-            "peak_flops_per_gpu": gpu.peak_flops,
-        },
-        "model": {
-            "name": scenario.model.name,
-            "parameters": parameter_count(scenario.model, scenario.moe),
-            "active_parameters": active_parameter_count(scenario.model, scenario.moe),
-        },
-        "layout": {
-            "tp": layout.tp,
-            "pp": layout.pp,
-            "dp": layout.dp,
-            "placement": list(layout.placement),
-            "schedule": scenario.parallel.schedule,
-            "micro_batch": training.micro_batch,
-            "microbatches": scenario.microbatches,
-            "global_batch": training.global_batch,
-            "recompute": training.recompute,
-            "attention": training.attention,
-        },
-        "step_time_s": step,
-        "tokens_per_s": training.global_batch * scenario.model.seq_len / step,
-        "model_flops_per_step": model_flops,
-        "hardware_flops_per_step": hardware_flops,
-        "tflops_per_gpu": model_flops / step / world / 1e12,
-        "mfu": model_flops / (step * world * gpu.peak_flops),
-        "hardware_tflops_per_gpu": hardware_flops / step / world / 1e12,
-        "hfu": hardware_flops / (step * world * gpu.peak_flops),
-        "breakdown": {
-            "critical_rank": accounting["critical_rank"],
-            "critical": accounting["critical"],
-            "mean": accounting["mean"],
-        },
-        "per_rank": accounting["per_rank"],
-        "memory": memory,
-        "moe": moe_summary(schedule),
-        "warnings": warnings,
-        "simulation": {
+    moe = moe_summary(schedule)
+    links = link_summary(scenario.cluster, times.link_utilisation, step)
+    return StepResult(
+        parasim_version=__version__,
+        scenario=scenario.name,
+        fidelity=fidelity,
+        cluster=ClusterSummary(
+            name=scenario.cluster_spec.name,
+            nodes=scenario.cluster_spec.nodes,
+            gpus=world,
+            gpu=gpu.name,
+            peak_flops_per_gpu=gpu.peak_flops,
+        ),
+        model=ModelSummary(
+            name=scenario.model.name,
+            parameters=parameter_count(scenario.model, scenario.moe),
+            active_parameters=active_parameter_count(scenario.model, scenario.moe),
+        ),
+        layout=LayoutSummary(
+            tp=layout.tp,
+            pp=layout.pp,
+            dp=layout.dp,
+            placement=list(layout.placement),
+            schedule=scenario.parallel.schedule,
+            micro_batch=training.micro_batch,
+            microbatches=scenario.microbatches,
+            global_batch=training.global_batch,
+            recompute=training.recompute,
+            attention=training.attention,
+        ),
+        step_time_s=step,
+        tokens_per_s=training.global_batch * scenario.model.seq_len / step,
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hardware_flops,
+        tflops_per_gpu=model_flops / step / world / 1e12,
+        mfu=model_flops / (step * world * gpu.peak_flops),
+        hardware_tflops_per_gpu=hardware_flops / step / world / 1e12,
+        hfu=hardware_flops / (step * world * gpu.peak_flops),
+        breakdown=breakdown,
+        per_rank=per_rank,
+        memory=memory,
+        moe=MoESummary(**moe) if moe is not None else None,
+        warnings=warnings,
+        simulation={
             **times.stats,
             "simulated_ranks": len(schedule.programs),
             "folded": len(schedule.programs) < world,
             "collective_choices": times.collective_choices,
         },
-        "network": {"busiest_links": link_summary(scenario.cluster, times.link_utilisation, step)},
-    }
-    return result
+        busiest_links=[LinkUse(**row) for row in links],
+    )

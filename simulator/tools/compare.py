@@ -18,15 +18,25 @@ This module only compares: reading the run folders, the console table and the fi
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simulator.analysis.metrics import CATEGORIES
+from simulator.analysis.result import StepResult
 from simulator.analysis.trace import Trace, category_of
 from simulator.common.errors import ParasimError
 
-__all__ = ["compare_runs", "overlay_trace", "relative_error"]
+__all__ = [
+    "Comparison",
+    "StepTimeComparison",
+    "CategoryComparison",
+    "OpClassComparison",
+    "compare_runs",
+    "overlay_trace",
+    "relative_error",
+]
 
 
 def relative_error(predicted: float, measured: float) -> float | None:
@@ -42,10 +52,50 @@ def _class_seconds(trace: Trace, ranks: set[int]) -> dict[str, float]:
     return {key: value / max(1, len(ranks)) for key, value in sorted(totals.items())}
 
 
+@dataclass
+class StepTimeComparison:
+    predicted_s: float
+    measured_s: float
+    error: float | None
+
+
+@dataclass
+class CategoryComparison:
+    category: str
+    predicted_s: float
+    measured_s: float
+
+
+@dataclass
+class OpClassComparison:
+    op_class: str
+    predicted_s: float
+    measured_s: float
+    error: float | None
+
+
+@dataclass
+class Comparison:
+    """A predicted step set against a measured one (``compare.json``)."""
+
+    scenario: dict[str, str]
+    step_time: StepTimeComparison
+    breakdown_mean: list[CategoryComparison]
+    op_classes: list[OpClassComparison]
+    ranks_compared: list[int]
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for row in data["op_classes"]:
+            row["class"] = row.pop("op_class")
+        return data
+
+
 def compare_runs(
-    predicted: tuple[dict[str, Any], Trace], measured: tuple[dict[str, Any], Trace]
-) -> dict[str, Any]:
-    """The comparison as a JSON-ready dict."""
+    predicted: tuple[StepResult, Trace], measured: tuple[StepResult, Trace]
+) -> Comparison:
+    """The comparison: step time, the mean time per category, and per op class the
+    time per rank over the ranks both runs show."""
     (p_result, p_trace), (m_result, m_trace) = predicted, measured
     ranks = set(p_trace.ranks()) & set(m_trace.ranks())
     if not ranks:
@@ -54,29 +104,19 @@ def compare_runs(
     classes = []
     for key in sorted(set(p_classes) | set(m_classes)):
         p, m = p_classes.get(key, 0.0), m_classes.get(key, 0.0)
-        classes.append(
-            {"class": key, "predicted_s": p, "measured_s": m, "error": relative_error(p, m)}
-        )
+        classes.append(OpClassComparison(key, p, m, relative_error(p, m)))
     breakdown = [
-        {
-            "category": c,
-            "predicted_s": p_result["breakdown"]["mean"][c],
-            "measured_s": m_result["breakdown"]["mean"][c],
-        }
+        CategoryComparison(c, p_result.breakdown.mean[c], m_result.breakdown.mean[c])
         for c in CATEGORIES
     ]
-    p_step, m_step = p_result["step_time_s"], m_result["step_time_s"]
-    return {
-        "scenario": {"predicted": p_result.get("scenario"), "measured": m_result.get("scenario")},
-        "step_time": {
-            "predicted_s": p_step,
-            "measured_s": m_step,
-            "error": relative_error(p_step, m_step),
-        },
-        "breakdown_mean": breakdown,
-        "op_classes": classes,
-        "ranks_compared": sorted(ranks),
-    }
+    p_step, m_step = p_result.step_time_s, m_result.step_time_s
+    return Comparison(
+        scenario={"predicted": p_result.scenario, "measured": m_result.scenario},
+        step_time=StepTimeComparison(p_step, m_step, relative_error(p_step, m_step)),
+        breakdown_mean=breakdown,
+        op_classes=classes,
+        ranks_compared=sorted(ranks),
+    )
 
 
 def overlay_trace(p_trace: Trace, m_trace: Trace) -> Trace:

@@ -33,10 +33,11 @@ from typing import Any
 
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
+from simulator.analysis.result import MemoryEstimate, StepResult
 from simulator.common.errors import ParasimError
 from simulator.request.layout import Layout
 from simulator.request.scenario import Scenario, load_scenario, scenario_from_dict
-from simulator.run.simulate import run_scenario, step_config
+from simulator.run.simulate import run_scenario
 from simulator.tools.mistakes import (
     BUBBLE_TARGET,
     CAPACITY_FIX,
@@ -177,24 +178,24 @@ def _assign(raw: dict[str, Any], key: str, value: Any) -> None:
     node[last] = copy.deepcopy(value)
 
 
-def snapshot(scenario: Scenario, result: dict[str, Any]) -> dict[str, Any]:
+def snapshot(scenario: Scenario, result: StepResult) -> dict[str, Any]:
     """The numbers of a run that explain compares: step time, layout, the breakdown of the
     critical rank and the mean (with exposed communication per axis), memory and MoE."""
-    rows = result["per_rank"]
-    critical_rank = result["breakdown"]["critical_rank"]
-    critical_row = next(row for row in rows if row["rank"] == critical_rank)
+    rows = result.per_rank
+    critical_rank = result.breakdown.critical_rank
+    critical_row = next(row for row in rows if row.rank == critical_rank)
     mean_axes: dict[str, float] = {}
     for row in rows:
-        for axis, seconds in row["exposed_comm_by_axis"].items():
+        for axis, seconds in row.exposed_comm_by_axis.items():
             mean_axes[axis] = mean_axes.get(axis, 0.0) + seconds / len(rows)
-    memory = result["memory"]
-    peak = next(s for s in memory["per_stage"] if s["stage"] == memory["peak_stage"])
+    memory = result.memory
+    peak = next(s for s in memory.per_stage if s.stage == memory.peak_stage)
     layout, parallel, training = scenario.layout, scenario.parallel, scenario.training
-    moe = result.get("moe")
+    moe = result.moe
     return {
-        "step_time_s": result["step_time_s"],
-        "tokens_per_s": result["tokens_per_s"],
-        "mfu": result["mfu"],
+        "step_time_s": result.step_time_s,
+        "tokens_per_s": result.tokens_per_s,
+        "mfu": result.mfu,
         "layout": {
             "tp": layout.tp,
             "pp": layout.pp,
@@ -211,28 +212,28 @@ def snapshot(scenario: Scenario, result: dict[str, Any]) -> dict[str, Any]:
             "optimizer_sharding": training.optimizer_sharding,
         },
         "breakdown": {
-            "critical": dict(result["breakdown"]["critical"]),
-            "mean": dict(result["breakdown"]["mean"]),
+            "critical": dict(result.breakdown.critical),
+            "mean": dict(result.breakdown.mean),
         },
         "exposed_comm_by_axis": {
-            "critical": dict(critical_row["exposed_comm_by_axis"]),
+            "critical": dict(critical_row.exposed_comm_by_axis),
             "mean": dict(sorted(mean_axes.items())),
         },
         "memory": {
-            "peak_bytes_per_gpu": memory["peak_bytes_per_gpu"],
-            "capacity_bytes": memory["capacity_bytes"],
-            "oom": memory["oom"],
-            "dominant_term": memory["dominant_term"],
-            "peak_stage": memory["peak_stage"],
-            "terms_bytes": dict(peak["terms_bytes"]),
+            "peak_bytes_per_gpu": memory.peak_bytes_per_gpu,
+            "capacity_bytes": memory.capacity_bytes,
+            "oom": memory.oom,
+            "dominant_term": memory.dominant_term,
+            "peak_stage": memory.peak_stage,
+            "terms_bytes": dict(peak.terms_bytes),
         },
         "moe": None
         if not moe
         else {
             "capacity_factor": scenario.moe.capacity_factor if scenario.moe else None,
-            "dropped_fraction": moe["dropped_fraction"],
-            "imbalance_mean": moe["imbalance_mean"],
-            "imbalance_max": moe["imbalance_max"],
+            "dropped_fraction": moe.dropped_fraction,
+            "imbalance_mean": moe.imbalance_mean,
+            "imbalance_max": moe.imbalance_max,
         },
     }
 
@@ -264,11 +265,11 @@ class _Case:
 
     @property
     def step(self) -> float:
-        return self.result["step_time_s"]
+        return self.result.step_time_s
 
     @property
-    def memory(self) -> dict[str, Any]:
-        return self.result["memory"]
+    def memory(self) -> MemoryEstimate:
+        return self.result.memory
 
     def variant(self, fix: dict[str, Any]) -> Scenario | None:
         """The scenario with ``fix`` applied, or None when that is not a valid scenario."""
@@ -301,13 +302,12 @@ class _Case:
             if scenario is None or (accept is not None and not accept(scenario)):
                 continue
             try:
-                memory = memory_per_rank(
-                    step_config(scenario), scenario.cluster_spec.gpu.hbm_capacity
-                )
+                capacity = scenario.cluster_spec.gpu.hbm_capacity
+                memory = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, capacity)
             except ParasimError:
                 continue
             valid.append(Option(fix, summary, scenario, memory))
-        fitting = [o for o in valid if not o.memory["oom"]]
+        fitting = [o for o in valid if not o.memory.oom]
         if not fitting and valid and rescue and not self.scenario.training.optimizer_sharding:
             zero1 = {"training.optimizer_sharding": True}
             rescued = self.options(
@@ -315,16 +315,16 @@ class _Case:
                 accept=accept,
                 rescue=False,
             )
-            if rescued and not rescued[0].memory["oom"]:
+            if rescued and not rescued[0].memory.oom:
                 fitting = rescued
         if notes is not None and fitting:
             for option in valid:
-                if option.memory["oom"]:
+                if option.memory.oom:
                     notes.append(
                         f"not proposed, out of memory: {' '.join(set_args(option.fix))} "
                         f"({option.summary}) needs "
-                        f"{format_bytes(option.memory['peak_bytes_per_gpu'])} per GPU of "
-                        f"{format_bytes(option.memory['capacity_bytes'])}"
+                        f"{format_bytes(option.memory.peak_bytes_per_gpu)} per GPU of "
+                        f"{format_bytes(option.memory.capacity_bytes)}"
                     )
         return fitting or valid
 

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from simulator.analysis.result import MemoryEstimate, StepResult
 from simulator.request.layout import Layout
 from simulator.request.scenario import Scenario
 from topologies.units import format_bytes, format_time
@@ -97,7 +98,7 @@ class Option:
     fix: dict[str, Any]
     summary: str
     scenario: Scenario
-    memory: dict[str, Any]
+    memory: MemoryEstimate
     snap: dict[str, Any] | None = None
 
 
@@ -106,7 +107,7 @@ class Case(Protocol):
 
     scenario: Scenario
     #: the simulated step of ``scenario`` (``result.json``'s dict)
-    result: dict[str, Any]
+    result: StepResult
     #: the :func:`~simulator.tools.explain.snapshot` of that step
     before: dict[str, Any]
     #: GPUs per node: the NVLink domain
@@ -119,7 +120,7 @@ class Case(Protocol):
     def step(self) -> float: ...
 
     @property
-    def memory(self) -> dict[str, Any]: ...
+    def memory(self) -> MemoryEstimate: ...
 
     def variant(self, fix: dict[str, Any]) -> Scenario | None:
         """The scenario with ``fix`` applied, or None when that is not a valid scenario."""
@@ -220,8 +221,8 @@ def _tp_first(placement: tuple[str, ...] | list[str], then: str | None = None) -
     return ["tp", *rest]
 
 
-def _peak_terms(memory: dict[str, Any]) -> dict[str, float]:
-    return next(s for s in memory["per_stage"] if s["stage"] == memory["peak_stage"])["terms_bytes"]
+def _peak_terms(memory: MemoryEstimate) -> dict[str, float]:
+    return next(s for s in memory.per_stage if s.stage == memory.peak_stage).terms_bytes
 
 
 # ------------------------------------------------------ TP across nodes, three ways
@@ -360,19 +361,19 @@ def _fix_tp_across_nodes(case: Case) -> Remedy:
 
 def _check_dp_only_oom(case: Case) -> Symptom | None:
     layout, memory = case.layout, case.memory
-    if layout.tp != 1 or layout.pp != 1 or not memory["oom"]:
+    if layout.tp != 1 or layout.pp != 1 or not memory.oom:
         return None
     terms = _peak_terms(memory)
     states = sum(terms[t] for t in _STATE_TERMS)
-    capacity = memory["capacity_bytes"]
-    if memory["dominant_term"] not in _STATE_TERMS and states <= capacity:
+    capacity = memory.capacity_bytes
+    if memory.dominant_term not in _STATE_TERMS and states <= capacity:
         return None
-    params = memory["per_stage"][0]["parameters"]
+    params = memory.per_stage[0].parameters
     return Symptom(
         f"data parallelism alone keeps the whole model on every GPU: {params / 1e9:.2f} B "
         f"parameters × 16 bytes of weights, gradients and Adam state take "
         f"{format_bytes(states)} per GPU, plus {format_bytes(terms['activations'])} of "
-        f"activations, {format_bytes(memory['peak_bytes_per_gpu'])} in all against "
+        f"activations, {format_bytes(memory.peak_bytes_per_gpu)} in all against "
         f"{format_bytes(capacity)}; the {layout.dp} replicas add throughput, not headroom."
     )
 
@@ -396,12 +397,12 @@ def _fix_dp_only_oom(case: Case) -> Remedy:
         if not found:
             continue
         largest_tp = t
-        if not found[0].memory["oom"]:
+        if not found[0].memory.oom:
             chosen = found
             break
         notes.append(
             f"tp {t} × dp {world // t} would still need "
-            f"{format_bytes(found[0].memory['peak_bytes_per_gpu'])} per GPU"
+            f"{format_bytes(found[0].memory.peak_bytes_per_gpu)} per GPU"
         )
     if not chosen and largest_tp > 1:
         t = largest_tp
@@ -411,7 +412,7 @@ def _fix_dp_only_oom(case: Case) -> Remedy:
             fix = {"parallel.tp": t, "parallel.pp": p, "parallel.dp": world // (t * p)} | placement
             summary = f"tp {t} × pp {p} × dp {world // (t * p)}: each GPU holds 1/{t * p}"
             found = case.options([(fix, summary)], rescue=False)
-            if found and not found[0].memory["oom"]:
+            if found and not found[0].memory.oom:
                 chosen = found
                 break
     zero1: list[Option] = []
@@ -425,10 +426,10 @@ def _fix_dp_only_oom(case: Case) -> Remedy:
             ],
             rescue=False,
         )
-        if zero1 and zero1[0].memory["oom"]:
+        if zero1 and zero1[0].memory.oom:
             notes.append(
                 f"ZeRO-1 alone would still need "
-                f"{format_bytes(zero1[0].memory['peak_bytes_per_gpu'])} per GPU"
+                f"{format_bytes(zero1[0].memory.peak_bytes_per_gpu)} per GPU"
             )
             zero1 = []
     return Remedy(chosen + zero1, notes)
@@ -441,15 +442,15 @@ def _check_sp(case: Case) -> Symptom | None:
     terms = _peak_terms(memory)
     activations, peak, capacity = (
         terms["activations"],
-        memory["peak_bytes_per_gpu"],
-        memory["capacity_bytes"],
+        memory.peak_bytes_per_gpu,
+        memory.capacity_bytes,
     )
-    dominant = memory["dominant_term"] == "activations"
-    pressured = dominant and (memory["oom"] or peak > SP_PRESSURE * capacity)
-    out_because = memory["oom"] and peak - activations <= capacity
+    dominant = memory.dominant_term == "activations"
+    pressured = dominant and (memory.oom or peak > SP_PRESSURE * capacity)
+    out_because = memory.oom and peak - activations <= capacity
     if not (pressured or out_because):
         return None
-    verdict = "out of memory" if memory["oom"] else f"{_pct(peak, capacity)} of the GPU"
+    verdict = "out of memory" if memory.oom else f"{_pct(peak, capacity)} of the GPU"
     return Symptom(
         f"with tp({layout.tp}) and sequence parallelism off, every TP rank keeps the "
         f"norms', dropouts' and residuals' activations for the whole sequence: activations "
@@ -469,12 +470,12 @@ def _fix_sp(case: Case) -> Remedy:
 
 def _check_oom(case: Case) -> Symptom | None:
     memory = case.memory
-    if not memory["oom"]:
+    if not memory.oom:
         return None
     terms = _peak_terms(memory)
     return Symptom(
-        f"stage {memory['peak_stage']} needs {format_bytes(memory['peak_bytes_per_gpu'])} per "
-        f"GPU against {format_bytes(memory['capacity_bytes'])} ("
+        f"stage {memory.peak_stage} needs {format_bytes(memory.peak_bytes_per_gpu)} per "
+        f"GPU against {format_bytes(memory.capacity_bytes)} ("
         + ", ".join(f"{name} {format_bytes(v)}" for name, v in terms.items() if v > 0)
         + ")."
     )
@@ -507,7 +508,7 @@ def _fix_oom(case: Case) -> Remedy:
             )
         )
         p *= 2
-    return Remedy([o for o in case.options(candidates, rescue=False) if not o.memory["oom"]][:1])
+    return Remedy([o for o in case.options(candidates, rescue=False) if not o.memory.oom][:1])
 
 
 # ------------------------------------------------------------------------- pipeline
@@ -534,7 +535,7 @@ def _check_microbatches(case: Case) -> Symptom | None:
     if case.layout.pp == 1:
         return None
     p, v, m, reference = _pipeline(case)
-    bubble = case.result["breakdown"]["critical"]["bubble"]
+    bubble = case.result.breakdown.critical["bubble"]
     if reference <= BUBBLE_TARGET or bubble <= BUBBLE_TARGET * case.step:
         return None
     return Symptom(
@@ -634,15 +635,15 @@ def _fix_ep(case: Case) -> Remedy:
 
 
 def _check_routing(case: Case) -> Symptom | None:
-    moe, moe_result = case.scenario.moe, case.result.get("moe")
+    moe, moe_result = case.scenario.moe, case.result.moe
     if moe is None or not moe_result or case.layout.ep == 1:
         return None
-    stall = case.result["breakdown"]["critical"]["imbalance_stall"]
+    stall = case.result.breakdown.critical["imbalance_stall"]
     if stall <= STALL_SHARE * case.step:
         return None
     return Symptom(
-        f"the {moe_result['routing']} router sends the busiest expert "
-        f"{moe_result['imbalance_mean']:.2f}× the mean load, and the critical rank waits "
+        f"the {moe_result.routing} router sends the busiest expert "
+        f"{moe_result.imbalance_mean:.2f}× the mean load, and the critical rank waits "
         f"{format_time(stall)} ({_pct(stall, case.step)}) of the step at the all-to-alls for "
         f"the ranks holding the hot experts."
     )

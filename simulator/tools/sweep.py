@@ -92,7 +92,7 @@ from simulator.request.scenario import (
     read_scenario_file,
     scenario_from_dict,
 )
-from simulator.run.simulate import run_scenario, step_config
+from simulator.run.simulate import run_scenario
 from topologies import TopologyError, load_cluster_spec
 from topologies.validation import nearest_key_hint, validation_message
 
@@ -512,14 +512,15 @@ def _check(raw: dict[str, Any], source: str, base_dir: str, overrides: list[str]
     """Validate one candidate and estimate its memory."""
     try:
         scenario = _load(raw, source, base_dir, overrides)
-        memory = memory_per_rank(step_config(scenario), scenario.cluster_spec.gpu.hbm_capacity)
+        capacity = scenario.cluster_spec.gpu.hbm_capacity
+        memory = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, capacity)
     except ParasimError as exc:
         return {"status": "invalid", "reason": (str(exc).splitlines() or [""])[0]}
     return {
-        "status": "pruned" if memory["oom"] else "fits",
-        "peak_bytes_per_gpu": memory["peak_bytes_per_gpu"],
-        "capacity_bytes": memory["capacity_bytes"],
-        "dominant_term": memory["dominant_term"],
+        "status": "pruned" if memory.oom else "fits",
+        "peak_bytes_per_gpu": memory.peak_bytes_per_gpu,
+        "capacity_bytes": memory.capacity_bytes,
+        "dominant_term": memory.dominant_term,
     }
 
 
@@ -547,27 +548,27 @@ def simulate_overrides(
         result = run_scenario(scenario).result
     except ParasimError as exc:
         return {"status": "failed", "reason": (str(exc).splitlines() or [""])[0]}
-    step = result["step_time_s"]
-    mean = result["breakdown"]["mean"]
-    memory = result["memory"]
+    step = result.step_time_s
+    mean = result.breakdown.mean
+    memory = result.memory
     return {
         "status": "simulated",
         "step_time_s": step,
-        "tokens_per_s": result["tokens_per_s"],
-        "tflops_per_gpu": result["tflops_per_gpu"],
-        "mfu": result["mfu"],
-        "microbatches": result["layout"]["microbatches"],
-        "global_batch": result["layout"]["global_batch"],
-        "peak_bytes_per_gpu": memory["peak_bytes_per_gpu"],
-        "capacity_bytes": memory["capacity_bytes"],
-        "memory_fraction": memory["peak_bytes_per_gpu"] / memory["capacity_bytes"],
-        "oom": memory["oom"],
-        "dominant_memory_term": memory["dominant_term"],
+        "tokens_per_s": result.tokens_per_s,
+        "tflops_per_gpu": result.tflops_per_gpu,
+        "mfu": result.mfu,
+        "microbatches": result.layout.microbatches,
+        "global_batch": result.layout.global_batch,
+        "peak_bytes_per_gpu": memory.peak_bytes_per_gpu,
+        "capacity_bytes": memory.capacity_bytes,
+        "memory_fraction": memory.peak_bytes_per_gpu / memory.capacity_bytes,
+        "oom": memory.oom,
+        "dominant_memory_term": memory.dominant_term,
         "breakdown_mean_s": {c: mean[c] for c in CATEGORIES},
         "bubble_fraction": mean["bubble"] / step,
         "exposed_comm_fraction": mean["exposed_comm"] / step,
         "stall_fraction": mean["imbalance_stall"] / step,
-        "warnings": result["warnings"],
+        "warnings": result.warnings,
     }
 
 

@@ -1,0 +1,216 @@
+"""The result of one step, simulated or measured: a typed value, and ``result.json``.
+
+:class:`StepResult` is what :func:`simulator.run.simulate.run_scenario` returns (in a
+``RunResult``), what ``parasim replay`` measures, and what the reports, sweep, scale,
+explain and compare read. Its parts are dataclasses too; dicts are left only where the
+keys are open-ended (time per category, per phase, per axis, memory per term, the
+engine's statistics). :meth:`StepResult.to_json` gives ``result.json``'s content and
+:meth:`StepResult.from_json` reads it back, so a file written by an earlier run loads
+into the same type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "StepResult",
+    "ClusterSummary",
+    "ModelSummary",
+    "LayoutSummary",
+    "Breakdown",
+    "RankAccount",
+    "StageMemory",
+    "MemoryEstimate",
+    "MoESummary",
+    "LinkUse",
+    "MeasuredRun",
+]
+
+
+@dataclass
+class ClusterSummary:
+    name: str
+    nodes: int
+    gpus: int
+    gpu: str
+    peak_flops_per_gpu: float
+
+
+@dataclass
+class ModelSummary:
+    name: str
+    parameters: int
+    active_parameters: int
+
+
+@dataclass
+class LayoutSummary:
+    """The layout and batch of the step, as ``result.json`` records them."""
+
+    tp: int
+    pp: int
+    dp: int
+    placement: list[str]
+    schedule: str
+    micro_batch: int
+    microbatches: int
+    global_batch: int
+    recompute: str
+    attention: str
+
+
+@dataclass
+class Breakdown:
+    """Where the step's time went: on the critical rank, and the mean over ranks."""
+
+    critical_rank: int
+    critical: dict[str, float]
+    mean: dict[str, float]
+
+
+@dataclass
+class RankAccount:
+    """One rank's time: its categories, exposed communication by axis, compute by
+    phase, and when it finished."""
+
+    rank: int
+    node: int
+    tp: int
+    dp: int
+    pp: int
+    end_s: float
+    breakdown: dict[str, float]
+    exposed_comm_by_axis: dict[str, float]
+    compute_by_phase: dict[str, float]
+
+
+@dataclass
+class StageMemory:
+    """Peak memory of every rank of one pipeline rank, by term."""
+
+    stage: int
+    parameters: int
+    in_flight_microbatches: int
+    terms_bytes: dict[str, float]
+    total_bytes: float
+    dominant: str
+
+
+@dataclass
+class MemoryEstimate:
+    """Peak bytes per GPU (the worst pipeline rank's), the capacity, and the verdict."""
+
+    peak_bytes_per_gpu: float
+    peak_stage: int
+    capacity_bytes: float
+    oom: bool
+    dominant_term: str
+    per_stage: list[StageMemory]
+
+
+@dataclass
+class MoESummary:
+    """Token routing over every MoE layer and micro-batch the step ran."""
+
+    experts: int
+    top_k: int
+    ep: int
+    routing: str
+    token_assignments: int
+    dropped_fraction: float
+    imbalance_mean: float
+    imbalance_max: float
+
+
+@dataclass
+class LinkUse:
+    """One of the busiest links: what it carried over the step."""
+
+    link: str
+    bandwidth_Bps: float
+    bytes: float
+    mean_utilisation: float
+    peak_utilisation: float
+
+
+@dataclass
+class MeasuredRun:
+    """How a measured step was measured (``parasim replay``)."""
+
+    backend: str
+    device: str
+    torch: str
+    warmup_steps: int
+    step_times_s: list[float]
+    step_shown: int
+    verified_collectives: bool
+
+
+@dataclass
+class StepResult:
+    """One training step's numbers (``result.json``)."""
+
+    parasim_version: str
+    scenario: str
+    fidelity: str
+    cluster: ClusterSummary
+    model: ModelSummary
+    layout: LayoutSummary
+    step_time_s: float
+    tokens_per_s: float
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    tflops_per_gpu: float
+    mfu: float
+    hardware_tflops_per_gpu: float
+    hfu: float
+    breakdown: Breakdown
+    per_rank: list[RankAccount]
+    memory: MemoryEstimate
+    moe: MoESummary | None
+    warnings: list[str]
+    # the engine's statistics (ops, events, folded, collective choices, …): open-ended
+    simulation: dict[str, Any]
+    busiest_links: list[LinkUse]
+    measured: MeasuredRun | None = field(default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        """``result.json``'s content (a measured step's has a ``measured`` section)."""
+        data = dataclasses.asdict(self)
+        data["network"] = {"busiest_links": data.pop("busiest_links")}
+        if self.measured is None:
+            del data["measured"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepResult:
+        """Read ``result.json``'s content back."""
+        memory = dict(data["memory"])
+        memory["per_stage"] = [StageMemory(**row) for row in memory["per_stage"]]
+        return cls(
+            parasim_version=data["parasim_version"],
+            scenario=data["scenario"],
+            fidelity=data["fidelity"],
+            cluster=ClusterSummary(**data["cluster"]),
+            model=ModelSummary(**data["model"]),
+            layout=LayoutSummary(**data["layout"]),
+            step_time_s=data["step_time_s"],
+            tokens_per_s=data["tokens_per_s"],
+            model_flops_per_step=data["model_flops_per_step"],
+            hardware_flops_per_step=data["hardware_flops_per_step"],
+            tflops_per_gpu=data["tflops_per_gpu"],
+            mfu=data["mfu"],
+            hardware_tflops_per_gpu=data["hardware_tflops_per_gpu"],
+            hfu=data["hfu"],
+            breakdown=Breakdown(**data["breakdown"]),
+            per_rank=[RankAccount(**row) for row in data["per_rank"]],
+            memory=MemoryEstimate(**memory),
+            moe=MoESummary(**data["moe"]) if data.get("moe") else None,
+            warnings=list(data["warnings"]),
+            simulation=dict(data["simulation"]),
+            busiest_links=[LinkUse(**row) for row in data["network"]["busiest_links"]],
+            measured=MeasuredRun(**data["measured"]) if data.get("measured") else None,
+        )
