@@ -175,3 +175,26 @@ def test_late_imports_only_for_heavy_packages():
 def test_every_module_says_what_it_is(module):
     tree = ast.parse(MODULES[module].read_text())
     assert ast.get_docstring(tree), f"{module} has no docstring at the top"
+
+
+def test_the_front_door_runs_a_scenario_and_its_result_reads_back():
+    import simulator
+
+    assert set(simulator.__all__) == {
+        "__version__",
+        "load_scenario",
+        "run_scenario",
+        "Scenario",
+        "Recipe",
+        "StepResult",
+        "run_sweep",
+        "run_scale",
+        "explain",
+    }
+    assert all(hasattr(simulator, name) for name in simulator.__all__)
+    scenario = simulator.load_scenario(ROOT / "scenarios" / "cpu-tiny.yaml")
+    assert isinstance(scenario, simulator.Scenario)
+    assert isinstance(scenario.recipe, simulator.Recipe)
+    result = simulator.run_scenario(scenario).result
+    assert isinstance(result, simulator.StepResult)
+    assert simulator.StepResult.from_json(result.to_json()) == result

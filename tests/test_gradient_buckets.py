@@ -7,7 +7,7 @@ import pytest
 
 from simulator.arithmetic.counts import pipeline_rank_parameters
 from simulator.request.scenario import load_scenario
-from simulator.run.simulate import build_schedule, step_config
+from simulator.run.simulate import build_schedule
 from simulator.schedule.ir import Collective
 
 from .conftest import SCENARIOS
@@ -29,7 +29,6 @@ def test_bucket_bytes_equal_the_parameters_a_rank_holds(name, overrides):
     scenario = load_scenario(SCENARIOS / name, overrides)
     if scenario.layout.dp == 1:
         pytest.skip("no data parallelism")
-    config = step_config(scenario)
     schedule = build_schedule(scenario)
     layout = scenario.layout
     for rank, program in schedule.programs.items():
@@ -41,7 +40,7 @@ def test_bucket_bytes_equal_the_parameters_a_rank_holds(name, overrides):
         held = pipeline_rank_parameters(
             scenario.recipe, scenario.model, scenario.moe, layout.coords(rank)["pp"]
         )
-        assert reduced == pytest.approx(held * config.grad_bytes, rel=1e-12), rank
+        assert reduced == pytest.approx(held * scenario.recipe.grad_bytes, rel=1e-12), rank
 
 
 def test_swiglu_experts_run_as_swiglu_and_reduce_every_expert_gradient():
@@ -58,9 +57,8 @@ def test_swiglu_experts_run_as_swiglu_and_reduce_every_expert_gradient():
     assert not any(".expert_gelu." in label for label in labels)
     fc1 = next(op for op in ops if ".expert_fc1.fwd" in op.label)
     assert fc1.shape[1] == 2 * 1024 // 2  # gate and up, split over tp 2
-    config = step_config(scenario)
     edp = sum(op.bytes for op in ops if type(op) is Collective and op.stream == "dp")
     assert edp == pytest.approx(
         pipeline_rank_parameters(scenario.recipe, scenario.model, scenario.moe, 0)
-        * config.grad_bytes
+        * scenario.recipe.grad_bytes
     )

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from simulator.analysis.metrics import account_rank
+from simulator.common.vocabulary import PIPELINE_SCHEDULES
 from simulator.engine.core import simulate
 from simulator.request.orders import (
     Action,
@@ -20,7 +21,6 @@ from simulator.request.orders import (
 )
 from simulator.schedule.ir import Compute, Program, Recv, Schedule, Send
 from simulator.schedule.pipeline import (
-    SCHEDULES,
     gpipe_order,
     interleaved_1f1b_order,
     one_f_one_b_order,
@@ -110,7 +110,7 @@ def test_in_flight_counts_chunks_separately():
 
 
 def test_pipeline_order_names_and_errors():
-    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"}
+    assert set(PIPELINE_SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"}
     assert pipeline_order("1f1b", 4, 8) == one_f_one_b_order(4, 8)
     assert pipeline_order("zb-h2", 4, 8) == zb_h2_order(4, 8)
     with pytest.raises(ValueError, match="unknown pipeline schedule 'pipedream'"):

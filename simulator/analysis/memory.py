@@ -80,7 +80,7 @@ def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
     """The forward ops of ``layer`` on one rank (an MoE layer's experts on the ``k·T``
     assignments a rank receives when routing is balanced)."""
     model, layout = config.model, config.layout
-    sp = config.sp and layout.tp > 1
+    sp = config.recipe.sequence_parallel
     ops = layer_forward_ops(model, config.micro_batch, layout.tp, sp, config.recipe.attention)
     if config.moe is None or not is_moe_layer(config.moe, layer):
         return ops
@@ -103,7 +103,7 @@ def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
 def layer_activation_bytes(config: StepConfig, layer: int, recompute: str | None = None) -> float:
     """Bytes ``layer`` keeps for backward per micro-batch on one rank."""
     layout = config.layout
-    sp = config.sp and layout.tp > 1
+    sp = config.recipe.sequence_parallel
     checkpoint = checkpoint_bytes(config.model, config.micro_batch, layout.tp, sp)
     recompute = config.recipe.recompute if recompute is None else recompute
     return layer_saved_bytes(
@@ -125,7 +125,7 @@ def stage_activation_bytes(config: StepConfig, stage: int) -> float:
         )
     if moe:
         total += len(moe) * layer_activation_bytes(config, moe[0])
-    shard = layout.tp if config.sp and layout.tp > 1 else 1
+    shard = layout.tp if config.recipe.sequence_parallel else 1
     if stage == 0:
         total += embedding_op(model, b, layout.tp).saved_bytes
     if stage == config.stages - 1:

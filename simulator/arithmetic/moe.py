@@ -276,16 +276,6 @@ class MoELayerTraffic:
         """Bytes rank i sends to rank j in the combine all-to-all."""
         return self.splits.T
 
-    @property
-    def bytes_sent(self) -> np.ndarray:
-        """Dispatch bytes each rank sends, its own share included."""
-        return self.splits.sum(axis=1)
-
-    @property
-    def bytes_received(self) -> np.ndarray:
-        """Dispatch bytes each rank receives, its own share included."""
-        return self.splits.sum(axis=0)
-
 
 def _tokens_by_rank(tokens_per_rank: int | Sequence[int], ep: int) -> list[int]:
     if isinstance(tokens_per_rank, int | np.integer):

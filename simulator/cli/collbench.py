@@ -9,18 +9,13 @@ import sys
 from typing import Any
 
 from simulator.cli.options import add_fidelity_option
+from simulator.common.vocabulary import ALGORITHMS, COLLECTIVE_KINDS, PROTOCOLS
 from simulator.tools.collbench import collbench_cluster, collbench_rows, parse_sizes
 
 __all__ = ["COLLBENCH_OPS", "add_parser", "command"]
 
-COLLBENCH_OPS = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "broadcast",
-    "sendrecv",
-)
+# every collective the IR names that moves data, and a point-to-point send/receive
+COLLBENCH_OPS = (*(kind for kind in COLLECTIVE_KINDS if kind != "barrier"), "sendrecv")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,10 +30,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--sizes", default="8B-8GiB", help="8B-8GiB (doubling) or a list")
     parser.add_argument(
         "--algo",
-        choices=["ring", "tree", "nvls", "direct", "hierarchical"],
+        choices=list(ALGORITHMS),
         help="pin NCCL's algorithm",
     )
-    parser.add_argument("--proto", choices=["LL", "LL128", "Simple"], help="pin NCCL's protocol")
+    parser.add_argument("--proto", choices=list(PROTOCOLS), help="pin NCCL's protocol")
     add_fidelity_option(parser, default="flow")
     parser.add_argument("--profile", help="calibration profile to apply to the preset")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")

@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import PLACEMENT_AXES
 
-__all__ = ["Layout", "AXES"]
-
-AXES = PLACEMENT_AXES
+__all__ = ["Layout"]
 
 
 @dataclass(frozen=True)
@@ -37,11 +35,11 @@ class Layout:
     _group_of: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for axis in AXES:
+        for axis in PLACEMENT_AXES:
             size = getattr(self, axis)
             if not isinstance(size, int) or size < 1:
                 raise ScenarioError(f"parallel.{axis}: must be a positive integer (got {size!r})")
-        if sorted(self.placement) != sorted(AXES):
+        if sorted(self.placement) != sorted(PLACEMENT_AXES):
             raise ScenarioError(
                 f"parallel.placement: must order each of tp, dp, pp exactly once "
                 f"(got {list(self.placement)})"
@@ -54,7 +52,7 @@ class Layout:
         object.__setattr__(self, "_strides", strides)
         groups: dict[str, tuple[int, ...]] = {}
         group_of: dict[tuple[str, int], str] = {}
-        for axis in AXES:
+        for axis in PLACEMENT_AXES:
             # a group is known by its lowest rank (coordinate 0 on the axis): O(world)
             stride, size = strides[axis], self.size(axis)
             by_base: dict[int, str] = {}
@@ -97,11 +95,11 @@ class Layout:
 
     def coords(self, rank: int) -> dict[str, int]:
         """``{'tp': i, 'dp': j, 'pp': k}`` of a rank."""
-        return {axis: (rank // self._strides[axis]) % self.size(axis) for axis in AXES}
+        return {axis: (rank // self._strides[axis]) % self.size(axis) for axis in PLACEMENT_AXES}
 
     def rank_of(self, tp: int = 0, dp: int = 0, pp: int = 0) -> int:
         coords = {"tp": tp, "dp": dp, "pp": pp}
-        return sum(coords[axis] * self._strides[axis] for axis in AXES)
+        return sum(coords[axis] * self._strides[axis] for axis in PLACEMENT_AXES)
 
     def _members(self, axis: str, rank: int) -> tuple[int, ...]:
         base = rank - self.coords(rank)[axis] * self._strides[axis]

@@ -30,7 +30,6 @@ from simulator.arithmetic.counts import (
 from simulator.common.version import __version__
 from simulator.engine.core import EngineOptions, SimulationTimes, simulate
 from simulator.request.scenario import Scenario
-from simulator.schedule.context import StepConfig
 from simulator.schedule.ir import Block, Compute, Schedule
 from simulator.schedule.step import build_step
 
@@ -100,12 +99,6 @@ def folds(scenario: Scenario) -> bool:
     if simulation.fold is not None:
         return simulation.fold
     return simulation.fidelity == "analytic" or scenario.layout.world > FLOW_FOLD_WORLD
-
-
-def step_config(scenario: Scenario) -> StepConfig:
-    """The builder's view of a scenario: its recipe, model and experts, and the seed
-    its MoE routing is drawn from."""
-    return StepConfig(scenario.recipe, scenario.model, scenario.moe, scenario.spec.simulation.seed)
 
 
 def moe_summary(schedule: Schedule) -> dict[str, Any] | None:

@@ -1,10 +1,12 @@
 """The lowering pass for parameters and gradients: what data parallelism adds to a
 rank's program, and the optimizer step.
 
-The layer lowering (:mod:`simulator.schedule.layers`) calls this pass at three points:
-when a step begins (:meth:`DataParallelGradients.begin_step`), whenever a weight
-gradient is complete (:meth:`~DataParallelGradients.grad_ready`: the op that produced
-it, and whether this is the stage's last backward), and when the pipeline order is
+The layer lowering (:mod:`simulator.schedule.layers`) calls this pass when a step
+begins (:meth:`DataParallelGradients.begin_step`), before each layer's forward and
+backward (:meth:`~DataParallelGradients.before_layer`), whenever a weight gradient is
+complete (:meth:`~DataParallelGradients.grad_ready`: the op that produced it, and
+whether this is the stage's last backward), after each layer's backward
+(:meth:`~DataParallelGradients.after_layer_backward`), and when the pipeline order is
 done (:meth:`~DataParallelGradients.end_step`). What it emits is decided here only:
 
 * **DDP buckets**: during a stage's last backward, each weight gradient joins a bucket
@@ -21,7 +23,10 @@ done (:meth:`~DataParallelGradients.end_step`). What it emits is decided here on
   ``param_gather_overlap``, beside the step's forward (Megatron-Core's
   ``--overlap-param-gather``), which the optimizer then waits for.
 
-A scheme that shards the weights too (FSDP) would add its per-unit gathers here.
+Data parallelism keeps whole weights on every rank, so nothing happens around a layer.
+A scheme that shards the weights too (FSDP) gathers a unit's weights in
+:meth:`~DataParallelGradients.before_layer` and reduce-scatters its gradients in
+:meth:`~DataParallelGradients.after_layer_backward`: a pass of its own here.
 """
 
 from __future__ import annotations
@@ -77,6 +82,14 @@ class DataParallelGradients:
             (),
             w.tags(stage=first_stage, axis="dp", phase="fwd"),
         )
+
+    def before_layer(self, layer: int, microbatch: int, phase: str) -> None:
+        """Before ``layer`` runs its forward (or its backward, or the forward that full
+        recompute reruns): data parallelism holds every weight, so nothing to gather."""
+
+    def after_layer_backward(self, layer: int, microbatch: int, final: bool) -> None:
+        """After ``layer``'s backward: its gradients went to :meth:`grad_ready` op by op,
+        which buckets them; nothing else to do per layer."""
 
     def grad_ready(
         self, params: int, producer: int, microbatch: int, final: bool, expert: bool = False

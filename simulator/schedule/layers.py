@@ -75,7 +75,7 @@ class RankLowering(ExpertLowering):
         self.rank = rank
         self.w = ProgramWriter(rank)
         self.pipeline_rank = layout.coords(rank)["pp"]
-        self.pp, self.tp, self.sp = layout.pp, layout.tp, config.sp and layout.tp > 1
+        self.pp, self.tp, self.sp = layout.pp, layout.tp, config.recipe.sequence_parallel
         self.stages = config.stages
         model = config.model
         self.model = model
@@ -287,6 +287,7 @@ class RankLowering(ExpertLowering):
     _MLP = ("fc1", "gelu", "swiglu", "fc2")
 
     def _layer_forward(self, layer: int, mb: int, phase: str) -> None:
+        self.gradients.before_layer(layer, mb, phase)
         tags = dict(layer=layer, microbatch=mb, phase=phase)
         moe = self.config.is_moe_layer(layer)
         for cost in self.fwd_ops:
@@ -412,6 +413,8 @@ class RankLowering(ExpertLowering):
         recompute = self.config.recipe.recompute
         if recompute == "full":
             self._layer_forward(layer, mb, "recompute")
+        else:
+            self.gradients.before_layer(layer, mb, phase)
         tags = dict(layer=layer, microbatch=mb, phase=phase)
         moe = self.config.is_moe_layer(layer)
         for cost, grads in self.bwd_ops:
@@ -431,6 +434,7 @@ class RankLowering(ExpertLowering):
                             phase="recompute",
                         )
             self._grads(grads, f"L{layer}.", mb, final, tags, self.stage, defer)
+        self.gradients.after_layer_backward(layer, mb, final)
 
     def _weight_gradients(self, stage: int, mb: int, final: bool) -> None:
         for grad, label, params, expert in self.deferred.pop((stage, mb), []):

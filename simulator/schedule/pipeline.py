@@ -45,7 +45,6 @@ from simulator.common.vocabulary import PIPELINE_SCHEDULES
 from simulator.request.orders import Action, check_sizes
 
 __all__ = [
-    "SCHEDULES",
     "gpipe_order",
     "one_f_one_b_order",
     "interleaved_1f1b_order",
@@ -53,8 +52,6 @@ __all__ = [
     "zb_h2_order",
     "pipeline_order",
 ]
-
-SCHEDULES = PIPELINE_SCHEDULES
 
 
 def gpipe_order(stages: int, microbatches: int) -> dict[int, list[Action]]:
@@ -192,7 +189,7 @@ _BUILDERS: dict[str, Callable[[int, int], dict[int, list[Action]]]] = {
 def pipeline_order(
     schedule: str, stages: int, microbatches: int, virtual: int = 1
 ) -> dict[int, list[Action]]:
-    """The per-rank compute order of a named schedule (one of :data:`SCHEDULES`).
+    """The per-rank compute order of a named schedule (one of :data:`PIPELINE_SCHEDULES`).
 
     ``virtual`` (model chunks per rank) applies to ``interleaved-1f1b`` only. Orders
     are memoised (the builder and the memory estimate ask for the same one), so the
@@ -209,7 +206,8 @@ def _pipeline_order(
         return interleaved_1f1b_order(stages, microbatches, virtual)
     if schedule not in _BUILDERS:
         raise ValueError(
-            f"unknown pipeline schedule {schedule!r} (expected one of {', '.join(SCHEDULES)})"
+            f"unknown pipeline schedule {schedule!r} "
+            f"(expected one of {', '.join(PIPELINE_SCHEDULES)})"
         )
     if virtual != 1:
         raise ValueError(

@@ -99,7 +99,6 @@ from topologies.validation import nearest_key_hint, validation_message
 __all__ = [
     "FIX_KEYS",
     "SCHEDULES",
-    "RECOMPUTE",
     "PLACEMENTS",
     "MAX_MICRO_BATCH",
     "VIRTUAL_STAGES",
@@ -139,14 +138,12 @@ _FIX_ALIASES = {"mb": "micro_batch", "v": "virtual_stages", "rc": "recompute"}
 # searched by default, in this order: every built-in schedule but ZB-H2, which holds
 # more micro-batches in flight than ZB-H1 for the last of the bubble (--fix
 # schedule=zb-h2 searches it)
-_ALL_SCHEDULES = PIPELINE_SCHEDULES
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1")
 assert set(SCHEDULES) < set(PIPELINE_SCHEDULES)
-RECOMPUTE = RECOMPUTE_MODES
 PLACEMENTS = (PLACEMENT_AXES, ("tp", "pp", "dp"), ("dp", "tp", "pp"))
 MAX_MICRO_BATCH = 8
 VIRTUAL_STAGES = (2, 4)
-_RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE)}
+_RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE_MODES)}
 
 
 # -- the space ------------------------------------------------------------------------
@@ -243,16 +240,16 @@ def check_fixed(fixed: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(value, bool):
                 raise ParasimError(f"--fix sp={value!r}: expected true or false")
         elif key == "schedule":
-            if value not in _ALL_SCHEDULES:
-                hint = nearest_key_hint(str(value), list(_ALL_SCHEDULES))
+            if value not in PIPELINE_SCHEDULES:
+                hint = nearest_key_hint(str(value), list(PIPELINE_SCHEDULES))
                 raise ParasimError(
                     f"--fix schedule={value!r}: unknown schedule{hint}; "
-                    f"schedules: {', '.join(_ALL_SCHEDULES)}"
+                    f"schedules: {', '.join(PIPELINE_SCHEDULES)}"
                 )
         elif key == "recompute":
-            if value not in RECOMPUTE:
+            if value not in RECOMPUTE_MODES:
                 raise ParasimError(
-                    f"--fix recompute={value!r}: expected one of {', '.join(RECOMPUTE)}"
+                    f"--fix recompute={value!r}: expected one of {', '.join(RECOMPUTE_MODES)}"
                 )
         elif key == "placement":
             if isinstance(value, str):
@@ -334,7 +331,7 @@ def enumerate_layouts(
                 mb_default = [d for d in _divisors(global_batch // dp) if d <= MAX_MICRO_BATCH]
             else:
                 mb_default = [1]
-            recomputes = pick("recompute", list(RECOMPUTE))
+            recomputes = pick("recompute", list(RECOMPUTE_MODES))
             placements = pick("placement", _distinct_placements(tp, dp, pp))
             for ep, mb in itertools.product(
                 pick("ep", ep_default), pick("micro_batch", mb_default)
@@ -414,8 +411,6 @@ class SweepBase:
     layers: int
     global_batch: int
     experts: int | None
-    scenario_parallel: dict[str, Any]
-    scenario_training: dict[str, Any]
     extra_overrides: list[str]
 
     def candidate_overrides(self, candidate: Candidate, fidelity: str) -> list[str]:
@@ -491,8 +486,6 @@ def prepare(
         layers=resolved.model.layers,
         global_batch=spec.training.global_batch,
         experts=moe.experts if moe is not None else None,
-        scenario_parallel=spec.parallel.model_dump(),
-        scenario_training=spec.training.model_dump(),
         extra_overrides=overrides,
     )
 
