@@ -37,7 +37,15 @@ from simulator.common.vocabulary import (
 from simulator.request.layout import Layout
 from simulator.request.orders import Action
 
-__all__ = ["Recipe", "GRADIENT_BYTES", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES"]
+__all__ = [
+    "Recipe",
+    "LAYOUT_KNOBS",
+    "layout_label",
+    "knob_overrides",
+    "GRADIENT_BYTES",
+    "DDP_BUCKET_BYTES",
+    "DDP_FIRST_BUCKET_BYTES",
+]
 
 # Bytes per gradient element in the dtype gradients are accumulated and reduced in.
 GRADIENT_BYTES = {"fp32": 4, "bf16": 2}
@@ -45,6 +53,62 @@ GRADIENT_BYTES = {"fp32": 4, "bf16": 2}
 # (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) that lets the first all-reduce start early.
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+
+# The layout knobs a search varies, and where each lives in a scenario file, in the order
+# they are set: the sweep's candidates and explain's fixes are written with these keys.
+LAYOUT_KNOBS = {
+    "tp": "parallel.tp",
+    "pp": "parallel.pp",
+    "dp": "parallel.dp",
+    "ep": "parallel.ep",
+    "sp": "parallel.sp",
+    "schedule": "parallel.schedule",
+    "virtual_stages": "parallel.virtual_stages",
+    "placement": "parallel.placement",
+    "micro_batch": "training.micro_batch",
+    "recompute": "training.recompute",
+}
+
+
+def layout_label(
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    ep: int,
+    sp: bool,
+    micro_batch: int,
+    schedule: str,
+    virtual_stages: int,
+    recompute: str,
+    placement: tuple[str, ...] | list[str],
+    microbatches: int | None = None,
+) -> str:
+    """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``: the layout knobs in the recipe's
+    text form (``mb1x16`` when the micro-batch count is given)."""
+    parts = [f"tp{tp}", f"pp{pp}", f"dp{dp}"]
+    if ep > 1:
+        parts.append(f"ep{ep}")
+    if sp:
+        parts.append("sp")
+    parts.append(f"mb{micro_batch}" + (f"x{microbatches}" if microbatches is not None else ""))
+    parts.append(schedule)
+    if virtual_stages > 1:
+        parts.append(f"v{virtual_stages}")
+    parts.append(f"rc={recompute}")
+    parts.append(f"[{','.join(placement)}]")
+    return " ".join(parts)
+
+
+def knob_overrides(knobs: dict[str, Any]) -> list[str]:
+    """``key.path=value`` assignments that set layout ``knobs`` in a scenario, in
+    :data:`LAYOUT_KNOBS` order."""
+    return [
+        f"{path}={_format(knobs[name], brackets=True)}"
+        for name, path in LAYOUT_KNOBS.items()
+        if name in knobs
+    ]
+
 
 # settings printed as key=value when they differ from their default, in this order
 _EXTRAS = (
@@ -164,6 +228,23 @@ class Recipe:
             recipe = replace(recipe, layout=replace(self.layout, **layout_changes))
         return replace(recipe, **changes) if changes else recipe
 
+    def knobs(self) -> dict[str, Any]:
+        """The layout knobs (:data:`LAYOUT_KNOBS`) by name, JSON-ready."""
+        layout = self.layout
+        values = {
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "dp": layout.dp,
+            "ep": layout.ep,
+            "sp": self.sp,
+            "schedule": self.schedule,
+            "virtual_stages": self.virtual_stages,
+            "placement": list(layout.placement),
+            "micro_batch": self.micro_batch,
+            "recompute": self.recompute,
+        }
+        return {name: values[name] for name in LAYOUT_KNOBS}
+
     # -- the compact text form --------------------------------------------------------
     def label(self) -> str:
         """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``: the layout knobs only."""
@@ -174,17 +255,19 @@ class Recipe:
 
     def _tokens(self, count: bool, extras: bool) -> list[str]:
         layout = self.layout
-        parts = [f"tp{layout.tp}", f"pp{layout.pp}", f"dp{layout.dp}"]
-        if layout.ep > 1:
-            parts.append(f"ep{layout.ep}")
-        if self.sp:
-            parts.append("sp")
-        parts.append(f"mb{self.micro_batch}" + (f"x{self.microbatches}" if count else ""))
-        parts.append(self.schedule)
-        if self.virtual_stages > 1:
-            parts.append(f"v{self.virtual_stages}")
-        parts.append(f"rc={self.recompute}")
-        parts.append(f"[{','.join(layout.placement)}]")
+        parts = layout_label(
+            tp=layout.tp,
+            pp=layout.pp,
+            dp=layout.dp,
+            ep=layout.ep,
+            sp=self.sp,
+            micro_batch=self.micro_batch,
+            schedule=self.schedule,
+            virtual_stages=self.virtual_stages,
+            recompute=self.recompute,
+            placement=layout.placement,
+            microbatches=self.microbatches if count else None,
+        ).split()
         if extras:
             parts.append(f"L{self.layers}")
             defaults = _defaults(self)
@@ -235,11 +318,14 @@ def _defaults(recipe: Recipe) -> dict[str, Any]:
     return defaults
 
 
-def _format(value: Any) -> str:
+def _format(value: Any, brackets: bool = False) -> str:
+    """A value as the text form writes it: tuples as ``a/b`` (``[a,b]`` with
+    ``brackets``, as a scenario override)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, tuple):
-        return "/".join(str(v) for v in value)
+    if isinstance(value, tuple | list):
+        items = [str(v) for v in value]
+        return f"[{','.join(items)}]" if brackets else "/".join(items)
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)

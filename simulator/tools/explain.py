@@ -190,26 +190,17 @@ def snapshot(scenario: Scenario, result: StepResult) -> dict[str, Any]:
             mean_axes[axis] = mean_axes.get(axis, 0.0) + seconds / len(rows)
     memory = result.memory
     peak = next(s for s in memory.per_stage if s.stage == memory.peak_stage)
-    layout, parallel, training = scenario.layout, scenario.parallel, scenario.training
+    recipe, training = scenario.recipe, scenario.training
     moe = result.moe
     return {
         "step_time_s": result.step_time_s,
         "tokens_per_s": result.tokens_per_s,
         "mfu": result.mfu,
         "layout": {
-            "tp": layout.tp,
-            "pp": layout.pp,
-            "dp": layout.dp,
-            "ep": layout.ep,
-            "sp": bool(parallel.sp),
-            "placement": list(layout.placement),
-            "schedule": parallel.schedule,
-            "virtual_stages": parallel.virtual_stages,
+            **recipe.knobs(),
             "global_batch": training.global_batch,
-            "micro_batch": training.micro_batch,
-            "microbatches": scenario.microbatches,
-            "recompute": training.recompute,
-            "optimizer_sharding": training.optimizer_sharding,
+            "microbatches": recipe.microbatches,
+            "optimizer_sharding": recipe.shards_optimizer,
         },
         "breakdown": {
             "critical": dict(result.breakdown.critical),

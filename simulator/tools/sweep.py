@@ -86,6 +86,7 @@ from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
 from simulator.common.errors import ParasimError, ScenarioError
 from simulator.common.vocabulary import PIPELINE_SCHEDULES, PLACEMENT_AXES, RECOMPUTE_MODES
+from simulator.request.recipe import knob_overrides, layout_label
 from simulator.request.scenario import (
     ScenarioSpec,
     apply_overrides,
@@ -166,33 +167,11 @@ class Candidate:
 
     def overrides(self) -> list[str]:
         """The ``key.path=value`` assignments that turn the scenario into this layout."""
-        return [
-            f"parallel.tp={self.tp}",
-            f"parallel.pp={self.pp}",
-            f"parallel.dp={self.dp}",
-            f"parallel.ep={self.ep}",
-            f"parallel.sp={'true' if self.sp else 'false'}",
-            f"parallel.schedule={self.schedule}",
-            f"parallel.virtual_stages={self.virtual_stages}",
-            f"parallel.placement=[{','.join(self.placement)}]",
-            f"training.micro_batch={self.micro_batch}",
-            f"training.recompute={self.recompute}",
-        ]
+        return knob_overrides(self.fields())
 
     def label(self) -> str:
-        """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``."""
-        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
-        if self.ep > 1:
-            parts.append(f"ep{self.ep}")
-        if self.sp:
-            parts.append("sp")
-        parts.append(f"mb{self.micro_batch}")
-        parts.append(self.schedule)
-        if self.virtual_stages > 1:
-            parts.append(f"v{self.virtual_stages}")
-        parts.append(f"rc={self.recompute}")
-        parts.append(f"[{','.join(self.placement)}]")
-        return " ".join(parts)
+        """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``, as :meth:`Recipe.label`."""
+        return layout_label(**self.fields())
 
     def fields(self) -> dict[str, Any]:
         return {
