@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.common.errors import ParasimError, ScenarioError
+from simulator.request.recipe import LAYOUT_KNOBS
 from simulator.request.scenario import Scenario, apply_overrides, scenario_from_dict
 from simulator.tools.sweep import (
     Candidate,
@@ -226,19 +227,8 @@ def run_scale(
 
 
 def _candidate(scenario: Scenario, dp: int) -> Candidate:
-    parallel, training = scenario.parallel, scenario.training
-    return Candidate(
-        tp=scenario.layout.tp,
-        pp=scenario.layout.pp,
-        dp=dp,
-        ep=scenario.layout.ep,
-        sp=parallel.sp,
-        micro_batch=training.micro_batch,
-        schedule=parallel.schedule,
-        virtual_stages=parallel.virtual_stages,
-        recompute=training.recompute,
-        placement=tuple(parallel.placement),
-    )
+    """The scenario's layout with ``dp`` replicas."""
+    return Candidate.from_knobs({**scenario.recipe.knobs(), "dp": dp})
 
 
 def _rule_rows(
@@ -313,15 +303,9 @@ def _best_rows(
     max_tp: int | None,
 ) -> list[dict[str, Any]]:
     parallel, training = written.parallel, written.training
-    pins = {
-        "ep": written.layout.ep,
-        "sp": parallel.sp,
-        "micro_batch": training.micro_batch,
-        "schedule": parallel.schedule,
-        "virtual_stages": parallel.virtual_stages,
-        "recompute": training.recompute,
-        "placement": list(parallel.placement),
-    }
+    # everything but the three sizes stays as the scenario has it
+    sizes = ("tp", "pp", "dp")
+    pins = {k: v for k, v in written.recipe.knobs().items() if k not in sizes}
     if parallel.schedule == "custom":
         raise ParasimError(
             "--best: a custom pipeline order fits one layout only; scale it without --best"
@@ -358,12 +342,7 @@ def _best_rows(
             )
             continue
         top = sweep.rows[0]
-        candidate = Candidate(
-            **{k: top[k] for k in ("tp", "pp", "dp", "ep", "sp", "micro_batch", "schedule")},
-            virtual_stages=top["virtual_stages"],
-            recompute=top["recompute"],
-            placement=tuple(top["placement"]),
-        )
+        candidate = Candidate.from_knobs({k: top[k] for k in LAYOUT_KNOBS})
         rows.append(_row(count, nodes, candidate, top, top["overrides"]))
     return rows
 

@@ -165,6 +165,11 @@ class Candidate:
     recompute: str
     placement: tuple[str, ...]
 
+    @classmethod
+    def from_knobs(cls, knobs: dict[str, Any]) -> Candidate:
+        """The candidate of layout knobs by name (:data:`LAYOUT_KNOBS`)."""
+        return cls(**{**knobs, "placement": tuple(knobs["placement"])})
+
     def overrides(self) -> list[str]:
         """The ``key.path=value`` assignments that turn the scenario into this layout."""
         return knob_overrides(self.fields())
