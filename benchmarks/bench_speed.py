@@ -82,7 +82,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     ),
     "sweep-175b-1024": (
         "from simulator.tools.sweep import run_sweep\n"
-        "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, progress=False)\n"
+        "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024)\n"
         "figure = {'simulated': out.counts['simulated']}\n",
         30.0,
         "s",

@@ -8,7 +8,7 @@ The front door, for use from Python::
     scenario = simulator.load_scenario("scenarios/llama3-8b.yaml", ["parallel.tp=2"])
     run = simulator.run_scenario(scenario)          # RunResult: schedule, times, result
     print(scenario.recipe, run.result.step_time_s)  # the Recipe, the StepResult
-    ranked = simulator.run_sweep("scenarios/small.yaml", progress=False)
+    ranked = simulator.run_sweep("scenarios/small.yaml")
     findings = simulator.explain("scenarios/teaching/layering-mistake.yaml")
 
 Everything else lives in the layers below (``docs/guide.md``, "The code, layer by

@@ -34,9 +34,7 @@ def _efficiency(result: scale.ScaleResult) -> dict[int, float]:
 
 def test_weak_scaling_of_pure_data_parallel_stays_near_one():
     # dgx-a100's fabric is a non-blocking fat tree: only the gradient all-reduce grows
-    result = scale.run_scale(
-        SMALL, [8, 16, 32, 64], mode="weak", overrides=PURE_DP, workers=2, progress=False
-    )
+    result = scale.run_scale(SMALL, [8, 16, 32, 64], mode="weak", overrides=PURE_DP, workers=2)
     rows = result.rows
     assert [row["gpus"] for row in rows] == [8, 16, 32, 64]
     assert [row["dp"] for row in rows] == [8, 16, 32, 64]
@@ -58,9 +56,9 @@ def test_weak_scaling_of_pure_data_parallel_stays_near_one():
 
 def test_tensor_parallel_across_nodes_scales_worse():
     sizes = [16, 32, 64]
-    inside = scale.run_scale(PIPELINE, sizes, workers=1, progress=False)
+    inside = scale.run_scale(PIPELINE, sizes, workers=1)
     across = scale.run_scale(
-        PIPELINE, sizes, overrides=["parallel.placement=[dp,tp,pp]"], workers=1, progress=False
+        PIPELINE, sizes, overrides=["parallel.placement=[dp,tp,pp]"], workers=1
     )
     # at 16 GPUs dp is 1, so both placements are the same rank grid
     assert across.rows[0]["step_time_s"] == pytest.approx(inside.rows[0]["step_time_s"])
@@ -73,9 +71,7 @@ def test_tensor_parallel_across_nodes_scales_worse():
 
 
 def test_strong_scaling_keeps_the_batch_and_says_when_it_no_longer_divides():
-    result = scale.run_scale(
-        SMALL, [8, 16], mode="strong", overrides=PURE_DP, workers=1, progress=False
-    )
+    result = scale.run_scale(SMALL, [8, 16], mode="strong", overrides=PURE_DP, workers=1)
     rows = result.rows
     assert [row["global_batch"] for row in rows] == [16, 16]
     speedup = rows[0]["step_time_s"] / rows[1]["step_time_s"]
@@ -83,14 +79,14 @@ def test_strong_scaling_keeps_the_batch_and_says_when_it_no_longer_divides():
     assert rows[1]["efficiency"] == pytest.approx(speedup / 2)
     assert 0.5 < rows[1]["efficiency"] <= 1.0
     with pytest.raises(ParasimError, match=r"strong scaling at 32 GPUs: .*global_batch\(16\)"):
-        scale.run_scale(SMALL, [8, 32], mode="strong", overrides=PURE_DP, progress=False)
+        scale.run_scale(SMALL, [8, 32], mode="strong", overrides=PURE_DP)
 
 
 def test_sizes_that_are_not_whole_nodes_are_refused():
     with pytest.raises(ParasimError, match=r"--gpus: 12 GPUs .*8 GPUs per node"):
-        scale.run_scale(SMALL, [8, 12], progress=False)
+        scale.run_scale(SMALL, [8, 12])
     with pytest.raises(ParasimError, match=r"tp\(8\) \* pp\(2\) = 16 does not divide 8 GPUs"):
-        scale.run_scale(PIPELINE, [8, 16], progress=False)
+        scale.run_scale(PIPELINE, [8, 16])
 
 
 def test_gpu_lists():
@@ -127,7 +123,6 @@ def test_best_layout_per_size_and_outputs(tmp_path, capsys):
                 "placement": "tp,dp,pp",
             },
             workers=1,
-            progress=False,
         ).rows[0]
         assert row["layout"] == best["layout"]
         assert row["step_time_s"] == best["step_time_s"]

@@ -127,7 +127,6 @@ def test_layouts_that_do_not_fit_are_pruned_before_simulating(tmp_path):
         overrides=["model.preset=gpt3-13b"],
         fixed={"pp": 1, "micro_batch": 1, "schedule": "1f1b", "placement": "tp,dp,pp"},
         workers=1,
-        progress=False,
     )
     counts = result.counts
     assert counts["pruned_memory"] > 0
@@ -146,9 +145,7 @@ def test_layouts_that_do_not_fit_are_pruned_before_simulating(tmp_path):
 
 
 def test_lighter_recompute_is_never_slower():
-    result = sweep.run_sweep(
-        SMALL, fixed={"tp": 2, "pp": 1}, workers=1, progress=False, exhaustive=True
-    )
+    result = sweep.run_sweep(SMALL, fixed={"tp": 2, "pp": 1}, workers=1, exhaustive=True)
     assert result.counts["dominated"] == 0
     by_layout: dict[tuple, dict[str, float]] = {}
     for row in result.rows:
@@ -200,7 +197,7 @@ def test_enumeration_follows_the_documented_space():
 
 def test_bad_input_is_one_line_naming_the_numbers():
     with pytest.raises(ParasimError, match=r"--gpus: 12 GPUs .*8 GPUs per node"):
-        sweep.run_sweep(SMALL, gpus=12, progress=False)
+        sweep.run_sweep(SMALL, gpus=12)
     with pytest.raises(ParasimError, match=r"did you mean 'tp'"):
         sweep.parse_fixes(["tpp=8"])
     with pytest.raises(ParasimError, match="positive integer"):
@@ -221,7 +218,6 @@ def test_gpus_resizes_the_cluster():
         fixed={"tp": 8, "micro_batch": 1, "recompute": "none", "schedule": "1f1b"},
         overrides=["model.heads=16"],
         workers=1,
-        progress=False,
     )
     assert result.gpus == 16 and result.cluster["nodes"] == 2
     assert {(row["tp"], row["pp"], row["dp"]) for row in result.rows} == {(8, 1, 2), (8, 2, 1)}

@@ -8,6 +8,7 @@ from typing import Any
 
 from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
 from simulator.common.errors import ParasimError
+from simulator.report.progress import ProgressBar
 from simulator.report.scale_report import print_scale, write_scale_outputs
 from simulator.report.sweep_report import wide_console
 from simulator.tools.scale import MODES, parse_gpus, run_scale
@@ -68,7 +69,7 @@ def command(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         fidelity=args.fidelity,
         workers=args.workers,
-        progress=True,
+        progress=ProgressBar(),
         max_tp=args.max_tp,
     )
     if result.reference_gpus is None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
 from simulator.common.errors import ParasimError
+from simulator.report.progress import ProgressBar
 from simulator.report.sweep_report import print_sweep, wide_console, write_sweep_outputs
 from simulator.tools.sweep import FIX_KEYS, no_layout_message, parse_fixes, run_sweep
 
@@ -64,7 +65,7 @@ def command(args: argparse.Namespace) -> int:
         max_tp=args.max_tp,
         fidelity=args.fidelity,
         workers=args.workers,
-        progress=True,
+        progress=ProgressBar(),
         exhaustive=args.exhaustive,
     )
     if not result.rows:

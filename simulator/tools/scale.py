@@ -41,9 +41,9 @@ from typing import Any
 from simulator.common.errors import ParasimError, ScenarioError
 from simulator.request.recipe import LAYOUT_KNOBS
 from simulator.request.scenario import Scenario, apply_overrides, scenario_from_dict
+from simulator.tools.progress import Progress, Silent
 from simulator.tools.sweep import (
     Candidate,
-    ProgressBar,
     SweepBase,
     no_layout_message,
     prepare,
@@ -168,7 +168,7 @@ def run_scale(
     overrides: list[str] | None = None,
     fidelity: str = "analytic",
     workers: int | None = None,
-    progress: bool = True,
+    progress: Progress | None = None,
     max_tp: int | None = None,
 ) -> ScaleResult:
     """Simulate the scenario at each GPU count; rows in ascending GPU count
@@ -239,7 +239,7 @@ def _rule_rows(
     overrides: list[str],
     fidelity: str,
     workers: int,
-    progress: bool,
+    progress: Progress | None,
 ) -> list[dict[str, Any]]:
     tp, pp, dp0 = written.layout.tp, written.layout.pp, written.layout.dp
     per_replica = Fraction(written.training.global_batch, dp0)
@@ -270,7 +270,7 @@ def _rule_rows(
     items = [size for *_, size in plans]
     executor = process_pool(workers) if workers > 1 and len(items) > 1 else None
     try:
-        with ProgressBar(progress) as bar:
+        with progress or Silent() as bar:
             runs = run_chunked(
                 simulate_chunk,
                 args,
@@ -299,7 +299,7 @@ def _best_rows(
     overrides: list[str],
     fidelity: str,
     workers: int,
-    progress: bool,
+    progress: Progress | None,
     max_tp: int | None,
 ) -> list[dict[str, Any]]:
     parallel, training = written.parallel, written.training

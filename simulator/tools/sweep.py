@@ -79,8 +79,6 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
@@ -94,6 +92,7 @@ from simulator.request.scenario import (
     scenario_from_dict,
 )
 from simulator.run.simulate import run_scenario
+from simulator.tools.progress import Progress, Silent
 from topologies import TopologyError, load_cluster_spec
 from topologies.validation import nearest_key_hint, validation_message
 
@@ -113,7 +112,6 @@ __all__ = [
     "run_sweep",
     "run_chunked",
     "process_pool",
-    "ProgressBar",
     "resolve_workers",
     "no_layout_message",
     "check_chunk",
@@ -599,39 +597,6 @@ def run_chunked(
     return [row for i in range(len(chunks)) for row in done[i]]
 
 
-class ProgressBar:
-    """A rich progress bar on stderr that refreshes only when told (no thread), and
-    prints nothing when disabled."""
-
-    def __init__(self, enabled: bool):
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            auto_refresh=False,
-            transient=True,
-            disable=not enabled,
-        )
-
-    def __enter__(self) -> ProgressBar:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.stop()
-
-    def stage(self, description: str, total: int) -> Callable[[int], None]:
-        task = self.progress.add_task(description, total=total)
-        self.progress.refresh()
-
-        def advance(n: int) -> None:
-            self.progress.update(task, advance=n, refresh=True)
-
-        return advance
-
-
 def resolve_workers(workers: int | None) -> int:
     if workers is None:
         return os.cpu_count() or 1
@@ -690,7 +655,7 @@ def run_sweep(
     max_tp: int | None = None,
     fidelity: str = "analytic",
     workers: int | None = None,
-    progress: bool = True,
+    progress: Progress | None = None,
     exhaustive: bool = False,
 ) -> SweepResult:
     """Enumerate, validate, prune and simulate every layout; rows ranked by step time
@@ -722,7 +687,7 @@ def run_sweep(
     args = (base.raw, base.source, base.base_dir)
     executor = process_pool(workers) if workers > 1 and len(candidates) > 1 else None
     try:
-        with ProgressBar(progress) as bar:
+        with progress or Silent() as bar:
             checks = run_chunked(
                 check_chunk,
                 args,
