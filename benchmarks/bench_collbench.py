@@ -46,7 +46,7 @@ def main() -> int:
                 started = time.perf_counter()
                 rows = collbench_rows(cluster, op, SIZES)
                 elapsed = time.perf_counter() - started
-                cells = [f"{r['busbw_GBps']:.1f} ({r['algorithm']}/{r['protocol']})" for r in rows]
+                cells = [f"{r.busbw_GBps:.1f} ({r.algorithm}/{r.protocol})" for r in rows]
                 print(f"| {op} busbw GB/s | " + " | ".join(cells) + f" |  <!-- {elapsed:.2f} s -->")
     started = time.perf_counter()
     rows = collbench_rows(

@@ -88,7 +88,7 @@ def _predict_collective(spec: dict[str, Any]) -> float:
 
     cluster = collbench_cluster(spec["preset"], spec["nodes"], spec.get("gpus_per_node"))
     (row,) = collbench_rows(cluster, spec["op"], [parse_bytes(spec["size"])])
-    return row["busbw_GBps"]
+    return row.busbw_GBps
 
 
 def predict(case: dict[str, Any]) -> CaseResult:

@@ -4,12 +4,12 @@ message sizes, timed by the model, to set beside nccl-tests on a real cluster.""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from simulator.cli.options import add_fidelity_option
 from simulator.common.vocabulary import ALGORITHMS, COLLECTIVE_KINDS, PROTOCOLS
+from simulator.report.collbench_report import collbench_json, print_collbench
 from simulator.tools.collbench import collbench_cluster, collbench_rows, parse_sizes
 
 __all__ = ["COLLBENCH_OPS", "add_parser", "command"]
@@ -46,28 +46,7 @@ def command(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.sizes)
     rows = collbench_rows(cluster, args.op, sizes, args.algo, args.proto, args.fidelity)
     if args.json:
-        keys = ("bytes", "time_s", "algbw_GBps", "busbw_GBps", "algorithm", "protocol")
-        sys.stdout.write(json.dumps([{k: row[k] for k in keys} for row in rows], indent=2) + "\n")
-        return 0
-    out = sys.stdout
-    out.write(
-        f"# parasim collbench: {args.op} on {cluster.num_gpus} GPUs "
-        f"({cluster.num_nodes} x {cluster.spec.name}), {args.fidelity} fidelity\n"
-    )
-    out.write(
-        f"#{'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>7} "
-        f"{'busbw':>7}  algorithm/protocol\n"
-    )
-    out.write(
-        f"#{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} "
-        f"{'(GB/s)':>7} {'(GB/s)':>7}\n"
-    )
-    for row in rows:
-        out.write(
-            f" {row['bytes']:>12.0f} {row['count']:>12} {row['type']:>6} {row['redop']:>6} "
-            f"{row['time_s'] * 1e6:>10.2f} {row['algbw_GBps']:>7.2f} {row['busbw_GBps']:>7.2f}  "
-            f"{row['algorithm']}/{row['protocol']}\n"
-        )
-    average = sum(row["busbw_GBps"] for row in rows) / len(rows)
-    out.write(f"# Avg bus bandwidth    : {average:.3f}\n")
+        sys.stdout.write(collbench_json(rows))
+    else:
+        print_collbench(rows, args.op, cluster, args.fidelity, sys.stdout)
     return 0

@@ -12,6 +12,7 @@ friends run on their own cluster; a calibration profile plugs in with ``--profil
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from simulator.common.errors import ParasimError
@@ -20,7 +21,24 @@ from simulator.engine.core import EngineOptions, simulate
 from simulator.schedule.ir import Collective, Program, Recv, Schedule, Send
 from topologies import Cluster, build_cluster, load_cluster_spec, parse_bytes
 
-__all__ = ["OPS", "parse_sizes", "collbench_rows", "collbench_cluster"]
+__all__ = ["OPS", "CollbenchRow", "parse_sizes", "collbench_rows", "collbench_cluster"]
+
+
+@dataclass(frozen=True)
+class CollbenchRow:
+    """One size of an nccl-tests-style table: the time of the collective alone, its
+    algorithm and bus bandwidth (GB/s), and the algorithm and protocol NCCL would pick."""
+
+    bytes: float
+    count: int
+    element_type: str
+    redop: str
+    time_s: float
+    algbw_GBps: float
+    busbw_GBps: float
+    algorithm: str
+    protocol: str
+
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 ELEMENT_BYTES = 4  # nccl-tests' default type, float
@@ -82,7 +100,7 @@ def collbench_rows(
     algorithm: str | None = None,
     protocol: str | None = None,
     fidelity: str = "flow",
-) -> list[dict[str, Any]]:
+) -> list[CollbenchRow]:
     """One row per size: the simulated time of ``op`` alone on every GPU."""
     world = cluster.num_gpus
     if world < 2:
@@ -104,16 +122,16 @@ def collbench_rows(
         algbw = size / seconds
         factor = 1.0 if op == "sendrecv" else bus_factor(op, world)
         rows.append(
-            {
-                "bytes": size,
-                "count": int(size // ELEMENT_BYTES),
-                "type": "float",
-                "redop": "sum" if op in ("all_reduce", "reduce_scatter") else "none",
-                "time_s": seconds,
-                "algbw_GBps": algbw / 1e9,
-                "busbw_GBps": algbw * factor / 1e9,
-                "algorithm": choice.algorithm,
-                "protocol": choice.protocol,
-            }
+            CollbenchRow(
+                bytes=size,
+                count=int(size // ELEMENT_BYTES),
+                element_type="float",
+                redop="sum" if op in ("all_reduce", "reduce_scatter") else "none",
+                time_s=seconds,
+                algbw_GBps=algbw / 1e9,
+                busbw_GBps=algbw * factor / 1e9,
+                algorithm=choice.algorithm,
+                protocol=choice.protocol,
+            )
         )
     return rows
