@@ -16,6 +16,7 @@ __all__ = [
     "PHASE_OF_PART",
     "PLACEMENT_AXES",
     "GROUP_AXES",
+    "COMM_AXES",
     "COLLECTIVE_KINDS",
     "ALGORITHMS",
     "PROTOCOLS",
@@ -50,6 +51,11 @@ PLACEMENT_AXES = ("tp", "dp", "pp")
 # collectives on the TP group, and the expert (ep) and expert-data-parallel (edp)
 # groups MoE splits each DP group into.
 GROUP_AXES = ("tp", "sp", "dp", "pp", "ep", "edp")
+
+# Axes a communication op is tagged with (its ``axis``), as the accounting splits exposed
+# communication and the reports colour it: expert-data-parallel gradient buckets are
+# data-parallel traffic.
+COMM_AXES = ("tp", "sp", "dp", "pp", "ep")
 
 # Collective operations the Schedule IR names.
 COLLECTIVE_KINDS = (

@@ -17,6 +17,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from simulator.common.vocabulary import COMM_AXES
 from simulator.report.timeline import _FONT, CATEGORY_COLORS
 
 __all__ = [
@@ -44,9 +45,7 @@ BREAKDOWN_COLORS: dict[str, str] = {
 }
 
 #: Colour of the communication of each parallel axis, as the timeline draws it.
-AXIS_COLORS: dict[str, str] = {
-    axis: CATEGORY_COLORS[f"comm:{axis}"] for axis in ("tp", "sp", "dp", "pp", "ep")
-}
+AXIS_COLORS: dict[str, str] = {axis: CATEGORY_COLORS[f"comm:{axis}"] for axis in COMM_AXES}
 
 #: Colour of each memory term of :func:`simulator.analysis.memory.memory_per_rank`, as the memory
 #: panels of ``explain.html`` draw them.
