@@ -606,6 +606,8 @@ def _setup(run: RunResult) -> str:
             f"of {layout.micro_batch} · "
             f"global batch {layout.global_batch} · recompute {layout.recompute}",
         ),
+        # the Recipe's one-line form: Recipe.parse reads it back
+        ("recipe", str(scenario.recipe)),
         ("simulation", fidelity),
     ]
     moe = result.moe
