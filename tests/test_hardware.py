@@ -51,6 +51,17 @@ LAYOUTS = {
     "tp-pp-dp": ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.pp=2", "parallel.dp=1"],
     "tp-dp": ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.dp=2"],
     "zb-h1": ["parallel.tp=1", "parallel.pp=2", "parallel.dp=1", "parallel.schedule=zb-h1"],
+    # FSDP: each layer's weights gathered before its forward and backward, its
+    # gradients reduce-scattered after its backward
+    "fsdp": ["parallel.tp=1", "parallel.dp=2", "training.sharding=full"],
+    "fsdp-pp": [
+        "cluster.gpus_per_node=4",
+        "parallel.tp=1",
+        "parallel.pp=2",
+        "parallel.dp=2",
+        "training.sharding=full",
+        "training.reshard_after_forward=false",
+    ],
     # a Llama-style block: GQA, SwiGLU, RMSNorm, RoPE, no biases, untied embeddings;
     # FlashAttention is replayed as scaled_dot_product_attention, unfused as bmm
     "llama-flash": [*LLAMA, "parallel.tp=2"],

@@ -3,8 +3,12 @@
 * Weights, gradients and Adam state with mixed precision: 2 bytes (bf16 weight), the
   gradient (4 bytes as Megatron-LM's fp32 main gradients, 2 in bf16:
   ``training.grad_reduce_dtype``) and 12 bytes (fp32 master weight, momentum and
-  variance), as in Rajbhandari et al., "ZeRO" (SC'20), section 3.1. With optimizer
-  sharding (ZeRO-1) the 12 bytes of Adam state are split across the ``dp`` replicas.
+  variance), as in Rajbhandari et al., "ZeRO" (SC'20), section 3.1. ``sharding``
+  splits them across the ``dp`` replicas as ZeRO's stages do: ``optimizer`` (ZeRO-1)
+  the Adam state; ``gradients`` (ZeRO-2) also the gradients, with one bucket of whole
+  gradients waiting for its reduce-scatter; ``full`` (ZeRO-3, FSDP) also the weights,
+  with the units gathered at once (two with ``reshard_after_forward``, the rank's
+  every unit without) and two units of whole gradients.
 * Activations are what the ops of a layer save for their backward
   (:func:`simulator.arithmetic.layer_ops.layer_saved_bytes`), summed over the layers of each stage
   a rank holds, plus the embedding's, the final norm's, the logits' and the loss's
@@ -24,7 +28,7 @@ Not counted: allocator fragmentation, the CUDA context and cuBLAS workspaces
 from __future__ import annotations
 
 from simulator.analysis.result import MemoryEstimate, StageMemory
-from simulator.arithmetic.counts import pipeline_rank_parameters
+from simulator.arithmetic.counts import pipeline_rank_parameters, unit_parameters
 from simulator.arithmetic.layer_ops import (
     OpCost,
     checkpoint_bytes,
@@ -135,6 +139,41 @@ def stage_activation_bytes(config: StepConfig, stage: int) -> float:
     return total
 
 
+def _largest_units(recipe: Recipe, model: ModelSpec, moe: MoESpec | None, rank: int) -> float:
+    """Parameters of the two largest units a pipeline rank holds (full sharding gathers
+    a unit and prefetches the next; its gradients are whole until reduce-scattered)."""
+    units = sorted(
+        (unit_parameters(recipe, model, moe, layer) for layer in recipe.rank_layers(rank)),
+        reverse=True,
+    )
+    return float(sum(units[:2]))
+
+
+def _sharded_weights(
+    recipe: Recipe, model: ModelSpec, moe: MoESpec | None, rank: int, params: int
+) -> float:
+    """Full sharding: the bf16 shard of every weight, plus what is gathered at once: two
+    units (the one running and the one prefetched) when each is freed after its forward,
+    every unit of the rank when they stay gathered until their backward."""
+    size = BYTES_PER_PARAM["weights"]
+    shard = params * size / recipe.layout.dp
+    if recipe.reshard_after_forward:
+        return shard + _largest_units(recipe, model, moe, rank) * size
+    return shard + params * size
+
+
+def _sharded_gradients(
+    recipe: Recipe, model: ModelSpec, moe: MoESpec | None, rank: int, params: int
+) -> float:
+    """ZeRO-2 and up: each replica keeps ``1/dp`` of the gradients, plus the whole
+    gradients waiting to be reduce-scattered: a bucket (ZeRO-2), or two units (full
+    sharding: the one just finished and the one being computed)."""
+    shard = params * recipe.grad_bytes / recipe.layout.dp
+    if recipe.shards_weights:
+        return shard + _largest_units(recipe, model, moe, rank) * recipe.grad_bytes
+    return shard + min(recipe.grad_bucket_bytes, params * recipe.grad_bytes)
+
+
 def memory_per_rank(
     recipe: Recipe, model: ModelSpec, moe: MoESpec | None, capacity_bytes: float
 ) -> MemoryEstimate:
@@ -152,6 +191,10 @@ def memory_per_rank(
         terms = {name: float(params * size) for name, size in sizes.items()}
         if recipe.shards_optimizer:
             terms["optimizer_state"] /= layout.dp
+        if recipe.shards_gradients:
+            terms["gradients"] = _sharded_gradients(recipe, model, moe, pipeline_rank, params)
+        if recipe.shards_weights:
+            terms["weights"] = _sharded_weights(recipe, model, moe, pipeline_rank, params)
         in_flight, by_stage = held_activations(orders[pipeline_rank])
         activations = sum(per_stage[stage] * count for stage, count in by_stage.items())
         if recipe.recompute == "full":  # one layer's full activations during its backward

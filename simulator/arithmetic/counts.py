@@ -35,6 +35,8 @@ __all__ = [
     "active_parameter_count",
     "model_flops_per_step",
     "pipeline_rank_parameters",
+    "layer_parameters",
+    "unit_parameters",
 ]
 
 
@@ -123,6 +125,41 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, moe: MoESpec | Non
         moe_layer = sum(_with_backward(op) for op in experts)
         per_sequence += len(moe_layers(moe, model.layers)) * (moe_layer - mlp)
     return global_batch * per_sequence
+
+
+def layer_parameters(recipe: Recipe, model: ModelSpec, moe: MoESpec | None, layer: int) -> int:
+    """Parameters of ``layer`` on one rank: its TP shard, and for an MoE layer the router
+    and the rank's ``E/ep`` experts instead of the dense MLP."""
+    layout = recipe.layout
+    ops = layer_forward_ops(model, 1, layout.tp)
+    count = sum(op.weight_params for op in ops)
+    if moe is not None and is_moe_layer(moe, layer):
+        dense_mlp = sum(op.weight_params for op in ops if op.name in ("fc1", "fc2"))
+        count += (
+            moe_layer_parameters_per_rank(
+                moe, model.hidden, layout.ep, layout.tp, model.ffn, model.mlp, model.bias
+            )
+            - dense_mlp
+        )
+    return count
+
+
+def unit_parameters(recipe: Recipe, model: ModelSpec, moe: MoESpec | None, layer: int) -> int:
+    """Parameters of the sharding unit around ``layer`` on one rank (what full sharding
+    gathers and reduce-scatters at once): the layer, with the embedding in the first
+    layer's unit and the final norm and output layer in the last one's. Summed over a
+    pipeline rank's layers this is :func:`pipeline_rank_parameters`."""
+    count = layer_parameters(recipe, model, moe, layer)
+    tp = recipe.layout.tp
+    if layer == 0:
+        count += embedding_op(model, 1, tp).weight_params
+    if layer == recipe.layers - 1:
+        count += final_norm_op(model, 1).weight_params
+        # an untied output layer, or Megatron-LM's copy of the tied word embeddings on
+        # the last stage when it is not the first
+        if not model.tie_embeddings or recipe.stages > 1:
+            count += logits_forward_op(model, 1, tp).weight_params
+    return count
 
 
 def pipeline_rank_parameters(

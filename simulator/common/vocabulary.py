@@ -80,7 +80,7 @@ GRADIENT_DTYPES = ("fp32", "bf16")
 TRAINING_DTYPES = ("bf16", "fp16")
 # ZeRO stages by what they shard across data parallelism: nothing, the optimizer
 # state (ZeRO-1), also the gradients (ZeRO-2), also the weights (ZeRO-3, FSDP).
-SHARDING_LEVELS = ("none", "optimizer")
+SHARDING_LEVELS = ("none", "optimizer", "gradients", "full")
 
 # Block choices (``model:``).
 MLP_KINDS = ("gelu", "swiglu")

@@ -118,6 +118,7 @@ _EXTRAS = (
     "grad_reduce_overlap",
     "grad_reduce_dtype",
     "param_gather_overlap",
+    "reshard_after_forward",
     "grad_bucket_bytes",
     "first_grad_bucket_bytes",
     "stage_layers",
@@ -150,6 +151,7 @@ class Recipe:
     tp_comm_overlap: str = "async"
     grad_reduce_dtype: str = "fp32"
     param_gather_overlap: bool = False
+    reshard_after_forward: bool = True
     grad_bucket_bytes: float = float(DDP_BUCKET_BYTES)
     first_grad_bucket_bytes: float = float(DDP_FIRST_BUCKET_BYTES)
     # a custom schedule's order, per pipeline rank (None: the schedule builds it)
@@ -213,6 +215,16 @@ class Recipe:
     def shards_optimizer(self) -> bool:
         """The Adam state is split across the data-parallel replicas (ZeRO-1 and up)."""
         return self.sharding != "none"
+
+    @property
+    def shards_gradients(self) -> bool:
+        """Each replica keeps only its shard of the gradients (ZeRO-2 and up)."""
+        return self.sharding in ("gradients", "full")
+
+    @property
+    def shards_weights(self) -> bool:
+        """Each replica keeps only its shard of the weights (ZeRO-3, FSDP)."""
+        return self.sharding == "full"
 
     @property
     def grad_bytes(self) -> int:
@@ -370,7 +382,7 @@ def _read_token(token: str, values: dict[str, Any], layout: dict[str, Any]) -> N
 def _parse_value(key: str, raw: str) -> Any:
     if key == "stage_layers":
         return tuple(int(part) for part in raw.split("/"))
-    if key in ("grad_reduce_overlap", "param_gather_overlap"):
+    if key in ("grad_reduce_overlap", "param_gather_overlap", "reshard_after_forward"):
         if raw not in ("true", "false"):
             raise ValueError("expected true or false")
         return raw == "true"

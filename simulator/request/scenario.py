@@ -32,6 +32,7 @@ from simulator.common.vocabulary import (
     PROTOCOLS,
     RECOMPUTE_MODES,
     SCHEDULES,
+    SHARDING_LEVELS,
     TP_COMM_OVERLAP,
     TRAINING_DTYPES,
 )
@@ -67,7 +68,13 @@ class TrainingSpec(_Strict):
     micro_batch: int = Field(default=1, gt=0)
     dtype: Literal[TRAINING_DTYPES] = "bf16"
     recompute: Literal[RECOMPUTE_MODES] = "none"
-    optimizer_sharding: bool = False  # ZeRO-1: Adam state sharded across dp
+    # what data parallelism shards: nothing, the optimizer state (ZeRO-1), also the
+    # gradients (ZeRO-2), also the weights (ZeRO-3, FSDP); None: as optimizer_sharding says
+    sharding: Literal[SHARDING_LEVELS] | None = None
+    optimizer_sharding: bool = False  # the older spelling of sharding: optimizer
+    # full sharding: free each layer's gathered weights after its forward and gather them
+    # again for its backward (FSDP2's reshard_after_forward), or keep them to the backward
+    reshard_after_forward: bool = True
     # the attention kernel: FlashAttention, or Megatron-LM's unfused path before it
     attention: Literal[ATTENTION_KERNELS] = "flash"
     # DDP-style gradient buckets reduced during the backward, or one reduction after it
@@ -312,10 +319,22 @@ def _check_schedule(
             parallel.stage_layers, pp * v, model.layers, f"pp({pp}) * virtual_stages({v})"
         )
     training = spec.training
-    if training.param_gather_overlap and not training.optimizer_sharding:
+    sharding = _sharding(training)
+    if training.param_gather_overlap and sharding not in ("optimizer", "gradients"):
         raise ScenarioError(
-            "training.param_gather_overlap: only with training.optimizer_sharding (it moves "
-            "the sharded optimizer's parameter all-gather)"
+            "training.param_gather_overlap: only with training.sharding optimizer or gradients "
+            f"(got {sharding}): it moves the sharded optimizer's parameter all-gather"
+        )
+    if sharding == "full" and layout.ep > 1:
+        raise ScenarioError(
+            f"training.sharding: full with expert parallelism (ep {layout.ep}) is not "
+            "modelled yet: the experts would shard over their expert-data-parallel group"
+        )
+    if sharding == "full" and parallel.schedule in ("zb-h1", "zb-h2"):
+        raise ScenarioError(
+            f"training.sharding: full with schedule {parallel.schedule} is not modelled "
+            "(FSDP's reduce-scatter would wait for the deferred weight gradients); use "
+            "1f1b, gpipe or interleaved-1f1b"
         )
     if training.tp_comm_overlap == "pipelined" and layout.tp > 1 and not parallel.sp:
         raise ScenarioError(
@@ -361,7 +380,8 @@ def _recipe(spec: ScenarioSpec, model: ModelSpec, layout: Layout) -> Recipe:
         virtual_stages=virtual,
         recompute=training.recompute,
         sp=parallel.sp,
-        sharding="optimizer" if training.optimizer_sharding else "none",
+        sharding=_sharding(training),
+        reshard_after_forward=training.reshard_after_forward,
         attention=training.attention,
         grad_reduce_overlap=training.grad_reduce_overlap,
         tp_comm_overlap=training.tp_comm_overlap,
@@ -371,6 +391,18 @@ def _recipe(spec: ScenarioSpec, model: ModelSpec, layout: Layout) -> Recipe:
         first_grad_bucket_bytes=training.first_grad_bucket_bytes,
         orders=orders,
     )
+
+
+def _sharding(training: TrainingSpec) -> str:
+    """``training.sharding``, or ``optimizer`` when only ``optimizer_sharding`` is set."""
+    if training.sharding is None:
+        return "optimizer" if training.optimizer_sharding else "none"
+    if training.optimizer_sharding and training.sharding != "optimizer":
+        raise ScenarioError(
+            f"training.optimizer_sharding: true means sharding optimizer, but "
+            f"training.sharding is {training.sharding}; give one of them"
+        )
+    return training.sharding
 
 
 def _load_custom_order(path: str, pp: int, microbatches: int) -> dict[int, list[Action]]:

@@ -23,17 +23,26 @@ done (:meth:`~DataParallelGradients.end_step`). What it emits is decided here on
   ``param_gather_overlap``, beside the step's forward (Megatron-Core's
   ``--overlap-param-gather``), which the optimizer then waits for.
 
-Data parallelism keeps whole weights on every rank, so nothing happens around a layer.
-A scheme that shards the weights too (FSDP) gathers a unit's weights in
-:meth:`~DataParallelGradients.before_layer` and reduce-scatters its gradients in
-:meth:`~DataParallelGradients.after_layer_backward`: a pass of its own here.
+* **Full sharding** (``sharding: full``, ZeRO-3, FSDP as FSDP2 runs it): every layer is
+  a unit (the first also holds the embedding, the last the final norm and output
+  layer). Before a unit's forward its weights are all-gathered (bf16) on the ``dp``
+  stream, and the next unit's gather is issued as this one starts (prefetched one unit
+  ahead); with ``reshard_after_forward`` (FSDP2's default) the unit is freed after its
+  forward and gathered again before its backward, prefetched one unit ahead in
+  backward order. After a unit's backward in the stage's last backward its gradients
+  are reduce-scattered; the optimizer updates the local ``1/dp`` shard and nothing is
+  gathered after it. Simplified: the embedding and output ops do not wait for their
+  unit's gather (in FSDP2 they are the root unit, gathered once), and with several
+  micro-batches the gradients are reduce-scattered once, after the last backward.
+
+With data parallelism alone or ZeRO-1/2 nothing happens around a layer.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from simulator.arithmetic.counts import pipeline_rank_parameters
+from simulator.arithmetic.counts import pipeline_rank_parameters, unit_parameters
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
 
 __all__ = ["DataParallelGradients", "ADAM_STATE_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM"]
@@ -64,8 +73,15 @@ class DataParallelGradients:
         self.bucket_bytes: dict[str, float] = {}
         self.bucket_index: dict[str, int] = {}
         self.last_buckets: dict[str, int] = {}
-        self.gathers = self.recipe.shards_optimizer and lowering.dp_group is not None
+        self.gathers = (
+            self.recipe.sharding in ("optimizer", "gradients") and lowering.dp_group is not None
+        )
         self.early_gather: int | None = None
+        # full sharding: units gathered ahead of use, by (writer, micro-batch, layer,
+        # backward?), and the reduce-scatters the optimizer waits for
+        self.units = self.recipe.shards_weights and lowering.dp_group is not None
+        self.prefetched: dict[tuple[int, int, int, bool], int] = {}
+        self.unit_reduces: list[int] = []
 
     def begin_step(self, first_stage: int) -> None:
         """Before the first action: gather the weights the last step updated beside this
@@ -85,11 +101,65 @@ class DataParallelGradients:
 
     def before_layer(self, layer: int, microbatch: int, phase: str) -> None:
         """Before ``layer`` runs its forward (or its backward, or the forward that full
-        recompute reruns): data parallelism holds every weight, so nothing to gather."""
+        recompute reruns): with full sharding, its unit's gather (prefetched or issued
+        now), which the layer's first op waits for, and the next unit's prefetch."""
+        if not self.units:
+            return
+        backward = phase != "fwd"
+        if backward and not self.recipe.reshard_after_forward:
+            return  # still gathered since this micro-batch's forward
+        lowering = self.lowering
+        writer = id(lowering.w)
+        gather = self.prefetched.pop((writer, microbatch, layer, backward), None)
+        if gather is None:
+            gather = self._gather(layer, microbatch, phase)
+        lowering.waits.append(gather)
+        following = layer - 1 if backward else layer + 1
+        if following in self.recipe.layers_of(lowering.stage):
+            key = (writer, microbatch, following, backward)
+            self.prefetched[key] = self._gather(following, microbatch, phase)
+
+    def _gather(self, layer: int, microbatch: int, phase: str) -> int:
+        """All-gather the bf16 weights of ``layer``'s unit, once the host reaches it."""
+        lowering = self.lowering
+        w = lowering.w
+        config = lowering.config
+        size = unit_parameters(self.recipe, config.model, config.moe, layer) * ACT_BYTES
+        return w.collective(
+            "all_gather",
+            lowering.dp_group,
+            size,
+            "dp",
+            f"L{layer}.fsdp_all_gather.{phase}.mb{microbatch}",
+            (lowering.last,) if w.ops else (),
+            w.tags(
+                stage=lowering.stage, layer=layer, axis="dp", phase=phase, microbatch=microbatch
+            ),
+        )
 
     def after_layer_backward(self, layer: int, microbatch: int, final: bool) -> None:
-        """After ``layer``'s backward: its gradients went to :meth:`grad_ready` op by op,
-        which buckets them; nothing else to do per layer."""
+        """After ``layer``'s backward: with full sharding, in the stage's last backward,
+        reduce-scatter its unit's gradients; otherwise they went to :meth:`grad_ready` op
+        by op, which buckets them."""
+        if not (self.units and final):
+            return
+        lowering = self.lowering
+        w = lowering.w
+        config = lowering.config
+        params = unit_parameters(self.recipe, config.model, config.moe, layer)
+        self.unit_reduces.append(
+            w.collective(
+                "reduce_scatter",
+                lowering.dp_group,
+                params * self.recipe.grad_bytes,
+                "dp",
+                f"L{layer}.fsdp_reduce_scatter.mb{microbatch}",
+                (lowering.last,),
+                w.tags(
+                    stage=lowering.stage, layer=layer, axis="dp", phase="bwd", microbatch=microbatch
+                ),
+            )
+        )
 
     def grad_ready(
         self, params: int, producer: int, microbatch: int, final: bool, expert: bool = False
@@ -98,7 +168,7 @@ class DataParallelGradients:
         the stage's last backward, when they are whole and can be reduced."""
         lowering = self.lowering
         group = lowering.edp_group if expert else lowering.dp_group
-        if not final or group is None or params == 0:
+        if not final or group is None or params == 0 or self.units:
             return
         self.bucket_bytes[group] = self.bucket_bytes.get(group, 0.0) + (
             params * self.recipe.grad_bytes
@@ -150,6 +220,7 @@ class DataParallelGradients:
             0.0,
         )
         lowering.waits.extend(self.last_buckets.values())
+        lowering.waits.extend(self.unit_reduces)
         lowering.wait_for(self.early_gather)
         lowering.w.action_open = True
         lowering.run(grad_norm, "optimizer.grad_norm", phase="optimizer")

@@ -299,7 +299,7 @@ class _Case:
                 continue
             valid.append(Option(fix, summary, scenario, memory))
         fitting = [o for o in valid if not o.memory.oom]
-        if not fitting and valid and rescue and not self.scenario.training.optimizer_sharding:
+        if not fitting and valid and rescue and not self.scenario.recipe.shards_optimizer:
             zero1 = {"training.optimizer_sharding": True}
             rescued = self.options(
                 [(o.fix | zero1, f"{o.summary}, with ZeRO-1") for o in valid],

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from simulator.analysis.result import MemoryEstimate, StepResult
+from simulator.common.vocabulary import RECOMPUTE_MODES
 from simulator.request.layout import Layout
 from simulator.request.scenario import Scenario
 from topologies.units import format_bytes, format_time
@@ -416,7 +417,7 @@ def _fix_dp_only_oom(case: Case) -> Remedy:
                 chosen = found
                 break
     zero1: list[Option] = []
-    if not case.scenario.training.optimizer_sharding and layout.dp > 1:
+    if not case.scenario.recipe.shards_optimizer and layout.dp > 1:
         zero1 = case.options(
             [
                 (
@@ -485,9 +486,9 @@ def _fix_oom(case: Case) -> Remedy:
     scenario, layout = case.scenario, case.layout
     training = scenario.training
     candidates: list[tuple[dict[str, Any], str]] = []
-    if not training.optimizer_sharding and layout.dp > 1:
+    if not case.scenario.recipe.shards_optimizer and layout.dp > 1:
         candidates.append(({"training.optimizer_sharding": True}, "ZeRO-1: Adam state split"))
-    levels = ("none", "selective", "full")
+    levels = RECOMPUTE_MODES
     for level in levels[levels.index(training.recompute) + 1 :]:
         candidates.append(({"training.recompute": level}, f"recompute {level}"))
     t = layout.tp * 2
