@@ -54,6 +54,13 @@ LAYOUTS = {
     # FSDP: each layer's weights gathered before its forward and backward, its
     # gradients reduce-scattered after its backward
     "fsdp": ["parallel.tp=1", "parallel.dp=2", "training.sharding=full"],
+    "hsdp": [
+        "cluster.gpus_per_node=4",
+        "parallel.tp=1",
+        "parallel.dp=4",
+        "parallel.dp_shard=2",
+        "training.sharding=full",
+    ],
     "fsdp-pp": [
         "cluster.gpus_per_node=4",
         "parallel.tp=1",

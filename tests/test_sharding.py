@@ -19,17 +19,17 @@ ONE = ["training.grad_reduce_dtype=bf16", "training.global_batch=16", "training.
 
 
 def _dp_bytes_moved(scenario, rank: int = 0) -> float:
-    """Bytes a rank sends over its data-parallel group in one step, as a ring moves
-    them: ``2(n-1)/n`` of an all-reduce's buffer, ``(n-1)/n`` of a gather's or scatter's."""
-    n = scenario.layout.dp
-    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n}
-    factor["reduce_scatter"] = (n - 1) / n
-    ops = per_rank_schedule(scenario).programs[rank].ops
-    return sum(
-        op.bytes * factor[op.kind]
-        for op in ops
-        if type(op) is Collective and op.tags.get("axis") == "dp"
-    )
+    """Bytes a rank sends over its data-parallel groups in one step, as a ring moves
+    them: ``2(n-1)/n`` of an all-reduce's buffer, ``(n-1)/n`` of a gather's or scatter's,
+    for a group of ``n``."""
+    schedule = per_rank_schedule(scenario)
+    total = 0.0
+    for op in schedule.programs[rank].ops:
+        if type(op) is not Collective or op.tags.get("axis") != "dp":
+            continue
+        n = len(schedule.groups[op.group])
+        total += op.bytes * (n - 1) / n * (2 if op.kind == "all_reduce" else 1)
+    return total
 
 
 def test_zero3_moves_three_halves_of_what_data_parallelism_moves():
@@ -39,6 +39,26 @@ def test_zero3_moves_three_halves_of_what_data_parallelism_moves():
     weight_bytes = 2 * pipeline_rank_parameters(dp.recipe, dp.model, dp.moe, 0)
     assert _dp_bytes_moved(dp) == pytest.approx(2 * (n - 1) / n * weight_bytes)
     assert _dp_bytes_moved(full) == pytest.approx(3 * (n - 1) / n * weight_bytes)
+
+
+def test_hsdp_shards_inside_a_group_and_all_reduces_the_shards_across_groups():
+    hsdp = load_scenario(SMALL, [*ONE, "training.sharding=full", "parallel.dp_shard=2"])
+    assert hsdp.layout.shard_degree == 2
+    s, r = 2, hsdp.layout.dp // 2
+    weight_bytes = 2 * pipeline_rank_parameters(hsdp.recipe, hsdp.model, hsdp.moe, 0)
+    # two gathers and a reduce-scatter inside the shard group, then an all-reduce of the
+    # 1/s shard across the replicas
+    expected = 3 * (s - 1) / s * weight_bytes + 2 * (r - 1) / r * weight_bytes / s
+    assert _dp_bytes_moved(hsdp) == pytest.approx(expected)
+    memory = run_scenario(hsdp).result.memory.per_stage[0].terms_bytes
+    full = run_scenario(load_scenario(SMALL, [*ONE, "training.sharding=full"])).result
+    assert memory["optimizer_state"] == pytest.approx(
+        2 * full.memory.per_stage[0].terms_bytes["optimizer_state"]
+    )
+    with pytest.raises(ScenarioError, match="needs training.sharding: full"):
+        load_scenario(SMALL, ["parallel.dp_shard=2"])
+    with pytest.raises(ScenarioError, match="dp_shard.3. \\* dp_replicate"):
+        load_scenario(SMALL, ["training.sharding=full", "parallel.dp_shard=3"])
 
 
 def test_units_cover_every_parameter_once():

@@ -156,7 +156,9 @@ def _sharded_weights(
     units (the one running and the one prefetched) when each is freed after its forward,
     every unit of the rank when they stay gathered until their backward."""
     size = BYTES_PER_PARAM["weights"]
-    shard = params * size / recipe.layout.dp
+    if recipe.layout.shard_degree == 1:
+        return float(params * size)  # nothing to shard over, nothing gathered
+    shard = params * size / recipe.layout.shard_degree
     if recipe.reshard_after_forward:
         return shard + _largest_units(recipe, model, moe, rank) * size
     return shard + params * size
@@ -168,7 +170,9 @@ def _sharded_gradients(
     """ZeRO-2 and up: each replica keeps ``1/dp`` of the gradients, plus the whole
     gradients waiting to be reduce-scattered: a bucket (ZeRO-2), or two units (full
     sharding: the one just finished and the one being computed)."""
-    shard = params * recipe.grad_bytes / recipe.layout.dp
+    if recipe.layout.shard_degree == 1:
+        return float(params * recipe.grad_bytes)
+    shard = params * recipe.grad_bytes / recipe.layout.shard_degree
     if recipe.shards_weights:
         return shard + _largest_units(recipe, model, moe, rank) * recipe.grad_bytes
     return shard + min(recipe.grad_bucket_bytes, params * recipe.grad_bytes)
@@ -183,6 +187,8 @@ def memory_per_rank(
     layout = config.layout
     orders = config.pipeline_orders()
     communicators = sum(1 for size in (layout.tp, layout.dp) if size > 1) + (layout.pp > 1)
+    if layout.dp_shard and layout.dp_shard < layout.dp:
+        communicators += 1 + (layout.dp_shard > 1)  # HSDP's replicate and shard groups
     per_stage = {stage: stage_activation_bytes(config, stage) for stage in range(config.stages)}
     sizes = dict(BYTES_PER_PARAM, gradients=config.grad_bytes)
     ranks = []
@@ -190,7 +196,7 @@ def memory_per_rank(
         params = pipeline_rank_parameters(recipe, model, moe, pipeline_rank)
         terms = {name: float(params * size) for name, size in sizes.items()}
         if recipe.shards_optimizer:
-            terms["optimizer_state"] /= layout.dp
+            terms["optimizer_state"] /= layout.shard_degree
         if recipe.shards_gradients:
             terms["gradients"] = _sharded_gradients(recipe, model, moe, pipeline_rank, params)
         if recipe.shards_weights:

@@ -47,10 +47,10 @@ PHASE_OF_PART = {"B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
 
 # Axes of the rank grid that ``parallel.placement`` orders, innermost first.
 PLACEMENT_AXES = ("tp", "dp", "pp")
-# Axes a collective or transfer can belong to (its ``axis`` tag): the grid's, SP's
-# collectives on the TP group, and the expert (ep) and expert-data-parallel (edp)
-# groups MoE splits each DP group into.
-GROUP_AXES = ("tp", "sp", "dp", "pp", "ep", "edp")
+# Axes of the process groups: the grid's, SP's collectives on the TP group, the expert
+# (ep) and expert-data-parallel (edp) groups MoE splits each DP group into, and HSDP's
+# shard and replicate groups.
+GROUP_AXES = ("tp", "sp", "dp", "pp", "ep", "edp", "dp_shard", "dp_replicate")
 
 # Axes a communication op is tagged with (its ``axis``), as the accounting splits exposed
 # communication and the reports colour it: expert-data-parallel gradient buckets are

@@ -30,6 +30,9 @@ class Layout:
     dp: int
     placement: tuple[str, ...] = ("tp", "dp", "pp")
     ep: int = 1
+    # HSDP: the DP replicas split into shard groups of dp_shard consecutive replicas (the
+    # weights are sharded inside one) and replicate groups across them (0: no split)
+    dp_shard: int = 0
     _strides: dict[str, int] = field(init=False, repr=False, compare=False)
     _groups: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
     _group_of: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
@@ -65,26 +68,48 @@ class Layout:
                 group_of[(axis, rank)] = name
         if self.ep < 1 or self.dp % self.ep:
             raise ScenarioError(f"parallel.ep: ep({self.ep}) must divide dp({self.dp})")
-        if self.ep > 1:
-            # expert parallelism splits each DP group into blocks of ep consecutive
-            # replicas (the EP groups); the replicas holding the same experts form the
-            # expert-data-parallel (edp) groups that reduce expert gradients
-            for axis, key in (
-                ("ep", lambda i: (i // self.ep, None)),
-                ("edp", lambda i: (None, i % self.ep)),
-            ):
-                seen = {}
-                for rank in range(self.world):
-                    dp_group = self._members("dp", rank)
-                    mine = key(dp_group.index(rank))
-                    members = tuple(m for i, m in enumerate(dp_group) if key(i) == mine)
-                    name = seen.get(members)
-                    if name is None:
-                        name = seen[members] = f"{axis}{len(seen)}"
-                        groups[name] = members
-                    group_of[(axis, rank)] = name
+        if self.dp_shard and (self.dp_shard < 1 or self.dp % self.dp_shard):
+            raise ScenarioError(
+                f"parallel.dp_shard: dp_shard({self.dp_shard}) must divide dp({self.dp})"
+            )
+        # expert parallelism splits each DP group into blocks of ep consecutive replicas
+        # (the EP groups); the replicas holding the same experts form the
+        # expert-data-parallel (edp) groups that reduce expert gradients. HSDP splits it
+        # the same way: shard groups of dp_shard consecutive replicas, replicate groups
+        # across them (torchtitan's ParallelDims: dp_replicate outside dp_shard).
+        for block, inner, outer in (
+            (self.ep, "ep", "edp"),
+            (self.dp_shard, "dp_shard", "dp_replicate"),
+        ):
+            if block > 1 or (inner == "dp_shard" and block):
+                self._split_dp(block, inner, outer, groups, group_of)
         object.__setattr__(self, "_groups", groups)
         object.__setattr__(self, "_group_of", group_of)
+
+    def _split_dp(
+        self,
+        block: int,
+        inner: str,
+        outer: str,
+        groups: dict[str, tuple[int, ...]],
+        group_of: dict[tuple[str, int], str],
+    ) -> None:
+        """Name the groups of ``block`` consecutive DP replicas (``inner``) and of the
+        replicas at the same position across those blocks (``outer``)."""
+        for axis, key in (
+            (inner, lambda i: (i // block, None)),
+            (outer, lambda i: (None, i % block)),
+        ):
+            seen: dict[tuple[int, ...], str] = {}
+            for rank in range(self.world):
+                dp_group = self._members("dp", rank)
+                mine = key(dp_group.index(rank))
+                members = tuple(m for i, m in enumerate(dp_group) if key(i) == mine)
+                name = seen.get(members)
+                if name is None:
+                    name = seen[members] = f"{axis}{len(seen)}"
+                    groups[name] = members
+                group_of[(axis, rank)] = name
 
     @property
     def world(self) -> int:
@@ -116,6 +141,12 @@ class Layout:
     def axis_of_group(self, name: str) -> str:
         """The axis a group belongs to (``'tp'`` for ``'tp3'``)."""
         return name.rstrip("0123456789")
+
+    @property
+    def shard_degree(self) -> int:
+        """Replicas a sharded weight or optimizer state is split over: ``dp_shard`` with
+        HSDP, else every DP replica."""
+        return self.dp_shard or self.dp
 
     def group_members(self, axis: str, rank: int) -> tuple[int, ...]:
         return self._groups[self._group_of[(axis, rank)]]

@@ -282,6 +282,8 @@ class Recipe:
         ).split()
         if extras:
             parts.append(f"L{self.layers}")
+            if layout.dp_shard:
+                parts.append(f"dp_shard={layout.dp_shard}")
             defaults = _defaults(self)
             for name in _EXTRAS:
                 value = getattr(self, name)
@@ -349,6 +351,9 @@ def _read_token(token: str, values: dict[str, Any], layout: dict[str, Any]) -> N
         return
     if token.startswith("[") and token.endswith("]"):
         layout["placement"] = tuple(token[1:-1].split(","))
+        return
+    if token.startswith("dp_shard="):
+        layout["dp_shard"] = int(token.partition("=")[2])
         return
     if "=" in token:
         key, _, raw = token.partition("=")

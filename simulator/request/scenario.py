@@ -99,6 +99,10 @@ class ParallelSpec(_Strict):
     pp: int = Field(default=1, gt=0)
     dp: int | None = Field(default=None, gt=0)
     ep: int = Field(default=1, gt=0)
+    # HSDP (torchtitan's ParallelDims): full sharding inside groups of dp_shard replicas,
+    # replication across dp_replicate such groups; dp = dp_shard · dp_replicate
+    dp_shard: int | None = Field(default=None, gt=0)
+    dp_replicate: int | None = Field(default=None, gt=0)
     sp: bool = False
     schedule: Literal[SCHEDULES] = "1f1b"
     virtual_stages: int = Field(default=1, gt=0)
@@ -393,6 +397,32 @@ def _recipe(spec: ScenarioSpec, model: ModelSpec, layout: Layout) -> Recipe:
     )
 
 
+def _dp_shard(spec: ScenarioSpec, dp: int) -> int:
+    """HSDP's shard group size from ``parallel.dp_shard`` / ``dp_replicate`` (0: none)."""
+    parallel = spec.parallel
+    shard, replicate = parallel.dp_shard, parallel.dp_replicate
+    if shard is None and replicate is None:
+        return 0
+    if shard is None:
+        if dp % replicate:
+            raise ScenarioError(
+                f"parallel.dp_replicate: dp_replicate({replicate}) does not divide dp({dp})"
+            )
+        shard = dp // replicate
+    replicate = dp // shard if replicate is None else replicate
+    if shard * replicate != dp:
+        raise ScenarioError(
+            f"parallel: dp_shard({shard}) * dp_replicate({replicate}) = {shard * replicate} "
+            f"!= dp({dp})"
+        )
+    if replicate > 1 and _sharding(spec.training) != "full":
+        raise ScenarioError(
+            f"parallel.dp_replicate: HSDP (dp_replicate {replicate}) needs training.sharding: "
+            f"full (got {_sharding(spec.training)})"
+        )
+    return shard
+
+
 def _sharding(training: TrainingSpec) -> str:
     """``training.sharding``, or ``optimizer`` when only ``optimizer_sharding`` is set."""
     if training.sharding is None:
@@ -472,7 +502,14 @@ def scenario_from_dict(
         raise ScenarioError(f"parallel.ep: ep({parallel.ep}) needs a mixture-of-experts model.moe")
     if moe is not None:
         check_expert_parallel(moe, parallel.ep, dp)
-    layout = Layout(tp=tp, pp=pp, dp=dp, placement=tuple(parallel.placement), ep=parallel.ep)
+    layout = Layout(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        placement=tuple(parallel.placement),
+        ep=parallel.ep,
+        dp_shard=_dp_shard(spec, dp),
+    )
     _check_divisibility(model, spec.training, layout, parallel.stage_layers)
     _check_schedule(
         spec, model, layout, spec.training.global_batch // (dp * spec.training.micro_batch)

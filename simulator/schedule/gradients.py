@@ -34,6 +34,9 @@ done (:meth:`~DataParallelGradients.end_step`). What it emits is decided here on
   gathered after it. Simplified: the embedding and output ops do not wait for their
   unit's gather (in FSDP2 they are the root unit, gathered once), and with several
   micro-batches the gradients are reduce-scattered once, after the last backward.
+  With HSDP (``parallel.dp_shard`` < ``dp``) the units shard over groups of ``dp_shard``
+  replicas, and each reduce-scattered shard is then all-reduced across the
+  ``dp_replicate`` groups.
 
 With data parallelism alone or ZeRO-1/2 nothing happens around a layer.
 """
@@ -82,6 +85,16 @@ class DataParallelGradients:
         self.units = self.recipe.shards_weights and lowering.dp_group is not None
         self.prefetched: dict[tuple[int, int, int, bool], int] = {}
         self.unit_reduces: list[int] = []
+        # HSDP: units shard over the dp_shard group and their gradient shards are
+        # all-reduced over the dp_replicate group; plain FSDP shards over all of dp
+        layout, rank = lowering.layout, lowering.rank
+        self.shard_group = lowering.dp_group
+        self.replicate_group = None
+        if layout.dp_shard:
+            shard = layout.group_name("dp_shard", rank)
+            self.shard_group = shard if len(layout.groups[shard]) > 1 else None
+            replicate = layout.group_name("dp_replicate", rank)
+            self.replicate_group = replicate if len(layout.groups[replicate]) > 1 else None
 
     def begin_step(self, first_stage: int) -> None:
         """Before the first action: gather the weights the last step updated beside this
@@ -103,7 +116,7 @@ class DataParallelGradients:
         """Before ``layer`` runs its forward (or its backward, or the forward that full
         recompute reruns): with full sharding, its unit's gather (prefetched or issued
         now), which the layer's first op waits for, and the next unit's prefetch."""
-        if not self.units:
+        if not self.units or self.shard_group is None:
             return
         backward = phase != "fwd"
         if backward and not self.recipe.reshard_after_forward:
@@ -127,7 +140,7 @@ class DataParallelGradients:
         size = unit_parameters(self.recipe, config.model, config.moe, layer) * ACT_BYTES
         return w.collective(
             "all_gather",
-            lowering.dp_group,
+            self.shard_group,
             size,
             "dp",
             f"L{layer}.fsdp_all_gather.{phase}.mb{microbatch}",
@@ -147,19 +160,34 @@ class DataParallelGradients:
         w = lowering.w
         config = lowering.config
         params = unit_parameters(self.recipe, config.model, config.moe, layer)
-        self.unit_reduces.append(
-            w.collective(
+        grad_bytes = params * self.recipe.grad_bytes
+        tags = w.tags(
+            stage=lowering.stage, layer=layer, axis="dp", phase="bwd", microbatch=microbatch
+        )
+        reduce = None
+        if self.shard_group is not None:
+            reduce = w.collective(
                 "reduce_scatter",
-                lowering.dp_group,
-                params * self.recipe.grad_bytes,
+                self.shard_group,
+                grad_bytes,
                 "dp",
                 f"L{layer}.fsdp_reduce_scatter.mb{microbatch}",
                 (lowering.last,),
-                w.tags(
-                    stage=lowering.stage, layer=layer, axis="dp", phase="bwd", microbatch=microbatch
-                ),
+                tags,
             )
-        )
+        if self.replicate_group is not None:
+            # HSDP: the shard's gradients, averaged across the replicas
+            reduce = w.collective(
+                "all_reduce",
+                self.replicate_group,
+                grad_bytes / lowering.layout.shard_degree,
+                "dp",
+                f"L{layer}.hsdp_all_reduce.mb{microbatch}",
+                (lowering.last,) if reduce is None else (reduce,),
+                tags,
+            )
+        if reduce is not None:
+            self.unit_reduces.append(reduce)
 
     def grad_ready(
         self, params: int, producer: int, microbatch: int, final: bool, expert: bool = False
@@ -208,7 +236,7 @@ class DataParallelGradients:
         lowering = self.lowering
         for group in list(self.bucket_bytes):
             self._flush_bucket(group, lowering.last, last_microbatch)
-        dp = lowering.layout.dp if self.recipe.shards_optimizer else 1
+        dp = lowering.layout.shard_degree if self.recipe.shards_optimizer else 1
         local = self.parameters / dp
         grad_bytes = self.recipe.grad_bytes
         grad_norm = OpCost("grad_norm", "elementwise", 2.0 * local, grad_bytes * local, 0.0)
