@@ -111,9 +111,8 @@ def test_command_line_prints_no_traceback():
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "parasim: error: parallel.tpp: unknown key (did you mean 'tp'?); "
-        "valid keys: dp, dp_replicate, dp_shard, ep, placement, pp, schedule, schedule_file, sp, "
-        "stage_layers, tp, "
-        "virtual_stages"
+        "valid keys: cp, cp_kind, dp, dp_replicate, dp_shard, ep, placement, pp, schedule, "
+        "schedule_file, sp, stage_layers, tp, virtual_stages"
     ]
 
 

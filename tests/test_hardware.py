@@ -61,6 +61,15 @@ LAYOUTS = {
         "parallel.dp_shard=2",
         "training.sharding=full",
     ],
+    # context parallelism: a ring of K/V blocks, and Ulysses' all-to-alls
+    "cp-ring": ["parallel.tp=1", "parallel.dp=1", "parallel.cp=2", "model.seq_len=64"],
+    "cp-ulysses": [
+        "parallel.tp=1",
+        "parallel.dp=1",
+        "parallel.cp=2",
+        "parallel.cp_kind=ulysses",
+        "model.seq_len=64",
+    ],
     "fsdp-pp": [
         "cluster.gpus_per_node=4",
         "parallel.tp=1",

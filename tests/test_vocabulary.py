@@ -39,7 +39,9 @@ def _choices(model: type, field: str) -> set[str]:
     "model, field, names",
     [
         (ParallelSpec, "schedule", v.SCHEDULES),
-        (ParallelSpec, "placement", v.PLACEMENT_AXES),
+        (ParallelSpec, "placement", v.GRID_AXES),
+        (ParallelSpec, "cp_kind", v.CP_KINDS),
+        (TrainingSpec, "sharding", v.SHARDING_LEVELS),
         (TrainingSpec, "recompute", v.RECOMPUTE_MODES),
         (TrainingSpec, "attention", v.ATTENTION_KERNELS),
         (TrainingSpec, "tp_comm_overlap", v.TP_COMM_OVERLAP),

@@ -83,9 +83,11 @@ def held_activations(actions: list[Action]) -> tuple[int, dict[int, int]]:
 def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
     """The forward ops of ``layer`` on one rank (an MoE layer's experts on the ``k·T``
     assignments a rank receives when routing is balanced)."""
-    model, layout = config.model, config.layout
-    sp = config.recipe.sequence_parallel
-    ops = layer_forward_ops(model, config.micro_batch, layout.tp, sp, config.recipe.attention)
+    model, layout, recipe = config.local, config.layout, config.recipe
+    sp = recipe.sequence_parallel
+    ops = layer_forward_ops(
+        model, config.micro_batch, layout.tp, sp, recipe.attention, layout.cp, recipe.cp_kind
+    )
     if config.moe is None or not is_moe_layer(config.moe, layer):
         return ops
     tokens = config.micro_batch * model.seq_len
@@ -108,7 +110,7 @@ def layer_activation_bytes(config: StepConfig, layer: int, recompute: str | None
     """Bytes ``layer`` keeps for backward per micro-batch on one rank."""
     layout = config.layout
     sp = config.recipe.sequence_parallel
-    checkpoint = checkpoint_bytes(config.model, config.micro_batch, layout.tp, sp)
+    checkpoint = checkpoint_bytes(config.local, config.micro_batch, layout.tp, sp)
     recompute = config.recipe.recompute if recompute is None else recompute
     return layer_saved_bytes(
         _layer_ops(config, layer), recompute, config.recipe.attention, checkpoint
@@ -118,7 +120,7 @@ def layer_activation_bytes(config: StepConfig, layer: int, recompute: str | None
 def stage_activation_bytes(config: StepConfig, stage: int) -> float:
     """Bytes one micro-batch leaves on a rank for global ``stage``: its layers', and
     the embedding's (first stage) or the final norm's, logits' and loss's (last)."""
-    model, layout, b = config.model, config.layout, config.micro_batch
+    model, layout, b = config.local, config.layout, config.micro_batch
     layers = config.layers_of(stage)
     per = len(layers)
     moe = [layer for layer in layers if config.is_moe_layer(layer)]
@@ -186,7 +188,8 @@ def memory_per_rank(
     config = StepConfig(recipe, model, moe)
     layout = config.layout
     orders = config.pipeline_orders()
-    communicators = sum(1 for size in (layout.tp, layout.dp) if size > 1) + (layout.pp > 1)
+    communicators = sum(1 for size in (layout.tp, layout.dp, layout.cp) if size > 1)
+    communicators += (layout.pp > 1) + (layout.cp > 1 and layout.dp > 1)  # pp, dp × cp
     if layout.dp_shard and layout.dp_shard < layout.dp:
         communicators += 1 + (layout.dp_shard > 1)  # HSDP's replicate and shard groups
     per_stage = {stage: stage_activation_bytes(config, stage) for stage in range(config.stages)}

@@ -85,6 +85,8 @@ class RankAccount:
     breakdown: dict[str, float]
     exposed_comm_by_axis: dict[str, float]
     compute_by_phase: dict[str, float]
+    # the rank's context-parallel coordinate (None without context parallelism)
+    cp: int | None = None
 
 
 @dataclass
@@ -181,6 +183,9 @@ class StepResult:
         """``result.json``'s content (a measured step's has a ``measured`` section)."""
         data = dataclasses.asdict(self)
         data["network"] = {"busiest_links": data.pop("busiest_links")}
+        for row in data["per_rank"]:
+            if row["cp"] is None:
+                del row["cp"]
         if self.measured is None:
             del data["measured"]
         return data

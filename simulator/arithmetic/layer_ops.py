@@ -166,8 +166,11 @@ def _residual(name: str, model: ModelSpec, elements: float) -> OpCost:
     return _elementwise(name, elements, 1, 6, 6, 0)
 
 
-def attention_core_names(attention: str) -> tuple[str, ...]:
-    """The ops selective recompute reruns: the attention core."""
+def attention_core_names(attention: str, cp: int = 1, cp_kind: str = "ring") -> tuple[str, ...]:
+    """The ops selective recompute reruns: the attention core (a context-parallel
+    ring's blocks)."""
+    if cp > 1 and cp_kind == "ring":
+        return tuple(f"attn_ring{j}" for j in range(cp))
     if attention == "flash":
         return ("attn_core",)
     return ("attn_qk", "attn_softmax", "attn_dropout", "attn_av")
@@ -253,13 +256,25 @@ def layer_forward_ops(
     tp: int,
     sp: bool = False,
     attention: str = "flash",
+    cp: int = 1,
+    cp_kind: str = "ring",
 ) -> list[OpCost]:
     """The forward ops of one transformer layer on one TP rank, in execution order.
 
     The two TP all-reduces fall after ``proj`` and after ``fc2`` (Megatron-LM's ``g``
     operator); the schedule builder inserts them. With sequence parallelism (``sp``)
     the norms, dropout and residual adds work on ``1/tp`` of the sequence.
+
+    With context parallelism (``cp`` > 1) ``model`` is the rank's view, its ``seq_len``
+    the rank's ``1/cp`` of the sequence, and every op but attention works on it.
+    Attention is FlashAttention over the whole sequence: with ``ring``, ``cp`` blocks
+    ``attn_ring0 … attn_ring{cp-1}`` of the local queries against one rank's keys each
+    (two chunks per rank balance the causal mask, so each block computes about half its
+    scores, as the compute model's causal factor takes); with ``ulysses``, one
+    ``attn_core`` over the full sequence for ``1/cp`` of the rank's heads.
     """
+    if cp > 1:
+        return _context_parallel_ops(model, micro_batch, tp, sp, cp, cp_kind)
     b, s, h, d = micro_batch, model.seq_len, model.hidden, model.head_dim
     tokens = b * s
     shard = tp if sp else 1
@@ -283,6 +298,23 @@ def layer_forward_ops(
         _residual("residual2", model, share * h),
     ]
     return ops
+
+
+def _context_parallel_ops(
+    model: ModelSpec, micro_batch: int, tp: int, sp: bool, cp: int, cp_kind: str
+) -> list[OpCost]:
+    ops = layer_forward_ops(model, micro_batch, tp, sp, "flash")
+    at = next(i for i, op in enumerate(ops) if op.name == "attn_core")
+    local = ops[at]
+    if cp_kind == "ring":
+        blocks = [replace(local, name=f"attn_ring{j}", saved_bytes=0.0) for j in range(cp)]
+        blocks[0] = replace(blocks[0], saved_bytes=local.saved_bytes)
+        return [*ops[:at], *blocks, *ops[at + 1 :]]
+    # Ulysses: the whole sequence, 1/cp of the rank's heads (the same bytes in and out)
+    full = model.model_copy(update={"seq_len": model.seq_len * cp})
+    heads, kv = model.heads // tp // cp, kv_heads_per_rank(model, tp) // cp
+    (core,) = _attention_core(full, micro_batch, tp, "flash", heads, kv)
+    return [*ops[:at], core, *ops[at + 1 :]]
 
 
 def backward_of(op: OpCost) -> list[OpCost]:
@@ -389,7 +421,9 @@ def layer_saved_bytes(
         return checkpoint
     if recompute == "none":
         return sum(op.saved_bytes for op in ops)
-    core = set(attention_core_names(attention))
+    core = set(attention_core_names(attention)) | {
+        op.name for op in ops if op.name.startswith("attn_ring")
+    }
     kept = sum(op.saved_bytes for op in ops if op.name not in core)
     qkv = next(op for op in ops if op.name == "qkv")
     m, n, _ = qkv.shape

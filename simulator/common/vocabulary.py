@@ -15,6 +15,8 @@ __all__ = [
     "PHASES",
     "PHASE_OF_PART",
     "PLACEMENT_AXES",
+    "GRID_AXES",
+    "CP_KINDS",
     "GROUP_AXES",
     "COMM_AXES",
     "COLLECTIVE_KINDS",
@@ -45,17 +47,24 @@ PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight", "recompute", "optimizer")
 # gradients) -> the phase of its ops.
 PHASE_OF_PART = {"B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
 
-# Axes of the rank grid that ``parallel.placement`` orders, innermost first.
+# Axes of the rank grid that ``parallel.placement`` orders, innermost first; context
+# parallelism's cp joins them when the sequence is split (GRID_AXES, Megatron-LM's
+# order).
 PLACEMENT_AXES = ("tp", "dp", "pp")
+GRID_AXES = ("tp", "cp", "dp", "pp")
+# Context parallelism: K/V blocks passed around a ring (Liu et al., "Ring Attention",
+# 2023) or all-to-alls that trade sequence for heads (DeepSpeed-Ulysses, Jacobs et al.,
+# 2023).
+CP_KINDS = ("ring", "ulysses")
 # Axes of the process groups: the grid's, SP's collectives on the TP group, the expert
 # (ep) and expert-data-parallel (edp) groups MoE splits each DP group into, and HSDP's
 # shard and replicate groups.
-GROUP_AXES = ("tp", "sp", "dp", "pp", "ep", "edp", "dp_shard", "dp_replicate")
+GROUP_AXES = ("tp", "sp", "cp", "dp", "pp", "ep", "edp", "dp_shard", "dp_replicate", "dp_cp")
 
 # Axes a communication op is tagged with (its ``axis``), as the accounting splits exposed
 # communication and the reports colour it: expert-data-parallel gradient buckets are
 # data-parallel traffic.
-COMM_AXES = ("tp", "sp", "dp", "pp", "ep")
+COMM_AXES = ("tp", "sp", "cp", "dp", "pp", "ep")
 
 # Collective operations the Schedule IR names.
 COLLECTIVE_KINDS = (

@@ -49,6 +49,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "comm:pp": "#EECA3B",
     "comm:sp": "#FF9DA6",
     "comm:ep": "#9D755D",
+    "comm:cp": "#D67195",
     "other": "#BAB0AC",
 }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simulator.common.errors import ScenarioError
-from simulator.common.vocabulary import PLACEMENT_AXES
+from simulator.common.vocabulary import GRID_AXES, PLACEMENT_AXES
 
 __all__ = ["Layout"]
 
@@ -33,19 +33,31 @@ class Layout:
     # HSDP: the DP replicas split into shard groups of dp_shard consecutive replicas (the
     # weights are sharded inside one) and replicate groups across them (0: no split)
     dp_shard: int = 0
+    # context parallelism: each sequence split over cp ranks (placed right after tp
+    # unless the placement names it)
+    cp: int = 1
     _strides: dict[str, int] = field(init=False, repr=False, compare=False)
     _groups: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
     _group_of: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for axis in PLACEMENT_AXES:
+        for axis in GRID_AXES:
             size = getattr(self, axis)
             if not isinstance(size, int) or size < 1:
                 raise ScenarioError(f"parallel.{axis}: must be a positive integer (got {size!r})")
-        if sorted(self.placement) != sorted(PLACEMENT_AXES):
+        named = [axis for axis in self.placement if axis != "cp"]
+        if sorted(named) != sorted(PLACEMENT_AXES) or list(self.placement).count("cp") > 1:
             raise ScenarioError(
-                f"parallel.placement: must order each of tp, dp, pp exactly once "
-                f"(got {list(self.placement)})"
+                f"parallel.placement: must order each of tp, dp, pp exactly once, and cp at "
+                f"most once (got {list(self.placement)})"
+            )
+        if self.cp == 1 and "cp" in self.placement:
+            object.__setattr__(self, "placement", tuple(named))
+        elif self.cp > 1 and "cp" not in self.placement:
+            # Megatron-LM's and torchtitan's order: the CP ranks right outside TP
+            at = self.placement.index("tp") + 1
+            object.__setattr__(
+                self, "placement", (*self.placement[:at], "cp", *self.placement[at:])
             )
         strides: dict[str, int] = {}
         stride = 1
@@ -55,7 +67,7 @@ class Layout:
         object.__setattr__(self, "_strides", strides)
         groups: dict[str, tuple[int, ...]] = {}
         group_of: dict[tuple[str, int], str] = {}
-        for axis in PLACEMENT_AXES:
+        for axis in self.axes:
             # a group is known by its lowest rank (coordinate 0 on the axis): O(world)
             stride, size = strides[axis], self.size(axis)
             by_base: dict[int, str] = {}
@@ -83,6 +95,22 @@ class Layout:
         ):
             if block > 1 or (inner == "dp_shard" and block):
                 self._split_dp(block, inner, outer, groups, group_of)
+        if self.cp > 1:
+            # the ranks that hold the same weights: every (dp, cp) coordinate of a (tp, pp)
+            # one; data-parallel gradients are reduced over them
+            seen_dpcp: dict[tuple[int, ...], str] = {}
+            for rank in range(self.world):
+                coords = self.coords(rank)
+                members = tuple(
+                    self.rank_of(tp=coords["tp"], pp=coords["pp"], dp=d, cp=c)
+                    for d in range(self.dp)
+                    for c in range(self.cp)
+                )
+                name = seen_dpcp.get(members)
+                if name is None:
+                    name = seen_dpcp[members] = f"dp_cp{len(seen_dpcp)}"
+                    groups[name] = members
+                group_of[("dp_cp", rank)] = name
         object.__setattr__(self, "_groups", groups)
         object.__setattr__(self, "_group_of", group_of)
 
@@ -113,18 +141,34 @@ class Layout:
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The grid's axes: tp, dp, pp, and cp when the sequence is split."""
+        return GRID_AXES if self.cp > 1 else PLACEMENT_AXES
+
+    @property
+    def gradient_axis(self) -> str:
+        """The axis whose groups reduce the weights' gradients: dp, or with context
+        parallelism dp_cp (every rank holding the same weights)."""
+        return "dp_cp" if self.cp > 1 else "dp"
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same weights: ``dp``, times ``cp``."""
+        return self.dp * self.cp
 
     def size(self, axis: str) -> int:
         return getattr(self, axis)
 
     def coords(self, rank: int) -> dict[str, int]:
-        """``{'tp': i, 'dp': j, 'pp': k}`` of a rank."""
-        return {axis: (rank // self._strides[axis]) % self.size(axis) for axis in PLACEMENT_AXES}
+        """``{'tp': i, 'dp': j, 'pp': k}`` of a rank (and ``'cp'`` when cp > 1)."""
+        return {axis: (rank // self._strides[axis]) % self.size(axis) for axis in self.axes}
 
-    def rank_of(self, tp: int = 0, dp: int = 0, pp: int = 0) -> int:
-        coords = {"tp": tp, "dp": dp, "pp": pp}
-        return sum(coords[axis] * self._strides[axis] for axis in PLACEMENT_AXES)
+    def rank_of(self, tp: int = 0, dp: int = 0, pp: int = 0, cp: int = 0) -> int:
+        coords = {"tp": tp, "dp": dp, "pp": pp, "cp": cp}
+        return sum(coords[axis] * self._strides[axis] for axis in self.axes)
 
     def _members(self, axis: str, rank: int) -> tuple[int, ...]:
         base = rank - self.coords(rank)[axis] * self._strides[axis]
@@ -144,9 +188,9 @@ class Layout:
 
     @property
     def shard_degree(self) -> int:
-        """Replicas a sharded weight or optimizer state is split over: ``dp_shard`` with
-        HSDP, else every DP replica."""
-        return self.dp_shard or self.dp
+        """Ranks a sharded weight or optimizer state is split over: ``dp_shard`` with
+        HSDP, else every rank holding the same weights (``dp``, times ``cp``)."""
+        return self.dp_shard or self.replicas
 
     def group_members(self, axis: str, rank: int) -> tuple[int, ...]:
         return self._groups[self._group_of[(axis, rank)]]
@@ -154,7 +198,7 @@ class Layout:
     def stage_rank(self, rank: int, stage: int) -> int:
         """The rank holding pipeline ``stage`` in ``rank``'s pipeline."""
         coords = self.coords(rank)
-        return self.rank_of(tp=coords["tp"], dp=coords["dp"], pp=stage)
+        return self.rank_of(tp=coords["tp"], dp=coords["dp"], pp=stage, cp=coords.get("cp", 0))
 
     def describe(self) -> str:
         order = "·".join(f"{axis}{self.size(axis)}" for axis in self.placement)

@@ -28,6 +28,7 @@ from typing import Any
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import (
     ATTENTION_KERNELS,
+    CP_KINDS,
     GRADIENT_DTYPES,
     RECOMPUTE_MODES,
     SCHEDULES,
@@ -83,10 +84,11 @@ def layout_label(
     recompute: str,
     placement: tuple[str, ...] | list[str],
     microbatches: int | None = None,
+    cp: int = 1,
 ) -> str:
     """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``: the layout knobs in the recipe's
     text form (``mb1x16`` when the micro-batch count is given)."""
-    parts = [f"tp{tp}", f"pp{pp}", f"dp{dp}"]
+    parts = [f"tp{tp}", *([f"cp{cp}"] if cp > 1 else []), f"pp{pp}", f"dp{dp}"]
     if ep > 1:
         parts.append(f"ep{ep}")
     if sp:
@@ -119,6 +121,7 @@ _EXTRAS = (
     "grad_reduce_dtype",
     "param_gather_overlap",
     "reshard_after_forward",
+    "cp_kind",
     "grad_bucket_bytes",
     "first_grad_bucket_bytes",
     "stage_layers",
@@ -130,6 +133,7 @@ _CHOICES = {
     "attention": ATTENTION_KERNELS,
     "tp_comm_overlap": TP_COMM_OVERLAP,
     "grad_reduce_dtype": GRADIENT_DTYPES,
+    "cp_kind": CP_KINDS,
 }
 
 
@@ -152,6 +156,7 @@ class Recipe:
     grad_reduce_dtype: str = "fp32"
     param_gather_overlap: bool = False
     reshard_after_forward: bool = True
+    cp_kind: str = "ring"
     grad_bucket_bytes: float = float(DDP_BUCKET_BYTES)
     first_grad_bucket_bytes: float = float(DDP_FIRST_BUCKET_BYTES)
     # a custom schedule's order, per pipeline rank (None: the schedule builds it)
@@ -279,6 +284,7 @@ class Recipe:
             recompute=self.recompute,
             placement=layout.placement,
             microbatches=self.microbatches if count else None,
+            cp=layout.cp,
         ).split()
         if extras:
             parts.append(f"L{self.layers}")
@@ -370,6 +376,7 @@ def _read_token(token: str, values: dict[str, Any], layout: dict[str, Any]) -> N
         ("pp", layout, "pp"),
         ("dp", layout, "dp"),
         ("ep", layout, "ep"),
+        ("cp", layout, "cp"),
         ("v", values, "virtual_stages"),
         ("L", values, "layers"),
     ):

@@ -23,8 +23,10 @@ from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import (
     ALGORITHMS,
     ATTENTION_KERNELS,
+    CP_KINDS,
     FIDELITIES,
     GRADIENT_DTYPES,
+    GRID_AXES,
     MLP_KINDS,
     NORM_KINDS,
     PLACEMENT_AXES,
@@ -99,6 +101,10 @@ class ParallelSpec(_Strict):
     pp: int = Field(default=1, gt=0)
     dp: int | None = Field(default=None, gt=0)
     ep: int = Field(default=1, gt=0)
+    # context parallelism: each sequence split over cp ranks, attention by a ring of K/V
+    # blocks or by Ulysses' all-to-alls; world = tp · cp · pp · dp
+    cp: int = Field(default=1, gt=0)
+    cp_kind: Literal[CP_KINDS] = "ring"
     # HSDP (torchtitan's ParallelDims): full sharding inside groups of dp_shard replicas,
     # replication across dp_replicate such groups; dp = dp_shard · dp_replicate
     dp_shard: int | None = Field(default=None, gt=0)
@@ -111,7 +117,7 @@ class ParallelSpec(_Strict):
     # is not split evenly (Megatron-DeepSpeed's and Megatron-Core's uneven first and last
     # stages); None: layers / (pp · virtual_stages) each
     stage_layers: list[int] | None = None
-    placement: list[Literal[PLACEMENT_AXES]] = list(PLACEMENT_AXES)
+    placement: list[Literal[GRID_AXES]] = list(PLACEMENT_AXES)
 
 
 class SimulationSpec(_Strict):
@@ -386,6 +392,7 @@ def _recipe(spec: ScenarioSpec, model: ModelSpec, layout: Layout) -> Recipe:
         sp=parallel.sp,
         sharding=_sharding(training),
         reshard_after_forward=training.reshard_after_forward,
+        cp_kind=parallel.cp_kind,
         attention=training.attention,
         grad_reduce_overlap=training.grad_reduce_overlap,
         tp_comm_overlap=training.tp_comm_overlap,
@@ -395,6 +402,37 @@ def _recipe(spec: ScenarioSpec, model: ModelSpec, layout: Layout) -> Recipe:
         first_grad_bucket_bytes=training.first_grad_bucket_bytes,
         orders=orders,
     )
+
+
+def _check_context_parallel(
+    spec: ScenarioSpec, model: ModelSpec, moe: MoESpec | None, tp: int, cp: int
+) -> None:
+    """What context parallelism needs of the model and the recipe."""
+    if cp == 1:
+        return
+    parallel = spec.parallel
+    if spec.training.attention != "flash":
+        raise ScenarioError(
+            f"parallel.cp: context parallelism runs FlashAttention blocks (got "
+            f"training.attention {spec.training.attention})"
+        )
+    if moe is not None or parallel.dp_shard is not None or parallel.dp_replicate is not None:
+        raise ScenarioError(f"parallel.cp: cp({cp}) with MoE or HSDP is not modelled yet")
+    if parallel.cp_kind == "ring" and model.seq_len % (2 * cp):
+        raise ScenarioError(
+            f"parallel.cp: the ring splits each sequence into 2·cp = {2 * cp} chunks "
+            f"(two per rank, for causal balance); seq_len({model.seq_len}) is not divisible"
+        )
+    if parallel.cp_kind == "ulysses":
+        if model.heads % (tp * cp) or model.kv % (tp * cp):
+            raise ScenarioError(
+                f"parallel.cp: Ulysses gives each rank heads / (tp·cp); heads({model.heads}) "
+                f"and kv_heads({model.kv}) must be divisible by tp({tp}) * cp({cp}) = {tp * cp}"
+            )
+        if model.seq_len % cp:
+            raise ScenarioError(
+                f"parallel.cp: seq_len({model.seq_len}) is not divisible by cp({cp})"
+            )
 
 
 def _dp_shard(spec: ScenarioSpec, dp: int) -> int:
@@ -483,21 +521,23 @@ def scenario_from_dict(
     model, moe = _resolve_model(spec.model)
     parallel = spec.parallel
     world = cluster_spec.nodes * cluster_spec.gpus_per_node
-    tp, pp = parallel.tp, parallel.pp
+    tp, pp, cp = parallel.tp, parallel.pp, parallel.cp
+    grid = f"tp({tp}) * cp({cp}) * pp({pp})" if cp > 1 else f"tp({tp}) * pp({pp})"
     if parallel.dp is None:
-        if world % (tp * pp):
+        if world % (tp * cp * pp):
             raise ScenarioError(
-                f"parallel: world({world}) is not divisible by tp({tp}) * pp({pp}) = {tp * pp}, "
+                f"parallel: world({world}) is not divisible by {grid} = {tp * cp * pp}, "
                 "so dp cannot be inferred"
             )
-        dp = world // (tp * pp)
+        dp = world // (tp * cp * pp)
     else:
         dp = parallel.dp
-        if tp * pp * dp != world:
+        if tp * cp * pp * dp != world:
             raise ScenarioError(
-                f"parallel: tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != world({world}) "
+                f"parallel: {grid} * dp({dp}) = {tp * cp * pp * dp} != world({world}) "
                 f"= {cluster_spec.nodes} nodes * {cluster_spec.gpus_per_node} GPUs"
             )
+    _check_context_parallel(spec, model, moe, tp, cp)
     if parallel.ep > 1 and moe is None:
         raise ScenarioError(f"parallel.ep: ep({parallel.ep}) needs a mixture-of-experts model.moe")
     if moe is not None:
@@ -509,6 +549,7 @@ def scenario_from_dict(
         placement=tuple(parallel.placement),
         ep=parallel.ep,
         dp_shard=_dp_shard(spec, dp),
+        cp=cp,
     )
     _check_divisibility(model, spec.training, layout, parallel.stage_layers)
     _check_schedule(

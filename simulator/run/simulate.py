@@ -92,9 +92,10 @@ def per_rank_schedule(scenario: Scenario) -> Schedule:
 def folds(scenario: Scenario) -> bool:
     """Whether the step simulates one rank per pipeline stage for its symmetric peers
     (``simulation.fold``; by default always in analytic fidelity, and in flow fidelity
-    above ``FLOW_FOLD_WORLD`` ranks). A MoE step never folds: replicas route apart."""
+    above ``FLOW_FOLD_WORLD`` ranks). A MoE step never folds: replicas route apart; nor
+    does a context-parallel one: its ring passes K/V between ranks of one stage."""
     simulation = scenario.spec.simulation
-    if scenario.moe is not None:
+    if scenario.moe is not None or scenario.layout.cp > 1:
         return False
     if simulation.fold is not None:
         return simulation.fold

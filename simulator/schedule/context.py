@@ -26,6 +26,9 @@ class StepConfig:
             raise ValueError(f"recipe splits {recipe.layers} layers; the model has {model.layers}")
         self.recipe = recipe
         self.model = model
+        # the model as one rank sees it: with context parallelism, 1/cp of each sequence
+        cp = recipe.layout.cp
+        self.local = model.model_copy(update={"seq_len": model.seq_len // cp}) if cp > 1 else model
         self.moe = moe
         self.seed = seed
         self._traffic: dict[tuple[int, int, int], MoELayerTraffic] = {}
@@ -68,7 +71,7 @@ class StepConfig:
         traffic = self._traffic.get(key)
         if traffic is None:
             assert self.moe is not None
-            tokens = self.micro_batch * self.model.seq_len
+            tokens = self.micro_batch * self.local.seq_len
             traffic = self._traffic[key] = moe_layer_traffic(
                 self.moe,
                 self.layout.ep,

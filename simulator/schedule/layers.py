@@ -50,6 +50,7 @@ from simulator.arithmetic.layer_ops import (
     backward_of,
     embedding_op,
     final_norm_op,
+    kv_heads_per_rank,
     layer_forward_ops,
     logits_forward_op,
     loss_op,
@@ -58,6 +59,7 @@ from simulator.common.vocabulary import PHASE_OF_PART
 from simulator.request.orders import Action
 from simulator.schedule.actions import with_communication
 from simulator.schedule.context import StepConfig
+from simulator.schedule.context_parallel import ContextParallelLowering
 from simulator.schedule.experts import ExpertLowering
 from simulator.schedule.gradients import DataParallelGradients
 from simulator.schedule.ir import Compute, Program, Recv, Send
@@ -66,7 +68,7 @@ from simulator.schedule.writer import ProgramWriter
 __all__ = ["RankLowering"]
 
 
-class RankLowering(ExpertLowering):
+class RankLowering(ExpertLowering, ContextParallelLowering):
     """Lowers one rank's pipeline actions into its program (see the module docstring)."""
 
     def __init__(self, rank: int, config: StepConfig):
@@ -77,11 +79,13 @@ class RankLowering(ExpertLowering):
         self.pipeline_rank = layout.coords(rank)["pp"]
         self.pp, self.tp, self.sp = layout.pp, layout.tp, config.recipe.sequence_parallel
         self.stages = config.stages
-        model = config.model
+        model = config.local  # the rank's view: with CP, 1/cp of each sequence
         self.model = model
         b = config.micro_batch
-        self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp, config.recipe.attention)
-        self.core = attention_core_names(config.recipe.attention)
+        recipe = config.recipe
+        cp, cp_kind = layout.cp, recipe.cp_kind
+        self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp, recipe.attention, cp, cp_kind)
+        self.core = attention_core_names(recipe.attention, cp, cp_kind)
         # backward TP collectives beside the GEMM that follows (async and pipelined); with
         # pipelined (Transformer Engine's userbuffers) the forward's too
         self.overlap_tp = config.recipe.tp_comm_overlap in ("async", "pipelined")
@@ -92,7 +96,9 @@ class RankLowering(ExpertLowering):
         # SP keeps the residual stream sharded, so stage boundaries carry 1/t of it
         self.boundary_bytes = self.activation_bytes / (self.tp if self.sp else 1)
         self.tp_group = layout.group_name("tp", rank) if self.tp > 1 else None
-        self.dp_group = layout.group_name("dp", rank) if layout.dp > 1 else None
+        # the ranks holding the same weights reduce their gradients: dp, with CP dp × cp
+        replicas = layout.replicas > 1
+        self.dp_group = layout.group_name(layout.gradient_axis, rank) if replicas else None
         shard = self.tp if self.sp else 1
         self.embedding = embedding_op(model, b, self.tp)
         self.final_norm = final_norm_op(model, b, shard)
@@ -117,6 +123,8 @@ class RankLowering(ExpertLowering):
             self.edp_group = edp if len(layout.groups[edp]) > 1 else None
         dp_index = layout.coords(rank)["dp"]
         self.ep_index, self.ep_group_index = dp_index % self.ep, dp_index // self.ep
+        self._kv_local = kv_heads_per_rank(model, self.tp)
+        self._cp_setup()
         self.gradients = DataParallelGradients(self)
 
     # -- helpers ----------------------------------------------------------------------
@@ -303,6 +311,11 @@ class RankLowering(ExpertLowering):
         the GEMM that produces it, chunk by chunk (Transformer Engine's userbuffers)."""
         phase = tags["phase"]
         label = f"L{layer}.{cost.name}.{phase}.mb{mb}"
+        if self.cp_group is not None and cost.kind == "attention":
+            self._cp_before(cost, layer, mb, phase)
+            self.run(cost, label, **tags)
+            self._cp_after(cost, layer, mb, phase)
+            return
         kind = self._FWD_COMM[self.sp].get(cost.name)
         comm_label = f"L{layer}.{cost.name}.{kind}.{phase}.mb{mb}"
         if self.pipelined and kind == "reduce_scatter" and self.tp_group is not None:
@@ -391,7 +404,12 @@ class RankLowering(ExpertLowering):
                 entry = (grad, f"{prefix}{name}", params, expert)
                 self.deferred.setdefault((stage, mb), []).append(entry)
                 continue
+            attention = self.cp_group is not None and grad.kind == "attention"
+            if attention:
+                self._cp_before(grad, tags["layer"], mb, tags["phase"])
             op = self.run(grad, f"{prefix}{name}.mb{mb}", tuple(pending), **tags)
+            if attention:
+                self._cp_after(grad, tags["layer"], mb, tags["phase"])
             self.gradients.grad_ready(params, op, mb, final, expert)
             kind = comm.get(name)
             if kind is None:
@@ -426,6 +444,8 @@ class RankLowering(ExpertLowering):
                 # the backward meets the attention core's last op first: rerun the core
                 for core in self.fwd_ops:
                     if core.name in self.core:
+                        if self.cp_group is not None:
+                            self._cp_before(core, layer, mb, "recompute")
                         self.run(
                             core,
                             f"L{layer}.{core.name}.recompute.mb{mb}",
@@ -433,6 +453,8 @@ class RankLowering(ExpertLowering):
                             microbatch=mb,
                             phase="recompute",
                         )
+                        if self.cp_group is not None:
+                            self._cp_after(core, layer, mb, "recompute")
             self._grads(grads, f"L{layer}.", mb, final, tags, self.stage, defer)
         self.gradients.after_layer_backward(layer, mb, final)
 

@@ -71,9 +71,10 @@ def build_step(
     config = StepConfig(recipe, model, moe, seed)
     layout = config.layout
     orders = config.pipeline_orders()
-    if config.moe is not None:
-        # each data-parallel replica routes its own tokens, so MoE ranks differ: every
-        # rank is built (and simulated), none shares or folds
+    if config.moe is not None or layout.cp > 1:
+        # each data-parallel replica routes its own tokens, so MoE ranks differ, and a
+        # context-parallel ring sends to its own stage's ranks: every rank is built
+        # (and simulated), none shares or folds
         programs = {
             rank: RankLowering(rank, config).build(orders[layout.coords(rank)["pp"]])
             for rank in range(layout.world)
