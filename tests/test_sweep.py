@@ -226,3 +226,18 @@ def test_gpus_resizes_the_cluster():
     inside = [row for row in result.rows if not row["warnings"]]
     assert crossing and inside
     assert min(r["step_time_s"] for r in inside) < min(r["step_time_s"] for r in crossing)
+
+
+def test_context_parallel_and_sharding_are_kept_or_pinned():
+    long = sweep.run_sweep(SCENARIOS / "llama3-8b-128k-cp.yaml", workers=1)
+    assert long.rows and all(row["cp"] == 8 and row["cp_kind"] == "ring" for row in long.rows)
+    assert long.rows[0]["layout"].startswith("tp1 cp8 ")
+    pinned = sweep.run_sweep(
+        SMALL, fixed={"tp": 2, "pp": 1, "sharding": "full", "cp": 2}, workers=1
+    )
+    assert pinned.rows
+    for row in pinned.rows:
+        assert row["sharding"] == "full" and row["cp"] == 2 and row["dp"] == 2
+        assert "training.sharding=full" in row["overrides"]
+    with pytest.raises(ParasimError, match="--fix sharding='zero9'"):
+        sweep.check_fixed({"sharding": "zero9"})

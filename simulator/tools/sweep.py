@@ -29,6 +29,10 @@ outside the list, and the validator then judges it):
 ``placement``    ``[tp,dp,pp]``, ``[tp,pp,dp]`` and ``[dp,tp,pp]`` (TP across nodes,
                  the classic mistake); orders that differ only in where an axis of
                  size 1 sits give the same rank grid and are tried once
+``cp``,          the scenario's own (context parallelism takes ``cp`` ranks out of
+``cp_kind``,     the world before ``dp``; CP joins the placement after TP) and
+``sharding``     ``training.sharding``, unless ``--fix`` pins another value; not
+                 searched by default, which would multiply the space
 ================ ===================================================================
 
 Each candidate then meets these filters, in order, and the count of each is reported:
@@ -83,7 +87,13 @@ from pydantic import ValidationError
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
 from simulator.common.errors import ParasimError, ScenarioError
-from simulator.common.vocabulary import PIPELINE_SCHEDULES, PLACEMENT_AXES, RECOMPUTE_MODES
+from simulator.common.vocabulary import (
+    CP_KINDS,
+    PIPELINE_SCHEDULES,
+    PLACEMENT_AXES,
+    RECOMPUTE_MODES,
+    SHARDING_LEVELS,
+)
 from simulator.request.recipe import knob_overrides, layout_label
 from simulator.request.scenario import (
     ScenarioSpec,
@@ -132,6 +142,9 @@ FIX_KEYS = (
     "virtual_stages",
     "recompute",
     "placement",
+    "cp",
+    "cp_kind",
+    "sharding",
 )
 _FIX_ALIASES = {"mb": "micro_batch", "v": "virtual_stages", "rc": "recompute"}
 # searched by default, in this order: every built-in schedule but ZB-H2, which holds
@@ -162,6 +175,10 @@ class Candidate:
     virtual_stages: int
     recompute: str
     placement: tuple[str, ...]
+    # context parallelism and sharding: the scenario's own unless pinned with --fix
+    cp: int = 1
+    cp_kind: str = "ring"
+    sharding: str = "none"
 
     @classmethod
     def from_knobs(cls, knobs: dict[str, Any]) -> Candidate:
@@ -174,7 +191,8 @@ class Candidate:
 
     def label(self) -> str:
         """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``, as :meth:`Recipe.label`."""
-        return layout_label(**self.fields())
+        knobs = {k: v for k, v in self.fields().items() if k not in ("cp_kind", "sharding")}
+        return layout_label(**knobs)
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -188,6 +206,8 @@ class Candidate:
             "virtual_stages": self.virtual_stages,
             "recompute": self.recompute,
             "placement": list(self.placement),
+            **({"cp": self.cp, "cp_kind": self.cp_kind} if self.cp > 1 else {}),
+            **({"sharding": self.sharding} if self.sharding != "none" else {}),
         }
 
 
@@ -233,6 +253,12 @@ def check_fixed(fixed: dict[str, Any]) -> dict[str, Any]:
                 raise ParasimError(
                     f"--fix recompute={value!r}: expected one of {', '.join(RECOMPUTE_MODES)}"
                 )
+        elif key == "cp":
+            value = _positive_int(key, value)
+        elif key in ("cp_kind", "sharding"):
+            names = CP_KINDS if key == "cp_kind" else SHARDING_LEVELS
+            if value not in names:
+                raise ParasimError(f"--fix {key}={value!r}: expected one of {', '.join(names)}")
         elif key == "placement":
             if isinstance(value, str):
                 value = [part.strip() for part in value.strip("[]").split(",")]
@@ -283,9 +309,19 @@ def enumerate_layouts(
     experts: int | None = None,
     fixed: dict[str, Any] | None = None,
     max_tp: int | None = None,
+    context: dict[str, Any] | None = None,
 ) -> list[Candidate]:
-    """Every candidate of the space (module docstring), before any validation."""
+    """Every candidate of the space (module docstring), before any validation;
+    ``context``: the scenario's ``cp``, ``cp_kind`` and ``sharding``, which every
+    candidate keeps unless ``fixed`` pins another value."""
     fixed = check_fixed(fixed or {})
+    context = {"cp": 1, "cp_kind": "ring", "sharding": "none", **(context or {})}
+    cp = fixed.get("cp", context["cp"])
+    extra = {
+        "cp": cp,
+        "cp_kind": fixed.get("cp_kind", context["cp_kind"]),
+        "sharding": fixed.get("sharding", context["sharding"]),
+    }
     limit = gpus_per_node if max_tp is None else max_tp
 
     def pick(key: str, default: list) -> list:
@@ -302,9 +338,9 @@ def enumerate_layouts(
     candidates = []
     for tp in tps:
         for pp in pick("pp", _divisors(layers)):
-            if world % (tp * pp):
+            if world % (tp * cp * pp):
                 continue
-            dp = world // (tp * pp)
+            dp = world // (tp * cp * pp)
             if fixed.get("dp", dp) != dp:
                 continue
             ep_default = [d for d in _divisors(dp) if experts % d == 0] if experts else [1]
@@ -336,6 +372,7 @@ def enumerate_layouts(
                                 v,
                                 recomputes[0],
                                 placements[0],
+                                **extra,
                             )
                         )
                     continue
@@ -343,7 +380,9 @@ def enumerate_layouts(
                     sps, schedules, recomputes, placements
                 ):
                     candidates.append(
-                        Candidate(tp, pp, dp, ep, sp, mb, schedule, v, recompute, placement)
+                        Candidate(
+                            tp, pp, dp, ep, sp, mb, schedule, v, recompute, placement, **extra
+                        )
                     )
     return candidates
 
@@ -394,10 +433,22 @@ class SweepBase:
     global_batch: int
     experts: int | None
     extra_overrides: list[str]
+    # the scenario's context parallelism and sharding (candidates keep them unless pinned)
+    context: dict[str, Any]
 
     def candidate_overrides(self, candidate: Candidate, fidelity: str) -> list[str]:
         """Everything to pass to ``parasim run SCENARIO --set ...`` for this layout."""
         fixed = [f"simulation.fidelity={fidelity}"]
+        if candidate.cp != self.context["cp"]:
+            fixed.append(f"parallel.cp={candidate.cp}")
+        if candidate.cp_kind != self.context["cp_kind"]:
+            fixed.append(f"parallel.cp_kind={candidate.cp_kind}")
+        if candidate.sharding != self.context["sharding"]:
+            # the older optimizer_sharding spelling would contradict the new level
+            fixed += [
+                f"training.sharding={candidate.sharding}",
+                "training.optimizer_sharding=false",
+            ]
         if self.raw.get("parallel", {}).get("schedule_file") is not None:
             fixed.append("parallel.schedule_file=null")
         if self.raw.get("parallel", {}).get("stage_layers") is not None:
@@ -450,7 +501,7 @@ def prepare(
     world = cluster.nodes * cluster.gpus_per_node
     # the model and cluster as the validator resolves them, on the simplest layout
     probe = apply_overrides(raw, [f"training.global_batch={world}", "training.micro_batch=1"])
-    probe["parallel"] = {"tp": 1, "pp": 1}
+    probe["parallel"] = {"tp": 1, "pp": 1, "cp": 1}
     resolved = scenario_from_dict(probe, source=str(path), base_dir=path.parent)
     moe = resolved.moe
     return SweepBase(
@@ -469,6 +520,12 @@ def prepare(
         global_batch=spec.training.global_batch,
         experts=moe.experts if moe is not None else None,
         extra_overrides=overrides,
+        context={
+            "cp": spec.parallel.cp,
+            "cp_kind": spec.parallel.cp_kind,
+            "sharding": spec.training.sharding
+            or ("optimizer" if spec.training.optimizer_sharding else "none"),
+        },
     )
 
 
@@ -676,6 +733,7 @@ def run_sweep(
         base.experts,
         fixed,
         max_tp,
+        base.context,
     )
     if not candidates:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "no pins"
