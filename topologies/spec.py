@@ -99,6 +99,8 @@ class GPUSpec(_Spec):
     name: str
     peak_flops: PositiveFlopRate
     """Dense bf16 tensor-core peak, FLOP/s."""
+    fp8_peak_flops: PositiveFlopRate | None = None
+    """Dense FP8 tensor-core peak, FLOP/s (None: the GPU has no FP8 tensor cores)."""
     hbm_bandwidth: PositiveBandwidth
     """HBM bandwidth, bytes/s."""
     hbm_capacity: PositiveBytes

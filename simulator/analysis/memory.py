@@ -28,12 +28,17 @@ Not counted: allocator fragmentation, the CUDA context and cuBLAS workspaces
 from __future__ import annotations
 
 from simulator.analysis.result import MemoryEstimate, StageMemory
-from simulator.arithmetic.counts import pipeline_rank_parameters, unit_parameters
+from simulator.arithmetic.counts import (
+    layer_fp8_parameters,
+    pipeline_rank_parameters,
+    unit_parameters,
+)
 from simulator.arithmetic.layer_ops import (
     OpCost,
     checkpoint_bytes,
     embedding_op,
     final_norm_op,
+    fp8_ops,
     layer_forward_ops,
     layer_saved_bytes,
     logits_forward_op,
@@ -86,7 +91,14 @@ def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
     model, layout, recipe = config.local, config.layout, config.recipe
     sp = recipe.sequence_parallel
     ops = layer_forward_ops(
-        model, config.micro_batch, layout.tp, sp, recipe.attention, layout.cp, recipe.cp_kind
+        model,
+        config.micro_batch,
+        layout.tp,
+        sp,
+        recipe.attention,
+        layout.cp,
+        recipe.cp_kind,
+        recipe.fp8,
     )
     if config.moe is None or not is_moe_layer(config.moe, layer):
         return ops
@@ -102,7 +114,9 @@ def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
         mlp=model.mlp,
         bias=model.bias,
     )
-    dense_mlp = ("fc1", "gelu", "swiglu", "fc2")
+    if recipe.fp8:
+        experts = fp8_ops(experts)
+    dense_mlp = ("fc1", "fc1.cast", "gelu", "swiglu", "fc2", "fc2.cast")
     return [op for op in ops if op.name not in dense_mlp] + experts
 
 
@@ -204,6 +218,16 @@ def memory_per_rank(
             terms["gradients"] = _sharded_gradients(recipe, model, moe, pipeline_rank, params)
         if recipe.shards_weights:
             terms["weights"] = _sharded_weights(recipe, model, moe, pipeline_rank, params)
+        if recipe.fp8:
+            # Transformer Engine keeps each FP8 layer's weight in FP8 and, for Hopper's
+            # TN-only FP8 GEMMs, its transpose too: 2 bytes per such parameter
+            fp8_params = sum(
+                layer_fp8_parameters(recipe, model, moe, layer)
+                for layer in recipe.rank_layers(pipeline_rank)
+            )
+            terms["weights"] += (
+                2.0 * fp8_params / (layout.shard_degree if recipe.shards_weights else 1)
+            )
         in_flight, by_stage = held_activations(orders[pipeline_rank])
         activations = sum(per_stage[stage] * count for stage, count in by_stage.items())
         if recipe.recompute == "full":  # one layer's full activations during its backward

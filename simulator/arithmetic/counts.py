@@ -9,6 +9,7 @@ runs.
 from __future__ import annotations
 
 from simulator.arithmetic.layer_ops import (
+    FP8_GEMMS,
     OpCost,
     backward_of,
     embedding_op,
@@ -21,6 +22,7 @@ from simulator.arithmetic.moe import (
     expert_ops,
     moe_layer_parameters,
     moe_layer_parameters_per_rank,
+    router_op,
 )
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec, is_moe_layer, moe_layers
@@ -37,6 +39,7 @@ __all__ = [
     "pipeline_rank_parameters",
     "layer_parameters",
     "unit_parameters",
+    "layer_fp8_parameters",
 ]
 
 
@@ -140,6 +143,26 @@ def layer_parameters(recipe: Recipe, model: ModelSpec, moe: MoESpec | None, laye
                 moe, model.hidden, layout.ep, layout.tp, model.ffn, model.mlp, model.bias
             )
             - dense_mlp
+        )
+    return count
+
+
+def layer_fp8_parameters(recipe: Recipe, model: ModelSpec, moe: MoESpec | None, layer: int) -> int:
+    """Parameters of ``layer`` on one rank that an FP8 recipe keeps in FP8 (its
+    :data:`~simulator.arithmetic.layer_ops.FP8_GEMMS`: every linear weight but the
+    router's)."""
+    layout = recipe.layout
+    ops = layer_forward_ops(model, 1, layout.tp)
+    moe_layer = moe is not None and is_moe_layer(moe, layer)
+    dense = ("qkv", "proj") if moe_layer else FP8_GEMMS
+    count = sum(op.weight_params for op in ops if op.name in dense)
+    if moe_layer:
+        router = router_op(moe, model.hidden, 1).weight_params
+        count += (
+            moe_layer_parameters_per_rank(
+                moe, model.hidden, layout.ep, layout.tp, model.ffn, model.mlp, model.bias
+            )
+            - router
         )
     return count
 

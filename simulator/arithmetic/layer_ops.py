@@ -53,6 +53,8 @@ __all__ = [
     "OpCost",
     "kv_heads_per_rank",
     "layer_forward_ops",
+    "FP8_GEMMS",
+    "fp8_ops",
     "activation_op",
     "mlp_forward_ops",
     "backward_of",
@@ -88,6 +90,7 @@ class OpCost:
     batch: int = 1
     saved_bytes: float = 0.0
     backward_bytes: float = 0.0
+    fp8: bool = False  # a GEMM on FP8 tensor cores (its backward's GEMMs too)
 
 
 def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
@@ -258,12 +261,15 @@ def layer_forward_ops(
     attention: str = "flash",
     cp: int = 1,
     cp_kind: str = "ring",
+    fp8: bool = False,
 ) -> list[OpCost]:
     """The forward ops of one transformer layer on one TP rank, in execution order.
 
     The two TP all-reduces fall after ``proj`` and after ``fc2`` (Megatron-LM's ``g``
     operator); the schedule builder inserts them. With sequence parallelism (``sp``)
     the norms, dropout and residual adds work on ``1/tp`` of the sequence.
+
+    With ``fp8`` the linear layers run as :func:`fp8_ops` makes them.
 
     With context parallelism (``cp`` > 1) ``model`` is the rank's view, its ``seq_len``
     the rank's ``1/cp`` of the sequence, and every op but attention works on it.
@@ -273,6 +279,8 @@ def layer_forward_ops(
     scores, as the compute model's causal factor takes); with ``ulysses``, one
     ``attn_core`` over the full sequence for ``1/cp`` of the rank's heads.
     """
+    if fp8:
+        return fp8_ops(layer_forward_ops(model, micro_batch, tp, sp, attention, cp, cp_kind))
     if cp > 1:
         return _context_parallel_ops(model, micro_batch, tp, sp, cp, cp_kind)
     b, s, h, d = micro_batch, model.seq_len, model.hidden, model.head_dim
@@ -317,6 +325,31 @@ def _context_parallel_ops(
     return [*ops[:at], core, *ops[at + 1 :]]
 
 
+# The linear layers FP8 recipes run on FP8 tensor cores (Transformer Engine's Linear and
+# LayerNormLinear in each block, torchtitan's float8 conversion of the blocks' nn.Linear):
+# the QKV, projection and MLP GEMMs and the experts'. Attention, the router and the
+# output layer stay in bf16.
+FP8_GEMMS = ("qkv", "proj", "fc1", "fc2", "expert_fc1", "expert_fc2")
+
+
+def fp8_ops(ops: list[OpCost]) -> list[OpCost]:
+    """``ops`` as an FP8 recipe runs them (Transformer Engine's delayed scaling): each
+    FP8 GEMM runs on FP8 tensor cores and saves its input in FP8 (half the bytes), and
+    before it a fused cast-and-amax kernel reads its bf16 input and writes FP8 (its
+    backward: the output gradient's cast for the backward GEMMs)."""
+    result: list[OpCost] = []
+    for op in ops:
+        if op.kind != "gemm" or op.name not in FP8_GEMMS or op.shape is None:
+            result.append(op)
+            continue
+        m, n, k = op.shape
+        inputs, grads = float(op.batch * m * k), float(op.batch * m * n)
+        cast = _elementwise(f"{op.name}.cast", inputs, 2, 3, 0)  # bf16 in, FP8 out
+        result.append(replace(cast, backward_bytes=3.0 * grads, saved_bytes=0.0))
+        result.append(replace(op, fp8=True, saved_bytes=op.saved_bytes / ACT_BYTES))
+    return result
+
+
 def backward_of(op: OpCost) -> list[OpCost]:
     """Backward ops of a forward op: dgrad and wgrad for a GEMM (for a batched GEMM, the
     gradients of both operands), FlashAttention's backward kernel (2.5× the forward's
@@ -330,7 +363,10 @@ def backward_of(op: OpCost) -> list[OpCost]:
             return [first, second]
         dgrad = _gemm(f"{op.name}.dgrad", m, k, n, saved=0.0)
         wgrad = _gemm(f"{op.name}.wgrad", k, n, m, saved=0.0)
-        return [replace(dgrad, weight_params=0), replace(wgrad, weight_params=op.weight_params)]
+        return [
+            replace(dgrad, weight_params=0, fp8=op.fp8),
+            replace(wgrad, weight_params=op.weight_params, fp8=op.fp8),
+        ]
     if op.kind == "attention":
         # reads Q, K, V, O, dO and the log-sum-exp, writes dQ, dK, dV
         return [

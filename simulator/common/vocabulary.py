@@ -86,7 +86,7 @@ FIDELITIES = ("analytic", "flow")
 ATTENTION_KERNELS = ("flash", "unfused")
 TP_COMM_OVERLAP = ("none", "async", "pipelined")
 GRADIENT_DTYPES = ("fp32", "bf16")
-TRAINING_DTYPES = ("bf16", "fp16")
+TRAINING_DTYPES = ("bf16", "fp16", "fp8")
 # ZeRO stages by what they shard across data parallelism: nothing, the optimizer
 # state (ZeRO-1), also the gradients (ZeRO-2), also the weights (ZeRO-3, FSDP).
 SHARDING_LEVELS = ("none", "optimizer", "gradients", "full")

@@ -48,6 +48,7 @@ class ComputeModel:
     def __init__(self, spec: ClusterSpec):
         gpu = spec.gpu
         self.peak = gpu.peak_flops
+        self.fp8_peak = gpu.fp8_peak_flops or gpu.peak_flops
         self.stream_bandwidth = gpu.hbm_bandwidth * gpu.hbm_efficiency
         self.launch_overhead = gpu.kernel_launch_overhead
         self.host_overhead = gpu.host_overhead
@@ -68,7 +69,7 @@ class ComputeModel:
 
     def duration(self, op) -> float:
         """Seconds ``op`` (a :class:`~simulator.schedule.ir.Compute`) takes alone."""
-        key = (op.kind, op.flops, op.bytes, op.shape, op.batch)
+        key = (op.kind, op.flops, op.bytes, op.shape, op.batch, op.fp8)
         cached = self._memo.get(key)
         if cached is not None:
             return cached
@@ -98,10 +99,11 @@ class ComputeModel:
         """The op's math time at the efficiency its kind and shape reach."""
         kind, shape = op.kind, op.shape
         if kind == "gemm":
+            peak = self.fp8_peak if op.fp8 else self.peak
             if shape is not None and self.gemm is not None:
                 m, n, k = shape
-                return op.flops / (self.peak * self.gemm(m, n, k, op.batch))
-            return op.flops / (self.peak * self.matmul_efficiency)
+                return op.flops / (peak * self.gemm(m, n, k, op.batch))
+            return op.flops / (peak * self.matmul_efficiency)
         if kind == "attention":
             return self._attention_seconds(op)
         return op.flops / (self.peak * self.matmul_efficiency)

@@ -34,6 +34,7 @@ from simulator.common.vocabulary import (
     SCHEDULES,
     SHARDING_LEVELS,
     TP_COMM_OVERLAP,
+    TRAINING_DTYPES,
 )
 from simulator.request.layout import Layout
 from simulator.request.orders import Action
@@ -122,6 +123,8 @@ _EXTRAS = (
     "param_gather_overlap",
     "reshard_after_forward",
     "cp_kind",
+    "dtype",
+    "fp8_all_gather",
     "grad_bucket_bytes",
     "first_grad_bucket_bytes",
     "stage_layers",
@@ -134,6 +137,7 @@ _CHOICES = {
     "tp_comm_overlap": TP_COMM_OVERLAP,
     "grad_reduce_dtype": GRADIENT_DTYPES,
     "cp_kind": CP_KINDS,
+    "dtype": TRAINING_DTYPES,
 }
 
 
@@ -157,6 +161,11 @@ class Recipe:
     param_gather_overlap: bool = False
     reshard_after_forward: bool = True
     cp_kind: str = "ring"
+    # the linear layers' GEMMs in FP8 (Transformer Engine, torchtitan's float8) or bf16
+    dtype: str = "bf16"
+    # full sharding: gather the FP8 layers' weights in FP8 (torchtitan's
+    # enable_fsdp_float8_all_gather), half the bytes
+    fp8_all_gather: bool = False
     grad_bucket_bytes: float = float(DDP_BUCKET_BYTES)
     first_grad_bucket_bytes: float = float(DDP_FIRST_BUCKET_BYTES)
     # a custom schedule's order, per pipeline rank (None: the schedule builds it)
@@ -230,6 +239,11 @@ class Recipe:
     def shards_weights(self) -> bool:
         """Each replica keeps only its shard of the weights (ZeRO-3, FSDP)."""
         return self.sharding == "full"
+
+    @property
+    def fp8(self) -> bool:
+        """The linear layers run on FP8 tensor cores."""
+        return self.dtype == "fp8"
 
     @property
     def grad_bytes(self) -> int:
@@ -394,7 +408,12 @@ def _read_token(token: str, values: dict[str, Any], layout: dict[str, Any]) -> N
 def _parse_value(key: str, raw: str) -> Any:
     if key == "stage_layers":
         return tuple(int(part) for part in raw.split("/"))
-    if key in ("grad_reduce_overlap", "param_gather_overlap", "reshard_after_forward"):
+    if key in (
+        "grad_reduce_overlap",
+        "param_gather_overlap",
+        "reshard_after_forward",
+        "fp8_all_gather",
+    ):
         if raw not in ("true", "false"):
             raise ValueError("expected true or false")
         return raw == "true"

@@ -77,6 +77,8 @@ class TrainingSpec(_Strict):
     # full sharding: free each layer's gathered weights after its forward and gather them
     # again for its backward (FSDP2's reshard_after_forward), or keep them to the backward
     reshard_after_forward: bool = True
+    # with sharding full and dtype fp8: gather the FP8 layers' weights in FP8
+    fp8_all_gather: bool = False
     # the attention kernel: FlashAttention, or Megatron-LM's unfused path before it
     attention: Literal[ATTENTION_KERNELS] = "flash"
     # DDP-style gradient buckets reduced during the backward, or one reduction after it
@@ -393,6 +395,8 @@ def _recipe(spec: ScenarioSpec, model: ModelSpec, layout: Layout) -> Recipe:
         sharding=_sharding(training),
         reshard_after_forward=training.reshard_after_forward,
         cp_kind=parallel.cp_kind,
+        dtype=training.dtype,
+        fp8_all_gather=training.fp8_all_gather,
         attention=training.attention,
         grad_reduce_overlap=training.grad_reduce_overlap,
         tp_comm_overlap=training.tp_comm_overlap,
@@ -402,6 +406,22 @@ def _recipe(spec: ScenarioSpec, model: ModelSpec, layout: Layout) -> Recipe:
         first_grad_bucket_bytes=training.first_grad_bucket_bytes,
         orders=orders,
     )
+
+
+def _check_fp8(spec: ScenarioSpec, cluster_spec: ClusterSpec) -> None:
+    """FP8 needs FP8 tensor cores; FP8 all-gathers need FP8 and full sharding."""
+    training = spec.training
+    gpu = cluster_spec.gpu
+    if training.dtype == "fp8" and gpu.fp8_peak_flops is None:
+        raise ScenarioError(
+            f"training.dtype: fp8 needs FP8 tensor cores; the {gpu.name} has none "
+            "(cluster gpu.fp8_peak_flops)"
+        )
+    if training.fp8_all_gather and (training.dtype != "fp8" or _sharding(training) != "full"):
+        raise ScenarioError(
+            "training.fp8_all_gather: only with training.dtype fp8 and training.sharding full "
+            f"(got dtype {training.dtype}, sharding {_sharding(training)})"
+        )
 
 
 def _check_context_parallel(
@@ -538,6 +558,7 @@ def scenario_from_dict(
                 f"= {cluster_spec.nodes} nodes * {cluster_spec.gpus_per_node} GPUs"
             )
     _check_context_parallel(spec, model, moe, tp, cp)
+    _check_fp8(spec, cluster_spec)
     if parallel.ep > 1 and moe is None:
         raise ScenarioError(f"parallel.ep: ep({parallel.ep}) needs a mixture-of-experts model.moe")
     if moe is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulator.arithmetic.layer_ops import OpCost, backward_of
+from simulator.arithmetic.layer_ops import OpCost, backward_of, fp8_ops
 from simulator.arithmetic.moe import MoELayerTraffic, expert_backward_of, expert_ops
 
 __all__ = ["ExpertLowering"]
@@ -40,6 +40,8 @@ class ExpertLowering:
             mlp=self.model.mlp,
             bias=self.model.bias,
         )
+        if self.config.recipe.fp8:
+            ops = fp8_ops(ops)
         return ops, traffic
 
     def _all_to_all(self, splits, label: str, **tags: Any) -> None:

@@ -38,14 +38,20 @@ done (:meth:`~DataParallelGradients.end_step`). What it emits is decided here on
   replicas, and each reduce-scattered shard is then all-reduced across the
   ``dp_replicate`` groups.
 
-With data parallelism alone or ZeRO-1/2 nothing happens around a layer.
+With data parallelism alone or ZeRO-1/2 nothing happens around a layer. With FP8
+(``dtype: fp8``) the updated weights of the FP8 layers are cast once after the
+optimizer, and ``fp8_all_gather`` gathers those weights in FP8.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from simulator.arithmetic.counts import pipeline_rank_parameters, unit_parameters
+from simulator.arithmetic.counts import (
+    layer_fp8_parameters,
+    pipeline_rank_parameters,
+    unit_parameters,
+)
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
 
 __all__ = ["DataParallelGradients", "ADAM_STATE_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM"]
@@ -138,6 +144,8 @@ class DataParallelGradients:
         w = lowering.w
         config = lowering.config
         size = unit_parameters(self.recipe, config.model, config.moe, layer) * ACT_BYTES
+        if self.recipe.fp8_all_gather:  # the FP8 layers' weights travel in FP8
+            size -= layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
         return w.collective(
             "all_gather",
             self.shard_group,
@@ -253,6 +261,20 @@ class DataParallelGradients:
         lowering.w.action_open = True
         lowering.run(grad_norm, "optimizer.grad_norm", phase="optimizer")
         lowering.run(optimizer, "optimizer.step", phase="optimizer")
+        if self.recipe.fp8:
+            # the updated FP8 layers' weights cast once for the next step: read bf16,
+            # write FP8 and its transpose (Transformer Engine casts on the first
+            # micro-batch and reuses the copy)
+            config = lowering.config
+            fp8 = (
+                sum(
+                    layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
+                    for layer in self.recipe.rank_layers(lowering.pipeline_rank)
+                )
+                / dp
+            )
+            cast = OpCost("fp8_weight_cast", "elementwise", 2.0 * fp8, 4.0 * fp8, 0.0)
+            lowering.run(cast, "optimizer.fp8_weight_cast", phase="optimizer")
         if self.gathers and self.early_gather is None:
             # ZeRO-1: every rank updated 1/dp of the weights; gather the updated bf16 weights
             w = lowering.w

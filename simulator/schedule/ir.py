@@ -76,6 +76,7 @@ class Compute:
     # ops the host issued in this op's pipeline action before it, counted from the
     # action's first compute op: the host issues one op per host_overhead
     host_index: int = 0
+    fp8: bool = False  # a GEMM on the GPU's FP8 tensor cores
     type = "compute"
 
 

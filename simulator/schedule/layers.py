@@ -84,7 +84,9 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         b = config.micro_batch
         recipe = config.recipe
         cp, cp_kind = layout.cp, recipe.cp_kind
-        self.fwd_ops = layer_forward_ops(model, b, self.tp, self.sp, recipe.attention, cp, cp_kind)
+        self.fwd_ops = layer_forward_ops(
+            model, b, self.tp, self.sp, recipe.attention, cp, cp_kind, recipe.fp8
+        )
         self.core = attention_core_names(recipe.attention, cp, cp_kind)
         # backward TP collectives beside the GEMM that follows (async and pipelined); with
         # pipelined (Transformer Engine's userbuffers) the forward's too
@@ -292,7 +294,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
     _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce", "expert_fc2": "all_reduce"},
                  True: {"ln1": "all_gather", "proj": "reduce_scatter", "ln2": "all_gather",
                         "fc2": "reduce_scatter", "expert_fc2": "reduce_scatter"}}  # fmt: skip
-    _MLP = ("fc1", "gelu", "swiglu", "fc2")
+    _MLP = ("fc1.cast", "fc1", "gelu", "swiglu", "fc2.cast", "fc2")
 
     def _layer_forward(self, layer: int, mb: int, phase: str) -> None:
         self.gradients.before_layer(layer, mb, phase)

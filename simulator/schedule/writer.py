@@ -81,6 +81,7 @@ class ProgramWriter:
                 cost.batch,
                 beside_comm,
                 self.issued,
+                cost.fp8,
             )
         )
         self.issued += 1
