@@ -61,6 +61,13 @@ LAYOUTS = {
         "parallel.dp_shard=2",
         "training.sharding=full",
     ],
+    # a shared expert beside the routed ones, overlapped with the all-to-alls
+    "moe-shared": [
+        "parallel.tp=1",
+        "parallel.dp=2",
+        "parallel.ep=2",
+        "model.moe={experts: 4, top_k: 2, shared_experts: 1, overlap_shared_experts: true}",
+    ],
     # context parallelism: a ring of K/V blocks, and Ulysses' all-to-alls
     "cp-ring": ["parallel.tp=1", "parallel.dp=1", "parallel.cp=2", "model.seq_len=64"],
     "cp-ulysses": [

@@ -44,7 +44,7 @@ from simulator.arithmetic.layer_ops import (
     logits_forward_op,
     loss_op,
 )
-from simulator.arithmetic.moe import expert_ops
+from simulator.arithmetic.moe import expert_ops, shared_expert_ops
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec, is_moe_layer
 from simulator.request.orders import Action
@@ -111,6 +111,15 @@ def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
         ep=layout.ep,
         model_ffn=model.ffn,
         router_tokens=tokens,
+        mlp=model.mlp,
+        bias=model.bias,
+    )
+    experts += shared_expert_ops(
+        config.moe,
+        model.hidden,
+        tokens,
+        layout.tp,
+        model_ffn=model.ffn,
         mlp=model.mlp,
         bias=model.bias,
     )

@@ -93,11 +93,14 @@ def parameter_count(model: ModelSpec, moe: MoESpec | None = None) -> int:
 
 
 def active_parameter_count(model: ModelSpec, moe: MoESpec | None = None) -> int:
-    """Parameters one token passes through: the router and ``top_k`` experts per MoE
-    layer (the "active" count MoE papers quote)."""
+    """Parameters one token passes through: the router, ``top_k`` experts and the shared
+    experts per MoE layer (the "active" count MoE papers quote)."""
     if moe is None:
         return parameter_count(model)
-    active_mlp = moe.top_k * mlp_parameter_count(model, expert_ffn(moe, model.hidden, model.ffn))
+    width = expert_ffn(moe, model.hidden, model.ffn)
+    active_mlp = moe.top_k * mlp_parameter_count(model, width)
+    if moe.shared_experts:  # every token passes the shared experts too
+        active_mlp += mlp_parameter_count(model, width * moe.shared_experts)
     per_layer = model.hidden * moe.experts + active_mlp - mlp_parameter_count(model)
     return dense_parameter_count(model) + len(moe_layers(moe, model.layers)) * per_layer
 

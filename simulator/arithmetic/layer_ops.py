@@ -327,9 +327,10 @@ def _context_parallel_ops(
 
 # The linear layers FP8 recipes run on FP8 tensor cores (Transformer Engine's Linear and
 # LayerNormLinear in each block, torchtitan's float8 conversion of the blocks' nn.Linear):
-# the QKV, projection and MLP GEMMs and the experts'. Attention, the router and the
+# the QKV, projection and MLP GEMMs and the experts' (routed and shared). Attention, the
+# router and the
 # output layer stay in bf16.
-FP8_GEMMS = ("qkv", "proj", "fc1", "fc2", "expert_fc1", "expert_fc2")
+FP8_GEMMS = ("qkv", "proj", "fc1", "fc2", "expert_fc1", "expert_fc2", "shared_fc1", "shared_fc2")
 
 
 def fp8_ops(ops: list[OpCost]) -> list[OpCost]:

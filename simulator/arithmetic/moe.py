@@ -85,6 +85,7 @@ __all__ = [
     "expert_ffn",
     "router_op",
     "expert_ops",
+    "shared_expert_ops",
     "expert_backward_of",
     "moe_layer_parameters",
     "moe_layer_parameters_per_rank",
@@ -376,7 +377,10 @@ def dispatch_splits(
 
 
 def expert_ffn(spec: MoESpec, model_hidden: int, model_ffn: int | None = None) -> int:
-    """An expert's MLP width: ``spec.ffn_hidden``, else the model's (``4h`` by default)."""
+    """An expert's MLP width: ``spec.expert_ffn_hidden`` (or its older name
+    ``ffn_hidden``), else the model's (``4h`` by default)."""
+    if spec.expert_ffn_hidden is not None:
+        return spec.expert_ffn_hidden
     if spec.ffn_hidden is not None:
         return spec.ffn_hidden
     return model_ffn if model_ffn is not None else 4 * model_hidden
@@ -469,6 +473,36 @@ def expert_ops(
     ]
 
 
+def shared_expert_ops(
+    spec: MoESpec,
+    model_hidden: int,
+    tokens: int,
+    tp: int = 1,
+    *,
+    model_ffn: int | None = None,
+    mlp: str = "gelu",
+    bias: bool = True,
+) -> list[OpCost]:
+    """The shared experts of one MoE layer on one rank: one dense MLP of
+    ``shared_experts`` times the expert width over the rank's own ``tokens``, split over
+    ``tp`` as the model's MLP (``shared_fc1``, its activation, ``shared_fc2``; the TP
+    all-reduce after ``shared_fc2``); none when the layer has no shared experts."""
+    if not spec.shared_experts:
+        return []
+    width = expert_ffn(spec, model_hidden, model_ffn) * spec.shared_experts
+    if width % tp:
+        raise ScenarioError(
+            f"model.moe.shared_experts: shared width({width}) is not divisible by tp({tp})"
+        )
+    h, local = model_hidden, width // tp
+    fc1_width = 2 * local if mlp == "swiglu" else local
+    return [
+        _grouped_gemm("shared_fc1", tokens, fc1_width, h, 1, bias, saved=ACT_BYTES * tokens * h),
+        activation_op(mlp, tokens * local, prefix="shared_"),
+        _grouped_gemm("shared_fc2", tokens, h, local, 1, bias, saved=ACT_BYTES * tokens * local),
+    ]
+
+
 def expert_backward_of(op: OpCost, local_experts: int = 1) -> list[OpCost]:
     """Backward ops of an op from :func:`expert_ops`: like
     :func:`simulator.request.model.backward_of`, but a grouped expert GEMM's dgrad reads, and
@@ -500,7 +534,9 @@ def moe_layer_parameters(
     """Parameters replacing one layer's dense MLP: the router (``h·E``) and every
     expert's matrices and biases (GELU: ``E·(2hf + f + h)``; SwiGLU: three matrices)."""
     f = expert_ffn(spec, hidden, model_ffn)
-    return hidden * spec.experts + spec.experts * _expert_parameters(hidden, f, mlp, bias)
+    routed = spec.experts * _expert_parameters(hidden, f, mlp, bias)
+    shared = _expert_parameters(hidden, f * spec.shared_experts, mlp, bias)
+    return hidden * spec.experts + routed + (shared if spec.shared_experts else 0)
 
 
 def moe_layer_parameters_per_rank(
@@ -520,4 +556,7 @@ def moe_layer_parameters_per_rank(
     if f % tp:
         raise ScenarioError(f"model.moe.ffn_hidden: expert ffn({f}) is not divisible by tp({tp})")
     local = experts_per_rank(spec, ep)
-    return hidden * spec.experts + local * _expert_parameters(hidden, f // tp, mlp, bias)
+    count = hidden * spec.experts + local * _expert_parameters(hidden, f // tp, mlp, bias)
+    if spec.shared_experts:  # one dense MLP, split over TP like the model's
+        count += _expert_parameters(hidden, f * spec.shared_experts // tp, mlp, bias)
+    return count

@@ -82,18 +82,32 @@ class MoESpec(_Strict):
 
     Layer ``i`` (0-based) is an MoE layer when ``(i + 1) % every == 0``: ``every: 1``
     makes every layer MoE (GShard's decoder, Switch, Mixtral), ``every: 2`` every other
-    layer. ``ffn_hidden`` is each expert's MLP width (the model's by default).
+    layer. ``expert_ffn_hidden`` is each routed expert's MLP width (the model's by
+    default; ``ffn_hidden`` is its older name): fine-grained experts (DeepSeekMoE, Dai et
+    al. 2024) are many narrow ones. ``shared_experts`` always-on experts of the same
+    width run on every token beside the routed ones (DeepSeekMoE's shared experts, as one
+    MLP of ``shared_experts`` times the width); with ``overlap_shared_experts`` they run
+    while the dispatch and combine all-to-alls travel (Megatron-Core's
+    ``--moe-shared-expert-overlap``, off by default as there).
     """
 
     experts: int = Field(gt=0)
     top_k: int = Field(default=1, gt=0)
     capacity_factor: float | None = Field(default=None, gt=0)
     every: int = Field(default=1, ge=1)
+    expert_ffn_hidden: int | None = Field(default=None, gt=0)
     ffn_hidden: int | None = Field(default=None, gt=0)
+    shared_experts: int = Field(default=0, ge=0)
+    overlap_shared_experts: bool = False
     routing: RoutingSpec = Field(default_factory=UniformRouting)
 
     @model_validator(mode="after")
     def _consistent(self) -> MoESpec:
+        if self.ffn_hidden is not None and self.expert_ffn_hidden not in (None, self.ffn_hidden):
+            raise ValueError(
+                f"ffn_hidden({self.ffn_hidden}) and expert_ffn_hidden({self.expert_ffn_hidden})"
+                " name the same width; give one"
+            )
         if self.top_k > self.experts:
             raise ValueError(f"top_k({self.top_k}) > experts({self.experts})")
         if isinstance(self.routing, HistogramRouting) and len(self.routing.loads) != self.experts:

@@ -15,7 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.arithmetic.layer_ops import OpCost, backward_of, fp8_ops
-from simulator.arithmetic.moe import MoELayerTraffic, expert_backward_of, expert_ops
+from simulator.arithmetic.moe import (
+    MoELayerTraffic,
+    expert_backward_of,
+    expert_ops,
+    shared_expert_ops,
+)
 
 __all__ = ["ExpertLowering"]
 
@@ -44,10 +49,24 @@ class ExpertLowering:
             ops = fp8_ops(ops)
         return ops, traffic
 
-    def _all_to_all(self, splits, label: str, **tags: Any) -> None:
-        """An uneven all-to-all on the EP group, which the next op waits for."""
+    def _shared_ops(self) -> list[OpCost]:
+        """The layer's shared experts on the rank's own tokens (none without them)."""
+        ops = shared_expert_ops(
+            self.moe,
+            self.model.hidden,
+            self.config.micro_batch * self.model.seq_len,
+            self.tp,
+            model_ffn=self.model.ffn,
+            mlp=self.model.mlp,
+            bias=self.model.bias,
+        )
+        return fp8_ops(ops) if self.config.recipe.fp8 else ops
+
+    def _all_to_all(self, splits, label: str, wait: bool = True, **tags: Any) -> int | None:
+        """An uneven all-to-all on the EP group, which the next op waits for (with
+        ``wait``; otherwise the caller waits for the returned op later)."""
         if self.ep_group is None:
-            return
+            return None
         splits = tuple(float(b) for b in splits)
         op = self.w.collective(
             "all_to_all",
@@ -59,20 +78,37 @@ class ExpertLowering:
             self.w.tags(stage=self.stage, axis="ep", **tags),
         )
         self.w.ops[op].splits = splits
-        self.wait_for(op)
+        if wait:
+            self.wait_for(op)
+        return op
 
     def _moe_forward(self, layer: int, mb: int, tags: dict[str, Any]) -> None:
         """Router, dispatch all-to-all, the local experts on the tokens this rank
-        received, combine all-to-all (the dispatch's transpose)."""
+        received, combine all-to-all (the dispatch's transpose). Shared experts run
+        after the combine, or, overlapped, their first GEMM and activation beside the
+        dispatch and their second GEMM beside the combine."""
         ops, traffic = self._moe_ops(layer, mb)
+        shared = self._shared_ops()
+        overlap = bool(shared) and self.moe.overlap_shared_experts
+        split = next((i for i, op in enumerate(shared) if op.name.startswith("shared_fc2")), 0)
         phase = tags["phase"]
         router, experts = ops[0], ops[1:]
         self._forward_op(router, layer, mb, tags)
         dispatch, combine = traffic.splits[self.ep_index], traffic.splits[:, self.ep_index]
-        self._all_to_all(dispatch, f"L{layer}.dispatch.{phase}.mb{mb}", **tags)
+        label = f"L{layer}.dispatch.{phase}.mb{mb}"
+        sent = self._all_to_all(dispatch, label, wait=not overlap, **tags)
+        if overlap:
+            for cost in shared[:split]:
+                self._forward_op(cost, layer, mb, tags)
+            self.wait_for(sent)
         for cost in experts:
             self._forward_op(cost, layer, mb, tags)
-        self._all_to_all(combine, f"L{layer}.combine.{phase}.mb{mb}", **tags)
+        label = f"L{layer}.combine.{phase}.mb{mb}"
+        back = self._all_to_all(combine, label, wait=not overlap, **tags)
+        for cost in shared[split:] if overlap else shared:
+            self._forward_op(cost, layer, mb, tags)
+        if overlap:
+            self.wait_for(back)
 
     def _moe_backward(
         self, layer: int, mb: int, final: bool, tags: dict[str, Any], defer: bool
@@ -80,13 +116,24 @@ class ExpertLowering:
         """The combine's backward (an all-to-all along the dispatch), the experts'
         backward, the dispatch's backward (along the combine), the router's."""
         ops, traffic = self._moe_ops(layer, mb)
+        shared = self._shared_ops()
+        overlap = bool(shared) and self.moe.overlap_shared_experts
         router, experts = ops[0], ops[1:]
         local = self.moe.experts // self.ep
         phase = tags["phase"]
+        prefix = f"L{layer}."
         dispatch, combine = traffic.splits[self.ep_index], traffic.splits[:, self.ep_index]
-        self._all_to_all(dispatch, f"L{layer}.combine_grad.{phase}.mb{mb}", **tags)
+        label = f"L{layer}.combine_grad.{phase}.mb{mb}"
+        back = self._all_to_all(dispatch, label, wait=not overlap, **tags)
+        if overlap:  # the shared experts' backward beside the combine's
+            for cost in reversed(shared):
+                self._grads(backward_of(cost), prefix, mb, final, tags, self.stage, defer)
+            self.wait_for(back)
         for cost in reversed(experts):
             grads = expert_backward_of(cost, local)
-            self._grads(grads, f"L{layer}.", mb, final, tags, self.stage, defer)
+            self._grads(grads, prefix, mb, final, tags, self.stage, defer)
         self._all_to_all(combine, f"L{layer}.dispatch_grad.{phase}.mb{mb}", **tags)
-        self._grads(backward_of(router), f"L{layer}.", mb, final, tags, self.stage, defer)
+        if not overlap:
+            for cost in reversed(shared):
+                self._grads(backward_of(cost), prefix, mb, final, tags, self.stage, defer)
+        self._grads(backward_of(router), prefix, mb, final, tags, self.stage, defer)

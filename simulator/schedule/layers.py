@@ -291,9 +291,11 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.last = self.w.block(body, flops, nbytes, f"{stage}{kind}{mb}", deps, body_mb, tags)
 
     # forward op name -> the TP/SP collective that follows it
-    _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce", "expert_fc2": "all_reduce"},
+    _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce", "expert_fc2": "all_reduce",
+                         "shared_fc2": "all_reduce"},
                  True: {"ln1": "all_gather", "proj": "reduce_scatter", "ln2": "all_gather",
-                        "fc2": "reduce_scatter", "expert_fc2": "reduce_scatter"}}  # fmt: skip
+                        "fc2": "reduce_scatter", "expert_fc2": "reduce_scatter",
+                        "shared_fc2": "reduce_scatter"}}  # fmt: skip
     _MLP = ("fc1.cast", "fc1", "gelu", "swiglu", "fc2.cast", "fc2")
 
     def _layer_forward(self, layer: int, mb: int, phase: str) -> None:
@@ -359,9 +361,11 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
 
     # backward op name -> the TP (SP) collective that follows it in Megatron-LM
     _BWD_COMM = {False: {"logits.dgrad": "all_reduce", "qkv.dgrad": "all_reduce",
-                         "fc1.dgrad": "all_reduce", "expert_fc1.dgrad": "all_reduce"},
+                         "fc1.dgrad": "all_reduce", "expert_fc1.dgrad": "all_reduce",
+                         "shared_fc1.dgrad": "all_reduce"},
                  True: {"logits.dgrad": "reduce_scatter", "qkv.dgrad": "reduce_scatter",
                         "fc1.dgrad": "reduce_scatter", "expert_fc1.dgrad": "reduce_scatter",
+                        "shared_fc1.dgrad": "reduce_scatter",
                         "residual2.bwd": "all_gather",
                         "residual1.bwd": "all_gather"}}  # fmt: skip
     # column-parallel GEMMs whose SP-sharded input Megatron-LM all-gathers again in the

@@ -1,0 +1,76 @@
+"""Today's mixtures of experts: fine-grained experts (``moe.expert_ffn_hidden``) and
+shared experts, run after the routed ones or overlapped with the all-to-alls."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.arithmetic.counts import active_parameter_count, parameter_count
+from simulator.arithmetic.moe import moe_layer_parameters
+from simulator.request.model import ModelSpec
+from simulator.request.moe import MoESpec
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import per_rank_schedule, run_scenario
+from simulator.schedule.ir import Collective
+
+from .conftest import SCENARIOS
+
+MIXTRAL = SCENARIOS / "mixtral-ep.yaml"
+SMALL_MOE = ["model.layers=4", "simulation.fidelity=analytic"]
+
+
+def test_shared_and_fine_grained_experts_count_their_parameters():
+    model = ModelSpec(
+        layers=2, hidden=1024, heads=8, seq_len=512, vocab=1000, mlp="swiglu", bias=False
+    )
+    fine = MoESpec(experts=64, top_k=6, expert_ffn_hidden=256, shared_experts=2)
+    h, f = 1024, 256
+    expected = h * 64 + 64 * 3 * h * f + 3 * h * (2 * f)  # router, routed, shared
+    assert moe_layer_parameters(fine, h, mlp="swiglu", bias=False) == expected
+    dense_mlp = 3 * h * model.ffn
+    assert parameter_count(model, fine) == parameter_count(model) + 2 * (expected - dense_mlp)
+    active = h * 64 + 6 * 3 * h * f + 3 * h * 2 * f - dense_mlp
+    assert active_parameter_count(model, fine) == parameter_count(model) + 2 * active
+    assert MoESpec(experts=4, ffn_hidden=256).model_dump()["ffn_hidden"] == 256
+    with pytest.raises(ValueError, match="name the same width"):
+        MoESpec(experts=4, ffn_hidden=256, expert_ffn_hidden=512)
+
+
+def test_overlapped_shared_experts_run_beside_the_all_to_alls():
+    shared = [*SMALL_MOE, "model.moe.shared_experts=1"]
+    after = run_scenario(load_scenario(MIXTRAL, shared)).result.step_time_s
+    overlapped_scenario = load_scenario(MIXTRAL, [*shared, "model.moe.overlap_shared_experts=true"])
+    overlapped = run_scenario(overlapped_scenario).result.step_time_s
+    routed_only = run_scenario(load_scenario(MIXTRAL, SMALL_MOE)).result.step_time_s
+    assert routed_only < overlapped < after
+    ops = per_rank_schedule(overlapped_scenario).programs[0].ops
+    by_label = {op.label: op for op in ops}
+    dispatch = by_label["L0.dispatch.fwd.mb0"]
+    first_shared = by_label["L0.shared_fc1.fwd.mb0"]
+    first_expert = by_label["L0.expert_fc1.fwd.mb0"]
+    assert type(dispatch) is Collective and dispatch.id < first_shared.id < first_expert.id
+    assert dispatch.id not in first_shared.deps and dispatch.id in first_expert.deps
+
+
+def test_shared_experts_reduce_their_gradients_over_data_parallelism():
+    scenario = load_scenario(
+        MIXTRAL, [*SMALL_MOE, "model.moe.shared_experts=1", "parallel.ep=2", "parallel.dp=8"]
+    )
+    ops = per_rank_schedule(scenario).programs[0].ops
+    dp_bytes = sum(
+        op.bytes for op in ops if type(op) is Collective and op.group.startswith("dp") and
+        ".bucket" in op.label
+    )  # fmt: skip
+    without = load_scenario(MIXTRAL, [*SMALL_MOE, "parallel.ep=2", "parallel.dp=8"])
+    plain = sum(
+        op.bytes
+        for op in per_rank_schedule(without).programs[0].ops
+        if type(op) is Collective and op.group.startswith("dp") and ".bucket" in op.label
+    )
+    model, moe = scenario.model, scenario.moe
+    shared_per_rank = 2 * model.hidden * model.ffn // 2  # GELU: fc1 and fc2, split over tp 2
+    layers = model.layers
+    assert dp_bytes - plain == pytest.approx(
+        layers * (shared_per_rank + model.ffn // 2 + model.hidden) * 4, rel=1e-9
+    )
+    assert moe.shared_experts == 1
