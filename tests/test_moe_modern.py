@@ -74,3 +74,36 @@ def test_shared_experts_reduce_their_gradients_over_data_parallelism():
         layers * (shared_per_rank + model.ffn // 2 + model.hidden) * 4, rel=1e-9
     )
     assert moe.shared_experts == 1
+
+
+def test_node_limited_routing_never_crosses_to_more_nodes_than_allowed():
+    from simulator.arithmetic.moe import moe_layer_traffic
+
+    spec = MoESpec(experts=64, top_k=8, max_nodes_per_token=2)
+    ep, tokens, hidden = 16, 4096, 1024
+    nodes = [rank // 4 for rank in range(ep)]  # 4 EP ranks per node, 4 nodes
+    limited = moe_layer_traffic(spec, ep, tokens, hidden, 2, 0, 0, 0, nodes=nodes)
+    free = moe_layer_traffic(spec, ep, tokens, hidden, 2, 0, 0, 0)
+    for i in range(ep):
+        remote = [j for j in range(ep) if nodes[j] != nodes[i]]
+        crossing = limited.splits[i, remote].sum() / (hidden * 2)  # tokens sent off-node
+        # each token crosses to at most 2 nodes (one copy each)
+        assert crossing <= tokens * spec.max_nodes_per_token + 1e-6
+        assert limited.splits[i, remote].sum() < free.splits[i, remote].sum()
+        local = [j for j in range(ep) if nodes[j] == nodes[i]]
+        assert (limited.splits[i, local] == free.splits[i, local]).all()
+    assert (limited.counts == free.counts).all()  # the experts' loads are the same
+
+
+def test_the_first_layers_stay_dense_and_heads_can_be_wider_than_hidden():
+    from simulator.request.moe import is_moe_layer
+
+    spec = MoESpec(experts=8, first_dense=3)
+    assert [is_moe_layer(spec, layer) for layer in range(5)] == [False] * 3 + [True] * 2
+    wide = ModelSpec(layers=1, hidden=2048, heads=32, kv_heads=4, head_dim=128, seq_len=64,
+                     vocab=10, mlp="swiglu", bias=False)  # fmt: skip
+    from simulator.arithmetic.counts import attention_parameter_count
+
+    assert attention_parameter_count(wide) == 2048 * (32 + 8) * 128 + 32 * 128 * 2048
+    with pytest.raises(ValueError, match="or give head_dim"):
+        ModelSpec(layers=1, hidden=100, heads=3, seq_len=8, vocab=10)

@@ -48,11 +48,11 @@ def _norm_parameters(model: ModelSpec) -> int:
 
 
 def attention_parameter_count(model: ModelSpec) -> int:
-    """QKV and output projections (and their biases): ``h·(a + 2g)·d + h·h``."""
+    """QKV and output projections (and their biases): ``h·(a + 2g)·d + a·d·h``."""
     h, d = model.hidden, model.head_dim
     qkv_width = (model.heads + 2 * model.kv) * d
     biases = qkv_width + h if model.bias else 0
-    return h * qkv_width + h * h + biases
+    return h * qkv_width + model.heads * d * h + biases
 
 
 def mlp_parameter_count(model: ModelSpec, ffn: int | None = None) -> int:

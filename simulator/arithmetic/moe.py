@@ -302,6 +302,7 @@ def moe_layer_traffic(
     microbatch: int,
     *,
     group: int = 0,
+    nodes: Sequence[int] | None = None,
 ) -> MoELayerTraffic:
     """Routing, dropping and dispatch traffic of one MoE layer for one micro-batch on
     an EP group of ``ep`` ranks, each routing its own ``tokens_per_rank`` tokens
@@ -311,6 +312,14 @@ def moe_layer_traffic(
     Megatron-Core), before the dispatch. ``group`` numbers the EP group among the
     ``dp/ep`` groups: source rank ``i`` is sampled as data-parallel replica
     ``group·ep + i``, so different groups route different tokens.
+
+    Node-limited routing (``spec.max_nodes_per_token`` = ``M``, with ``nodes`` giving
+    each EP rank's node): as DeepSeek-V3 routes and DeepEP dispatches, a token reaches
+    at most ``M`` nodes and crosses to each once, its ``k/M`` assignments there
+    forwarded inside the node. A source rank's bytes to a remote node are then its
+    tokens bound there, ``assignments · M/k`` (at most its tokens), spread over that
+    node's ranks as its assignments are; inside its own node every assignment moves.
+    The expert loads are unchanged; the imbalance and drops too.
     """
     per = experts_per_rank(spec, ep)
     tokens = _tokens_by_rank(tokens_per_rank, ep)
@@ -331,9 +340,12 @@ def moe_layer_traffic(
     received = counts.sum(axis=0)
     bytes_per_token = hidden * bytes_per_element
     mean = received.mean()
+    splits = counts * bytes_per_token
+    if spec.max_nodes_per_token is not None and nodes is not None:
+        splits = _node_limited_splits(spec, counts, tokens, nodes, bytes_per_token)
     return MoELayerTraffic(
         counts=counts,
-        splits=counts * bytes_per_token,
+        splits=splits,
         tokens_routed=routed,
         tokens_sent=counts.sum(axis=1),
         tokens_dropped=dropped,
@@ -344,6 +356,30 @@ def moe_layer_traffic(
         dropped_fraction=float(dropped.sum() / routed.sum()) if routed.sum() else 0.0,
         imbalance=float(received.max() / mean) if mean > 0 else 1.0,
     )
+
+
+def _node_limited_splits(
+    spec: MoESpec,
+    counts: np.ndarray,
+    tokens: list[int],
+    nodes: Sequence[int],
+    bytes_per_token: int,
+) -> np.ndarray:
+    """Dispatch bytes when each token reaches at most ``max_nodes_per_token`` nodes and
+    crosses to each once (see :func:`moe_layer_traffic`)."""
+    node_of = np.asarray(nodes)
+    limit = min(int(spec.max_nodes_per_token or 1), len(set(node_of.tolist())))
+    per_node = max(1.0, spec.top_k / limit)  # a token's assignments on each node it reaches
+    splits = counts.astype(float) * bytes_per_token
+    for i, sent in enumerate(counts):
+        for node in set(node_of.tolist()) - {int(node_of[i])}:
+            there = node_of == node
+            assignments = float(sent[there].sum())
+            if assignments == 0:
+                continue
+            crossing = min(float(tokens[i]), assignments / per_node)
+            splits[i, there] = sent[there] / assignments * crossing * bytes_per_token
+    return splits
 
 
 def dispatch_splits(

@@ -53,6 +53,9 @@ class ModelSpec(BaseModel):
     name: str = "custom"
     layers: int = Field(gt=0)
     hidden: int = Field(gt=0)
+    # per-head width of queries, keys and values (None: hidden / heads); Qwen3 and
+    # DeepSeek-V3's presets set it wider than hidden / heads
+    head_dim: int | None = Field(default=None, gt=0)
     heads: int = Field(gt=0)
     seq_len: int = Field(gt=0)
     vocab: int = Field(gt=0)
@@ -69,8 +72,10 @@ class ModelSpec(BaseModel):
     @classmethod
     def _heads_divide_hidden(cls, heads: int, info: ValidationInfo) -> int:
         hidden = info.data.get("hidden")
-        if hidden is not None and hidden % heads:
-            raise ValueError(f"hidden({hidden}) is not divisible by heads({heads})")
+        if info.data.get("head_dim") is None and hidden is not None and hidden % heads:
+            raise ValueError(
+                f"hidden({hidden}) is not divisible by heads({heads}) (or give head_dim)"
+            )
         return heads
 
     @field_validator("kv_heads")
@@ -83,6 +88,12 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _defaults(self) -> ModelSpec:
+        if self.head_dim is None:
+            if self.hidden % self.heads:
+                raise ValueError(
+                    f"hidden({self.hidden}) is not divisible by heads({self.heads}); give head_dim"
+                )
+            self.head_dim = self.hidden // self.heads
         if self.kv_heads is None:
             self.kv_heads = self.heads
         if self.ffn_hidden is None:
@@ -99,10 +110,6 @@ class ModelSpec(BaseModel):
         """Key/value heads."""
         assert self.kv_heads is not None
         return self.kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
 
 
 # Llama-style blocks: SwiGLU MLP, RMSNorm, rotary positions, no biases, no dropout.
@@ -164,6 +171,28 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         vocab=32000, tie_embeddings=False, **_LLAMA,
         moe=dict(experts=8, top_k=2, every=1),
     ),
+    # Qwen/Qwen3-30B-A3B model card and config.json: 48 layers, hidden 2048, 32 query and
+    # 4 key/value heads of width 128, 128 experts of width 768 with 8 active, vocabulary
+    # 151,936, untied embeddings, no shared experts; 4K pre-training context (Qwen3
+    # technical report, section 3). Its per-head query/key RMSNorm is left out.
+    "qwen3-30b-a3b": dict(
+        layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn_hidden=6144,
+        seq_len=4096, vocab=151936, tie_embeddings=False, **_LLAMA,
+        moe=dict(experts=128, top_k=8, expert_ffn_hidden=768),
+    ),
+    # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437, section 4.2): 61 layers, hidden
+    # 7168, 128 heads; the first 3 layers dense (FFN 18432), the others 256 routed experts
+    # of width 2048 with 8 active and 1 shared expert, each token sent to at most 4
+    # nodes; vocabulary 129,280, untied embeddings; 4K pre-training context. Multi-head
+    # latent attention is approximated as attention with 128 query heads of width 128 and
+    # one key/value head (2% more parameters than MLA's low-rank projections, 80% of its
+    # attention FLOPs); the multi-token prediction module is left out.
+    "deepseek-v3-like": dict(
+        layers=61, hidden=7168, heads=128, kv_heads=1, head_dim=128, ffn_hidden=18432,
+        seq_len=4096, vocab=129280, tie_embeddings=False, **_LLAMA,
+        moe=dict(experts=256, top_k=8, expert_ffn_hidden=2048, shared_experts=1,
+                 first_dense=3, max_nodes_per_token=4),
+    ),
 }  # fmt: skip
 
 # Published parameter totals, for the presets whose source states one exactly enough
@@ -181,4 +210,6 @@ PUBLISHED_PARAMETERS: dict[str, tuple[float, str]] = {
     "llama3-405b": (405.9e9, "meta-llama/Llama-3.1-405B model card (safetensors): 406B"),
     "mixtral-8x7b": (46.7e9, "Jiang et al. 2024, section 2: 47B total (46.7B)"),
     "mixtral-8x22b": (140.6e9, "mistralai/Mixtral-8x22B-v0.1 model card: 141B total"),
+    "qwen3-30b-a3b": (30.5e9, "Qwen/Qwen3-30B-A3B model card: 30.5B in total"),
+    "deepseek-v3-like": (671e9, "DeepSeek-V3 technical report, abstract: 671B total"),
 }

@@ -98,6 +98,11 @@ class MoESpec(_Strict):
     expert_ffn_hidden: int | None = Field(default=None, gt=0)
     ffn_hidden: int | None = Field(default=None, gt=0)
     shared_experts: int = Field(default=0, ge=0)
+    # the first layers stay dense (DeepSeek-V3's first_k_dense_replace)
+    first_dense: int = Field(default=0, ge=0)
+    # node-limited routing: a token's dispatch reaches at most this many nodes (None: no
+    # limit; DeepSeek-V3 uses 4)
+    max_nodes_per_token: int | None = Field(default=None, gt=0)
     overlap_shared_experts: bool = False
     routing: RoutingSpec = Field(default_factory=UniformRouting)
 
@@ -118,8 +123,9 @@ class MoESpec(_Strict):
 
 
 def is_moe_layer(spec: MoESpec, layer: int) -> bool:
-    """Whether layer ``layer`` (0-based) is an MoE layer."""
-    return (layer + 1) % spec.every == 0
+    """Whether layer ``layer`` (0-based) is an MoE layer: past the ``first_dense``
+    layers, every ``every``-th."""
+    return layer >= spec.first_dense and (layer + 1) % spec.every == 0
 
 
 def moe_layers(spec: MoESpec, layers: int) -> list[int]:

@@ -142,6 +142,7 @@ class ModelSection(_Strict):
     vocab: int | None = Field(default=None, gt=0)
     ffn_hidden: int | None = Field(default=None, gt=0)
     kv_heads: int | None = Field(default=None, gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
     mlp: Literal[MLP_KINDS] | None = None
     norm: Literal[NORM_KINDS] | None = None
     position: Literal[POSITION_KINDS] | None = None

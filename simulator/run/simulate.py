@@ -72,6 +72,7 @@ def build_schedule(scenario: Scenario) -> Schedule:
         scenario.model,
         moe=scenario.moe,
         seed=scenario.spec.simulation.seed,
+        gpus_per_node=scenario.cluster_spec.gpus_per_node,
         fold=fold,
         blocks=fold and analytic,
     )
@@ -86,6 +87,7 @@ def per_rank_schedule(scenario: Scenario) -> Schedule:
         scenario.model,
         moe=scenario.moe,
         seed=scenario.spec.simulation.seed,
+        gpus_per_node=scenario.cluster_spec.gpus_per_node,
     )
 
 

@@ -21,7 +21,14 @@ class StepConfig:
     MoE routing drawn for it, memoised (every rank of an EP group, and its TP peers,
     see the same routing)."""
 
-    def __init__(self, recipe: Recipe, model: ModelSpec, moe: MoESpec | None = None, seed: int = 0):
+    def __init__(
+        self,
+        recipe: Recipe,
+        model: ModelSpec,
+        moe: MoESpec | None = None,
+        seed: int = 0,
+        gpus_per_node: int | None = None,
+    ):
         if recipe.layers != model.layers:
             raise ValueError(f"recipe splits {recipe.layers} layers; the model has {model.layers}")
         self.recipe = recipe
@@ -31,6 +38,8 @@ class StepConfig:
         self.local = model.model_copy(update={"seq_len": model.seq_len // cp}) if cp > 1 else model
         self.moe = moe
         self.seed = seed
+        # the cluster's node size: which EP ranks share a node, for node-limited routing
+        self.gpus_per_node = gpus_per_node
         self._traffic: dict[tuple[int, int, int], MoELayerTraffic] = {}
 
     # the recipe's settings the builder and memory read
@@ -82,8 +91,18 @@ class StepConfig:
                 layer,
                 microbatch,
                 group=group,
+                nodes=self._ep_nodes(group),
             )
         return traffic
+
+    def _ep_nodes(self, group: int) -> list[int] | None:
+        """The node of each rank of EP group ``group`` (of the first TP and pipeline
+        rank: the others sit alike), when the routing is node-limited."""
+        if self.gpus_per_node is None or self.moe is None or not self.moe.max_nodes_per_token:
+            return None
+        layout, ep = self.layout, self.layout.ep
+        ranks = [layout.rank_of(dp=group * ep + j) for j in range(ep)]
+        return [rank // self.gpus_per_node for rank in ranks]
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and is_moe_layer(self.moe, layer)

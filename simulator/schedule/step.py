@@ -54,6 +54,7 @@ def build_step(
     *,
     moe: MoESpec | None = None,
     seed: int = 0,
+    gpus_per_node: int | None = None,
     fold: bool = False,
     blocks: bool = False,
 ) -> Schedule:
@@ -68,7 +69,7 @@ def build_step(
     ``blocks`` (analytic fidelity) each pipeline action that does not hand gradients to
     data parallelism is written as one :class:`~simulator.schedule.ir.Block`.
     """
-    config = StepConfig(recipe, model, moe, seed)
+    config = StepConfig(recipe, model, moe, seed, gpus_per_node)
     layout = config.layout
     orders = config.pipeline_orders()
     if config.moe is not None or layout.cp > 1:
