@@ -169,6 +169,24 @@ PAIRS: tuple[Pair, ...] = (
         "real cure, and the capacity factor is its guard rail.",
     ),
     Pair(
+        "fsdp-across-nodes",
+        "Full sharding across nodes",
+        "fsdp-across-nodes",
+        "FSDP gathers every layer's weights twice and reduce-scatters its gradients over the "
+        "whole data-parallel group; across nodes with little network bandwidth, that traffic "
+        "outruns the layers it should hide behind.",
+        "Fully sharded data parallelism keeps 1/dp of every weight on each GPU and gathers a "
+        "layer's weights just before it runs, in its forward and again in its backward, then "
+        "reduce-scatters its gradients: per step about 1.5 times the bytes plain data "
+        "parallelism moves. FSDP prefetches the next layer's gather while the current one "
+        "computes, which hides it when the links are fast. Here the 64 GPUs sit on 8 nodes "
+        "with one 400 Gb/s NIC each, so every gather of the 64-way group squeezes through "
+        "one NIC per node and a third of the step is exposed communication. HSDP shards "
+        "inside each node instead (the gathers and reduce-scatters run over NVLink) and "
+        "replicates across the nodes, so only a 1/8 shard of each layer's gradients crosses "
+        "the network, once. It costs memory: each GPU now holds 1/8 of the model, not 1/64.",
+    ),
+    Pair(
         "layering",
         "Layering backwards",
         "layering-backwards",
@@ -377,6 +395,8 @@ def render_markdown(results: list[PairResult]) -> str:
         "| `too-few-microbatches` | a pipeline whose reference bubble and simulated bubble both "
         "exceed 10% of the step |",
         "| `ep-across-nodes` | an expert-parallel group spans nodes |",
+        "| `fsdp-across-nodes` | full sharding over a data-parallel group that spans nodes, "
+        "with more than 5% of the step exposed data-parallel communication (fix: HSDP) |",
         "| `routing-skew` | the critical rank waits more than 10% of the step for the busiest "
         "expert |",
         "| `out-of-memory` | any other layout that does not fit |",

@@ -64,6 +64,7 @@ MOVES = {
     "pipeline-bubble": ("bubble", None),
     "moe-imbalance": ("imbalance_stall", None),
     "layering": ("exposed_comm", "tp"),
+    "fsdp-across-nodes": ("exposed_comm", "dp"),
 }
 FINDING_KEYS = {
     "id",

@@ -674,6 +674,53 @@ def _fix_routing(case: Case) -> Remedy:
     )
 
 
+# ------------------------------------------------------------------- sharding
+
+
+#: Exposed data-parallel communication above this share of the step makes full sharding
+#: across nodes worth narrowing to HSDP.
+FSDP_EXPOSED = 0.05
+
+
+def _check_fsdp_across_nodes(case: Case) -> Symptom | None:
+    layout, per_node = case.layout, case.per_node
+    recipe = case.scenario.recipe
+    if not recipe.shards_weights or layout.dp_shard or layout.cp > 1:
+        return None
+    spanning, _ = _spanning(layout, "dp", per_node)
+    if not spanning:
+        return None
+    exposed = case.before["exposed_comm_by_axis"]["critical"].get("dp", 0.0)
+    if exposed <= FSDP_EXPOSED * case.step:
+        return None
+    nodes = max(_nodes_of(m, per_node) for m in spanning)
+    return Symptom(
+        f"full sharding over all {layout.dp} data-parallel ranks, across {nodes} nodes: every "
+        f"layer's weights are gathered twice and its gradients reduce-scattered over the "
+        f"network, and {format_time(exposed)} ({_pct(exposed, case.step)}) of the step is "
+        "exposed data-parallel communication."
+    )
+
+
+def _fix_fsdp_across_nodes(case: Case) -> Remedy:
+    layout, per_node = case.layout, case.per_node
+    dp_group = layout.groups[layout.group_name("dp", 0)]
+    inside = sum(1 for rank in dp_group if rank // per_node == dp_group[0] // per_node)
+    candidates = []
+    for shard in (inside, 2 * inside, 4 * inside):
+        if 1 < shard < layout.dp and layout.dp % shard == 0:
+            span = "one node" if shard == inside else f"{shard // inside} nodes"
+            candidates.append(
+                (
+                    {"parallel.dp_shard": shard},
+                    f"HSDP: shard over {shard} ranks ({span}), replicate across "
+                    f"{layout.dp // shard} groups",
+                )
+            )
+    notes: list[str] = []
+    return Remedy(case.options(candidates, notes, rescue=False), notes)
+
+
 # ------------------------------------------------------------------------ the registry
 
 #: Every mistake, in the order explain checks them and reports their findings.
@@ -733,6 +780,14 @@ MISTAKES: tuple[Mistake, ...] = (
         title="expert-parallel all-to-all across nodes",
         check=_check_ep,
         fix=_fix_ep,
+    ),
+    Mistake(
+        id="fsdp-across-nodes",
+        title="full sharding across nodes where HSDP fits",
+        check=_check_fsdp_across_nodes,
+        fix=_fix_fsdp_across_nodes,
+        teaching="fsdp-across-nodes",
+        choose="fastest",
     ),
     Mistake(
         id="routing-skew",
