@@ -187,6 +187,24 @@ PAIRS: tuple[Pair, ...] = (
         "the network, once. It costs memory: each GPU now holds 1/8 of the model, not 1/64.",
     ),
     Pair(
+        "cp-across-nodes",
+        "Context parallelism across nodes",
+        "cp-across-nodes",
+        "a context-parallel ring passes every attention block's keys and values to the next "
+        "rank; across nodes that transfer can take longer than the block it should hide "
+        "behind, and attention waits on the network.",
+        "Context parallelism splits each sequence over the ranks of a ring: each rank "
+        "computes attention for its own queries against one rank's keys and values at a "
+        "time while it passes the block it holds on to the next rank. The transfer hides "
+        "when a block's attention takes longer than sending its K/V, which NVLink easily "
+        "allows; a model with full multi-head attention (32 key/value heads here) at 32K "
+        "tokens split 16 ways sends 128 MB blocks, and over one 400 Gb/s NIC per GPU the "
+        "ring that spans two nodes waits on every one of them. Keeping the ring inside the "
+        "node (cp 8) and using the second node as a data-parallel replica removes the "
+        "wait; Ulysses (two all-to-alls per attention) or fewer key/value heads would also "
+        "shrink it.",
+    ),
+    Pair(
         "layering",
         "Layering backwards",
         "layering-backwards",
@@ -397,6 +415,8 @@ def render_markdown(results: list[PairResult]) -> str:
         "| `ep-across-nodes` | an expert-parallel group spans nodes |",
         "| `fsdp-across-nodes` | full sharding over a data-parallel group that spans nodes, "
         "with more than 5% of the step exposed data-parallel communication (fix: HSDP) |",
+        "| `cp-across-nodes` | a context-parallel group spans nodes and more than 5% of the "
+        "step is exposed CP communication |",
         "| `routing-skew` | the critical rank waits more than 10% of the step for the busiest "
         "expert |",
         "| `out-of-memory` | any other layout that does not fit |",

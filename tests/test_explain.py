@@ -65,6 +65,7 @@ MOVES = {
     "moe-imbalance": ("imbalance_stall", None),
     "layering": ("exposed_comm", "tp"),
     "fsdp-across-nodes": ("exposed_comm", "dp"),
+    "cp-across-nodes": ("exposed_comm", "cp"),
 }
 FINDING_KEYS = {
     "id",

@@ -721,6 +721,53 @@ def _fix_fsdp_across_nodes(case: Case) -> Remedy:
     return Remedy(case.options(candidates, notes, rescue=False), notes)
 
 
+def _check_cp_across_nodes(case: Case) -> Symptom | None:
+    layout, per_node = case.layout, case.per_node
+    if layout.cp == 1:
+        return None
+    spanning, total = _spanning(layout, "cp", per_node)
+    if not spanning:
+        return None
+    exposed = case.before["exposed_comm_by_axis"]["critical"].get("cp", 0.0)
+    if exposed <= FSDP_EXPOSED * case.step:
+        return None
+    nodes = max(_nodes_of(m, per_node) for m in spanning)
+    kind = case.scenario.recipe.cp_kind
+    what = "passes its K/V blocks" if kind == "ring" else "runs its all-to-alls"
+    return Symptom(
+        f"cp({layout.cp}) with tp({layout.tp}): each context-parallel group spans {nodes} "
+        f"nodes, so attention {what} over the network and {format_time(exposed)} "
+        f"({_pct(exposed, case.step)}) of the step is exposed CP communication."
+    )
+
+
+def _fix_cp_across_nodes(case: Case) -> Remedy:
+    layout, per_node, model = case.layout, case.per_node, case.scenario.model
+    candidates = []
+    inside = per_node // layout.tp
+    if 1 < inside < layout.cp and layout.cp % inside == 0:
+        rest = layout.cp // inside
+        if model.layers % (layout.pp * rest) == 0:
+            candidates.append(
+                (
+                    {"parallel.cp": inside, "parallel.pp": layout.pp * rest},
+                    f"cp {inside} inside each node, pp {layout.pp * rest} across nodes",
+                )
+            )
+        candidates.append(
+            (
+                {"parallel.cp": inside, "parallel.dp": layout.dp * rest},
+                f"cp {inside} inside each node, dp {layout.dp * rest} across nodes",
+            )
+        )
+    if case.scenario.recipe.cp_kind == "ring":
+        candidates.append(
+            ({"parallel.cp_kind": "ulysses"}, "Ulysses: two all-to-alls per attention instead")
+        )
+    notes: list[str] = []
+    return Remedy(case.options(candidates, notes), notes)
+
+
 # ------------------------------------------------------------------------ the registry
 
 #: Every mistake, in the order explain checks them and reports their findings.
@@ -788,6 +835,13 @@ MISTAKES: tuple[Mistake, ...] = (
         fix=_fix_fsdp_across_nodes,
         teaching="fsdp-across-nodes",
         choose="fastest",
+    ),
+    Mistake(
+        id="cp-across-nodes",
+        title="context parallelism across nodes that cannot hide its traffic",
+        check=_check_cp_across_nodes,
+        fix=_fix_cp_across_nodes,
+        teaching="cp-across-nodes",
     ),
     Mistake(
         id="routing-skew",
