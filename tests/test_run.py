@@ -152,3 +152,16 @@ def test_tp_group_across_nodes_is_legal_but_warned():
     inside = run_scenario(load_scenario(SCENARIOS / "pipeline-demo.yaml"))
     assert not any("span nodes" in w for w in inside.result.warnings)
     assert run.result.step_time_s > 1.3 * inside.result.step_time_s
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama3-8b-128k-cp.yaml", "llama3-70b-fsdp.yaml"])
+def test_todays_recipes_run_in_both_fidelities(name):
+    times = {
+        fidelity: run_scenario(
+            load_scenario(SCENARIOS / name, [f"simulation.fidelity={fidelity}"])
+        ).result
+        for fidelity in ("analytic", "flow")
+    }
+    assert not times["analytic"].memory.oom
+    assert times["flow"].step_time_s == pytest.approx(times["analytic"].step_time_s, rel=0.05)
