@@ -229,7 +229,7 @@ def test_gpus_resizes_the_cluster():
 
 
 def test_context_parallel_and_sharding_are_kept_or_pinned():
-    long = sweep.run_sweep(SCENARIOS / "llama3-8b-128k-cp.yaml", workers=1)
+    long = sweep.run_sweep(SCENARIOS / "llama3-8b-128k-cp.yaml", fixed={"cp": 8}, workers=1)
     assert long.rows and all(row["cp"] == 8 and row["cp_kind"] == "ring" for row in long.rows)
     assert long.rows[0]["layout"].startswith("tp1 cp8 ")
     pinned = sweep.run_sweep(
@@ -241,3 +241,18 @@ def test_context_parallel_and_sharding_are_kept_or_pinned():
         assert "training.sharding=full" in row["overrides"]
     with pytest.raises(ParasimError, match="--fix sharding='zero9'"):
         sweep.check_fixed({"sharding": "zero9"})
+
+
+def test_a_long_sequence_also_tries_context_parallelism_inside_the_node():
+    long = sweep.run_sweep(
+        SCENARIOS / "llama3-8b-128k-cp.yaml",
+        overrides=["parallel.cp=1", "parallel.dp=8"],
+        fixed={"tp": 2, "pp": 1, "recompute": "full", "placement": "tp,dp,pp"},
+        workers=1,
+    )
+    cps = {(row.get("cp", 1), row.get("cp_kind", "ring")) for row in long.rows}
+    assert (2, "ring") in cps and (4, "ulysses") in cps and (4, "ring") in cps
+    assert all(row.get("cp", 1) * 2 <= 8 for row in long.rows)  # CP stays inside the node
+    assert any(row["layout"].endswith("cp_kind=ulysses") for row in long.rows)
+    short = sweep.run_sweep(SMALL, fixed={"tp": 2, "pp": 1}, workers=1)
+    assert all("cp" not in row for row in short.rows)

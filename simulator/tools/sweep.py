@@ -30,9 +30,12 @@ outside the list, and the validator then judges it):
                  the classic mistake); orders that differ only in where an axis of
                  size 1 sits give the same rank grid and are tried once
 ``cp``,          the scenario's own (context parallelism takes ``cp`` ranks out of
-``cp_kind``,     the world before ``dp``; CP joins the placement after TP) and
-``sharding``     ``training.sharding``, unless ``--fix`` pins another value; not
-                 searched by default, which would multiply the space
+``cp_kind``      the world before ``dp``; CP joins the placement after TP); for
+                 sequences of ``LONG_SEQUENCE`` (16K) tokens or more, also every CP
+                 degree that keeps the CP group inside a node, as a ring and, where
+                 heads and KV heads divide by ``tp · cp``, as Ulysses
+``sharding``     ``training.sharding``, unless ``--fix`` pins another level (not
+                 searched: every level would multiply the space)
 ================ ===================================================================
 
 Each candidate then meets these filters, in order, and the count of each is reported:
@@ -154,6 +157,10 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1")
 assert set(SCHEDULES) < set(PIPELINE_SCHEDULES)
 PLACEMENTS = (PLACEMENT_AXES, ("tp", "pp", "dp"), ("dp", "tp", "pp"))
 MAX_MICRO_BATCH = 8
+# Sequences at least this long make the sweep also try context parallelism inside a
+# node: shorter ones rarely need it for memory, and their ring blocks are too short to
+# hide the K/V transfers (see docs/modelling.md, CP).
+LONG_SEQUENCE = 16384
 VIRTUAL_STAGES = (2, 4)
 _RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE_MODES)}
 
@@ -192,7 +199,8 @@ class Candidate:
     def label(self) -> str:
         """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``, as :meth:`Recipe.label`."""
         knobs = {k: v for k, v in self.fields().items() if k not in ("cp_kind", "sharding")}
-        return layout_label(**knobs)
+        label = layout_label(**knobs)
+        return label + " cp_kind=ulysses" if self.cp > 1 and self.cp_kind == "ulysses" else label
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -316,12 +324,28 @@ def enumerate_layouts(
     candidate keeps unless ``fixed`` pins another value."""
     fixed = check_fixed(fixed or {})
     context = {"cp": 1, "cp_kind": "ring", "sharding": "none", **(context or {})}
-    cp = fixed.get("cp", context["cp"])
-    extra = {
-        "cp": cp,
-        "cp_kind": fixed.get("cp_kind", context["cp_kind"]),
-        "sharding": fixed.get("sharding", context["sharding"]),
-    }
+    sharding = fixed.get("sharding", context["sharding"])
+
+    def contexts(tp: int) -> list[dict[str, Any]]:
+        """The context-parallel settings to try with ``tp``: the scenario's (or the pinned
+        ones); for a long sequence with nothing pinned, also every CP degree that keeps
+        the CP group inside a node, as a ring and, where the heads split, as Ulysses."""
+        cp = fixed.get("cp", context["cp"])
+        kind = fixed.get("cp_kind", context["cp_kind"])
+        options = [{"cp": cp, "cp_kind": kind, "sharding": sharding}]
+        if "cp" in fixed or context.get("seq_len", 0) < LONG_SEQUENCE:
+            return options
+        heads, kv = context.get("heads", 0), context.get("kv_heads", 0)
+        for c in _divisors(gpus_per_node // tp) if gpus_per_node % tp == 0 else []:
+            kinds = ["ring"]
+            if heads % (tp * c) == 0 and kv % (tp * c) == 0:
+                kinds.append("ulysses")
+            for k in kinds if "cp_kind" not in fixed else [kind]:
+                option = {"cp": c, "cp_kind": k, "sharding": sharding}
+                if c > 1 and option not in options:
+                    options.append(option)
+        return options
+
     limit = gpus_per_node if max_tp is None else max_tp
 
     def pick(key: str, default: list) -> list:
@@ -336,7 +360,9 @@ def enumerate_layouts(
         ],
     )
     candidates = []
-    for tp in tps:
+    pairs = [(tp, extra) for tp in tps for extra in contexts(tp)]
+    for tp, extra in pairs:
+        cp = extra["cp"]
         for pp in pick("pp", _divisors(layers)):
             if world % (tp * cp * pp):
                 continue
@@ -525,6 +551,9 @@ def prepare(
             "cp_kind": spec.parallel.cp_kind,
             "sharding": spec.training.sharding
             or ("optimizer" if spec.training.optimizer_sharding else "none"),
+            "seq_len": resolved.model.seq_len,
+            "heads": resolved.model.heads,
+            "kv_heads": resolved.model.kv,
         },
     )
 
