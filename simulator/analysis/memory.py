@@ -174,32 +174,30 @@ def _largest_units(recipe: Recipe, model: ModelSpec, moe: MoESpec | None, rank: 
     return float(sum(units[:2]))
 
 
-def _sharded_weights(
-    recipe: Recipe, model: ModelSpec, moe: MoESpec | None, rank: int, params: int
-) -> float:
+def _sharded_weights(recipe: Recipe, params: int, units: float) -> float:
     """Full sharding: the bf16 shard of every weight, plus what is gathered at once: two
     units (the one running and the one prefetched) when each is freed after its forward,
-    every unit of the rank when they stay gathered until their backward."""
+    every unit of the rank when they stay gathered until their backward (``units``:
+    the two largest units' parameters, :func:`_largest_units`)."""
     size = BYTES_PER_PARAM["weights"]
     if recipe.layout.shard_degree == 1:
         return float(params * size)  # nothing to shard over, nothing gathered
     shard = params * size / recipe.layout.shard_degree
     if recipe.reshard_after_forward:
-        return shard + _largest_units(recipe, model, moe, rank) * size
+        return shard + units * size
     return shard + params * size
 
 
-def _sharded_gradients(
-    recipe: Recipe, model: ModelSpec, moe: MoESpec | None, rank: int, params: int
-) -> float:
+def _sharded_gradients(recipe: Recipe, params: int, units: float) -> float:
     """ZeRO-2 and up: each replica keeps ``1/dp`` of the gradients, plus the whole
     gradients waiting to be reduce-scattered: a bucket (ZeRO-2), or two units (full
-    sharding: the one just finished and the one being computed)."""
+    sharding: the one just finished and the one being computed; ``units`` is their
+    parameters, :func:`_largest_units`)."""
     if recipe.layout.shard_degree == 1:
         return float(params * recipe.grad_bytes)
     shard = params * recipe.grad_bytes / recipe.layout.shard_degree
     if recipe.shards_weights:
-        return shard + _largest_units(recipe, model, moe, rank) * recipe.grad_bytes
+        return shard + units * recipe.grad_bytes
     return shard + min(recipe.grad_bucket_bytes, params * recipe.grad_bytes)
 
 
@@ -223,10 +221,11 @@ def memory_per_rank(
         terms = {name: float(params * size) for name, size in sizes.items()}
         if recipe.shards_optimizer:
             terms["optimizer_state"] /= layout.shard_degree
+        units = _largest_units(recipe, model, moe, pipeline_rank) if recipe.shards_weights else 0.0
         if recipe.shards_gradients:
-            terms["gradients"] = _sharded_gradients(recipe, model, moe, pipeline_rank, params)
+            terms["gradients"] = _sharded_gradients(recipe, params, units)
         if recipe.shards_weights:
-            terms["weights"] = _sharded_weights(recipe, model, moe, pipeline_rank, params)
+            terms["weights"] = _sharded_weights(recipe, params, units)
         if recipe.fp8:
             # Transformer Engine keeps each FP8 layer's weight in FP8 and, for Hopper's
             # TN-only FP8 GEMMs, its transpose too: 2 bytes per such parameter

@@ -25,8 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from simulator.common.files import write_atomically, write_csv, write_json
-from simulator.report.sweep_report import print_table
+from simulator.report.sweep_report import print_table, write_table_outputs
 from simulator.tools.scale import ScaleResult
 from topologies.units import format_time
 
@@ -129,22 +128,8 @@ def scale_figure(result: ScaleResult) -> go.Figure:
 
 def write_scale_outputs(result: ScaleResult, out: Path) -> list[Path]:
     """Write ``scale.csv``, ``scale.json`` and ``scale.html`` to ``out``."""
-    out = Path(out)
-    paths = [out / "scale.csv", out / "scale.json", out / "scale.html"]
-    write_csv(paths[0], CSV_FIELDS, result.rows, _csv_value)
-    write_json(paths[1], result.to_json())
-    fig = scale_figure(result)
-    write_atomically(
-        paths[2],
-        lambda tmp: fig.write_html(
-            str(tmp),
-            include_plotlyjs=True,
-            full_html=True,
-            div_id="parasim-scale",
-            config={"displaylogo": False, "responsive": True},
-        ),
-    )
-    return paths
+    rows = (CSV_FIELDS, result.rows, _csv_value)
+    return write_table_outputs(out, "scale", rows, result.to_json(), scale_figure(result))
 
 
 def print_scale(result: ScaleResult, console: Console, outputs: Iterable[str] = ()) -> None:

@@ -123,18 +123,33 @@ def sweep_figure(result: SweepResult, top: int) -> go.Figure:
 
 def write_sweep_outputs(result: SweepResult, out: Path, top: int = 10) -> list[Path]:
     """Write ``sweep.csv``, ``sweep.json`` and ``sweep.html`` (the top layouts) to ``out``."""
+    # no timings in the JSON: the same inputs, the same bytes
+    rows = (CSV_FIELDS, result.rows, _csv_value)
+    return write_table_outputs(out, "sweep", rows, result.to_json(), sweep_figure(result, top))
+
+
+def write_table_outputs(
+    out: Path,
+    stem: str,
+    rows: tuple[Iterable[str], list[dict[str, Any]], Any],
+    payload: dict[str, Any],
+    figure: go.Figure,
+) -> list[Path]:
+    """``<stem>.csv`` (``rows``: the fields, the rows and how a cell is written),
+    ``<stem>.json`` (``payload``) and ``<stem>.html`` (``figure``, plotly.js inline) in
+    ``out``, each written atomically; the paths in that order."""
     out = Path(out)
-    paths = [out / "sweep.csv", out / "sweep.json", out / "sweep.html"]
-    write_csv(paths[0], CSV_FIELDS, result.rows, _csv_value)
-    write_json(paths[1], result.to_json())  # no timings: the same inputs, the same bytes
-    fig = sweep_figure(result, top)
+    paths = [out / f"{stem}.csv", out / f"{stem}.json", out / f"{stem}.html"]
+    fields, table, value = rows
+    write_csv(paths[0], fields, table, value)
+    write_json(paths[1], payload)
     write_atomically(
         paths[2],
-        lambda tmp: fig.write_html(
+        lambda tmp: figure.write_html(
             str(tmp),
             include_plotlyjs=True,
             full_html=True,
-            div_id="parasim-sweep",
+            div_id=f"parasim-{stem}",
             config={"displaylogo": False, "responsive": True},
         ),
     )

@@ -91,6 +91,7 @@ class DataParallelGradients:
         self.units = self.recipe.shards_weights and lowering.dp_group is not None
         self.prefetched: dict[tuple[int, int, int, bool], int] = {}
         self.unit_reduces: list[int] = []
+        self.unit_sizes: dict[int, tuple[int, int]] = {}
         # HSDP: units shard over the dp_shard group and their gradient shards are
         # all-reduced over the dp_replicate group; plain FSDP shards over all of dp
         layout, rank = lowering.layout, lowering.rank
@@ -142,10 +143,10 @@ class DataParallelGradients:
         """All-gather the bf16 weights of ``layer``'s unit, once the host reaches it."""
         lowering = self.lowering
         w = lowering.w
-        config = lowering.config
-        size = unit_parameters(self.recipe, config.model, config.moe, layer) * ACT_BYTES
+        params, fp8 = self._unit(layer)
+        size = params * ACT_BYTES
         if self.recipe.fp8_all_gather:  # the FP8 layers' weights travel in FP8
-            size -= layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
+            size -= fp8
         return w.collective(
             "all_gather",
             self.shard_group,
@@ -158,6 +159,18 @@ class DataParallelGradients:
             ),
         )
 
+    def _unit(self, layer: int) -> tuple[int, int]:
+        """Parameters of ``layer``'s unit and of its FP8 layers (memoised: a layer is
+        gathered and reduced once per micro-batch)."""
+        sizes = self.unit_sizes.get(layer)
+        if sizes is None:
+            config = self.lowering.config
+            sizes = self.unit_sizes[layer] = (
+                unit_parameters(self.recipe, config.model, config.moe, layer),
+                layer_fp8_parameters(self.recipe, config.model, config.moe, layer),
+            )
+        return sizes
+
     def after_layer_backward(self, layer: int, microbatch: int, final: bool) -> None:
         """After ``layer``'s backward: with full sharding, in the stage's last backward,
         reduce-scatter its unit's gradients; otherwise they went to :meth:`grad_ready` op
@@ -166,8 +179,7 @@ class DataParallelGradients:
             return
         lowering = self.lowering
         w = lowering.w
-        config = lowering.config
-        params = unit_parameters(self.recipe, config.model, config.moe, layer)
+        params, _ = self._unit(layer)
         grad_bytes = params * self.recipe.grad_bytes
         tags = w.tags(
             stage=lowering.stage, layer=layer, axis="dp", phase="bwd", microbatch=microbatch

@@ -767,8 +767,8 @@ def run_sweep(
     if not candidates:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "no pins"
         raise ParasimError(
-            f"no layout to try for {base.name} on {base.world} GPUs ({pins}): tp * pp must "
-            f"divide the {base.world} GPUs and pp the {base.layers} layers"
+            f"no layout to try for {base.name} on {base.world} GPUs ({pins}): tp * cp * pp "
+            f"must divide the {base.world} GPUs and pp the {base.layers} layers"
         )
     all_overrides = [base.candidate_overrides(c, fidelity) for c in candidates]
     args = (base.raw, base.source, base.base_dir)
