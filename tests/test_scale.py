@@ -121,6 +121,9 @@ def test_best_layout_per_size_and_outputs(tmp_path, capsys):
                 "sp": False,
                 "ep": 1,
                 "placement": "tp,dp,pp",
+                "cp": 1,
+                "sharding": "none",
+                "dp_shard": 0,
             },
             workers=1,
         ).rows[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import itertools
 import json
 
@@ -48,18 +49,25 @@ def test_every_fitting_layout_is_found_and_ranked_by_step_time(tmp_path, capsys)
     rows = result["rows"]
 
     # an independent brute force: every tp, pp, dp whose product is the 8 GPUs, with and
-    # without SP, through the scenario validator and the memory estimate
+    # without SP, each sharding level where there are replicas (ZeRO-2 only where ZeRO-1
+    # does not fit; one node, so no HSDP), through the scenario validator and the
+    # memory estimate
     expected = set()
     for tp, pp, dp in itertools.product(range(1, 9), repeat=3):
         if tp * pp * dp != 8:
             continue
-        for sp in (False, True) if tp > 1 else (False,):
+        fitting = set()
+        for sp, sharding in itertools.product(
+            (False, True) if tp > 1 else (False,),
+            ("none", "optimizer", "gradients", "full") if dp > 1 else ("none",),
+        ):
             overrides = [
                 f"parallel.tp={tp}",
                 f"parallel.pp={pp}",
                 f"parallel.dp={dp}",
                 f"parallel.sp={str(sp).lower()}",
                 "training.micro_batch=1",
+                f"training.sharding={sharding}",
             ]
             try:
                 scenario = load_scenario(SMALL, overrides)
@@ -68,8 +76,13 @@ def test_every_fitting_layout_is_found_and_ranked_by_step_time(tmp_path, capsys)
             capacity = scenario.cluster_spec.gpu.hbm_capacity
             memory = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, capacity)
             if not memory.oom:
-                expected.add((tp, pp, dp, sp))
-    found = {(row["tp"], row["pp"], row["dp"], row["sp"]) for row in rows}
+                fitting.add((tp, pp, dp, sp, sharding))
+        expected |= {
+            key
+            for key in fitting
+            if key[4] != "gradients" or (*key[:4], "optimizer") not in fitting
+        }
+    found = {(row["tp"], row["pp"], row["dp"], row["sp"], row["sharding"]) for row in rows}
     assert found == expected
     assert len(rows) == len(expected) == result["counts"]["simulated"]
 
@@ -125,7 +138,13 @@ def test_layouts_that_do_not_fit_are_pruned_before_simulating(tmp_path):
     result = sweep.run_sweep(
         SMALL,
         overrides=["model.preset=gpt3-13b"],
-        fixed={"pp": 1, "micro_batch": 1, "schedule": "1f1b", "placement": "tp,dp,pp"},
+        fixed={
+            "pp": 1,
+            "micro_batch": 1,
+            "schedule": "1f1b",
+            "placement": "tp,dp,pp",
+            "sharding": "none",
+        },
         workers=1,
     )
     counts = result.counts
@@ -134,11 +153,21 @@ def test_layouts_that_do_not_fit_are_pruned_before_simulating(tmp_path):
     assert result.rows, "with enough TP it fits"
     assert all(row["tp"] > 1 for row in result.rows)
     assert all(not row["oom"] for row in result.rows)
+    # searching the sharding levels too, tp 1 fits once the replicas shard the fp32
+    # gradients as well as the optimizer state (13B: 52 GB of gradients alone)
+    sharded = sweep.run_sweep(
+        SMALL,
+        overrides=["model.preset=gpt3-13b"],
+        fixed={"tp": 1, "pp": 1, "micro_batch": 1, "recompute": "full"},
+        workers=1,
+    )
+    assert {row["sharding"] for row in sharded.rows} == {"gradients", "full"}
 
     with pytest.raises(ParasimError, match="out of memory.*optimizer_state"):
         _command(
             SMALL,
             *("--set", "model.preset=gpt3-13b", "--fix", "tp=1", "--fix", "pp=1"),
+            *("--fix", "sharding=none"),
             *("--workers", 1, "--out", tmp_path),
         )
     assert not list(tmp_path.iterdir())  # nothing to write
@@ -173,12 +202,10 @@ def test_enumeration_follows_the_documented_space():
             assert c.virtual_stages == 1
     assert len(set(candidates)) == len(candidates)
     # placements that give the same rank grid are tried once
-    grids = {
-        (c.tp, c.pp, c.dp, c.sp, c.micro_batch, c.schedule, c.virtual_stages, c.recompute): set()
-        for c in candidates
-    }
+    grids: dict[tuple, set] = {}
     for c in candidates:
-        key = (c.tp, c.pp, c.dp, c.sp, c.micro_batch, c.schedule, c.virtual_stages, c.recompute)
+        key = dataclasses.astuple(dataclasses.replace(c, placement=()))
+        grids.setdefault(key, set())
         sizes = {"tp": c.tp, "dp": c.dp, "pp": c.pp}
         grid = tuple(axis for axis in c.placement if sizes[axis] > 1)
         assert grid not in grids[key]
@@ -255,4 +282,56 @@ def test_a_long_sequence_also_tries_context_parallelism_inside_the_node():
     assert all(row.get("cp", 1) * 2 <= 8 for row in long.rows)  # CP stays inside the node
     assert any(row["layout"].endswith("cp_kind=ulysses") for row in long.rows)
     short = sweep.run_sweep(SMALL, fixed={"tp": 2, "pp": 1}, workers=1)
-    assert all("cp" not in row for row in short.rows)
+    assert all(row["cp"] == 1 for row in short.rows)
+
+
+TWO_NODES = ["model.heads=16", "cluster.nodes=2"]  # GPT-2 small on 16 A100s
+
+
+def test_sharding_levels_and_hsdp_are_searched():
+    pins = {"tp": 4, "pp": 1, "micro_batch": 1, "recompute": "none", "placement": "tp,dp,pp"}
+    result = sweep.run_sweep(SMALL, overrides=TWO_NODES, fixed=pins, workers=1)
+    found = {(row["sharding"], row["dp_shard"]) for row in result.rows}
+    # dp 4 over two nodes of 2 replicas each: HSDP shards inside the node
+    assert found == {("none", 0), ("optimizer", 0), ("full", 0), ("full", 2)}
+    assert result.counts["dominated"] == 2  # ZeRO-2, with and without SP
+    hsdp = next(row for row in result.rows if row["dp_shard"])
+    assert hsdp["layout"].endswith("dp_shard=2 sharding=full")
+    scenario = load_scenario(SMALL, hsdp["overrides"])
+    assert (scenario.layout.dp_shard, scenario.recipe.sharding) == (2, "full")
+
+    # ZeRO-2 is dominated because its step takes exactly ZeRO-1's time
+    every = sweep.run_sweep(SMALL, overrides=TWO_NODES, fixed=pins, workers=1, exhaustive=True)
+    times = {(r["sp"], r["sharding"], r["dp_shard"]): r["step_time_s"] for r in every.rows}
+    for sp in (False, True):
+        assert times[(sp, "gradients", 0)] == times[(sp, "optimizer", 0)]
+
+    # pins: one level, one HSDP group, or no HSDP
+    only = sweep.run_sweep(
+        SMALL, overrides=TWO_NODES, fixed={**pins, "dp_shard": 2, "sp": False}, workers=1
+    )
+    assert [(r["sharding"], r["dp_shard"]) for r in only.rows] == [("full", 2)]
+    flat = sweep.run_sweep(
+        SMALL, overrides=TWO_NODES, fixed={**pins, "dp_shard": 0, "sharding": "full"}, workers=1
+    )
+    assert {(r["sharding"], r["dp_shard"]) for r in flat.rows} == {("full", 0)}
+    with pytest.raises(ParasimError, match="--fix dp_shard=-1"):
+        sweep.check_fixed({"dp_shard": -1})
+
+
+def test_full_sharding_is_not_tried_where_it_is_not_modelled():
+    candidates = sweep.enumerate_layouts(world=16, gpus_per_node=8, layers=24, global_batch=32)
+    levels = {c.sharding for c in candidates}
+    assert levels == {"none", "optimizer", "gradients", "full"}
+    assert not [c for c in candidates if c.sharding == "full" and c.schedule.startswith("zb")]
+    assert all(c.sharding == "none" for c in candidates if c.dp == 1)
+    moe = sweep.enumerate_layouts(
+        world=8, gpus_per_node=8, layers=4, global_batch=8, experts=4, fixed={"tp": 1}
+    )
+    assert not [c for c in moe if c.sharding == "full" and c.ep > 1]
+    assert any(c.sharding == "full" and c.ep == 1 for c in moe)
+    # HSDP: the replicas of one node form the shard group, whatever the placement
+    hsdp = {(c.tp, c.pp, c.placement, c.dp_shard) for c in candidates if c.dp_shard}
+    assert (2, 1, ("tp", "dp", "pp"), 4) in hsdp  # dp 8: 4 per node
+    assert (1, 2, ("tp", "pp", "dp"), 4) in hsdp  # pp 2 comes first: 4 replicas per node
+    assert not [c for c in candidates if c.dp_shard and c.placement == ("dp", "tp", "pp")]

@@ -22,8 +22,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="every valid layout of a scenario's model on its cluster, ranked",
         description=(
             "Try every layout (tp, pp, dp, ep, sp, micro-batch, schedule, recompute, "
-            "placement) of the scenario's model on its cluster; drop the invalid ones and "
-            "those that do not fit in memory, simulate the rest and rank them by step time."
+            "placement, sharding level, HSDP; context parallelism for long sequences) of "
+            "the scenario's model on its cluster; drop the invalid ones and those that do "
+            "not fit in memory, simulate the rest and rank them by step time."
         ),
     )
     parser.add_argument("scenario", help="scenario YAML file")
@@ -48,7 +49,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--exhaustive",
         action="store_true",
-        help="also simulate layouts that a lighter recompute of the same layout beats",
+        help=(
+            "also simulate layouts that a lighter recompute of the same layout beats, and "
+            "ZeRO-2 where ZeRO-1 fits"
+        ),
     )
     return parser
 

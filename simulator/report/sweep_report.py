@@ -63,6 +63,10 @@ CSV_FIELDS = (
     "virtual_stages",
     "recompute",
     "placement",
+    "cp",
+    "cp_kind",
+    "sharding",
+    "dp_shard",
     "step_time_s",
     "tokens_per_s",
     "tflops_per_gpu",
@@ -244,7 +248,10 @@ def count_lines(result: SweepResult) -> list[str]:
         f"pruned for memory {counts['pruned_memory']}"
         + (f" (dominant term: {terms})" if terms else "")
     )
-    lines.append(f"dominated {counts['dominated']} (a lighter recompute of the same layout fits)")
+    lines.append(
+        f"dominated {counts['dominated']} (a lighter recompute, or ZeRO-1 for ZeRO-2, of the "
+        "same layout fits)"
+    )
     if counts["failed"]:
         lines.append(f"failed {counts['failed']}")
         for reason, n in counts["failed_by_reason"].items():

@@ -20,6 +20,10 @@ from simulator.common.vocabulary import GRID_AXES, PLACEMENT_AXES
 
 __all__ = ["Layout"]
 
+# grid → (groups, group_of), shared by equal layouts; never mutated after building
+_GROUPS: dict[tuple, tuple[dict, dict]] = {}
+_GROUPS_KEPT = 64
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -65,6 +69,27 @@ class Layout:
             strides[axis] = stride
             stride *= self.size(axis)
         object.__setattr__(self, "_strides", strides)
+        if self.ep < 1 or self.dp % self.ep:
+            raise ScenarioError(f"parallel.ep: ep({self.ep}) must divide dp({self.dp})")
+        if self.dp_shard and (self.dp_shard < 1 or self.dp % self.dp_shard):
+            raise ScenarioError(
+                f"parallel.dp_shard: dp_shard({self.dp_shard}) must divide dp({self.dp})"
+            )
+        # the groups depend on the grid alone: a search builds the same grid for many
+        # recipes, so they are computed once per grid (O(world) each)
+        key = (self.tp, self.pp, self.dp, self.placement, self.ep, self.dp_shard, self.cp)
+        built = _GROUPS.get(key)
+        if built is None:
+            if len(_GROUPS) >= _GROUPS_KEPT:
+                _GROUPS.clear()
+            built = _GROUPS[key] = self._build_groups()
+        groups, group_of = built
+        object.__setattr__(self, "_groups", groups)
+        object.__setattr__(self, "_group_of", group_of)
+
+    def _build_groups(self) -> tuple[dict[str, tuple[int, ...]], dict[tuple[str, int], str]]:
+        """Every process group (name → members) and each rank's group on each axis."""
+        strides = self._strides
         groups: dict[str, tuple[int, ...]] = {}
         group_of: dict[tuple[str, int], str] = {}
         for axis in self.axes:
@@ -78,12 +103,6 @@ class Layout:
                     name = by_base[base] = f"{axis}{len(by_base)}"
                     groups[name] = tuple(base + i * stride for i in range(size))
                 group_of[(axis, rank)] = name
-        if self.ep < 1 or self.dp % self.ep:
-            raise ScenarioError(f"parallel.ep: ep({self.ep}) must divide dp({self.dp})")
-        if self.dp_shard and (self.dp_shard < 1 or self.dp % self.dp_shard):
-            raise ScenarioError(
-                f"parallel.dp_shard: dp_shard({self.dp_shard}) must divide dp({self.dp})"
-            )
         # expert parallelism splits each DP group into blocks of ep consecutive replicas
         # (the EP groups); the replicas holding the same experts form the
         # expert-data-parallel (edp) groups that reduce expert gradients. HSDP splits it
@@ -111,8 +130,7 @@ class Layout:
                     name = seen_dpcp[members] = f"dp_cp{len(seen_dpcp)}"
                     groups[name] = members
                 group_of[("dp_cp", rank)] = name
-        object.__setattr__(self, "_groups", groups)
-        object.__setattr__(self, "_group_of", group_of)
+        return groups, group_of
 
     def _split_dp(
         self,

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from simulator.common.errors import ParasimError, ScenarioError
-from simulator.request.recipe import LAYOUT_KNOBS
 from simulator.request.scenario import Scenario, apply_overrides, scenario_from_dict
 from simulator.tools.progress import Progress, Silent
 from simulator.tools.sweep import (
@@ -228,7 +227,7 @@ def run_scale(
 
 def _candidate(scenario: Scenario, dp: int) -> Candidate:
     """The scenario's layout with ``dp`` replicas."""
-    return Candidate.from_knobs({**scenario.recipe.knobs(), "dp": dp})
+    return Candidate.of_recipe(scenario.recipe, dp=dp)
 
 
 def _rule_rows(
@@ -305,7 +304,7 @@ def _best_rows(
     parallel, training = written.parallel, written.training
     # everything but the three sizes stays as the scenario has it
     sizes = ("tp", "pp", "dp")
-    pins = {k: v for k, v in written.recipe.knobs().items() if k not in sizes}
+    pins = {k: v for k, v in Candidate.of_recipe(written.recipe).fields().items() if k not in sizes}
     if parallel.schedule == "custom":
         raise ParasimError(
             "--best: a custom pipeline order fits one layout only; scale it without --best"
@@ -342,7 +341,7 @@ def _best_rows(
             )
             continue
         top = sweep.rows[0]
-        candidate = Candidate.from_knobs({k: top[k] for k in LAYOUT_KNOBS})
+        candidate = Candidate.from_knobs(top)
         rows.append(_row(count, nodes, candidate, top, top["overrides"]))
     return rows
 

@@ -34,8 +34,16 @@ outside the list, and the validator then judges it):
                  sequences of ``LONG_SEQUENCE`` (16K) tokens or more, also every CP
                  degree that keeps the CP group inside a node, as a ring and, where
                  heads and KV heads divide by ``tp · cp``, as Ulysses
-``sharding``     ``training.sharding``, unless ``--fix`` pins another level (not
-                 searched: every level would multiply the space)
+``sharding``     where the weights have replicas (``dp · cp > 1``), every level:
+                 ``none``, ``optimizer`` (ZeRO-1), ``gradients`` (ZeRO-2) and ``full``
+                 (ZeRO-3, FSDP); ``none`` alone otherwise. ``full`` is not tried with
+                 the zero-bubble schedules nor with expert parallelism (neither is
+                 modelled)
+``dp_shard``     with ``full`` sharding, also HSDP sharding over the data-parallel
+                 ranks of one node and replicating across nodes, where a node holds
+                 more than one of them and fewer than all (not with ``cp > 1``);
+                 ``--fix dp_shard=N`` tries that shard group only, ``dp_shard=0`` no
+                 HSDP
 ================ ===================================================================
 
 Each candidate then meets these filters, in order, and the count of each is reported:
@@ -47,17 +55,20 @@ Each candidate then meets these filters, in order, and the count of each is repo
    dominant memory term of the pruned layouts is reported;
 3. *dominated*: the same layout with lighter recompute (``none`` < ``selective`` < ``full``)
    also fits. Recompute only adds work to a step, so the lighter one is never slower
-   and the heavier one is not simulated; ``--exhaustive`` simulates them anyway;
+   and the heavier one is not simulated. Likewise ZeRO-2 is simulated only where
+   ZeRO-1 does not fit: both reduce-scatter the gradients and gather the updated
+   parameters, so their steps take the same time and ZeRO-2 only saves memory.
+   ``--exhaustive`` simulates them anyway;
 4. *simulated*: one step with :func:`simulator.run.simulate.run_scenario`, in ``analytic``
    fidelity by default (collectives in closed form, symmetric ranks folded), on every
    core, and ranked by step time (ties broken by the layout string). A simulation
    that ends in an error (a schedule that cannot finish) is counted as *failed*.
 
 The size of the space: GPT-3 175B on 1024 A100s (``scenarios/gpt3-175b.yaml --gpus
-1024``, global batch 64) enumerates 1,684 candidates. The global batch rules out
-``dp > 64`` (10 invalid candidates stand for those), 540 do not fit in memory, 756 are
-dominated, and 378 analytic runs of 0.1–0.5 s remain: about 70 s on two cores, of
-which 16 s go to checking.
+1024``, global batch 64) enumerates 6,574 candidates. The global batch rules out
+``dp > 64`` (10 invalid candidates stand for those), 552 do not fit in memory, 4,566
+are dominated, and 1,446 analytic runs of 0.05–0.5 s remain: about a minute on two
+cores (``benchmarks/RESULTS.md``).
 Mixture-of-experts steps are not folded (every rank routes differently), so their runs
 take seconds each; pin some dimensions with ``--fix`` to keep such a sweep short.
 
@@ -97,7 +108,7 @@ from simulator.common.vocabulary import (
     RECOMPUTE_MODES,
     SHARDING_LEVELS,
 )
-from simulator.request.recipe import knob_overrides, layout_label
+from simulator.request.recipe import LAYOUT_KNOBS, Recipe, knob_overrides, layout_label
 from simulator.request.scenario import (
     ScenarioSpec,
     apply_overrides,
@@ -148,6 +159,7 @@ FIX_KEYS = (
     "cp",
     "cp_kind",
     "sharding",
+    "dp_shard",
 )
 _FIX_ALIASES = {"mb": "micro_batch", "v": "virtual_stages", "rc": "recompute"}
 # searched by default, in this order: every built-in schedule but ZB-H2, which holds
@@ -162,7 +174,12 @@ MAX_MICRO_BATCH = 8
 # hide the K/V transfers (see docs/modelling.md, CP).
 LONG_SEQUENCE = 16384
 VIRTUAL_STAGES = (2, 4)
+# full sharding's reduce-scatter would wait for the weight gradients these defer
+_ZERO_BUBBLE = ("zb-h1", "zb-h2")
 _RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE_MODES)}
+_SHARDING_RANK = {name: i for i, name in enumerate(SHARDING_LEVELS)}
+# ZeRO-2 moves what ZeRO-1 moves and saves memory only: the same step time
+_SAME_TIME = {"gradients": "optimizer"}
 
 
 # -- the space ------------------------------------------------------------------------
@@ -182,25 +199,52 @@ class Candidate:
     virtual_stages: int
     recompute: str
     placement: tuple[str, ...]
-    # context parallelism and sharding: the scenario's own unless pinned with --fix
     cp: int = 1
     cp_kind: str = "ring"
     sharding: str = "none"
+    # HSDP's shard group (0: the weights shard over every replica, or not at all)
+    dp_shard: int = 0
 
     @classmethod
     def from_knobs(cls, knobs: dict[str, Any]) -> Candidate:
-        """The candidate of layout knobs by name (:data:`LAYOUT_KNOBS`)."""
-        return cls(**{**knobs, "placement": tuple(knobs["placement"])})
+        """The candidate of layout knobs by name (:data:`LAYOUT_KNOBS`, and ``cp``,
+        ``cp_kind``, ``sharding``, ``dp_shard`` where given); other keys are ignored, so
+        a sweep row will do."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name in knobs]
+        return cls(**{**{n: knobs[n] for n in names}, "placement": tuple(knobs["placement"])})
+
+    @classmethod
+    def of_recipe(cls, recipe: Recipe, **changes: Any) -> Candidate:
+        """A scenario's own layout, with ``changes``."""
+        layout = recipe.layout
+        return cls.from_knobs(
+            {
+                **recipe.knobs(),
+                "cp": layout.cp,
+                "cp_kind": recipe.cp_kind,
+                "sharding": recipe.sharding,
+                "dp_shard": layout.dp_shard,
+                **changes,
+            }
+        )
 
     def overrides(self) -> list[str]:
         """The ``key.path=value`` assignments that turn the scenario into this layout."""
         return knob_overrides(self.fields())
 
     def label(self) -> str:
-        """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``, as :meth:`Recipe.label`."""
-        knobs = {k: v for k, v in self.fields().items() if k not in ("cp_kind", "sharding")}
-        label = layout_label(**knobs)
-        return label + " cp_kind=ulysses" if self.cp > 1 and self.cp_kind == "ulysses" else label
+        """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``, as :meth:`Recipe.label`, then
+        HSDP's shard group, the sharding level and Ulysses CP in the recipe's text form
+        (``dp_shard=8 sharding=full``)."""
+        knobs = {k: v for k, v in self.fields().items() if k in _LABEL_KNOBS}
+        parts = [layout_label(**knobs)]
+        if self.dp_shard:
+            parts.append(f"dp_shard={self.dp_shard}")
+        if self.sharding != "none":
+            parts.append(f"sharding={self.sharding}")
+        if self.cp > 1 and self.cp_kind == "ulysses":
+            parts.append("cp_kind=ulysses")
+        return " ".join(parts)
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -214,9 +258,14 @@ class Candidate:
             "virtual_stages": self.virtual_stages,
             "recompute": self.recompute,
             "placement": list(self.placement),
-            **({"cp": self.cp, "cp_kind": self.cp_kind} if self.cp > 1 else {}),
-            **({"sharding": self.sharding} if self.sharding != "none" else {}),
+            "cp": self.cp,
+            "cp_kind": self.cp_kind,
+            "sharding": self.sharding,
+            "dp_shard": self.dp_shard,
         }
+
+
+_LABEL_KNOBS = (*LAYOUT_KNOBS, "cp")
 
 
 def _divisors(n: int) -> list[int]:
@@ -263,6 +312,11 @@ def check_fixed(fixed: dict[str, Any]) -> dict[str, Any]:
                 )
         elif key == "cp":
             value = _positive_int(key, value)
+        elif key == "dp_shard":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ParasimError(
+                    f"--fix dp_shard={value!r}: expected a whole number of replicas (0: no HSDP)"
+                )
         elif key in ("cp_kind", "sharding"):
             names = CP_KINDS if key == "cp_kind" else SHARDING_LEVELS
             if value not in names:
@@ -320,11 +374,11 @@ def enumerate_layouts(
     context: dict[str, Any] | None = None,
 ) -> list[Candidate]:
     """Every candidate of the space (module docstring), before any validation;
-    ``context``: the scenario's ``cp``, ``cp_kind`` and ``sharding``, which every
-    candidate keeps unless ``fixed`` pins another value."""
+    ``context``: the scenario's ``cp`` and ``cp_kind`` (which every candidate keeps
+    unless ``fixed`` pins another value or the sequence is long) and its ``seq_len``,
+    ``heads`` and ``kv_heads``."""
     fixed = check_fixed(fixed or {})
-    context = {"cp": 1, "cp_kind": "ring", "sharding": "none", **(context or {})}
-    sharding = fixed.get("sharding", context["sharding"])
+    context = {"cp": 1, "cp_kind": "ring", **(context or {})}
 
     def contexts(tp: int) -> list[dict[str, Any]]:
         """The context-parallel settings to try with ``tp``: the scenario's (or the pinned
@@ -332,7 +386,7 @@ def enumerate_layouts(
         the CP group inside a node, as a ring and, where the heads split, as Ulysses."""
         cp = fixed.get("cp", context["cp"])
         kind = fixed.get("cp_kind", context["cp_kind"])
-        options = [{"cp": cp, "cp_kind": kind, "sharding": sharding}]
+        options = [{"cp": cp, "cp_kind": kind}]
         if "cp" in fixed or context.get("seq_len", 0) < LONG_SEQUENCE:
             return options
         heads, kv = context.get("heads", 0), context.get("kv_heads", 0)
@@ -341,9 +395,33 @@ def enumerate_layouts(
             if heads % (tp * c) == 0 and kv % (tp * c) == 0:
                 kinds.append("ulysses")
             for k in kinds if "cp_kind" not in fixed else [kind]:
-                option = {"cp": c, "cp_kind": k, "sharding": sharding}
+                option = {"cp": c, "cp_kind": k}
                 if c > 1 and option not in options:
                     options.append(option)
+        return options
+
+    def shardings(
+        tp: int, cp: int, pp: int, dp: int, ep: int, schedule: str, placement: tuple[str, ...]
+    ) -> list[dict[str, Any]]:
+        """The sharding levels (and HSDP shard groups) to try for one layout."""
+        pinned_shard = fixed.get("dp_shard")
+        if pinned_shard:  # HSDP pinned: full sharding over that group
+            return [{"sharding": fixed.get("sharding", "full"), "dp_shard": pinned_shard}]
+        if "sharding" in fixed:
+            levels = [fixed["sharding"]]
+        elif dp * cp == 1:
+            levels = ["none"]  # one copy of the weights: nothing to shard
+        else:
+            levels = [
+                level
+                for level in SHARDING_LEVELS
+                if level != "full" or (ep == 1 and schedule not in _ZERO_BUBBLE)
+            ]
+        options = [{"sharding": level, "dp_shard": 0} for level in levels]
+        if "full" in levels and cp == 1 and pinned_shard is None:
+            inside = _replicas_in_node(tp, pp, dp, placement, gpus_per_node)
+            if 1 < inside < dp:
+                options.append({"sharding": "full", "dp_shard": inside})
         return options
 
     limit = gpus_per_node if max_tp is None else max_tp
@@ -381,36 +459,49 @@ def enumerate_layouts(
                 pick("ep", ep_default), pick("micro_batch", mb_default)
             ):
                 schedules = _schedules(pp, layers, global_batch, dp, mb, fixed)
+                combinations = list(itertools.product(sps, schedules, recomputes, placements))
                 if global_batch % (dp * mb):
                     # no whole number of micro-batches per replica: one candidate stands
                     # for every variation, and the validator says why
-                    if schedules:
-                        schedule, v = schedules[0]
+                    combinations = combinations[:1]
+                for sp, (schedule, v), recompute, placement in combinations:
+                    levels = shardings(tp, cp, pp, dp, ep, schedule, placement)
+                    if global_batch % (dp * mb):
+                        levels = levels[:1]
+                    for level in levels:
                         candidates.append(
                             Candidate(
                                 tp,
                                 pp,
                                 dp,
                                 ep,
-                                sps[0],
+                                sp,
                                 mb,
                                 schedule,
                                 v,
-                                recomputes[0],
-                                placements[0],
+                                recompute,
+                                placement,
                                 **extra,
+                                **level,
                             )
                         )
-                    continue
-                for sp, (schedule, v), recompute, placement in itertools.product(
-                    sps, schedules, recomputes, placements
-                ):
-                    candidates.append(
-                        Candidate(
-                            tp, pp, dp, ep, sp, mb, schedule, v, recompute, placement, **extra
-                        )
-                    )
     return candidates
+
+
+def _replicas_in_node(
+    tp: int, pp: int, dp: int, placement: tuple[str, ...], gpus_per_node: int
+) -> int:
+    """How many data-parallel replicas of one group share a node: the node's GPUs over
+    the stride of the ``dp`` axis in the rank grid (CP is never combined with HSDP)."""
+    sizes = {"tp": tp, "dp": dp, "pp": pp}
+    stride = 1
+    for axis in placement:
+        if axis == "dp":
+            break
+        stride *= sizes[axis]
+    if gpus_per_node % stride:
+        return 1
+    return min(dp, gpus_per_node // stride)
 
 
 def _schedules(
@@ -459,7 +550,7 @@ class SweepBase:
     global_batch: int
     experts: int | None
     extra_overrides: list[str]
-    # the scenario's context parallelism and sharding (candidates keep them unless pinned)
+    # the scenario's context parallelism, sharding and model shape the space starts from
     context: dict[str, Any]
 
     def candidate_overrides(self, candidate: Candidate, fidelity: str) -> list[str]:
@@ -475,9 +566,23 @@ class SweepBase:
                 f"training.sharding={candidate.sharding}",
                 "training.optimizer_sharding=false",
             ]
-        if self.raw.get("parallel", {}).get("schedule_file") is not None:
+        training = self.raw.get("training") or {}
+        if training.get("param_gather_overlap") and candidate.sharding not in (
+            "optimizer",
+            "gradients",
+        ):
+            fixed.append("training.param_gather_overlap=false")  # a ZeRO-1/2 setting only
+        parallel = self.raw.get("parallel") or {}
+        if candidate.dp_shard or any(
+            parallel.get(key) is not None for key in ("dp_shard", "dp_replicate")
+        ):
+            fixed += [
+                f"parallel.dp_shard={candidate.dp_shard or 'null'}",
+                "parallel.dp_replicate=null",
+            ]
+        if parallel.get("schedule_file") is not None:
             fixed.append("parallel.schedule_file=null")
-        if self.raw.get("parallel", {}).get("stage_layers") is not None:
+        if parallel.get("stage_layers") is not None:
             fixed.append("parallel.stage_layers=null")  # a split for the scenario's pp only
         return [*self.extra_overrides, *candidate.overrides(), *fixed]
 
@@ -862,10 +967,19 @@ def _select(
     if exhaustive:
         return fits, 0
     lightest: dict[Candidate, int] = {}
+
+    def weight(i: int) -> tuple[int, int]:
+        return (
+            _RECOMPUTE_RANK[candidates[i].recompute],
+            _SHARDING_RANK[candidates[i].sharding],
+        )
+
     for i in fits:
-        key = dataclasses.replace(candidates[i], recompute="")
-        level = _RECOMPUTE_RANK[candidates[i].recompute]
-        if key not in lightest or level < _RECOMPUTE_RANK[candidates[lightest[key]].recompute]:
+        candidate = candidates[i]
+        key = dataclasses.replace(
+            candidate, recompute="", sharding=_SAME_TIME.get(candidate.sharding, candidate.sharding)
+        )
+        if key not in lightest or weight(i) < weight(lightest[key]):
             lightest[key] = i
     chosen = sorted(lightest.values())
     return chosen, len(fits) - len(chosen)
