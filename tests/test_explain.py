@@ -66,6 +66,7 @@ MOVES = {
     "layering": ("exposed_comm", "tp"),
     "fsdp-across-nodes": ("exposed_comm", "dp"),
     "cp-across-nodes": ("exposed_comm", "cp"),
+    "ep-routing": ("exposed_comm", "ep"),
 }
 FINDING_KEYS = {
     "id",
@@ -251,6 +252,17 @@ def test_teaching_mistakes_and_fixes_show_their_failure_modes(teaching):
     layering = teaching["layering"].finding
     assert layering.after["layout"]["placement"][0] == "tp"
     assert layering.after["layout"]["tp"] == layering.before["layout"]["tp"]
+    routing = teaching["ep-routing"]
+    finding = routing.finding
+    assert finding.also == ["ep-across-nodes"]
+    assert finding.fix == {"model.moe.max_nodes_per_token": 2}
+    exposed = routing.mistake.result["exposed_comm_by_axis"]["critical"]["ep"]
+    assert exposed > 0.5 * routing.mistake.result["step_time_s"]
+    # the network carries about a quarter of the bytes: the exposed EP time falls as much
+    fixed = routing.fix.result["exposed_comm_by_axis"]["critical"]["ep"]
+    assert 0.15 < fixed / exposed < 0.35
+    # EP inside one node would not fit: that is why the groups span nodes
+    assert any("out of memory: parallel.ep=8" in note for note in finding.notes)
 
 
 def test_teaching_page_is_up_to_date(teaching, tmp_path):
@@ -275,6 +287,16 @@ def test_ep_across_nodes_is_found_and_fixed_inside_the_node():
     assert after["ep"] * after["tp"] <= 8 and after["ep"] < finding.before["layout"]["ep"]
     assert finding.after["step_time_s"] < finding.before["step_time_s"]
     assert finding.moved[0]["category"] == "exposed_comm" and finding.moved[0]["axis"] == "ep"
+
+
+def test_a_node_limit_that_does_not_bind_is_no_limit():
+    path = TEACHING / "ep-routing-mistake.yaml"
+    # 4 nodes: a limit of 4 lets a token reach every node, as without a limit
+    assert [f.id for f in explain(path, ["model.moe.max_nodes_per_token=4"])] == [
+        "ep-routing-spread"
+    ]
+    # with top-2 routing a token reaches 2 nodes at most: nothing to limit
+    assert [f.id for f in explain(path, ["model.moe.top_k=2"])] == []
 
 
 def test_tp_across_nodes_when_tp_does_not_tile_the_node(scenarios_dir):
@@ -319,7 +341,7 @@ def test_out_of_memory_that_is_not_data_parallel_only():
     findings = explain(path, ["parallel.tp=2", "parallel.dp=4"])
     assert [f.id for f in findings] == ["out-of-memory"]
     (finding,) = findings
-    assert finding.fix == {"training.optimizer_sharding": True}
+    assert finding.fix == {"training.sharding": "optimizer"}
     assert not finding.after["memory"]["oom"]
 
 

@@ -201,6 +201,7 @@ def snapshot(scenario: Scenario, result: StepResult) -> dict[str, Any]:
             "global_batch": training.global_batch,
             "microbatches": recipe.microbatches,
             "optimizer_sharding": recipe.shards_optimizer,
+            "sharding": recipe.sharding,
         },
         "breakdown": {
             "critical": dict(result.breakdown.critical),
@@ -300,7 +301,7 @@ class _Case:
             valid.append(Option(fix, summary, scenario, memory))
         fitting = [o for o in valid if not o.memory.oom]
         if not fitting and valid and rescue and not self.scenario.recipe.shards_optimizer:
-            zero1 = {"training.optimizer_sharding": True}
+            zero1 = {"training.sharding": "optimizer"}
             rescued = self.options(
                 [(o.fix | zero1, f"{o.summary}, with ZeRO-1") for o in valid],
                 accept=accept,

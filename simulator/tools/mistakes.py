@@ -24,8 +24,20 @@ sp-off-activation-bound   ``tp > 1`` without sequence parallelism while activati
                           a GPU under memory pressure, or push it out of memory; fix: SP
 too-few-microbatches      a pipeline whose reference bubble ``(p−1)/(v·m+p−1)`` and
                           simulated bubble both exceed 10%; fix: more micro-batches
+ep-routing-spread         an expert-parallel group spans nodes, routing is not node-limited
+                          (each assignment crosses on its own, to up to ``min(k, nodes)``
+                          nodes) and over 5% of the step is exposed EP communication; fix:
+                          ``moe.max_nodes_per_token`` 4 or 2 (DeepSeek-V3's node-limited
+                          routing), or EP inside a node; also ``ep-across-nodes``
 ep-across-nodes           an expert-parallel group spans nodes, so every MoE layer's
-                          all-to-alls cross the network; fix: placement or a smaller ``ep``
+                          all-to-alls cross the network, where a placement or a smaller
+                          ``ep`` keeps it inside a node and fits; fix: that layout
+fsdp-across-nodes         full sharding over a data-parallel group that spans nodes, with
+                          over 5% of the step exposed data-parallel communication; fix: HSDP
+                          sharding inside one node (or a few), replicating across them
+cp-across-nodes           a context-parallel group spans nodes, with over 5% of the step
+                          exposed CP communication; fix: CP inside the node, the rest to
+                          ``pp`` or ``dp``, or Ulysses in place of the ring
 routing-skew              waiting for the busiest expert (``imbalance_stall``) exceeds 10%
                           of the step; fix: ``capacity_factor`` 1.25
 out-of-memory             any other layout that does not fit; fix: the first of ZeRO-1,
@@ -63,6 +75,7 @@ __all__ = [
     "CAPACITY_FIX",
     "SP_PRESSURE",
     "NO_FIX",
+    "NODE_LIMIT",
     "Option",
     "Case",
     "Symptom",
@@ -421,7 +434,7 @@ def _fix_dp_only_oom(case: Case) -> Remedy:
         zero1 = case.options(
             [
                 (
-                    {"training.optimizer_sharding": True},
+                    {"training.sharding": "optimizer"},
                     f"ZeRO-1 alone (Adam state split {layout.dp} ways)",
                 )
             ],
@@ -487,7 +500,7 @@ def _fix_oom(case: Case) -> Remedy:
     training = scenario.training
     candidates: list[tuple[dict[str, Any], str]] = []
     if not case.scenario.recipe.shards_optimizer and layout.dp > 1:
-        candidates.append(({"training.optimizer_sharding": True}, "ZeRO-1: Adam state split"))
+        candidates.append(({"training.sharding": "optimizer"}, "ZeRO-1: Adam state split"))
     levels = RECOMPUTE_MODES
     for level in levels[levels.index(training.recompute) + 1 :]:
         candidates.append(({"training.recompute": level}, f"recompute {level}"))
@@ -599,6 +612,13 @@ def _check_ep(case: Case) -> Symptom | None:
     spanning, total = _spanning(layout, "ep", per_node)
     if not spanning:
         return None
+    inside = case.options(
+        _ep_inside_node(case),
+        accept=lambda s: not _spanning(s.layout, "ep", per_node)[0],
+        rescue=False,
+    )
+    if not [option for option in inside if not option.memory.oom]:
+        return None  # the experts need EP groups wider than a node
     nodes = max(_nodes_of(m, per_node) for m in spanning)
     exposed = case.before["exposed_comm_by_axis"]["critical"].get("ep", 0.0)
     groups = f"{len(spanning)} of {total} EP groups" if len(spanning) < total else "every EP group"
@@ -611,6 +631,18 @@ def _check_ep(case: Case) -> Symptom | None:
 
 
 def _fix_ep(case: Case) -> Remedy:
+    notes: list[str] = []
+    options = case.options(
+        _ep_inside_node(case),
+        notes,
+        accept=lambda s: not _spanning(s.layout, "ep", case.per_node)[0],
+    )
+    return Remedy(options, notes)
+
+
+def _ep_inside_node(case: Case) -> list[tuple[dict[str, Any], str]]:
+    """Layouts whose EP groups stay inside a node: the EP ranks side by side in the
+    placement, or the largest smaller ``ep`` that one node holds."""
     layout, per_node, moe = case.layout, case.per_node, case.scenario.moe
     assert moe is not None
     placement = _tp_first(layout.placement, then="dp")
@@ -628,11 +660,69 @@ def _fix_ep(case: Case) -> Remedy:
                 )
             )
             break
-    notes: list[str] = []
-    options = case.options(
-        candidates, notes, accept=lambda s: not _spanning(s.layout, "ep", per_node)[0]
+    return candidates
+
+
+#: Node-limited routing as DeepSeek-V3 trains it: each token reaches at most 4 of the 8
+#: nodes its experts span (DeepSeek-AI 2024, arXiv 2412.19437, section 2.1.2); the fix
+#: proposes this limit, and half of it.
+NODE_LIMIT = 4
+
+
+def _routing_reach(case: Case) -> tuple[int, int] | None:
+    """``(nodes an EP group spans, nodes a token's assignments may reach)`` when every
+    assignment crosses the network on its own (no binding node limit), else None."""
+    layout, per_node, moe = case.layout, case.per_node, case.scenario.moe
+    if moe is None or layout.ep == 1:
+        return None
+    spanning, _ = _spanning(layout, "ep", per_node)
+    if not spanning:
+        return None
+    nodes = max(_nodes_of(m, per_node) for m in spanning)
+    reach = min(moe.top_k, nodes)
+    if moe.max_nodes_per_token is not None and moe.max_nodes_per_token < reach:
+        return None  # routing is already node-limited
+    return nodes, reach
+
+
+def _check_ep_routing(case: Case) -> Symptom | None:
+    spread = _routing_reach(case)
+    if spread is None:
+        return None
+    nodes, reach = spread
+    if not [m for m in (NODE_LIMIT, NODE_LIMIT // 2) if m < reach]:
+        return None
+    exposed = case.before["exposed_comm_by_axis"]["critical"].get("ep", 0.0)
+    if exposed <= FSDP_EXPOSED * case.step:
+        return None
+    moe = case.scenario.moe
+    assert moe is not None
+    return Symptom(
+        f"ep({case.layout.ep}) spans {nodes} nodes and routing is not node-limited: each "
+        f"token's {moe.top_k} expert assignments cross the network one by one, to as many as "
+        f"{reach} nodes, and {format_time(exposed)} ({_pct(exposed, case.step)}) of the step "
+        "is exposed EP communication."
     )
-    return Remedy(options, notes)
+
+
+def _fix_ep_routing(case: Case) -> Remedy:
+    spread = _routing_reach(case)
+    assert spread is not None
+    _, reach = spread
+    candidates = [
+        (
+            {"model.moe.max_nodes_per_token": m},
+            f"node-limited routing: each token to at most {m} nodes, crossing to each once",
+        )
+        for m in (NODE_LIMIT, NODE_LIMIT // 2)
+        if m < reach
+    ]
+    notes = [
+        "node-limited routing picks a token's experts among its best-scoring nodes first; "
+        "DeepSeek-V3 trains with 4 of 8 nodes at no measured loss of quality, and parasim "
+        "keeps the unlimited router's expert loads"
+    ]
+    return Remedy(case.options([*candidates, *_ep_inside_node(case)], notes), notes)
 
 
 def _check_routing(case: Case) -> Symptom | None:
@@ -823,10 +913,19 @@ MISTAKES: tuple[Mistake, ...] = (
         choose="first",
     ),
     Mistake(
+        id="ep-routing-spread",
+        title="expert all-to-all spread over more nodes than routing needs",
+        check=_check_ep_routing,
+        fix=_fix_ep_routing,
+        teaching="ep-routing",
+        also=("ep-across-nodes",),
+    ),
+    Mistake(
         id="ep-across-nodes",
         title="expert-parallel all-to-all across nodes",
         check=_check_ep,
         fix=_fix_ep,
+        unless=("ep-routing-spread",),
     ),
     Mistake(
         id="fsdp-across-nodes",
