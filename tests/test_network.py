@@ -9,6 +9,8 @@ from simulator.engine.collectives import bus_factor, plan_collective, plan_p2p
 from simulator.engine.core import EngineOptions, simulate
 from simulator.engine.nccl import latency_seconds
 from simulator.engine.network import FlowNetwork
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario
 from simulator.schedule.ir import Collective, Program, Recv, Schedule, Send
 
 from .helpers import cluster
@@ -122,8 +124,23 @@ def test_nvls_only_where_the_switch_reduces():
     a100 = cluster("dgx-a100", nodes=1)
     assert plan_collective(h100, "all_reduce", list(range(8)), 2**30).choice.algorithm == "nvls"
     assert plan_collective(a100, "all_reduce", list(range(8)), 2**30).choice.algorithm == "ring"
-    with pytest.raises(ValueError, match="available algorithms: ring"):
-        plan_collective(a100, "all_reduce", list(range(8)), 2**30, "nvls")
+    # a pin the switch cannot run keeps the model's own choice (the run warns)
+    assert plan_collective(a100, "all_reduce", list(range(8)), 2**30, "nvls").choice.algorithm == (
+        "ring"
+    )
+
+
+def test_a_pinned_algorithm_a_group_cannot_run_is_a_warning_not_a_crash(scenarios_dir):
+    scenario = load_scenario(scenarios_dir / "small.yaml", ["simulation.algorithm=tree"])
+    result = run_scenario(scenario).result
+    (warning,) = [w for w in result.warnings if w.startswith("simulation.algorithm")]
+    assert "tree cannot run all_reduce" in warning and "kept parasim's choice, ring" in warning
+    across = load_scenario(
+        scenarios_dir / "pipeline-demo.yaml",
+        ["simulation.algorithm=tree", "parallel.placement=[pp,tp,dp]"],
+    )
+    choices = run_scenario(across).result.simulation["collective_choices"]
+    assert any(key.startswith("all_reduce/tree/") for key in choices)
 
 
 def _run_flows(bandwidths: list[float], flows: list[tuple[dict[int, int], float]]) -> list[float]:

@@ -281,11 +281,14 @@ def _plan_collective(
             if best is None or cost < best[0] - 1e-15:
                 best = (cost, choice, candidate)
     if best is None:
-        available = sorted({c.algorithm for c in candidates})
-        raise ValueError(
-            f"{kind} on {n} ranks ({nodes} nodes) cannot run with algorithm={algorithm} "
-            f"protocol={protocol}; available algorithms: {', '.join(available)}"
-        )
+        # a pinned algorithm (or protocol) this collective cannot run: the pin applies
+        # where it can, and here parasim keeps its own choice; the run's result warns
+        # (simulator.run.simulate.pin_warnings)
+        if algorithm is not None:
+            return _plan_collective(cluster, kind, gpus, size, None, protocol)
+        if protocol is not None:
+            return _plan_collective(cluster, kind, gpus, size, None, None)
+        raise ValueError(f"{kind} on {n} ranks ({nodes} nodes): no algorithm can run it")
     _, choice, candidate = best
     calibrated = _calibrated_choice(cluster, kind, gpus, candidate.algorithm)
     if calibrated is not None:

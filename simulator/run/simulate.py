@@ -243,6 +243,29 @@ def trace_ranks(run: RunResult) -> tuple[list[int] | None, str | None]:
     return ranks, note
 
 
+def pin_warnings(simulation: Any, choices: dict[str, int]) -> list[str]:
+    """One warning per collective kind that could not run a pinned
+    ``simulation.algorithm`` or ``protocol`` and kept parasim's own choice."""
+    warnings = []
+    for field, index in (("algorithm", 1), ("protocol", 2)):
+        pinned = getattr(simulation, field)
+        if pinned is None:
+            continue
+        kept: dict[str, dict[str, int]] = {}
+        for key, count in choices.items():
+            parts = key.split("/")
+            if len(parts) == 3 and parts[index] not in (pinned, "none"):
+                by_choice = kept.setdefault(parts[0], {})
+                by_choice[parts[index]] = by_choice.get(parts[index], 0) + count
+        for kind, by_choice in sorted(kept.items()):
+            chosen = ", ".join(f"{name} ({calls} calls)" for name, calls in by_choice.items())
+            warnings.append(
+                f"simulation.{field}: {pinned} cannot run {kind} on these groups; kept "
+                f"parasim's choice, {chosen}"
+            )
+    return warnings
+
+
 def run_scenario(scenario: Scenario) -> RunResult:
     """Simulate one step of ``scenario``; the result dict is ``result.json``'s content."""
     schedule = build_schedule(scenario)
@@ -280,6 +303,7 @@ def assemble_result(
             f"{memory.peak_bytes_per_gpu / 2**30:.1f} GiB per GPU but the GPU has "
             f"{gpu.hbm_capacity / 2**30:.1f} GiB ({memory.dominant_term} dominate)"
         )
+    warnings += pin_warnings(scenario.spec.simulation, times.collective_choices)
     moe = moe_summary(schedule)
     links = link_summary(scenario.cluster, times.link_utilisation, step)
     return StepResult(
