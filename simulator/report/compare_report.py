@@ -35,6 +35,12 @@ __all__ = ["load_run_dir", "print_compare", "write_compare_outputs", "write_over
 
 def load_run_dir(path: Path) -> tuple[StepResult, Trace]:
     """``result.json`` and the Trace of ``trace.json`` from a run folder."""
+    if not path.is_dir():
+        what = "does not exist" if not path.exists() else "is not a folder"
+        raise ParasimError(
+            f"{path}: {what}; compare takes the folders that parasim run and parasim "
+            "replay write (each holds result.json and trace.json)"
+        )
     try:
         result = StepResult.from_json(json.loads((path / "result.json").read_text()))
         trace = trace_from_chrome(json.loads((path / "trace.json").read_text()))
@@ -42,8 +48,8 @@ def load_run_dir(path: Path) -> tuple[StepResult, Trace]:
         raise ParasimError(
             f"{path}: no {Path(exc.filename).name} (not a parasim run folder)"
         ) from None
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ParasimError(f"{path}: unreadable run files ({exc})") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, OSError) as exc:
+        raise ParasimError(f"{path}: unreadable run files ({type(exc).__name__})") from None
     return result, trace
 
 
