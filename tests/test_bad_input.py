@@ -70,6 +70,15 @@ CASES = [
     (["--set", "model.hidden=100"], "model.heads: hidden(100) is not divisible by heads(12)"),
     (["--set", "cluster.nodes=0"], "cluster.nodes: must be >= 1 (got 0)"),
     (["--set", "cluster.nods=2"], "cluster.nods: unknown key (did you mean 'nodes'?)"),
+    # non-finite, boolean and overflowing numbers are refused at load, naming the field
+    (["--set", "model.moe={experts: 4, top_k: 2, capacity_factor: .inf}"], "capacity_factor"),
+    (["--set", "cluster.gpu.matmul_efficiency=.nan"], "cluster.gpu.matmul_efficiency"),
+    (["--set", "model.hidden=1.0e+200"], "model.hidden: 1e+200 is too large"),
+    (["--set", "model.layers=9223372036854775808"], "model.layers: 9.22337e+18 is too large"),
+    (["--set", "parallel.tp=true"], "parallel.tp: expected a number, not true"),
+    (["--set", "cluster.nodes=true"], "cluster.nodes"),
+    (["--set", "simulation.seed=-1"], "simulation.seed"),
+    (["--set", "cluster.nic.bandwidth=450"], "give a unit, e.g. '450 GB/s'"),
 ]
 
 

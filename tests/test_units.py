@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from simulator.common.errors import ScenarioError
+from simulator.request.scenario import load_scenario
 from topologies.units import (
     Bandwidth,
     Bytes,
@@ -21,6 +23,8 @@ from topologies.units import (
     parse_flops,
     parse_time,
 )
+
+from .conftest import SCENARIOS
 
 
 @pytest.mark.parametrize(
@@ -196,3 +200,28 @@ def test_format_helpers():
 )
 def test_formatted_values_parse_back(fmt, parse, value):
     assert parse(fmt(value)) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("cluster.nic.bandwidth", 450),
+        ("cluster.nvswitch.bandwidth", "900"),
+        ("cluster.gpu.hbm_capacity", 80),
+        ("cluster.gpu.peak_flops", 989.4),
+        ("cluster.gpu.kernel_launch_overhead", 4),
+    ],
+)
+def test_a_bare_number_that_is_implausible_in_the_base_unit_asks_for_a_unit(field, value):
+    with pytest.raises(ScenarioError, match=rf"^{field}: a bare number is read in .*give a unit"):
+        load_scenario(SCENARIOS / "small.yaml", [f"{field}={value}"])
+
+
+def test_plausible_bare_numbers_and_zero_pass():
+    scenario = load_scenario(
+        SCENARIOS / "small.yaml",
+        ["cluster.nic.bandwidth=50e9", "cluster.gpu.kernel_launch_overhead=0"],
+    )
+    assert scenario.cluster_spec.nic.bandwidth == 50e9
+    assert scenario.cluster_spec.gpu.kernel_launch_overhead == 0
+    assert parse_bandwidth(450) == 450  # the parser itself takes any number (CLI sizes)

@@ -32,10 +32,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from .errors import TopologyError
-from .validation import validation_message
+from .validation import ConfigModel, validation_message
 
 __all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "Profile", "load_profile", "profile_overrides"]
 
@@ -43,8 +43,8 @@ PROFILE_FORMAT = "parasim-calibration"
 PROFILE_VERSION = 1
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class _Open(ConfigModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class ProfileDevice(_Open):
@@ -61,9 +61,7 @@ class ProfileSoftware(_Open):
     backend_version: str = ""
 
 
-class ProfileGPU(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ProfileGPU(ConfigModel):
     peak_flops: float = Field(gt=0)
     matmul_efficiency: float = Field(gt=0, le=1)
     attention_efficiency: float = Field(gt=0, le=1)

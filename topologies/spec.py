@@ -32,11 +32,11 @@ import math
 from typing import Annotated, Literal
 
 import networkx as nx
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BeforeValidator, ConfigDict
 
 from .errors import TopologyError
 from .units import Bandwidth, Bytes, FlopRate, Seconds
-from .validation import nearest_key_hint
+from .validation import ConfigModel, nearest_key_hint
 
 __all__ = [
     "GPUSpec",
@@ -89,8 +89,8 @@ Fraction = Annotated[float, AfterValidator(_fraction)]
 Count = Annotated[int, BeforeValidator(_not_bool), AfterValidator(_at_least_one)]
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Spec(ConfigModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GPUSpec(_Spec):

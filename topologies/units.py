@@ -8,7 +8,11 @@ floats. The functions here are the only place where one turns into the other.
 Rules, the same for every quantity:
 
 - A bare number (``int``, ``float`` or a string such as ``"1e9"``) is already in the
-  base unit and passes through.
+  base unit and passes through. In a scenario or preset field (the pydantic types
+  below) it must also be plausible in that unit: a size under 1 MB, a bandwidth under
+  1 MB/s, a FLOP rate under 1 GFLOP/s or a time of one second or more is refused with a
+  request for a unit (``--set cluster.nic.bandwidth=450`` would otherwise be 450
+  bytes/s and a 46-hour step). Zero passes.
 - Decimal prefixes ``k M G T P E`` are powers of 1000; binary prefixes
   ``Ki Mi Gi Ti Pi Ei`` are powers of 1024.
 - In a bandwidth an upper-case ``B`` is a byte and a lower-case ``b`` is a bit:
@@ -129,6 +133,30 @@ def _parse(
     return number
 
 
+def _unitless(value: Any) -> bool:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return True
+    return isinstance(value, str) and re.fullmatch(rf"\s*{_NUMBER}\s*", value) is not None
+
+
+def _field(
+    parse: Callable[[Any], float], what: str, example: str, low: float, high: float
+) -> Callable[[Any], float]:
+    """``parse`` for a scenario field: a bare number outside ``[low, high)`` (zero
+    aside) asks for a unit."""
+
+    def check(value: Any) -> float:
+        number = parse(value)
+        if _unitless(value) and number != 0 and not low <= number < high:
+            raise UnitError(
+                f"a bare number is read in {what}, and {number:g} {what} is implausible "
+                f"here; give a unit, e.g. {example}"
+            )
+        return number
+
+    return check
+
+
 def parse_bytes(value: Any) -> float:
     """Bytes from ``"80 GiB"``, ``"80 GB"``, ``"40MB"``, ``"1.5 KiB"`` or a number."""
     return _parse(value, _BYTE_UNITS, "a size in bytes", "'80 GiB', '80 GB' or 1024")
@@ -151,17 +179,25 @@ def parse_flops(value: Any) -> float:
     )
 
 
-Bytes = Annotated[float, BeforeValidator(parse_bytes)]
-"""A size in bytes; accepts ``"80 GiB"``-style text."""
+Bytes = Annotated[float, BeforeValidator(_field(parse_bytes, "bytes", "'80 GiB'", 1e6, math.inf))]
+"""A size in bytes; accepts ``"80 GiB"``-style text (a bare number: 1 MB or more)."""
 
-Bandwidth = Annotated[float, BeforeValidator(parse_bandwidth)]
-"""A rate in bytes/s; accepts ``"450 GB/s"`` and ``"200 Gb/s"``-style text."""
+Bandwidth = Annotated[
+    float,
+    BeforeValidator(_field(parse_bandwidth, "bytes/s", "'450 GB/s' or '400 Gb/s'", 1e6, math.inf)),
+]
+"""A rate in bytes/s; accepts ``"450 GB/s"`` and ``"200 Gb/s"``-style text (a bare
+number: 1 MB/s or more)."""
 
-Seconds = Annotated[float, BeforeValidator(parse_time)]
-"""A duration in seconds; accepts ``"1.5 us"``-style text."""
+Seconds = Annotated[float, BeforeValidator(_field(parse_time, "s", "'1.5 us' or '2 ms'", 0.0, 1.0))]
+"""A duration in seconds; accepts ``"1.5 us"``-style text (a bare number: under 1 s)."""
 
-FlopRate = Annotated[float, BeforeValidator(parse_flops)]
-"""A compute rate in FLOP/s; accepts ``"312 TFLOP/s"``-style text."""
+FlopRate = Annotated[
+    float,
+    BeforeValidator(_field(parse_flops, "FLOP/s", "'989 TFLOP/s'", 1e9, math.inf)),
+]
+"""A compute rate in FLOP/s; accepts ``"312 TFLOP/s"``-style text (a bare number: 1
+GFLOP/s or more)."""
 
 
 def _scaled(value: float, steps: list[tuple[float, str]], fmt: Callable[[float], str]) -> str:

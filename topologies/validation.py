@@ -8,12 +8,19 @@ and what was wrong with it, never a pydantic dump or a traceback.
 from __future__ import annotations
 
 import difflib
+import types
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
-__all__ = ["validation_message", "nearest_key_hint"]
+__all__ = [
+    "validation_message",
+    "nearest_key_hint",
+    "numbers_are_numbers",
+    "LARGEST_COUNT",
+    "ConfigModel",
+]
 
 
 def nearest_key_hint(key: str, valid: list[str]) -> str:
@@ -61,3 +68,53 @@ def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str
     if isinstance(value, (dict, list)) or (isinstance(value, str) and repr(value) in message):
         return f"{path}: {message}"
     return f"{path}: {message} (got {value!r})"
+
+
+#: The largest whole number a count field takes (a C ``int``): no layer count, width,
+#: batch or GPU count comes near it, and larger ones overflow the arithmetic.
+LARGEST_COUNT = 2**31 - 1
+
+
+def _kinds(annotation: Any) -> set[type]:
+    """The plain types an annotation admits (``int | None`` → ``{int, NoneType}``);
+    ``object`` for anything open (``Any``, a model, a string)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _kinds(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_kinds(arg) for arg in typing.get_args(annotation)))
+    if origin is typing.Literal:
+        return {type(arg) for arg in typing.get_args(annotation)}
+    if annotation in (int, float, bool, type(None)):
+        return {annotation}
+    return {object}
+
+
+def numbers_are_numbers(cls: type[BaseModel], value: Any, info: Any) -> Any:
+    """A ``mode='before'`` validator for every field of a config model: a boolean is
+    not a number (pydantic would read ``true`` as 1), and a whole number beyond
+    :data:`LARGEST_COUNT` is refused where the field is a count."""
+    field = cls.model_fields.get(info.field_name) if info.field_name else None
+    if field is None:
+        return value
+    kinds = _kinds(field.annotation)
+    if object in kinds or bool in kinds:
+        return value
+    if isinstance(value, bool) and kinds & {int, float}:
+        raise ValueError(f"expected a number, not {str(value).lower()}")
+    if int in kinds and isinstance(value, (int, float)) and abs(value) > LARGEST_COUNT:
+        raise ValueError(f"{value:g} is too large (at most {LARGEST_COUNT})")
+    return value
+
+
+class ConfigModel(BaseModel):
+    """The base of every configuration model (scenario, model, cluster, profile):
+    unknown keys, non-finite numbers, booleans given for numbers and counts beyond
+    :data:`LARGEST_COUNT` are refused, each naming its field."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return numbers_are_numbers(cls, value, info)

@@ -47,6 +47,7 @@ from topologies import Cluster
 __all__ = [
     "TransferSpec",
     "Plan",
+    "available_algorithms",
     "algorithm_steps",
     "bus_factor",
     "plan_collective",
@@ -193,6 +194,13 @@ def _candidates(cluster: Cluster, kind: str, gpus: list[int]) -> list[_Candidate
         )
         candidates.append(_Candidate("nvls", up_down, _rate(cluster, up_down)))
     return candidates
+
+
+def available_algorithms(cluster: Cluster, kind: str, gpus: list[int]) -> list[str]:
+    """The algorithms ``kind`` can run on ``gpus`` (what a pinned algorithm may name)."""
+    if len(gpus) <= 1:
+        return []
+    return sorted({c.algorithm for c in _candidates(cluster, kind, sorted(gpus))})
 
 
 def _calibrated_choice(

@@ -28,8 +28,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
@@ -37,6 +35,7 @@ from pydantic import (
 )
 
 from simulator.common.vocabulary import MLP_KINDS, NORM_KINDS, POSITION_KINDS
+from topologies.validation import ConfigModel
 
 __all__ = [
     "ModelSpec",
@@ -45,10 +44,8 @@ __all__ = [
 ]
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(ConfigModel):
     """Shape of a decoder-only transformer (the scenario's ``model:`` section)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = "custom"
     layers: int = Field(gt=0)

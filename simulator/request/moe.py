@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simulator.common.errors import ScenarioError
+from topologies.validation import ConfigModel
 
 __all__ = [
     "UniformRouting",
@@ -28,31 +29,37 @@ __all__ = [
 ]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(ConfigModel):
+    pass
 
 
-class UniformRouting(_Strict):
+class _Routing(BaseModel):
+    # the routing kinds form a discriminated union on ``kind``, which pydantic lets no
+    # before-validator touch: the same rules as ConfigModel but the boolean check
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+class UniformRouting(_Routing):
     """Every expert gets the same number of assignments (exactly, up to one)."""
 
     kind: Literal["uniform"] = "uniform"
 
 
-class ZipfRouting(_Strict):
+class ZipfRouting(_Routing):
     """Expert popularity ``∝ 1/rank^exponent``, ranks permuted at random per layer."""
 
     kind: Literal["zipf"]
     exponent: float = Field(ge=0)
 
 
-class DirichletRouting(_Strict):
+class DirichletRouting(_Routing):
     """Expert popularity drawn per layer from a symmetric Dirichlet distribution."""
 
     kind: Literal["dirichlet"]
     concentration: float = Field(gt=0)
 
 
-class HistogramRouting(_Strict):
+class HistogramRouting(_Routing):
     """A measured per-expert load (any scale; normalised here)."""
 
     kind: Literal["histogram"]

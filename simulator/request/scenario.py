@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import (
@@ -45,7 +45,7 @@ from simulator.request.orders import Action, load_csv_order, validate_order
 from simulator.request.recipe import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, Recipe
 from topologies import Cluster, ClusterSpec, TopologyError, build_cluster, load_cluster_spec
 from topologies.units import Bytes
-from topologies.validation import nearest_key_hint, validation_message
+from topologies.validation import ConfigModel, nearest_key_hint, validation_message
 
 __all__ = [
     "TrainingSpec",
@@ -61,8 +61,8 @@ __all__ = [
 ]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(ConfigModel):
+    pass
 
 
 class TrainingSpec(_Strict):
@@ -124,7 +124,7 @@ class ParallelSpec(_Strict):
 
 class SimulationSpec(_Strict):
     fidelity: Literal[FIDELITIES] = "flow"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     algorithm: Literal[ALGORITHMS] | None = None
     protocol: Literal[PROTOCOLS] | None = None
     # simulate one rank per pipeline stage for the symmetric others (None: analytic

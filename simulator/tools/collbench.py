@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.common.errors import ParasimError
-from simulator.engine.collectives import bus_factor, plan_collective, plan_p2p
+from simulator.engine.collectives import (
+    available_algorithms,
+    bus_factor,
+    plan_collective,
+    plan_p2p,
+)
 from simulator.engine.core import EngineOptions, simulate
 from simulator.schedule.ir import Collective, Program, Recv, Schedule, Send
 from topologies import Cluster, build_cluster, load_cluster_spec, parse_bytes
@@ -106,6 +111,13 @@ def collbench_rows(
     if world < 2:
         raise ParasimError(f"collbench needs at least 2 GPUs (the cluster has {world})")
     options = EngineOptions(fidelity, algorithm, protocol)
+    if algorithm is not None and op != "sendrecv":
+        available = available_algorithms(cluster, op, list(range(world)))
+        if algorithm not in available:
+            raise ParasimError(
+                f"--algo: {op} on {world} GPUs cannot run {algorithm}; available algorithms: "
+                f"{', '.join(available)}"
+            )
     rows = []
     for size in sizes:
         size = float(max(ELEMENT_BYTES, round(size / ELEMENT_BYTES) * ELEMENT_BYTES))
