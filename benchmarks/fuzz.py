@@ -42,7 +42,7 @@ import yaml
 
 from simulator.common.errors import ParasimError
 from simulator.request.scenario import ScenarioSpec, scenario_from_dict
-from simulator.run.simulate import run_scenario
+from simulator.run.simulate import RunResult, executed_flops_per_step, run_scenario
 from topologies import TopologyError
 from topologies.spec import ClusterSpec
 
@@ -272,9 +272,9 @@ def _non_finite(value: Any, where: str = "result") -> str | None:
     return None
 
 
-def violations(result: Any, seq_len: int) -> list[str]:
-    """The invariants a result of sequences of ``seq_len`` tokens breaks (empty when it
-    is sound)."""
+def violations(run: RunResult) -> list[str]:
+    """The invariants a simulated step breaks (empty when it is sound)."""
+    result, seq_len = run.result, run.scenario.model.seq_len
     broken = []
     found = _non_finite(result.to_json())
     if found:
@@ -287,8 +287,15 @@ def violations(result: Any, seq_len: int) -> list[str]:
         if not math.isclose(total, step, rel_tol=1e-6, abs_tol=1e-12):
             broken.append(f"rank {row.rank}: categories sum to {total}, step {step}")
             break
-    if not (0 <= result.mfu <= result.hfu + 1e-9 and result.hfu <= 1 + 1e-9):
-        broken.append(f"MFU {result.mfu:.4f}, HFU {result.hfu:.4f}")
+    # MFU and HFU count causal attention's full s² (DESIGN.md); what the kernels run,
+    # the masked half skipped, must fit in the GPUs' peak
+    world = run.scenario.layout.world
+    executed = executed_flops_per_step(run.schedule) * world / len(run.schedule.programs)
+    utilisation = executed / (step * world * run.scenario.cluster_spec.gpu.peak_flops)
+    if not (0 <= result.mfu <= result.hfu + 1e-9 and utilisation <= 1 + 1e-9):
+        broken.append(
+            f"MFU {result.mfu:.4f}, HFU {result.hfu:.4f}, executed {utilisation:.4f} of peak"
+        )
     memory = result.memory
     if memory.peak_bytes_per_gpu < 0 or any(
         value < 0 for stage in memory.per_stage for value in stage.terms_bytes.values()
@@ -305,8 +312,7 @@ def run_case(case: Case, seconds: float = 20.0) -> tuple[str, str]:
     try:
         with time_limit(seconds):
             scenario = scenario_from_dict(case.raw(), source="fuzz", base_dir=SCENARIOS)
-            result = run_scenario(scenario).result
-            seq_len = scenario.model.seq_len
+            run = run_scenario(scenario)
     except CaseTimeout:
         return "timeout", f"over {seconds:g} s"
     except (ParasimError, TopologyError) as exc:
@@ -318,7 +324,7 @@ def run_case(case: Case, seconds: float = 20.0) -> tuple[str, str]:
         frames = traceback.extract_tb(exc.__traceback__)
         where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
         return "traceback", f"{type(exc).__name__} at {where}: {exc}"
-    broken = violations(result, seq_len)
+    broken = violations(run)
     if broken:
         return "invariant", "; ".join(broken)
     return "result", ""

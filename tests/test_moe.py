@@ -23,6 +23,10 @@ from simulator.arithmetic.moe import (
 )
 from simulator.common.errors import ScenarioError
 from simulator.request.moe import MoESpec, check_expert_parallel, moe_layers
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario
+
+from .conftest import SCENARIOS
 
 ROUTINGS = [
     {"kind": "uniform"},
@@ -252,3 +256,14 @@ def test_moe_parameters():
     assert moe_layer_parameters(MoESpec(experts=4), 64) == 64 * 4 + 4 * (2 * 64 * 256 + 256 + 64)
     with pytest.raises(ScenarioError, match=r"ffn\(14336\) is not divisible by tp\(3\)"):
         moe_layer_parameters_per_rank(moe, h, 1, tp=3)
+
+
+def test_dropped_assignments_are_not_model_flops():
+    """With a capacity factor the experts skip the dropped assignments: model FLOPs count
+    the processed ones, so MFU stays below HFU."""
+    path = SCENARIOS / "teaching" / "moe-imbalance-mistake.yaml"
+    full = run_scenario(load_scenario(path)).result
+    capped = run_scenario(load_scenario(path, ["model.moe.capacity_factor=0.5"])).result
+    assert capped.moe.dropped_fraction > 0.3
+    assert capped.model_flops_per_step < full.model_flops_per_step
+    assert 0 < capped.mfu <= capped.hfu <= 1

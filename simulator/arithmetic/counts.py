@@ -109,10 +109,14 @@ def _with_backward(op: OpCost) -> float:
     return op.model_flops + sum(b.model_flops for b in backward_of(op))
 
 
-def model_flops_per_step(model: ModelSpec, global_batch: int, moe: MoESpec | None = None) -> float:
+def model_flops_per_step(
+    model: ModelSpec, global_batch: int, moe: MoESpec | None = None, kept: float = 1.0
+) -> float:
     """Model FLOPs of one training step summed from the per-op costs (forward plus
     backward, matmuls only, no recompute). For a mixture of experts an MoE layer counts
-    its router and the ``top_k`` experts each token visits instead of the dense MLP."""
+    its router and the ``top_k`` experts each token visits instead of the dense MLP;
+    ``kept`` is the share of those expert assignments the experts process (a capacity
+    factor drops the rest, which then cost no FLOPs)."""
     ops = layer_forward_ops(model, 1, 1)
     per_layer = sum(_with_backward(op) for op in ops)
     per_sequence = model.layers * per_layer + _with_backward(logits_forward_op(model, 1, 1))
@@ -122,7 +126,7 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, moe: MoESpec | Non
         experts = expert_ops(
             moe,
             model.hidden,
-            tokens * moe.top_k,
+            tokens * moe.top_k * kept,
             model_ffn=model.ffn,
             router_tokens=tokens,
             mlp=model.mlp,

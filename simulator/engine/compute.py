@@ -28,11 +28,12 @@ on NVSwitch systems, as :mod:`simulator.analysis.memory` counts its buffers). Th
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from simulator.engine.gemm import GemmEfficiency
 from topologies import ClusterSpec
 
-__all__ = ["ComputeModel", "ATTENTION_BLOCK", "NCCL_CHANNELS"]
+__all__ = ["ComputeModel", "ATTENTION_BLOCK", "NCCL_CHANNELS", "causal_fraction", "executed_flops"]
 
 # FlashAttention-2/3 tile the query and key sequences in blocks of 128 rows for head
 # dimensions up to 128 (flash-attn's kernel traits: kBlockM = 128, kBlockN = 64-128).
@@ -40,6 +41,23 @@ ATTENTION_BLOCK = 128
 # NCCL's channels on an NVSwitch node, one CTA (one SM) each while a collective runs
 # (NCCL's ring on NVLink opens 16-32; 16 is also the count memory.py sizes buffers by).
 NCCL_CHANNELS = 16
+
+
+def causal_fraction(s_kv: int) -> float:
+    """The share of an attention op's score blocks a causal FlashAttention kernel
+    computes: of ``n = s_kv/128`` key blocks per query block, ``(n + 1)/2n``."""
+    blocks = max(1, math.ceil(s_kv / ATTENTION_BLOCK))
+    return (blocks + 1) / (2 * blocks)
+
+
+def executed_flops(op: Any) -> float:
+    """The FLOPs the GPU runs for ``op`` (a compute op or a block of them): an
+    attention op's causal share, every other op's own count."""
+    if op.type == "block":
+        return sum(executed_flops(inner) for inner in op.body if inner.type == "compute")
+    if op.kind == "attention" and op.shape is not None:
+        return op.flops * causal_fraction(op.shape[1])
+    return op.flops
 
 
 class ComputeModel:
@@ -113,8 +131,7 @@ class ComputeModel:
         if op.shape is None:
             return op.flops / (self.peak * efficiency)
         s_q, s_kv, _ = op.shape
-        blocks = max(1, math.ceil(s_kv / ATTENTION_BLOCK))
-        causal = (blocks + 1) / (2 * blocks)
+        causal = causal_fraction(s_kv)
         if self.sm_count is not None:
             ctas = op.batch * max(1, math.ceil(s_q / ATTENTION_BLOCK))
             waves = math.ceil(ctas / self.sm_count)

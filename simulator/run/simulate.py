@@ -28,6 +28,7 @@ from simulator.arithmetic.counts import (
     parameter_count,
 )
 from simulator.common.version import __version__
+from simulator.engine.compute import executed_flops
 from simulator.engine.core import EngineOptions, SimulationTimes, simulate
 from simulator.request.scenario import Scenario
 from simulator.schedule.ir import Block, Compute, Schedule
@@ -243,6 +244,22 @@ def trace_ranks(run: RunResult) -> tuple[list[int] | None, str | None]:
     return ranks, note
 
 
+def executed_flops_per_step(schedule: Schedule) -> float:
+    """The FLOPs the simulated ranks' kernels run in a step: recompute included, the
+    half of causal attention FlashAttention skips not (blocks share a few bodies)."""
+    by_body: dict[int, float] = {}
+    total = 0.0
+    for program in schedule.programs.values():
+        for op in program.ops:
+            if type(op) is Block:
+                if id(op.body) not in by_body:
+                    by_body[id(op.body)] = executed_flops(op)
+                total += by_body[id(op.body)]
+            elif type(op) is Compute:
+                total += executed_flops(op)
+    return total
+
+
 def pin_warnings(simulation: Any, choices: dict[str, int]) -> list[str]:
     """One warning per collective kind that could not run a pinned
     ``simulation.algorithm`` or ``protocol`` and kept parasim's own choice."""
@@ -285,7 +302,10 @@ def assemble_result(
     training = scenario.training
     breakdown, per_rank = account_step(schedule, times, layout, scenario.cluster_spec.gpus_per_node)
     step = times.step_time
-    model_flops = model_flops_per_step(scenario.model, training.global_batch, scenario.moe)
+    moe = moe_summary(schedule)
+    # dropped expert assignments are work the step does not do (capacity factor)
+    kept = 1.0 - moe["dropped_fraction"] if moe is not None else 1.0
+    model_flops = model_flops_per_step(scenario.model, training.global_batch, scenario.moe, kept)
     world = layout.world
     # each simulated rank stands for world / simulated ranks (folded runs: its TP and DP peers)
     replicas = world / len(schedule.programs)
@@ -304,7 +324,15 @@ def assemble_result(
             f"{gpu.hbm_capacity / 2**30:.1f} GiB ({memory.dominant_term} dominate)"
         )
     warnings += pin_warnings(scenario.spec.simulation, times.collective_choices)
-    moe = moe_summary(schedule)
+    hfu = hardware_flops / (step * world * gpu.peak_flops)
+    if hfu > 1:
+        executed = replicas * executed_flops_per_step(schedule)
+        warnings.append(
+            f"HFU {hfu:.0%}: like MFU it counts causal attention's full s² (Megatron-LM's "
+            f"convention, DESIGN.md), but FlashAttention computes about half of it; the "
+            f"FLOPs the GPUs run reach {executed / (step * world * gpu.peak_flops):.0%} "
+            "of peak"
+        )
     links = link_summary(scenario.cluster, times.link_utilisation, step)
     return StepResult(
         parasim_version=__version__,
@@ -341,7 +369,7 @@ def assemble_result(
         tflops_per_gpu=model_flops / step / world / 1e12,
         mfu=model_flops / (step * world * gpu.peak_flops),
         hardware_tflops_per_gpu=hardware_flops / step / world / 1e12,
-        hfu=hardware_flops / (step * world * gpu.peak_flops),
+        hfu=hfu,
         breakdown=breakdown,
         per_rank=per_rank,
         memory=memory,
