@@ -103,9 +103,7 @@ def replay(args: argparse.Namespace) -> int:
         )
         run = RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
         write_run_outputs(run, args.out, title=f"{scenario.name}: measured step")
-        print(
-            f"parasim: measured step time {median:.6g} s (median of {args.steps}); wrote {args.out}"
-        )
+        print(f"parasim: measured step time {median:.6g} s (median of {args.steps})")
     return 0
 
 

@@ -441,7 +441,11 @@ def test_out_writes_the_json_and_one_chart_per_finding(capsys, tmp_path, plotly_
     assert 'id="finding-1"' in page and 'id="finding-2"' in page
     assert "2 problems found" in page and "No layering mistakes" not in page
     assert "--set parallel.placement=[tp,pp,dp]" in page
-    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["explain.html", "explain.json"]
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == [
+        ".parasim",
+        "explain.html",
+        "explain.json",
+    ]
 
 
 def test_every_teaching_mistake_gets_its_page(teaching, plotly_js):

@@ -178,6 +178,8 @@ class StepResult:
     simulation: dict[str, Any]
     busiest_links: list[LinkUse]
     measured: MeasuredRun | None = field(default=None)
+    # the --set overrides the scenario file was run with
+    overrides: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """``result.json``'s content (a measured step's has a ``measured`` section)."""
@@ -218,4 +220,5 @@ class StepResult:
             simulation=dict(data["simulation"]),
             busiest_links=[LinkUse(**row) for row in data["network"]["busiest_links"]],
             measured=MeasuredRun(**data["measured"]) if data.get("measured") else None,
+            overrides=list(data.get("overrides", [])),
         )

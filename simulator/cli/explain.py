@@ -9,7 +9,12 @@ from typing import Any
 
 from rich.console import Console
 
-from simulator.cli.options import add_fidelity_option, add_set_option
+from simulator.cli.options import (
+    add_fidelity_option,
+    add_set_option,
+    output_folder,
+    write_whole,
+)
 from simulator.common.files import dumps_result
 from simulator.report.explain_report import print_explanation, write_explain_outputs
 from simulator.tools.explain import diagnose
@@ -51,9 +56,11 @@ def command(args: argparse.Namespace) -> int:
 
     The report is printed (``--json``: the findings as JSON) and written to ``--out``,
     by default ``out/<scenario>-explain``, as the other commands do."""
+    out = output_folder(args, "-explain")
     explanation = diagnose(args.scenario, args.overrides, fidelity=args.fidelity)
-    out = args.out if args.out is not None else Path("out") / f"{explanation.scenario}-explain"
-    paths = write_explain_outputs(explanation, out)
+    paths = write_whole(
+        out, lambda folder: write_explain_outputs(explanation, folder), "parasim explain"
+    )
     if args.json:
         sys.stdout.write(dumps_result(explanation.to_dict()))
     else:

@@ -23,8 +23,11 @@ how.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from types import ModuleType
+from typing import Any
 
 from simulator.cli import calibrate, collbench, compare, explain, replay, run, scale, sweep
 from simulator.common.errors import ParasimError
@@ -58,14 +61,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    """SIGTERM unwinds like Ctrl-C, so staged folders and temporary files are removed."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` and run its command; 2 with one line on stderr for bad input."""
+    """Parse ``argv`` and run its command; 2 with one line on stderr for bad input, 130
+    with one line when interrupted (Ctrl-C, SIGTERM)."""
     args = _parser().parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return COMMANDS[args.command].command(args)
     except (ParasimError, TopologyError) as exc:
         print(f"parasim: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("parasim: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -2,16 +2,27 @@
 
 ``--set`` overrides scenario fields, ``--fidelity`` picks the simulation fidelity and
 ``--workers`` the processes of a search; each command passes its own help where the
-wording differs.
+wording differs. :func:`output_folder` and :func:`write_whole` give every command the
+same output folder rules (:mod:`simulator.common.folders`).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from pathlib import Path
 
+from simulator.common.folders import check_folder, default_folder, staged_folder
 from simulator.common.vocabulary import FIDELITIES
+from simulator.request.scenario import apply_overrides, read_scenario_file
 
-__all__ = ["add_set_option", "add_fidelity_option", "add_workers_option"]
+__all__ = [
+    "add_set_option",
+    "add_fidelity_option",
+    "add_workers_option",
+    "output_folder",
+    "write_whole",
+]
 
 
 def add_set_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
@@ -41,3 +52,24 @@ def add_fidelity_option(
 def add_workers_option(parser: argparse.ArgumentParser) -> None:
     """``--workers N``: processes of a search (default: every core)."""
     parser.add_argument("--workers", type=int, help="processes (default: every core)")
+
+
+def output_folder(args: argparse.Namespace, suffix: str = "") -> Path:
+    """``--out``, or the default folder of the scenario's name (``out/<name><suffix>``,
+    with a hash of the ``--set`` overrides), checked before any work is done."""
+    if args.out is not None:
+        return check_folder(args.out)
+    raw = apply_overrides(read_scenario_file(args.scenario), args.overrides)
+    name = raw.get("name") if isinstance(raw, dict) else None
+    if not isinstance(name, str) or not name:
+        name = Path(args.scenario).stem
+    return check_folder(default_folder(name, suffix, args.overrides))
+
+
+def write_whole(out: Path, write: Callable[[Path], list[Path]], command: str) -> list[Path]:
+    """Call ``write(folder)`` on a fresh staging folder that then replaces ``out`` as a
+    whole (:func:`simulator.common.folders.staged_folder`); the paths as written to
+    ``out``."""
+    with staged_folder(out, command) as stage:
+        written = write(stage)
+    return [out / path.relative_to(stage) for path in written]

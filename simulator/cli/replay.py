@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cli.launch import add_launch_options, backend, launcher
-from simulator.cli.options import add_set_option
+from simulator.cli.options import add_set_option, output_folder
 from simulator.common.errors import ParasimError
+from simulator.common.folders import staged_folder
 from simulator.request.scenario import load_scenario
 
 __all__ = ["add_parser", "command"]
@@ -45,9 +46,13 @@ def command(args: argparse.Namespace) -> int:
             f"({scenario.layout.describe()}), not {args.nproc}"
         )
     launch = launcher()
-    out = args.out if args.out is not None else Path("out") / f"{scenario.name}-measured"
-    forwarded = [str(Path(args.scenario).resolve()), "--out", str(out.resolve())]
-    forwarded += [f"--set={o}" for o in args.overrides]
-    forwarded += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
-    launch("hardware.replay", forwarded, world, backend(args), args.timeout)
+    out = output_folder(args, "-measured")
+    # the ranks write into a staging folder that replaces --out once they all finished:
+    # a launcher killed midway leaves --out as it was, whatever its workers still do
+    with staged_folder(out, "parasim replay") as stage:
+        forwarded = [str(Path(args.scenario).resolve()), "--out", str(stage.resolve())]
+        forwarded += [f"--set={o}" for o in args.overrides]
+        forwarded += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+        launch("hardware.replay", forwarded, world, backend(args), args.timeout)
+    print(f"parasim: wrote {out}")
     return 0

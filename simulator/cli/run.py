@@ -13,6 +13,7 @@ from rich.console import Console
 
 from simulator.cli.options import add_set_option
 from simulator.common.files import dumps_result
+from simulator.common.folders import check_folder, default_folder, staged_folder
 from simulator.report.images import check_requirements
 from simulator.report.outputs import write_run_outputs
 from simulator.report.summary import print_summary
@@ -50,15 +51,19 @@ def command(args: argparse.Namespace) -> int:
     if args.image:
         check_requirements()  # before the simulation, not after it
     scenario = load_scenario(args.scenario, args.overrides)
+    out = args.out if args.out is not None else default_folder(scenario.name, "", args.overrides)
+    check_folder(out)  # before the simulation, not after it
     run = run_scenario(scenario)
-    out = args.out if args.out is not None else Path("out") / scenario.name
-    paths = write_run_outputs(
-        run,
-        out,
-        title=f"{scenario.name}: one training step",
-        image_format=args.image,
-        hta=args.hta,
-    )
+    run.result.overrides = list(args.overrides)
+    with staged_folder(out, "parasim run") as stage:
+        written = write_run_outputs(
+            run,
+            stage,
+            title=f"{scenario.name}: one training step",
+            image_format=args.image,
+            hta=args.hta,
+        )
+    paths = [out / path.relative_to(stage) for path in written]
     if args.json:
         sys.stdout.write(dumps_result(run.result.to_json()))
     else:

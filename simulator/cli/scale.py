@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
+from simulator.cli.options import (
+    add_fidelity_option,
+    add_set_option,
+    add_workers_option,
+    output_folder,
+    write_whole,
+)
 from simulator.common.errors import ParasimError
 from simulator.report.progress import ProgressBar
 from simulator.report.scale_report import print_scale, write_scale_outputs
@@ -61,6 +67,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim scale``: print the table and write the outputs."""
+    out = output_folder(args, "-scale")
     result = run_scale(
         args.scenario,
         args.gpus,
@@ -74,7 +81,6 @@ def command(args: argparse.Namespace) -> int:
     )
     if result.reference_gpus is None:
         raise ParasimError(f"no layout fits at any size: {result.rows[0]['reason']}")
-    out = args.out if args.out is not None else Path("out") / f"{result.scenario}-scale"
-    paths = write_scale_outputs(result, out)
+    paths = write_whole(out, lambda folder: write_scale_outputs(result, folder), "parasim scale")
     print_scale(result, wide_console(), [str(p) for p in paths])
     return 0

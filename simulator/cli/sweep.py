@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from simulator.cli.options import add_fidelity_option, add_set_option, add_workers_option
+from simulator.cli.options import (
+    add_fidelity_option,
+    add_set_option,
+    add_workers_option,
+    output_folder,
+    write_whole,
+)
 from simulator.common.errors import ParasimError
 from simulator.report.progress import ProgressBar
 from simulator.report.sweep_report import print_sweep, wide_console, write_sweep_outputs
@@ -61,6 +67,7 @@ def command(args: argparse.Namespace) -> int:
     """Run ``parasim sweep``: print the ranking and write the outputs."""
     if args.top < 1:
         raise ParasimError(f"--top: expected a positive number (got {args.top})")
+    out = output_folder(args, "-sweep")
     result = run_sweep(
         args.scenario,
         overrides=args.overrides,
@@ -74,7 +81,8 @@ def command(args: argparse.Namespace) -> int:
     )
     if not result.rows:
         raise ParasimError(no_layout_message(result))
-    out = args.out if args.out is not None else Path("out") / f"{result.scenario}-sweep"
-    paths = write_sweep_outputs(result, out, top=args.top)
+    paths = write_whole(
+        out, lambda folder: write_sweep_outputs(result, folder, top=args.top), "parasim sweep"
+    )
     print_sweep(result, wide_console(), args.top, [str(p) for p in paths])
     return 0

@@ -1,0 +1,139 @@
+"""Output folders: safe default names, checked before the work, filled whole, and never
+a mix of two runs' files however a run is interrupted."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from simulator.cli.main import main
+from simulator.common.folders import MARKER, default_folder, safe_component, staged_folder
+
+from .conftest import ROOT, SCENARIOS
+
+SMALL = str(SCENARIOS / "small.yaml")
+
+
+@pytest.mark.parametrize(
+    "name, folder",
+    [
+        ("../../x", "x"),
+        ("/etc/passwd", "etc-passwd"),
+        ("..", "scenario"),
+        ("gpt3 175b (128 GPUs)", "gpt3-175b-128-GPUs"),
+        ("llama3-8b-128k-cp", "llama3-8b-128k-cp"),
+    ],
+)
+def test_the_default_folder_is_one_safe_name_under_out(name, folder):
+    assert safe_component(name) == folder
+    assert default_folder(name) == Path("out") / folder
+
+
+def test_overrides_get_their_own_folder_and_are_recorded(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", SMALL, "--set", "name=../../escape"]) == 0
+    assert main(["run", SMALL, "--set", "name=../../escape", "--set", "parallel.sp=true"]) == 0
+    folders = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert len(folders) == 2 and all(f.startswith("escape-") for f in folders)
+    assert not (tmp_path.parent / "escape").exists()
+    recorded = [
+        json.loads((tmp_path / "out" / f / "result.json").read_text())["overrides"] for f in folders
+    ]
+    assert sorted(map(len, recorded)) == [1, 2]
+    assert default_folder("small") != default_folder("small", overrides=["parallel.sp=true"])
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_simulating(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    for out in (blocker, blocker / "sub"):
+        assert main(["run", SMALL, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("parasim: error: --out: ") and err.count("\n") == 1
+        assert "is a file" in err
+    assert blocker.read_text() == "not a folder"
+
+
+def test_a_folder_with_other_files_keeps_them(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["run", SMALL, "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "result.json").exists() and not (tmp_path / MARKER).exists()
+
+
+def test_a_failed_block_leaves_the_folder_and_no_staging(tmp_path):
+    out = tmp_path / "run"
+    with staged_folder(out) as stage:
+        (stage / "result.json").write_text("first")
+    with pytest.raises(RuntimeError), staged_folder(out) as stage:
+        (stage / "result.json").write_text("second")
+        raise RuntimeError
+    assert (out / "result.json").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_killed_writer_s_staging_is_cleared_by_the_next(tmp_path):
+    out = tmp_path / "run"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    leftover = tmp_path / f".run.parasim-stage-{int(dead.stdout)}-abc"
+    leftover.mkdir()
+    (leftover / "result.json").write_text("half")
+    with staged_folder(out) as stage:
+        (stage / "result.json").write_text("whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != MARKER}
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_never_mixes_two_runs_files(tmp_path):
+    """SIGINT or SIGKILL at random moments while the second run writes: the folder holds
+    either every file of the first run or every file of the second."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    sets = ["--set", "model.layers=24"]
+    assert main(["run", SMALL, "--out", str(first)]) == 0
+    assert main(["run", SMALL, *sets, "--out", str(second)]) == 0
+    old, new = _files(first), _files(second)
+    assert old.keys() == new.keys() and old != new
+    command = [sys.executable, "-m", "simulator.cli.main", "run", SMALL, *sets]
+    started = time.perf_counter()
+    subprocess.run(
+        [*command, "--out", str(tmp_path / "timing")], cwd=ROOT, check=True, capture_output=True
+    )
+    duration = time.perf_counter() - started
+    rng = random.Random(7)
+    outcomes = []
+    for trial in range(8):
+        out = tmp_path / f"trial{trial}"
+        shutil.copytree(first, out)
+        proc = subprocess.Popen(
+            [*command, "--out", str(out)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(rng.uniform(0.3, 1.0) * duration)
+        sig = signal.SIGKILL if trial % 2 else signal.SIGINT
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        now = _files(out)
+        assert now in (old, new), f"trial {trial}: a mix of two runs"
+        outcomes.append(now == new)
+        if sig == signal.SIGINT and proc.returncode == 130:  # not still importing
+            assert proc.stderr.read().decode().strip().splitlines()[-1] == "parasim: interrupted"
+        hidden = [p.name for p in tmp_path.iterdir() if p.name.startswith(f".trial{trial}")]
+        if sig == signal.SIGINT:
+            assert hidden == [], "Ctrl-C leaves no staging folder"
+    assert not all(outcomes), "some trial must have been interrupted before the swap"
