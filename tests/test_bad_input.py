@@ -79,6 +79,16 @@ CASES = [
     (["--set", "cluster.nodes=true"], "cluster.nodes"),
     (["--set", "simulation.seed=-1"], "simulation.seed"),
     (["--set", "cluster.nic.bandwidth=450"], "give a unit, e.g. '450 GB/s'"),
+    # runs that cannot work on this machine stop before they start
+    (["--set", "cluster.nodes=125000000", "--set", "parallel.dp=null"], "at most 1048576"),
+    (
+        [
+            *("--set", "cluster.nodes=16000", "--set", "parallel.dp=null"),
+            *("--set", "training.global_batch=2048000", "--set", "simulation.fidelity=flow"),
+            *("--set", "simulation.fold=false"),
+        ],
+        "the step is too large to simulate here: about 5.07e+08 ops",
+    ),
 ]
 
 

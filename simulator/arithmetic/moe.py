@@ -215,10 +215,13 @@ def expert_loads(
 
 def capacity(spec: MoESpec, tokens: int) -> int | None:
     """Assignments one expert accepts from a group of ``tokens`` tokens,
-    ``ceil(top_k · capacity_factor · tokens / experts)`` (GShard); None when unlimited."""
+    ``ceil(top_k · capacity_factor · tokens / experts)`` (GShard); None when unlimited.
+    A capacity of every assignment of the group or more limits nothing: it is that."""
     if spec.capacity_factor is None:
         return None
     exact = spec.top_k * spec.capacity_factor * tokens / spec.experts
+    if exact >= spec.top_k * tokens:
+        return spec.top_k * tokens
     return math.ceil(round(exact, 9))  # 2·1.1·100/2 is 110, not 111
 
 

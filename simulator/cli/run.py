@@ -33,6 +33,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--json", action="store_true", help="print result.json on stdout instead of the summary"
     )
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="simulate a step even when it looks too large for this machine's memory",
+    )
+    parser.add_argument(
         "--hta",
         action="store_true",
         help="also write hta/, one trace file per rank for Holistic Trace Analysis",
@@ -53,7 +58,7 @@ def command(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     out = args.out if args.out is not None else default_folder(scenario.name, "", args.overrides)
     check_folder(out)  # before the simulation, not after it
-    run = run_scenario(scenario)
+    run = run_scenario(scenario, force=args.force)
     run.result.overrides = list(args.overrides)
     with staged_folder(out, "parasim run") as stage:
         written = write_run_outputs(

@@ -61,6 +61,11 @@ __all__ = [
 ]
 
 
+#: The most GPUs a scenario may have: far beyond today's largest training clusters, and
+#: the rank grid's process groups (O(world) each) still fit in a laptop's memory.
+MAX_WORLD = 2**20
+
+
 class _Strict(ConfigModel):
     pass
 
@@ -542,6 +547,12 @@ def scenario_from_dict(
     model, moe = _resolve_model(spec.model)
     parallel = spec.parallel
     world = cluster_spec.nodes * cluster_spec.gpus_per_node
+    if world > MAX_WORLD:
+        raise ScenarioError(
+            f"cluster: {cluster_spec.nodes} nodes * {cluster_spec.gpus_per_node} GPUs = {world} "
+            f"GPUs; parasim lays out at most {MAX_WORLD} (the rank grid alone would not fit "
+            "in memory)"
+        )
     tp, pp, cp = parallel.tp, parallel.pp, parallel.cp
     grid = f"tp({tp}) * cp({cp}) * pp({pp})" if cp > 1 else f"tp({tp}) * pp({pp})"
     if parallel.dp is None:
