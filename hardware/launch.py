@@ -17,6 +17,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -34,12 +35,58 @@ def _describe_exit(exitcode: int) -> str:
     return f"exited with status {exitcode}"
 
 
-def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout_s: float) -> None:
-    """Run ``python -m module args`` on ``nproc`` local ranks; raise HardwareError on failure."""
+#: Local ranks a gloo run may start per CPU core, and the memory each rank's process
+#: takes with torch loaded (about 350 MB RSS measured for a CPU rank of torch 2.x): a
+#: run beyond either would crawl or thrash and then time out in its rendezvous.
+RANKS_PER_CORE = 4
+BYTES_PER_RANK = 400e6
+
+
+def _machine_memory() -> float | None:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_ranks(nproc: int, backend: str) -> None:
+    """Refuse a local run this machine cannot hold, with the numbers."""
     if nproc < 1:
         raise HardwareError(f"--nproc: must be at least 1 (got {nproc})")
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    if backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if nproc > gpus:
+            raise HardwareError(
+                f"{nproc} ranks on nccl need {nproc} GPUs, and this machine has {gpus}; "
+                "shrink the scenario (e.g. --set cluster.nodes=1) or use --backend gloo"
+            )
+        return
+    cores = os.cpu_count() or 1
+    memory = _machine_memory()
+    limit = RANKS_PER_CORE * cores
+    if memory is not None:
+        limit = min(limit, int(memory / BYTES_PER_RANK))
+    if nproc > limit:
+        raise HardwareError(
+            f"{nproc} ranks are more than this machine runs on gloo ({limit}: {cores} cores, "
+            f"{RANKS_PER_CORE} ranks per core at most"
+            + (f", {memory / 2**30:.0f} GiB at about 0.4 GB per rank" if memory else "")
+            + "); shrink the scenario (e.g. --set cluster.nodes=1 with fewer GPUs per node) "
+            "so that tp * cp * pp * dp is at most that"
+        )
+
+
+def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout_s: float) -> None:
+    """Run ``python -m module args`` on ``nproc`` local ranks; raise HardwareError on
+    failure, KeyboardInterrupt when interrupted (the ranks are stopped first)."""
+    check_ranks(nproc, backend)
+    # torch's elastic modules give each of their loggers its own level: quiet them all
+    # (parasim reports a failure or an interruption in one line of its own)
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="parasim-run-") as run_dir:
         os.environ.update(
             PARASIM_BACKEND=backend,
@@ -58,9 +105,12 @@ def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout
             monitor_interval=0.1,
         )
         try:
-            elastic_launch(config, sys.executable)("-m", module, *args)
+            elastic_launch(config, sys.executable)("-m", "hardware.rank", module, *args)
         except ChildFailedError as exc:
             raise HardwareError(_failure_message(exc, Path(run_dir))) from None
+        except SignalException:
+            # the elastic agent has stopped every rank: an interruption, not a failure
+            raise KeyboardInterrupt from None
 
 
 def _failure_message(exc: ChildFailedError, run_dir: Path) -> str:

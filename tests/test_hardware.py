@@ -9,7 +9,12 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +26,7 @@ from simulator.cli.main import main  # noqa: E402
 from simulator.request.scenario import load_scenario  # noqa: E402
 from simulator.run.simulate import per_rank_schedule, run_scenario  # noqa: E402
 
-from .conftest import SCENARIOS  # noqa: E402
+from .conftest import ROOT, SCENARIOS  # noqa: E402
 
 pytestmark = pytest.mark.hardware  # and so slow: see tests/conftest.py
 
@@ -230,3 +235,70 @@ def test_a_hung_rank_ends_the_run_within_the_timeout(tmp_path, monkeypatch):
 def test_replay_refuses_a_wrong_process_count(capsys):
     assert main(["replay", SCENARIO, "--nproc", "3", "--backend", "gloo"]) == 2
     assert "needs 2 ranks" in capsys.readouterr().err
+
+
+def test_impossible_process_counts_exit_2_before_starting(capsys, tmp_path):
+    assert (
+        main(["calibrate", "--nproc", "0", "--backend", "gloo", "--out", str(tmp_path / "p.json")])
+        == 2
+    )
+    assert "--nproc: must be at least 1 (got 0)" in capsys.readouterr().err
+    big = [  # 128 ranks, beyond this machine's cores
+        *("--set", "cluster.nodes=64", "--set", "parallel.dp=64"),
+        *("--set", "training.global_batch=64", "--set", "training.micro_batch=1"),
+    ]
+    assert main(["replay", SCENARIO, *big, "--backend", "gloo", "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "ranks are more than this machine runs on gloo" in err and err.count("\n") == 1
+    assert not (tmp_path / "m").exists() and list(tmp_path.iterdir()) == []
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid → (parent pid, state) of every process."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            table[int(entry.name)] = (int(fields[1]), fields[0])
+    return table
+
+
+def _tree(root: int, remembered: set[int] | None = None) -> set[int]:
+    """``root`` and its live descendants (and any of ``remembered`` still alive)."""
+    table = _processes()
+    alive = {pid for pid, (_, state) in table.items() if state != "Z"}
+    found = {root} & alive
+    grew = True
+    while grew:
+        children = {pid for pid in alive if table[pid][0] in found} - found
+        found |= children
+        grew = bool(children)
+    return found | ((remembered or set()) & alive)
+
+
+def test_ctrl_c_during_a_replay_ends_it_in_one_line_with_no_process_left(tmp_path):
+    command = [sys.executable, "-m", "simulator.cli.main", "replay", SCENARIO]
+    command += ["--backend", "gloo", "--steps", "500", "--out", str(tmp_path / "m")]
+    proc = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + 120
+    while len(_tree(proc.pid)) < 3 and time.monotonic() < deadline:  # launcher, 2 ranks
+        time.sleep(0.2)
+    started = _tree(proc.pid)
+    assert len(started) >= 3, "the ranks did not start"
+    time.sleep(2)
+    started = _tree(proc.pid, started)
+    interrupted = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - interrupted < 10
+    assert proc.returncode == 130
+    assert err.decode().strip().splitlines() == ["parasim: interrupted"]
+    time.sleep(0.5)
+    assert _tree(proc.pid, started) == set(), "no rank outlives the command"
+    assert not (tmp_path / "m").exists()  # nothing half-written where the results go
+    assert [p.name for p in tmp_path.iterdir()] == []

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cli.launch import add_launch_options, backend, launcher
+from simulator.common.errors import ParasimError
+from simulator.common.folders import check_folder
 
 __all__ = ["add_parser", "command"]
 
@@ -28,6 +30,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim calibrate``: start :mod:`hardware.calibrate` on ``--nproc`` ranks."""
     launch = launcher()
+    if args.out.is_dir():
+        raise ParasimError(f"--out: {args.out} is a folder; calibrate writes one profile file")
+    check_folder(args.out.parent)
     forwarded = ["--out", str(args.out.resolve())]
     if args.quick:
         forwarded.append("--quick")
@@ -35,5 +40,6 @@ def command(args: argparse.Namespace) -> int:
         forwarded += ["--preset", args.preset]
     if args.peak_flops:
         forwarded += ["--peak-flops", args.peak_flops]
-    launch("hardware.calibrate", forwarded, args.nproc or 1, backend(args), args.timeout)
+    nproc = 1 if args.nproc is None else args.nproc
+    launch("hardware.calibrate", forwarded, nproc, backend(args), args.timeout)
     return 0
