@@ -335,3 +335,27 @@ def test_full_sharding_is_not_tried_where_it_is_not_modelled():
     assert (2, 1, ("tp", "dp", "pp"), 4) in hsdp  # dp 8: 4 per node
     assert (1, 2, ("tp", "pp", "dp"), 4) in hsdp  # pp 2 comes first: 4 replicas per node
     assert not [c for c in candidates if c.dp_shard and c.placement == ("dp", "tp", "pp")]
+
+
+def test_pipelines_that_do_not_divide_the_layers_split_them_evenly():
+    assert sweep.balanced_stages(61, 8) == (7, 8, 8, 8, 8, 8, 7, 7)  # DeepSeek-V3's split
+    assert sweep.balanced_stages(126, 16) == (7, *[8] * 14, 7)  # Llama 3 405B's
+    assert sweep.balanced_stages(24, 8) == (3,) * 8
+    candidates = sweep.enumerate_layouts(world=16, gpus_per_node=8, layers=10, global_batch=16)
+    splits = {c.pp: c.stage_layers for c in candidates}
+    assert splits[2] is None and splits[4] == (2, 3, 3, 2)  # 10 layers: 2 divides, 4 not
+    assert 8 not in splits and 16 not in splits  # fewer than two layers per stage
+    assert not [c for c in candidates if c.stage_layers and c.schedule == "interleaved-1f1b"]
+    # the split reaches the scenario, and the ranking runs it
+    result = sweep.run_sweep(
+        SMALL,
+        overrides=["model.layers=10"],
+        fixed={"tp": 2, "pp": 4, "micro_batch": 1, "recompute": "none", "sharding": "none"},
+        workers=1,
+    )
+    assert result.rows
+    for row in result.rows:
+        assert row["stage_layers"] == [2, 3, 3, 2]
+        assert "stage_layers=2/3/3/2" in row["layout"]
+        scenario = load_scenario(SMALL, row["overrides"])
+        assert scenario.recipe.stage_layers == (2, 3, 3, 2)

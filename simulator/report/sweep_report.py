@@ -67,6 +67,7 @@ CSV_FIELDS = (
     "cp_kind",
     "sharding",
     "dp_shard",
+    "stage_layers",
     "step_time_s",
     "tokens_per_s",
     "tflops_per_gpu",
@@ -94,6 +95,8 @@ def _csv_value(row: dict[str, Any], key: str) -> Any:
     value = row[key]
     if key == "placement":
         return "[" + ",".join(value) + "]"
+    if key == "stage_layers":
+        return "/".join(map(str, value)) if value else ""
     if key == "overrides":
         return " ".join(value)
     if isinstance(value, float):

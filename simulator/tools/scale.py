@@ -303,7 +303,7 @@ def _best_rows(
 ) -> list[dict[str, Any]]:
     parallel, training = written.parallel, written.training
     # everything but the three sizes stays as the scenario has it
-    sizes = ("tp", "pp", "dp")
+    sizes = ("tp", "pp", "dp", "stage_layers")  # a pipeline split follows from pp
     pins = {k: v for k, v in Candidate.of_recipe(written.recipe).fields().items() if k not in sizes}
     if parallel.schedule == "custom":
         raise ParasimError(

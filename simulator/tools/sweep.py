@@ -12,7 +12,11 @@ outside the list, and the validator then judges it):
 ``tp``           divisors of the GPUs per node, up to ``--max-tp``; a ``--max-tp``
                  above the node size adds the multiples of the node size that divide
                  the world (TP groups that span nodes)
-``pp``           divisors of the model's layers such that ``tp · pp`` divides the world
+``pp``           divisors of the model's layers such that ``tp · pp`` divides the world;
+                 and the other ``pp`` that divide ``world / (tp · cp)`` with at least
+                 two layers per stage, the layers split as evenly as they go with the
+                 lighter stages first and last (``stage_layers``; 61 layers over 8
+                 stages: 7/8/8/8/8/8/7/7, as DeepSeek-V3 and Llama 3 405B split theirs)
 ``dp``           the rest: ``world / (tp · pp)``
 ``ep``           mixture-of-experts models only: divisors of ``dp`` that divide the
                  experts
@@ -133,6 +137,7 @@ __all__ = [
     "parse_fixes",
     "check_fixed",
     "enumerate_layouts",
+    "balanced_stages",
     "run_sweep",
     "run_chunked",
     "process_pool",
@@ -204,6 +209,8 @@ class Candidate:
     sharding: str = "none"
     # HSDP's shard group (0: the weights shard over every replica, or not at all)
     dp_shard: int = 0
+    # the layers of each pipeline stage when pp does not divide them (None: even)
+    stage_layers: tuple[int, ...] | None = None
 
     @classmethod
     def from_knobs(cls, knobs: dict[str, Any]) -> Candidate:
@@ -211,7 +218,10 @@ class Candidate:
         ``cp_kind``, ``sharding``, ``dp_shard`` where given); other keys are ignored, so
         a sweep row will do."""
         names = [f.name for f in dataclasses.fields(cls) if f.name in knobs]
-        return cls(**{**{n: knobs[n] for n in names}, "placement": tuple(knobs["placement"])})
+        values = {n: knobs[n] for n in names}
+        if values.get("stage_layers") is not None:
+            values["stage_layers"] = tuple(values["stage_layers"])
+        return cls(**{**values, "placement": tuple(knobs["placement"])})
 
     @classmethod
     def of_recipe(cls, recipe: Recipe, **changes: Any) -> Candidate:
@@ -224,6 +234,9 @@ class Candidate:
                 "cp_kind": recipe.cp_kind,
                 "sharding": recipe.sharding,
                 "dp_shard": layout.dp_shard,
+                "stage_layers": None
+                if len(set(recipe.stage_layers)) == 1
+                else tuple(recipe.stage_layers),
                 **changes,
             }
         )
@@ -238,6 +251,8 @@ class Candidate:
         (``dp_shard=8 sharding=full``)."""
         knobs = {k: v for k, v in self.fields().items() if k in _LABEL_KNOBS}
         parts = [layout_label(**knobs)]
+        if self.stage_layers is not None:
+            parts.append("stage_layers=" + "/".join(map(str, self.stage_layers)))
         if self.dp_shard:
             parts.append(f"dp_shard={self.dp_shard}")
         if self.sharding != "none":
@@ -262,6 +277,7 @@ class Candidate:
             "cp_kind": self.cp_kind,
             "sharding": self.sharding,
             "dp_shard": self.dp_shard,
+            "stage_layers": list(self.stage_layers) if self.stage_layers else None,
         }
 
 
@@ -441,9 +457,12 @@ def enumerate_layouts(
     pairs = [(tp, extra) for tp in tps for extra in contexts(tp)]
     for tp, extra in pairs:
         cp = extra["cp"]
-        for pp in pick("pp", _divisors(layers)):
+        grid = _divisors(world // (tp * cp)) if world % (tp * cp) == 0 else []
+        uneven = [p for p in grid if layers % p and layers >= 2 * p]
+        for pp in pick("pp", sorted(_divisors(layers) + uneven)):
             if world % (tp * cp * pp):
                 continue
+            split = {"stage_layers": balanced_stages(layers, pp)} if layers % pp else {}
             dp = world // (tp * cp * pp)
             if fixed.get("dp", dp) != dp:
                 continue
@@ -483,9 +502,18 @@ def enumerate_layouts(
                                 placement,
                                 **extra,
                                 **level,
+                                **split,
                             )
                         )
     return candidates
+
+
+def balanced_stages(layers: int, pp: int) -> tuple[int, ...]:
+    """``layers`` over ``pp`` stages as evenly as they go, the heavier stages in the
+    middle (the first holds the embedding, the last the output layer)."""
+    base, heavier = divmod(layers, pp)
+    first = (pp - heavier) // 2
+    return tuple(base + (first <= stage < first + heavier) for stage in range(pp))
 
 
 def _replicas_in_node(
@@ -582,7 +610,10 @@ class SweepBase:
             ]
         if parallel.get("schedule_file") is not None:
             fixed.append("parallel.schedule_file=null")
-        if parallel.get("stage_layers") is not None:
+        if candidate.stage_layers is not None:
+            stages = ",".join(map(str, candidate.stage_layers))
+            fixed.append(f"parallel.stage_layers=[{stages}]")
+        elif parallel.get("stage_layers") is not None:
             fixed.append("parallel.stage_layers=null")  # a split for the scenario's pp only
         return [*self.extra_overrides, *candidate.overrides(), *fixed]
 
