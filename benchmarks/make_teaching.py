@@ -199,11 +199,15 @@ PAIRS: tuple[Pair, ...] = (
         "reduce-scatters its gradients: per step about 1.5 times the bytes plain data "
         "parallelism moves. FSDP prefetches the next layer's gather while the current one "
         "computes, which hides it when the links are fast. Here the 64 GPUs sit on 8 nodes "
-        "with one 400 Gb/s NIC each, so every gather of the 64-way group squeezes through "
-        "one NIC per node and a third of the step is exposed communication. HSDP shards "
-        "inside each node instead (the gathers and reduce-scatters run over NVLink) and "
-        "replicates across the nodes, so only a 1/8 shard of each layer's gradients crosses "
-        "the network, once. It costs memory: each GPU now holds 1/8 of the model, not 1/64.",
+        "with two 400 Gb/s NICs each, so every gather of the 64-way group squeezes through "
+        "a quarter of a DGX's network and a third of the step is exposed communication. "
+        "HSDP shards inside each node instead (the gathers and reduce-scatters run over "
+        "NVLink) and replicates across the nodes, so only each GPU's 1/8 shard of the "
+        "gradients crosses the network, once per step. It costs memory: each GPU now holds "
+        "1/8 of the model, not 1/64. And it needs network bandwidth per GPU: the 8 replicate "
+        "groups of a node all-reduce at the same moment, and with a single NIC per node "
+        "they queue behind it and every HSDP layout is slower than FSDP (try `--set "
+        "cluster.nic.per_node=1`: explain then finds no faster fix).",
     ),
     Pair(
         "cp-across-nodes",

@@ -4,17 +4,26 @@ A collective or send/recv whose transfers have the network to themselves takes i
 plan's latency plus the time its busiest link needs for the bytes crossing it. The
 closed-form solver, the SimPy engine in analytic fidelity and block bodies all time
 communication this way; :class:`AloneTimes` memoises it per group, kind and size.
+
+"Alone" means without the step's other calls, not without the call's own images: one
+collective of a stage has images, the same collective of every symmetric group of the
+stage (the DP groups of all TP ranks, say), and they run at the same moment. Analytic
+fidelity prices a call with all its images' transfers: the busiest link of them all,
+so an oversubscribed spine or core slows it as it slows flow fidelity. Flow fidelity,
+which moves a folded call's transfers as flows, adds the images' crossings to the
+links the simulated call shares with them instead (:func:`with_images`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from simulator.engine.collectives import TransferSpec, collective_transfers, p2p_transfer
 from simulator.schedule.ir import Collective
 from topologies import Cluster
 
-__all__ = ["AloneTimes", "time_alone"]
+__all__ = ["AloneTimes", "time_alone", "with_images"]
 
 
 def time_alone(cluster: Cluster, specs: Sequence[TransferSpec], latency: float) -> float:
@@ -34,11 +43,36 @@ def time_alone(cluster: Cluster, specs: Sequence[TransferSpec], latency: float) 
     return max(spec.latency for spec in specs) + busiest
 
 
+def with_images(specs: list[TransferSpec], image_specs: list[list[TransferSpec]]) -> list:
+    """The transfers of a folded op, standing for its images too.
+
+    Every image of the op (the same op on the ranks the simulated one stands for) runs
+    at the same time and, by symmetry, at the same rate, so each transfer keeps its own
+    links with the crossings of all images added where images share them. Links only
+    one image crosses need no copy: by symmetry they carry what the simulated image's
+    own links carry."""
+    if any(len(other) != len(specs) for other in image_specs):
+        return [spec for other in image_specs for spec in other]  # no alignment
+    merged = []
+    for index, spec in enumerate(specs):
+        usage = dict(spec.usage)
+        for other in image_specs:
+            if other is specs:
+                continue
+            for link, mult in other[index].usage.items():
+                if link in usage:
+                    usage[link] += mult
+        merged.append(TransferSpec(usage, spec.volume, spec.latency))
+    return merged
+
+
 class AloneTimes:
     """Times of collectives and send/recv pairs alone on ``cluster`` (memoised).
 
     ``groups`` maps group names to member GPUs; ``algorithm``/``protocol`` pin NCCL's
-    choice (None: NCCL's own)."""
+    choice (None: NCCL's own); ``images`` and ``rank_images`` are a folded schedule's
+    (:class:`~simulator.schedule.ir.Schedule`): the groups and ranks each simulated one
+    stands for, priced together with it (:func:`with_images`)."""
 
     def __init__(
         self,
@@ -46,11 +80,15 @@ class AloneTimes:
         groups: Mapping[str, Sequence[int]],
         algorithm: str | None = None,
         protocol: str | None = None,
+        images: Mapping[str, Sequence[Sequence[int]]] | None = None,
+        rank_images: Mapping[int, Sequence[int]] | None = None,
     ):
         self.cluster = cluster
         self.group_gpus = {name: sorted(members) for name, members in groups.items()}
         self.algorithm = algorithm
         self.protocol = protocol
+        self.images = images or {}
+        self.rank_images = rank_images or {}
         self._memo: dict[tuple, object] = {}
 
     def collective(self, op: Collective, splits=None) -> tuple[float, str]:
@@ -68,6 +106,12 @@ class AloneTimes:
                 self.algorithm,
                 self.protocol,
             )
+            if splits is None and op.group in self.images:
+                specs = [
+                    spec
+                    for image in self.image_transfers(op.group, op.kind, op.bytes, choice, specs)
+                    for spec in image
+                ]
             cached = (
                 time_alone(self.cluster, specs, choice.latency),
                 f"{op.kind}/{choice.algorithm}/{choice.protocol}",
@@ -77,10 +121,39 @@ class AloneTimes:
         return cached
 
     def p2p(self, src: int, dst: int, size: float) -> float:
-        """Seconds of a send/recv of ``size`` bytes from GPU ``src`` to ``dst``."""
+        """Seconds of a send/recv of ``size`` bytes from GPU ``src`` to ``dst`` (and its
+        images beside it)."""
         key = ("p2p", src, dst, size)
         cached = self._memo.get(key)
         if cached is None:
-            spec = p2p_transfer(self.cluster, src, dst, size, self.protocol)
-            cached = self._memo[key] = time_alone(self.cluster, [spec], spec.latency)
+            specs = [spec for image in self.p2p_images(src, dst, size) for spec in image]
+            cached = self._memo[key] = time_alone(self.cluster, specs, specs[0].latency)
         return cached
+
+    def image_transfers(
+        self, group: str, kind: str, size: float, choice: Any, specs: list[TransferSpec]
+    ) -> list[list[TransferSpec]]:
+        """The transfers of ``group``'s collective and of each of its images, ``specs``
+        (the group's own) among them."""
+        own = self.group_gpus[group]
+        return [
+            specs
+            if sorted(members) == own
+            else collective_transfers(
+                self.cluster, kind, sorted(members), size, None, choice.algorithm, choice.protocol
+            )[1]
+            for members in self.images.get(group, (own,))
+        ]
+
+    def p2p_images(self, src: int, dst: int, size: float) -> list[list[TransferSpec]]:
+        """The transfer of a send/recv and of each of its images (the first is its own)."""
+        own = [p2p_transfer(self.cluster, src, dst, size, self.protocol)]
+        images = self.rank_images
+        if src not in images or dst not in images:
+            return [own]
+        others = [
+            [p2p_transfer(self.cluster, a, b, size, self.protocol)]
+            for a, b in zip(images[src], images[dst], strict=True)
+            if (a, b) != (src, dst)
+        ]
+        return [own, *others]

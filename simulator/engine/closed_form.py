@@ -39,7 +39,14 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
     simulated = set(schedule.programs)
     folded = {n for n, m in schedule.groups.items() if not set(m) <= simulated}
     choices: dict[str, int] = {}
-    alone = AloneTimes(cluster, schedule.groups, options.algorithm, options.protocol)
+    alone = AloneTimes(
+        cluster,
+        schedule.groups,
+        options.algorithm,
+        options.protocol,
+        schedule.images,
+        schedule.rank_images,
+    )
     plan, p2p_time = alone.collective, alone.p2p
 
     def collective_time(op: Collective, splits=None) -> float:

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 import simpy
 
 from simulator.common.errors import DeadlockError, ScenarioError
-from simulator.engine.alone import AloneTimes, time_alone
+from simulator.engine.alone import AloneTimes, time_alone, with_images
 from simulator.engine.blocks import BlockTimer
 from simulator.engine.closed_form import evaluate
-from simulator.engine.collectives import collective_transfers, p2p_transfer
+from simulator.engine.collectives import collective_transfers
 from simulator.engine.compute import ComputeModel
 from simulator.engine.network import FlowNetwork
 from simulator.schedule.ir import Block, Collective, Compute, Recv, Schedule, Send
@@ -105,7 +105,14 @@ class _Engine:
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
         self.compute = ComputeModel(cluster.spec)
-        self.alone = AloneTimes(cluster, schedule.groups, options.algorithm, options.protocol)
+        self.alone = AloneTimes(
+            cluster,
+            schedule.groups,
+            options.algorithm,
+            options.protocol,
+            schedule.images,
+            schedule.rank_images,
+        )
         self.blocks = BlockTimer(
             lambda op, body: self.compute.with_comm(op, body, self.alone.collective),
             self.alone.collective,
@@ -312,45 +319,18 @@ class _Engine:
         rendezvous.begin = at
         self._launch(rendezvous, lambda: self._run_transfers(op.group, rendezvous, None))
 
-    def _with_images(self, specs: list, image_specs: list[list]) -> list:
-        """The transfers of a folded op in flow fidelity, standing for its images too.
-
-        Every image of the op (the same op on the ranks the simulated one stands for)
-        runs at the same time and, by symmetry, at the same rate, so each transfer
-        keeps its own links with the crossings of all images added where images share
-        them (a spine link every image crosses carries all of them). Links only one
-        image crosses need no copy: by symmetry they carry what the simulated image's
-        own links carry."""
-        if any(len(other) != len(specs) for other in image_specs):
-            return [spec for other in image_specs for spec in other]  # no alignment
-        merged = []
-        for index, spec in enumerate(specs):
-            usage = dict(spec.usage)
-            for other in image_specs:
-                if other is specs:
-                    continue
-                for link, mult in other[index].usage.items():
-                    if link in usage:
-                        usage[link] += mult
-            merged.append(type(spec)(usage, spec.volume, spec.latency))
-        return merged
-
     def _image_transfers(self, group: str, kind: str, size: float, planned: tuple) -> tuple:
         """``(choice, specs)`` of a folded group's collective with its images."""
         key = ("images", group, kind, size)
         cached = self._plans.get(key)
         if cached is None:
             choice, specs = planned
-            others = [
-                specs
-                if sorted(members) == self.group_gpus[group]
-                else collective_transfers(
-                    self.cluster, kind, sorted(members), size, None,
-                    choice.algorithm, choice.protocol,
-                )[1]
-                for members in self.schedule.images[group]
-            ]  # fmt: skip
-            cached = self._plans[key] = (choice, self._with_images(specs, others))
+            images = self.alone.image_transfers(group, kind, size, choice, specs)
+            if self.analytic:  # priced by the busiest link of every image's transfers
+                every = [spec for image in images for spec in image]
+                cached = self._plans[key] = (choice, every)
+            else:  # moved as the simulated call's flows, carrying the images' crossings
+                cached = self._plans[key] = (choice, with_images(specs, images))
         return cached
 
     def _launch_collective(self, group: str, rendezvous: _Rendezvous) -> None:
@@ -374,7 +354,11 @@ class _Engine:
             )
             if splits is None:
                 self._plans[key] = planned
-        if not self.analytic and group in self.folded:
+        if (
+            splits is None
+            and (self.analytic or group in self.folded)
+            and group in self.schedule.images
+        ):
             planned = self._image_transfers(group, rendezvous.kind, rendezvous.size, planned)
         choice, specs = planned
         key = f"{rendezvous.kind}/{choice.algorithm}/{choice.protocol}"
@@ -436,26 +420,18 @@ class _Engine:
         self._launch(pair, lambda: self._send(pair, src, dst, op.bytes))
 
     def _send(self, pair: _Rendezvous, src: int, dst: int, size: float) -> None:
-        """Start the flow of a matched send/recv pair."""
+        """Start the flow of a matched send/recv pair (analytic: time it, with its
+        images beside it)."""
+        if self.analytic:
+            self._after(self.alone.p2p(src, dst, size), pair)
+            return
         key = ("p2p", src, dst, size)
         spec = self._plans.get(key)
         if spec is None:
-            spec = p2p_transfer(self.cluster, src, dst, size, self.options.protocol)
-            images = self.schedule.rank_images
-            if not self.analytic and src in images and dst in images:
-                own = [spec]
-                others = [
-                    own
-                    if (a, b) == (src, dst)
-                    else [p2p_transfer(self.cluster, a, b, size, self.options.protocol)]
-                    for a, b in zip(images[src], images[dst], strict=True)
-                ]
-                (spec,) = self._with_images(own, others)
+            own, *others = self.alone.p2p_images(src, dst, size)
+            (spec,) = with_images(own, [own, *others])
             self._plans[key] = spec
-        if self.analytic:
-            self._after(time_alone(self.cluster, [spec], spec.latency), pair)
-        else:
-            self._transfer_all([spec], pair)
+        self._transfer_all([spec], pair)
 
     # -- diagnosis --------------------------------------------------------------------
     def stuck_report(self) -> str | None:

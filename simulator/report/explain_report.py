@@ -37,7 +37,7 @@ from simulator.common.errors import ParasimError
 from simulator.common.files import write_atomically, write_json
 from simulator.report.style import MEMORY_COLORS, breakdown_bar
 from simulator.tools.explain import MOVED_SHARE, Explanation, Finding
-from simulator.tools.mistakes import MEMORY_FINDINGS
+from simulator.tools.mistakes import MEMORY_FINDINGS, NO_FASTER_FIX
 from topologies.units import format_bytes, format_time
 
 __all__ = [
@@ -144,6 +144,8 @@ def _console_comparison(before: dict[str, Any], after: dict[str, Any] | None) ->
 def cost_text(finding: Finding) -> str:
     """The cost of a finding in one line."""
     if finding.after is None:
+        if finding.fix_summary == NO_FASTER_FIX:
+            return "nothing to gain by these fixes here (see the note)"
         return "no fix expressible as scenario overrides"
     after = format_time(finding.after["step_time_s"])
     if finding.cost_s is None:

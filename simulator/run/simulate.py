@@ -78,6 +78,7 @@ def build_schedule(scenario: Scenario) -> Schedule:
         gpus_per_node=scenario.cluster_spec.gpus_per_node,
         fold=fold,
         blocks=fold and analytic,
+        images=analytic,
     )
 
 

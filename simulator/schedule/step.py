@@ -57,6 +57,7 @@ def build_step(
     gpus_per_node: int | None = None,
     fold: bool = False,
     blocks: bool = False,
+    images: bool = False,
 ) -> Schedule:
     """The Schedule of one training step of ``model`` run as ``recipe``, for every rank
     of its layout (``moe``: the model's experts, routed from ``seed``).
@@ -67,7 +68,10 @@ def build_step(
     representative ranks get a program: the others are symmetric to them, and the
     schedule records which ranks and groups each representative stands for. With
     ``blocks`` (analytic fidelity) each pipeline action that does not hand gradients to
-    data parallelism is written as one :class:`~simulator.schedule.ir.Block`.
+    data parallelism is written as one :class:`~simulator.schedule.ir.Block`. With
+    ``images`` (analytic fidelity) an unfolded schedule records the same: for every rank
+    and group, the symmetric ones of its stage that run at the same moment, which
+    analytic fidelity prices together.
     """
     config = StepConfig(recipe, model, moe, seed, gpus_per_node)
     layout = config.layout
@@ -80,7 +84,10 @@ def build_step(
             rank: RankLowering(rank, config).build(orders[layout.coords(rank)["pp"]])
             for rank in range(layout.world)
         }
-        return _schedule(config, programs, orders)
+        schedule = _schedule(config, programs, orders)
+        if images:
+            _record_images(schedule, layout)
+        return schedule
     templates: dict[int, tuple[int, list[Op]]] = {}
     for pipeline_rank in range(layout.pp):
         rank = layout.rank_of(pp=pipeline_rank)
@@ -95,22 +102,27 @@ def build_step(
         else:
             programs[rank] = Program(rank, [_retarget(op, rank, layout) for op in ops])
     schedule = _schedule(config, programs, orders)
-    if fold:
+    if fold or images:
         _record_images(schedule, layout)
     return schedule
 
 
 def _record_images(schedule: Schedule, layout: Layout) -> None:
-    """Which ranks and groups each representative of a folded schedule stands for:
-    every rank of its pipeline stage, ordered by (dp, tp) coordinate so that image
-    ``i`` of a rank and image ``i`` of its pipeline neighbour are neighbours too."""
-    offsets = [layout.rank_of(tp=t, dp=d) for d in range(layout.dp) for t in range(layout.tp)]
+    """The ranks and groups each simulated rank and group stands for (folded), or runs
+    beside by symmetry (unfolded): every rank of its pipeline stage with its own
+    context-parallel coordinate, ordered by (dp, tp) coordinate so that image ``i`` of
+    a rank and image ``i`` of its pipeline neighbour are neighbours too."""
+    folded = len(schedule.programs) < layout.world
     for rank in schedule.programs:
-        base = layout.rank_of(pp=layout.coords(rank)["pp"])
-        schedule.rank_images[rank] = tuple(base + offset for offset in offsets)
+        coords = layout.coords(rank)
+        schedule.rank_images[rank] = tuple(
+            layout.rank_of(tp=t, dp=d, pp=coords["pp"], cp=coords.get("cp", 0))
+            for d in range(layout.dp)
+            for t in range(layout.tp)
+        )
     simulated = set(schedule.programs)
     for name, members in schedule.groups.items():
-        if set(members) <= simulated:
+        if folded and set(members) <= simulated:
             continue
         axis = layout.axis_of_group(name)
         representative = next(m for m in members if m in simulated)

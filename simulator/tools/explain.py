@@ -43,6 +43,7 @@ from simulator.tools.mistakes import (
     CAPACITY_FIX,
     FINDING_IDS,
     MISTAKES,
+    NO_FASTER_FIX,
     SP_PRESSURE,
     STALL_SHARE,
     Mistake,
@@ -419,6 +420,25 @@ def _finding(case: _Case, mistake: Mistake, symptom: Symptom, remedy: Remedy) ->
         chosen = options[0]
     after = chosen.snap
     assert after is not None
+    if (
+        mistake.choose == "fastest"
+        and not mistake.memory
+        and not before["memory"]["oom"]
+        and _same_work_step(before, after) >= before["step_time_s"]
+    ):
+        # a speed mistake whose every remedy is slower is not worth fixing this way
+        tried = "; ".join(
+            f"{' '.join(set_args(o.fix))} ({o.summary}) takes "
+            f"{format_time(_same_work_step(before, o.snap))}"
+            for o in options
+            if o.snap is not None
+        )
+        notes.append(
+            f"every fix tried is slower than the {format_time(before['step_time_s'])} step: {tried}"
+        )
+        return Finding(
+            id, title, problem, {}, NO_FASTER_FIX, before, None, None, None, [], notes, [], []
+        )
     cost_s = cost_pct = None
     if not before["memory"]["oom"]:
         cost_s = before["step_time_s"] - _same_work_step(before, after)

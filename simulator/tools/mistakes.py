@@ -75,6 +75,7 @@ __all__ = [
     "CAPACITY_FIX",
     "SP_PRESSURE",
     "NO_FIX",
+    "NO_FASTER_FIX",
     "NODE_LIMIT",
     "Option",
     "Case",
@@ -97,6 +98,8 @@ CAPACITY_FIX = 1.25
 SP_PRESSURE = 0.5
 #: What a finding says in place of a fix when no option was found.
 NO_FIX = "no layout change that fits was found"
+#: What a time finding says when every option it simulated was slower than the step.
+NO_FASTER_FIX = "no layout change tried is faster"
 
 _STATE_TERMS = ("weights", "gradients", "optimizer_state")
 
