@@ -254,3 +254,50 @@ def test_folded_and_unfolded_steps_agree_within_1_percent(name, overrides, fidel
         assert folded.breakdown.critical[category] == pytest.approx(
             value, abs=0.01 * every.step_time_s
         )
+
+
+OVERSUBSCRIBED = [
+    "pipeline-demo.yaml",
+    "teaching/layering-fix.yaml",
+    "teaching/layering-mistake.yaml",
+    "teaching/fsdp-across-nodes-mistake.yaml",
+    "teaching/fsdp-across-nodes-fix.yaml",
+    "teaching/pipeline-bubble-fix.yaml",
+    "teaching/cp-across-nodes-fix.yaml",
+    "teaching/cp-across-nodes-mistake.yaml",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ratio", [1, 2, 4])
+@pytest.mark.parametrize("name", OVERSUBSCRIBED)
+def test_analytic_prices_an_oversubscribed_core_as_flow_does(name, ratio):
+    """Every node its own pod, the core oversubscribed: analytic and flow agree within 5%,
+    unless analytic says in a warning why it cannot (a per-layer axis crossing the core
+    beside other traffic), and then it is the faster of the two."""
+    times, warned = {}, {}
+    for fidelity in ("analytic", "flow"):
+        overrides = [
+            "cluster.network.pod_size=1",
+            f"cluster.network.core_oversubscription={ratio}",
+            f"simulation.fidelity={fidelity}",
+        ]
+        result = run_scenario(load_scenario(SCENARIOS / name, overrides)).result
+        times[fidelity] = result.step_time_s
+        warned[fidelity] = any(w.startswith("analytic fidelity prices") for w in result.warnings)
+    assert not warned["flow"]
+    if warned["analytic"]:
+        assert ratio > 1 and times["analytic"] <= times["flow"] * 1.001
+    else:
+        assert times["analytic"] == pytest.approx(times["flow"], rel=0.05)
+
+
+def test_an_oversubscription_that_no_traffic_crosses_says_so():
+    result = run_scenario(
+        load_scenario(SCENARIOS / "small.yaml", ["cluster.network.oversubscription=2"])
+    ).result
+    assert any("network.oversubscription 2:1 changes nothing here" in w for w in result.warnings)
+    one_pod = run_scenario(
+        load_scenario(SCENARIOS / "pipeline-demo.yaml", ["cluster.network.core_oversubscription=2"])
+    ).result
+    assert any("there is no core to cross" in w for w in one_pod.warnings)

@@ -14,6 +14,7 @@ from typing import Any
 from simulator.analysis.links import link_summary
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import account_rank, account_step
+from simulator.analysis.oversubscription import oversubscription_warnings
 from simulator.analysis.result import (
     ClusterSummary,
     LayoutSummary,
@@ -371,6 +372,7 @@ def assemble_result(
             f"{gpu.hbm_capacity / 2**30:.1f} GiB ({memory.dominant_term} dominate)"
         )
     warnings += pin_warnings(scenario.spec.simulation, times.collective_choices)
+    warnings += oversubscription_warnings(scenario.cluster, schedule, layout, fidelity)
     hfu = hardware_flops / (step * world * gpu.peak_flops)
     if hfu > 1:
         executed = replicas * executed_flops_per_step(schedule)
