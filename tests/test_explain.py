@@ -289,12 +289,10 @@ def test_ep_across_nodes_is_found_and_fixed_inside_the_node():
     assert finding.moved[0]["category"] == "exposed_comm" and finding.moved[0]["axis"] == "ep"
 
 
-def test_a_node_limit_that_does_not_bind_is_no_limit():
+def test_node_limited_routing_is_not_reported_whatever_its_limit():
     path = TEACHING / "ep-routing-mistake.yaml"
-    # 4 nodes: a limit of 4 lets a token reach every node, as without a limit
-    assert [f.id for f in explain(path, ["model.moe.max_nodes_per_token=4"])] == [
-        "ep-routing-spread"
-    ]
+    # 4 nodes and a limit of 4: a token may reach every node, but crosses to each once
+    assert explain(path, ["model.moe.max_nodes_per_token=4"]) == []
     # with top-2 routing a token reaches 2 nodes at most: nothing to limit
     assert [f.id for f in explain(path, ["model.moe.top_k=2"])] == []
 

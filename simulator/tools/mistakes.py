@@ -25,8 +25,9 @@ sp-off-activation-bound   ``tp > 1`` without sequence parallelism while activati
 too-few-microbatches      a pipeline whose reference bubble ``(p−1)/(v·m+p−1)`` and
                           simulated bubble both exceed 10%; fix: more micro-batches
 ep-routing-spread         an expert-parallel group spans nodes, routing is not node-limited
-                          (each assignment crosses on its own, to up to ``min(k, nodes)``
-                          nodes) and over 5% of the step is exposed EP communication; fix:
+                          (no ``moe.max_nodes_per_token``: each assignment crosses on its
+                          own, to up to ``min(k, nodes)`` nodes) and over 5% of the step is
+                          exposed EP communication; fix:
                           ``moe.max_nodes_per_token`` 4 or 2 (DeepSeek-V3's node-limited
                           routing), or EP inside a node; also ``ep-across-nodes``
 ep-across-nodes           an expert-parallel group spans nodes, so every MoE layer's
@@ -674,7 +675,9 @@ NODE_LIMIT = 4
 
 def _routing_reach(case: Case) -> tuple[int, int] | None:
     """``(nodes an EP group spans, nodes a token's assignments may reach)`` when every
-    assignment crosses the network on its own (no binding node limit), else None."""
+    assignment crosses the network on its own, else None: with
+    ``moe.max_nodes_per_token`` set a token crosses to each of its nodes once (the
+    limit is the recipe's own choice, even where it does not bind)."""
     layout, per_node, moe = case.layout, case.per_node, case.scenario.moe
     if moe is None or layout.ep == 1:
         return None
@@ -682,10 +685,9 @@ def _routing_reach(case: Case) -> tuple[int, int] | None:
     if not spanning:
         return None
     nodes = max(_nodes_of(m, per_node) for m in spanning)
-    reach = min(moe.top_k, nodes)
-    if moe.max_nodes_per_token is not None and moe.max_nodes_per_token < reach:
-        return None  # routing is already node-limited
-    return nodes, reach
+    if moe.max_nodes_per_token is not None:
+        return None  # node-limited routing: one copy per node already
+    return nodes, min(moe.top_k, nodes)
 
 
 def _check_ep_routing(case: Case) -> Symptom | None:
