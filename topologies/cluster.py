@@ -26,6 +26,7 @@ pairs up front, so that a cluster of thousands of GPUs builds at once.
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from itertools import pairwise
@@ -130,6 +131,12 @@ class Cluster:
     def gpu_name(self, gpu: int) -> str:
         """The graph vertex of GPU ``gpu``, e.g. ``'n1.gpu3'``."""
         return f"n{self.node_of(gpu)}.gpu{self.local_index(gpu)}"
+
+    @functools.cached_property
+    def gpu_links(self) -> frozenset[int]:
+        """The links with a GPU at one end: only that GPU's transfers cross them."""
+        gpus = {self.gpu_name(gpu) for gpu in range(self.num_gpus)}
+        return frozenset(link.id for link in self.links if link.src in gpus or link.dst in gpus)
 
     # -- what joins the GPUs of a node -----------------------------------------------
 

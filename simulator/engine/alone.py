@@ -96,6 +96,21 @@ class AloneTimes:
         all-to-all's bytes per member and peer, not memoised)."""
         key = (op.group, op.kind, op.bytes)
         cached = None if splits is not None else self._memo.get(key)
+        if cached is None and splits is None:
+            # the same call on the same GPUs and images costs the same in every step
+            # on this cluster (a sweep's candidates share it)
+            shared = (
+                "alone",
+                op.kind,
+                op.bytes,
+                tuple(self.group_gpus[op.group]),
+                self.images.get(op.group),
+                self.algorithm,
+                self.protocol,
+            )
+            cached = self.cluster.plan_cache.get(shared)
+            if cached is not None:
+                self._memo[key] = cached
         if cached is None:
             choice, specs = collective_transfers(
                 self.cluster,
@@ -117,7 +132,7 @@ class AloneTimes:
                 f"{op.kind}/{choice.algorithm}/{choice.protocol}",
             )
             if splits is None:
-                self._memo[key] = cached
+                self._memo[key] = self.cluster.plan_cache[shared] = cached
         return cached
 
     def p2p(self, src: int, dst: int, size: float) -> float:
@@ -126,16 +141,38 @@ class AloneTimes:
         key = ("p2p", src, dst, size)
         cached = self._memo.get(key)
         if cached is None:
-            specs = [spec for image in self.p2p_images(src, dst, size) for spec in image]
-            cached = self._memo[key] = time_alone(self.cluster, specs, specs[0].latency)
+            shared = (
+                "alone-p2p",
+                src,
+                dst,
+                size,
+                self.rank_images.get(src),
+                self.rank_images.get(dst),
+                self.protocol,
+            )
+            cached = self.cluster.plan_cache.get(shared)
+            if cached is None:
+                specs = [spec for image in self.p2p_images(src, dst, size) for spec in image]
+                cached = self.cluster.plan_cache[shared] = time_alone(
+                    self.cluster, specs, specs[0].latency
+                )
+            self._memo[key] = cached
         return cached
+
+    def _private(self, specs: list[TransferSpec]) -> bool:
+        """Whether ``specs`` cross only links that touch a GPU of their own."""
+        gpu_links = self.cluster.gpu_links
+        return all(link in gpu_links for spec in specs for link in spec.usage)
 
     def image_transfers(
         self, group: str, kind: str, size: float, choice: Any, specs: list[TransferSpec]
     ) -> list[list[TransferSpec]]:
         """The transfers of ``group``'s collective and of each of its images, ``specs``
-        (the group's own) among them."""
+        (the group's own) among them; ``specs`` alone when they only cross links with
+        one of the group's GPUs at an end (an NVSwitch node), which no image shares."""
         own = self.group_gpus[group]
+        if self._private(specs):
+            return [specs]
         return [
             specs
             if sorted(members) == own
@@ -149,7 +186,7 @@ class AloneTimes:
         """The transfer of a send/recv and of each of its images (the first is its own)."""
         own = [p2p_transfer(self.cluster, src, dst, size, self.protocol)]
         images = self.rank_images
-        if src not in images or dst not in images:
+        if src not in images or dst not in images or self._private(own):
             return [own]
         others = [
             [p2p_transfer(self.cluster, a, b, size, self.protocol)]

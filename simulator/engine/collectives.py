@@ -264,7 +264,11 @@ def _plan_collective(
     nodes, ppn = len(groups), max(len(g) for g in groups)
     intra = cluster.intra_node_link
     best: tuple[float, CollectiveChoice, _Candidate] | None = None
-    candidates = _candidates(cluster, kind, gpus)
+    # the algorithms' routes do not depend on the size: a group's buckets share them
+    key = ("candidates", kind, tuple(gpus))
+    candidates = cluster.plan_cache.get(key)
+    if candidates is None:
+        candidates = cluster.plan_cache[key] = _candidates(cluster, kind, gpus)
     for candidate in candidates:
         if algorithm is not None and candidate.algorithm != algorithm:
             continue
