@@ -7,11 +7,14 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from simulator.cli.main import main
 from simulator.common.errors import DeadlockError
 from simulator.engine.core import simulate
+from simulator.request.orders import dump_csv_order
 from simulator.schedule.ir import Collective, Compute, Program, Recv, Schedule
+from simulator.schedule.pipeline import one_f_one_b_order
 
 from .conftest import ROOT, SCENARIOS
 from .helpers import cluster
@@ -162,3 +165,45 @@ def test_collective_a_member_never_reaches_names_the_missing_rank():
         DeadlockError, match=r"rank 0 tp: op 0 L0.ar \(all_reduce on g: ranks \[1\] never arrived\)"
     ):
         simulate(Schedule(programs, {"g": (0, 1)}), cluster(nodes=1))
+
+
+def test_a_device_a_folder_or_a_huge_file_is_refused_before_reading(tmp_path, capsys):
+    for path, reason in (("/dev/zero", "not a regular file"), (str(tmp_path), "a folder")):
+        assert main(["run", path]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"parasim: error: {path}: cannot read scenario ({reason}")
+    huge = tmp_path / "huge.yaml"
+    with huge.open("wb") as handle:
+        handle.truncate(17 * 2**20)
+    assert main(["run", str(huge)]) == 2
+    assert "more than any configuration file" in capsys.readouterr().err
+    sets = ["--set", "parallel.schedule=custom", "--set", "parallel.schedule_file=/dev/zero"]
+    assert main(["run", SMALL, *sets, "--out", str(tmp_path / "o")]) == 2
+    assert "parallel.schedule_file: /dev/zero: not a regular file" in capsys.readouterr().err
+
+
+def test_a_schedule_file_is_found_next_to_its_scenario(tmp_path, monkeypatch):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    scenario = yaml.safe_load((SCENARIOS / "small.yaml").read_text())
+    scenario["parallel"].update(tp=2, pp=2, dp=2, schedule="custom", schedule_file="order.csv")
+    scenario["training"].update(global_batch=16, micro_batch=2)
+    scenario["model"] = {**scenario.get("model", {}), "layers": 12}
+    (folder / "s.yaml").write_text(yaml.safe_dump(scenario))
+    dump_csv_order(one_f_one_b_order(2, 4), folder / "order.csv")
+    monkeypatch.chdir(tmp_path)  # not the scenario's folder
+    assert main(["run", str(folder / "s.yaml"), "--out", str(tmp_path / "o")]) == 0
+
+
+def test_a_custom_order_that_deadlocks_names_the_global_ranks(tmp_path, capsys):
+    path = tmp_path / "stuck.csv"
+    # rank 0 wants micro-batch 0's gradient before it sends micro-batch 1's input
+    path.write_text("0F0,0B0,0F1,0B1\n1F0,1F1,1B0,1B1\n")
+    sets = [
+        *("--set", "parallel.tp=2", "--set", "parallel.pp=2", "--set", "parallel.dp=2"),
+        *("--set", "training.global_batch=4", "--set", "training.micro_batch=1"),
+        *("--set", "parallel.schedule=custom", "--set", f"parallel.schedule_file={path}"),
+    ]
+    assert main(["run", SMALL, *sets, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "pipeline rank 1" in err and "pipeline rank 1 is global ranks" in err

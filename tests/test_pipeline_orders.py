@@ -147,7 +147,7 @@ def parse(rows):
         (
             {0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F0", "1F1", "1B0", "1B1"]},
             2,
-            "can never finish: rank 0 waits at 0B0 for 1B/I0; rank 1 waits at 1F1 for 0F1",
+            "can never finish: pipeline rank 0 waits at 0B0 for 1B/I0; pipeline rank 1 waits at 1F1 for 0F1",
         ),
     ],
 )
@@ -303,8 +303,27 @@ def test_csv_skips_idle_communication_and_bookkeeping_cells(tmp_path):
 def test_csv_bad_cell_names_row_column_and_cell(tmp_path, cell):
     path = tmp_path / "bad.csv"
     path.write_text(f"0F0,0B0\n1F0,{cell},1B0\n")
-    with pytest.raises(ValueError, match=rf"row 2 \(rank 1\), column 2: cannot read '{cell}'"):
+    with pytest.raises(
+        ValueError, match=r"row 2 \(rank 1\), column 2: cannot read the cell"
+    ) as info:
         load_csv_order(path)
+    assert f"'{cell}'" not in str(info.value)  # the file's content is not quoted
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [("", "no actions"), ("\n\n", "no actions"), (b"\xff\xfe0F0", "not UTF-8 text")],
+)
+def test_an_empty_or_unreadable_order_file_is_one_line_about_the_file(tmp_path, content, message):
+    path = tmp_path / "order.csv"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=f"^{path}: {message}"):
+        load_csv_order(path)
+    with pytest.raises(ValueError, match="not a regular file"):
+        load_csv_order("/dev/zero")
 
 
 @pytest.mark.parametrize("fmt", ["compute_only", "compute_comms"])

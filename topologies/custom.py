@@ -68,6 +68,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .errors import TopologyError
+from .files import ConfigFileError, read_config_text
 from .spec import DeviceSpec, DimensionSpec, GraphLinkSpec, TopologySpec, check_topology
 from .validation import nearest_key_hint, validation_message
 
@@ -128,10 +129,9 @@ def _read_yaml(source: str | Path, prefix: str, base_dir: str | Path | None) -> 
             f"and {PACKAGE_DIR})"
         )
     try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f), path
-    except OSError as exc:
-        raise TopologyError(f"{prefix}: cannot read {path} ({exc.strerror})") from None
+        return yaml.safe_load(read_config_text(path)), path
+    except ConfigFileError as exc:
+        raise TopologyError(f"{prefix}: cannot read {path} ({exc.reason})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" (line {mark.line + 1})" if mark is not None else ""

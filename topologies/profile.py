@@ -35,6 +35,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError
 
 from .errors import TopologyError
+from .files import ConfigFileError, read_config_text
 from .validation import ConfigModel, validation_message
 
 __all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "Profile", "load_profile", "profile_overrides"]
@@ -92,9 +93,9 @@ def load_profile(path: str | Path, prefix: str = "cluster.profile") -> Profile:
     """Read and check a profile; every problem is one :class:`TopologyError` line."""
     path = Path(path)
     try:
-        payload: Any = json.loads(path.read_text())
-    except OSError as exc:
-        raise TopologyError(f"{prefix}: cannot read {path} ({exc.strerror})") from None
+        payload: Any = json.loads(read_config_text(path))
+    except ConfigFileError as exc:
+        raise TopologyError(f"{prefix}: cannot read {path} ({exc.reason})") from None
     except json.JSONDecodeError as exc:
         raise TopologyError(f"{prefix}: {path} is not JSON (line {exc.lineno})") from None
     if not isinstance(payload, dict) or payload.get("format") != PROFILE_FORMAT:

@@ -19,10 +19,13 @@ The built-in schedules that generate orders are in :mod:`simulator.schedule.pipe
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from topologies.files import read_config_text
 
 __all__ = [
     "Action",
@@ -110,18 +113,24 @@ def load_csv_order(path: str | Path) -> dict[int, list[Action]]:
     sub-actions in order. Check the result with :func:`validate_order`.
     """
     orders: dict[int, list[Action]] = {}
-    with open(path, newline="") as handle:
-        for rank, row in enumerate(csv.reader(handle)):
-            actions: list[Action] = []
-            for column, cell in enumerate(row):
-                try:
-                    actions.extend(_read_cell(cell))
-                except ValueError as err:
-                    raise ValueError(
-                        f"{path}: row {rank + 1} (rank {rank}), column {column + 1}: "
-                        f"cannot read {cell!r} ({err}; expected e.g. '0F0', '1I2', '0W1')"
-                    ) from None
-            orders[rank] = actions
+    text = read_config_text(path)
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error:
+        raise ValueError(f"{path}: not a CSV file") from None
+    for rank, row in enumerate(rows):
+        actions: list[Action] = []
+        for column, cell in enumerate(row):
+            try:
+                actions.extend(_read_cell(cell))
+            except ValueError as err:
+                raise ValueError(
+                    f"{path}: row {rank + 1} (rank {rank}), column {column + 1}: cannot read "
+                    f"the cell ({err}; expected e.g. '0F0', '1I2', '0W1')"
+                ) from None
+        orders[rank] = actions
+    if not any(orders.values()):
+        raise ValueError(f"{path}: no actions (one row of actions per pipeline rank expected)")
     return orders
 
 
@@ -230,7 +239,7 @@ def _check_progress(order: Mapping[int, Sequence[Action]], total: int) -> None:
             need = needs(action)
             assert need is not None
             kind = "F" if need[1] == "F" else "B/I"
-            waits.append(f"rank {rank} waits at {action} for {need[0]}{kind}{need[2]}")
+            waits.append(f"pipeline rank {rank} waits at {action} for {need[0]}{kind}{need[2]}")
         raise ValueError(f"pipeline order can never finish: {'; '.join(waits)}")
 
 

@@ -12,6 +12,7 @@ field and the numbers.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +45,7 @@ from simulator.request.moe import MoESpec, check_expert_parallel
 from simulator.request.orders import Action, load_csv_order, validate_order
 from simulator.request.recipe import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, Recipe
 from topologies import Cluster, ClusterSpec, TopologyError, build_cluster, load_cluster_spec
+from topologies.files import ConfigFileError, read_config_text
 from topologies.units import Bytes
 from topologies.validation import ConfigModel, nearest_key_hint, validation_message
 
@@ -367,15 +369,22 @@ def _check_schedule(
         )
 
 
-def _recipe(spec: ScenarioSpec, model: ModelSpec, layout: Layout) -> Recipe:
+def _recipe(
+    spec: ScenarioSpec, model: ModelSpec, layout: Layout, base_dir: Path | None = None
+) -> Recipe:
     """The scenario's recipe: its layout and training settings, with a custom schedule's
-    order read from its CSV file and the layers split over the stages."""
+    order read from its CSV file (a relative path next to the scenario first, then in
+    the working directory, as a custom topology's) and the layers split over the
+    stages."""
     training, parallel = spec.training, spec.parallel
     microbatches = training.global_batch // (layout.dp * training.micro_batch)
     orders, virtual = None, parallel.virtual_stages
     if parallel.schedule == "custom":
         assert parallel.schedule_file is not None
-        order = _load_custom_order(parallel.schedule_file, layout.pp, microbatches)
+        source = Path(parallel.schedule_file)
+        if not source.is_absolute() and base_dir is not None and (base_dir / source).exists():
+            source = base_dir / source
+        order = _load_custom_order(str(source), layout, microbatches)
         virtual = (max(a.stage for actions in order.values() for a in actions) + 1) // layout.pp
         orders = tuple(tuple(order[rank]) for rank in range(layout.pp))
     stages = layout.pp * virtual
@@ -499,14 +508,31 @@ def _sharding(training: TrainingSpec) -> str:
     return training.sharding
 
 
-def _load_custom_order(path: str, pp: int, microbatches: int) -> dict[int, list[Action]]:
+def _global_ranks(message: str, layout: Layout) -> str:
+    """``message`` with the global ranks of each pipeline rank it names."""
+    named = sorted({int(p) for p in re.findall(r"pipeline rank (\d+)", message)})
+    parts = []
+    for stage in named:
+        if stage < layout.pp:
+            ranks = [r for r in range(layout.world) if layout.coords(r)["pp"] == stage]
+            shown = ", ".join(map(str, ranks[:4])) + (
+                f", ... ({len(ranks)})" if len(ranks) > 4 else ""
+            )
+            parts.append(f"pipeline rank {stage} is global ranks {shown}")
+    return message + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def _load_custom_order(path: str, layout: Layout, microbatches: int) -> dict[int, list[Action]]:
     """A custom pipeline order from torch.distributed.pipelining's CSV format, checked."""
+    pp = layout.pp
     try:
         order = load_csv_order(path)
         stages = max(a.stage for actions in order.values() for a in actions) + 1
         validate_order(order, stages, microbatches)
     except (OSError, ValueError) as exc:
-        raise ScenarioError(f"parallel.schedule_file: {path}: {exc}") from None
+        message = str(exc) if str(exc).startswith(path) else f"{path}: {exc}"
+        message = _global_ranks(message, layout)
+        raise ScenarioError(f"parallel.schedule_file: {message}") from None
     if sorted(order) != list(range(pp)) or stages % pp:
         raise ScenarioError(
             f"parallel.schedule_file: {path} orders {len(order)} ranks and {stages} stages; "
@@ -593,7 +619,7 @@ def scenario_from_dict(
         model=model,
         cluster_spec=cluster_spec,
         layout=layout,
-        recipe=_recipe(spec, model, layout),
+        recipe=_recipe(spec, model, layout, None if base_dir is None else Path(base_dir)),
         warnings=_layout_warnings(layout, cluster_spec),
         moe_spec=moe,
     )
@@ -603,9 +629,9 @@ def read_scenario_file(path: str | Path) -> dict[str, Any]:
     """The parsed YAML mapping of a scenario file; a missing file or bad YAML is one line."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario ({exc.strerror})") from None
+        text = read_config_text(path)
+    except ConfigFileError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario ({exc.reason})") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
