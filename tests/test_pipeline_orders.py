@@ -147,7 +147,8 @@ def parse(rows):
         (
             {0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F0", "1F1", "1B0", "1B1"]},
             2,
-            "can never finish: pipeline rank 0 waits at 0B0 for 1B/I0; pipeline rank 1 waits at 1F1 for 0F1",
+            "can never finish: pipeline rank 0 waits at 0B0 for 1B/I0; "
+            "pipeline rank 1 waits at 1F1 for 0F1",
         ),
     ],
 )
