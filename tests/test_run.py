@@ -8,6 +8,7 @@ import pytest
 
 from simulator.analysis.metrics import CATEGORIES
 from simulator.cli.main import main
+from simulator.request.recipe import Recipe
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import build_schedule, run_scenario
 from simulator.schedule.ir import Collective, Schedule
@@ -165,3 +166,20 @@ def test_todays_recipes_run_in_both_fidelities(name):
     }
     assert not times["analytic"].memory.oom
     assert times["flow"].step_time_s == pytest.approx(times["analytic"].step_time_s, rel=0.05)
+
+
+def test_the_summary_names_every_layout_knob(capsys, tmp_path):
+    lines = {}
+    for name in ("layering-mistake", "layering-fix"):
+        assert (
+            main(
+                ["run", str(SCENARIOS / "teaching" / f"{name}.yaml"), "--out", str(tmp_path / name)]
+            )
+            == 0
+        )
+        out = capsys.readouterr().out
+        lines[name] = next(line for line in out.splitlines() if "layout" in line)
+    assert lines["layering-mistake"] != lines["layering-fix"]
+    assert "[pp,dp,tp]" in lines["layering-mistake"] and "[tp,pp,dp]" in lines["layering-fix"]
+    result = json.loads((tmp_path / "layering-fix" / "result.json").read_text())
+    assert Recipe.parse(result["layout"]["recipe"]).layout.placement == ("tp", "pp", "dp")

@@ -60,6 +60,9 @@ class LayoutSummary:
     global_batch: int
     recompute: str
     attention: str
+    # the whole recipe in its text form (Recipe.__str__): every knob that differs from
+    # its default, e.g. "tp8 pp8 dp2 sp mb1x32 1f1b rc=full [tp,dp,pp] L96"
+    recipe: str = ""
 
 
 @dataclass

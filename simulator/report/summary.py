@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from simulator.analysis.metrics import CATEGORIES
@@ -34,9 +35,12 @@ def print_summary(result: StepResult, console: Console, outputs: list[str]) -> N
     )
     head.add_row(
         "layout",
-        f"tp={layout.tp} pp={layout.pp} dp={layout.dp} · {layout.schedule} · "
-        f"{layout.microbatches} × micro-batch {layout.micro_batch} · "
-        f"recompute {layout.recompute}",
+        escape(layout.recipe)
+        or (
+            f"tp={layout.tp} pp={layout.pp} dp={layout.dp} · {layout.schedule} · "
+            f"{layout.microbatches} × micro-batch {layout.micro_batch} · "
+            f"recompute {layout.recompute}"
+        ),
     )
     head.add_row("step time", format_time(step))
     head.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")

@@ -410,6 +410,7 @@ def assemble_result(
             global_batch=training.global_batch,
             recompute=training.recompute,
             attention=training.attention,
+            recipe=str(scenario.recipe),
         ),
         step_time_s=step,
         tokens_per_s=training.global_batch * scenario.model.seq_len / step,
