@@ -38,7 +38,7 @@ def add_set_option(parser: argparse.ArgumentParser, help: str | None = None) -> 
 
 
 def add_fidelity_option(
-    parser: argparse.ArgumentParser, default: str = "analytic", help: str | None = None
+    parser: argparse.ArgumentParser, default: str | None = "analytic", help: str | None = None
 ) -> None:
     """``--fidelity analytic|flow``."""
     parser.add_argument(

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from simulator.cli.options import add_set_option
+from simulator.cli.options import add_fidelity_option, add_set_option
 from simulator.common.files import dumps_result
 from simulator.common.folders import check_folder, default_folder, staged_folder
 from simulator.report.images import check_requirements
@@ -28,6 +28,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("run", help="simulate one training step of a scenario")
     parser.add_argument("scenario", help="scenario YAML file")
     add_set_option(parser)
+    add_fidelity_option(
+        parser,
+        default=None,
+        help="simulation fidelity, as --set simulation.fidelity=... (default: the scenario's)",
+    )
     parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario name>)")
     parser.add_argument(
         "--json", action="store_true", help="print result.json on stdout instead of the summary"
@@ -55,6 +60,8 @@ def command(args: argparse.Namespace) -> int:
     """Run ``parasim run``: simulate, write the outputs, print the summary (or JSON)."""
     if args.image:
         check_requirements()  # before the simulation, not after it
+    if args.fidelity is not None:
+        args.overrides = [*args.overrides, f"simulation.fidelity={args.fidelity}"]
     scenario = load_scenario(args.scenario, args.overrides)
     out = args.out if args.out is not None else default_folder(scenario.name, "", args.overrides)
     check_folder(out)  # before the simulation, not after it
