@@ -183,3 +183,20 @@ def test_the_summary_names_every_layout_knob(capsys, tmp_path):
     assert "[pp,dp,tp]" in lines["layering-mistake"] and "[tp,pp,dp]" in lines["layering-fix"]
     result = json.loads((tmp_path / "layering-fix" / "result.json").read_text())
     assert Recipe.parse(result["layout"]["recipe"]).layout.placement == ("tp", "pp", "dp")
+
+
+def test_every_command_describes_itself_and_shows_its_defaults():
+    import argparse
+
+    from simulator.cli.main import _parser
+
+    parser = _parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in commands.choices.items():
+        assert command.description, f"parasim {name} --help has no description"
+        for action in command._actions:
+            if action.dest == "help" or not action.option_strings:
+                continue
+            assert action.help, f"parasim {name} {action.option_strings[0]} has no help"
+            if action.default not in (None, False, [], argparse.SUPPRESS):
+                assert "default" in action.help, f"{name} {action.option_strings[0]}: no default"

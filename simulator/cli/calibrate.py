@@ -17,7 +17,13 @@ __all__ = ["add_parser", "command"]
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``parasim calibrate`` to the CLI's subparsers."""
     parser = subparsers.add_parser(
-        "calibrate", help="measure this machine and write a calibration profile (needs torch)"
+        "calibrate",
+        help="measure this machine and write a calibration profile (needs torch)",
+        description=(
+            "Run GEMM, attention, memory and collective microbenchmarks on --nproc local "
+            "ranks (NCCL on GPUs, gloo on CPUs), fit the model's parameters and write them "
+            "as a profile that cluster.profile applies (docs/hardware.md)."
+        ),
     )
     add_launch_options(parser)
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")

@@ -21,13 +21,23 @@ COLLBENCH_OPS = (*(kind for kind in COLLECTIVE_KINDS if kind != "barrier"), "sen
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``parasim collbench`` to the CLI's subparsers."""
     parser = subparsers.add_parser(
-        "collbench", help="nccl-tests-style table of one collective, from the model"
+        "collbench",
+        help="nccl-tests-style table of one collective, from the model",
+        description=(
+            "Print the table nccl-tests would print for one collective on every GPU of a "
+            "preset cluster (size, time, algbw, busbw, NCCL's algorithm and protocol), "
+            "from parasim's model, to compare with the real benchmark on your machines."
+        ),
     )
     parser.add_argument("--preset", required=True, help="cluster preset, e.g. dgx-h100")
-    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     parser.add_argument("--gpus-per-node", type=int, help="override the preset's")
-    parser.add_argument("--op", default="all_reduce", choices=COLLBENCH_OPS)
-    parser.add_argument("--sizes", default="8B-8GiB", help="8B-8GiB (doubling) or a list")
+    parser.add_argument(
+        "--op", default="all_reduce", choices=COLLBENCH_OPS, help="collective (default all_reduce)"
+    )
+    parser.add_argument(
+        "--sizes", default="8B-8GiB", help="8B-8GiB (doubling) or a list (default 8B-8GiB)"
+    )
     parser.add_argument(
         "--algo",
         choices=list(ALGORITHMS),

@@ -19,7 +19,14 @@ __all__ = ["add_parser", "command"]
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``parasim compare`` to the CLI's subparsers."""
-    parser = subparsers.add_parser("compare", help="compare a predicted run with a measured one")
+    parser = subparsers.add_parser(
+        "compare",
+        help="compare a predicted run with a measured one",
+        description=(
+            "Set two run folders side by side (step time, breakdown, op classes) and write "
+            "compare.json and compare.html, the two timelines overlaid."
+        ),
+    )
     parser.add_argument("predicted", type=Path, help="folder written by parasim run")
     parser.add_argument("measured", type=Path, help="folder written by parasim replay")
     parser.add_argument("--out", type=Path, help="where compare.json/.html go (default: MEASURED)")

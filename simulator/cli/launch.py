@@ -21,7 +21,10 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
         "--backend", choices=["gloo", "nccl"], help="default: nccl with GPUs, gloo without"
     )
     parser.add_argument(
-        "--timeout", type=float, default=120.0, help="seconds a rank may wait before the run fails"
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds a rank may wait before the run fails (default 120)",
     )
 
 

@@ -20,17 +20,29 @@ __all__ = ["add_parser", "command"]
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``parasim replay`` to the CLI's subparsers."""
     parser = subparsers.add_parser(
-        "replay", help="run a scenario's step for real with torch.distributed and measure it"
+        "replay",
+        help="run a scenario's step for real with torch.distributed and measure it",
+        description=(
+            "Run the scenario's step for real, op by op, on one local rank per GPU of its "
+            "layout with torch.distributed, check the collectives' results, and write the "
+            "measured step as parasim run writes a predicted one."
+        ),
     )
     parser.add_argument("scenario", help="scenario YAML file")
     add_set_option(parser)
     add_launch_options(parser)
     parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-measured)")
     parser.add_argument(
-        "--warmup", type=int, default=1, help="warm-up steps (the first checks results)"
+        "--warmup",
+        type=int,
+        default=1,
+        help="warm-up steps, the first checking results (default 1)",
     )
     parser.add_argument(
-        "--steps", type=int, default=3, help="measured steps (the median is reported)"
+        "--steps",
+        type=int,
+        default=3,
+        help="measured steps, the median reported (default 3)",
     )
     return parser
 

@@ -25,7 +25,14 @@ __all__ = ["add_parser", "command"]
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``parasim run`` to the CLI's subparsers."""
-    parser = subparsers.add_parser("run", help="simulate one training step of a scenario")
+    parser = subparsers.add_parser(
+        "run",
+        help="simulate one training step of a scenario",
+        description=(
+            "Simulate one training step of a scenario: print a summary and write "
+            "result.json, trace.json, timeline.html and report.html to the output folder."
+        ),
+    )
     parser.add_argument("scenario", help="scenario YAML file")
     add_set_option(parser)
     add_fidelity_option(
