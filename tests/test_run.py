@@ -200,3 +200,18 @@ def test_every_command_describes_itself_and_shows_its_defaults():
             assert action.help, f"parasim {name} {action.option_strings[0]} has no help"
             if action.default not in (None, False, [], argparse.SUPPRESS):
                 assert "default" in action.help, f"{name} {action.option_strings[0]}: no default"
+
+
+def test_compare_of_two_predictions_is_a_what_if(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["run", str(SCENARIOS / "small.yaml"), "--out", str(a)]) == 0
+    sets = ["--set", "parallel.tp=2", "--set", "parallel.dp=4", "--set", "parallel.sp=true"]
+    assert main(["run", str(SCENARIOS / "small.yaml"), *sets, "--out", str(b)]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "ab")]) == 0
+    out = capsys.readouterr().out
+    assert "a what-if" in out and "A against B" in out
+    assert "measured" not in out and "error" not in out
+    report = json.loads((tmp_path / "ab" / "compare.json").read_text())
+    assert report["mode"] == "what-if" and report["labels"] == ["A", "B"]
+    assert "A (upper lanes) over B" in (tmp_path / "ab" / "compare.html").read_text()

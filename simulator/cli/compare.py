@@ -24,11 +24,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="compare a predicted run with a measured one",
         description=(
             "Set two run folders side by side (step time, breakdown, op classes) and write "
-            "compare.json and compare.html, the two timelines overlaid."
+            "compare.json and compare.html, the two timelines overlaid: a prediction "
+            "against a measurement (error), or two predictions or two measurements (a "
+            "what-if, A against B)."
         ),
     )
-    parser.add_argument("predicted", type=Path, help="folder written by parasim run")
-    parser.add_argument("measured", type=Path, help="folder written by parasim replay")
+    parser.add_argument(
+        "predicted", type=Path, help="folder written by parasim run (A in a what-if)"
+    )
+    parser.add_argument(
+        "measured", type=Path, help="folder written by parasim replay (B in a what-if)"
+    )
     parser.add_argument("--out", type=Path, help="where compare.json/.html go (default: MEASURED)")
     parser.add_argument("--json", action="store_true", help="print compare.json on stdout")
     return parser
@@ -43,5 +49,6 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(dumps_result(report.to_json()))
     else:
-        print_compare(report, Console(), [str(p) for p in paths])
+        sources = (str(args.predicted), str(args.measured))
+        print_compare(report, Console(), [str(p) for p in paths], sources)
     return 0

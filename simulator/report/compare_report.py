@@ -53,11 +53,11 @@ def load_run_dir(path: Path) -> tuple[StepResult, Trace]:
     return result, trace
 
 
-def write_overlay(p_trace: Trace, m_trace: Trace, path: Path) -> None:
+def write_overlay(
+    p_trace: Trace, m_trace: Trace, path: Path, title: str = "predicted (upper lanes) over measured"
+) -> None:
     """The timeline page of the two traces overlaid (:func:`overlay_trace`)."""
-    write_timeline_html(
-        overlay_trace(p_trace, m_trace), path, title="predicted (upper lanes) over measured"
-    )
+    write_timeline_html(overlay_trace(p_trace, m_trace), path, title=title)
 
 
 def write_compare_outputs(
@@ -66,7 +66,11 @@ def write_compare_outputs(
     """Write ``compare.json`` (``report``) and ``compare.html`` (the overlay) to ``out``."""
     paths = [out / "compare.json", out / "compare.html"]
     write_json(paths[0], report.to_json())
-    write_atomically(paths[1], lambda tmp: write_overlay(p_trace, m_trace, tmp))
+    first, second = report.labels
+    write_atomically(
+        paths[1],
+        lambda tmp: write_overlay(p_trace, m_trace, tmp, f"{first} (upper lanes) over {second}"),
+    )
     return paths
 
 
@@ -74,15 +78,29 @@ def _percent(error: float | None) -> str:
     return "-" if error is None else f"{100 * error:+.1f}%"
 
 
-def print_compare(report: Comparison, console: Console, outputs: Iterable[str] = ()) -> None:
-    """The step-time error, then the time per rank of each op class as a table."""
+def print_compare(
+    report: Comparison,
+    console: Console,
+    outputs: Iterable[str] = (),
+    sources: tuple[str, str] | None = None,
+) -> None:
+    """The step-time error, then the time per rank of each op class as a table
+    (``sources``: the two run folders, named in a what-if comparison)."""
     step = report.step_time
+    first, second = report.labels
+    gap = "A against B" if report.mode == "what-if" else "error"
+    if report.mode == "what-if":
+        a, b = sources or ("", "")
+        console.print(
+            f"two runs of the same kind, a what-if: A is {a} ({report.scenario['predicted']}), "
+            f"B is {b} ({report.scenario['measured']})"
+        )
     console.print(
-        f"step time: predicted {format_time(step.predicted_s)}, measured "
-        f"{format_time(step.measured_s)}, error {_percent(step.error)}"
+        f"step time: {first} {format_time(step.predicted_s)}, {second} "
+        f"{format_time(step.measured_s)}, {gap} {_percent(step.error)}"
     )
     table = Table(title="time per rank by op class (ranks in both runs)", title_justify="left")
-    for column in ("op class", "predicted", "measured", "error"):
+    for column in ("op class", first, second, gap):
         table.add_column(column, justify="left" if column == "op class" else "right")
     for row in report.op_classes:
         table.add_row(

@@ -83,6 +83,10 @@ class Comparison:
     breakdown_mean: list[CategoryComparison]
     op_classes: list[OpClassComparison]
     ranks_compared: list[int]
+    # "measured": a prediction against a replay (error = predicted/measured - 1);
+    # "what-if": two runs of the same kind, A against B (the error field holds A/B - 1)
+    mode: str = "measured"
+    labels: tuple[str, str] = ("predicted", "measured")
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -110,12 +114,15 @@ def compare_runs(
         for c in CATEGORIES
     ]
     p_step, m_step = p_result.step_time_s, m_result.step_time_s
+    what_if = (p_result.measured is None) == (m_result.measured is None)
     return Comparison(
         scenario={"predicted": p_result.scenario, "measured": m_result.scenario},
         step_time=StepTimeComparison(p_step, m_step, relative_error(p_step, m_step)),
         breakdown_mean=breakdown,
         op_classes=classes,
         ranks_compared=sorted(ranks),
+        mode="what-if" if what_if else "measured",
+        labels=("A", "B") if what_if else ("predicted", "measured"),
     )
 
 
