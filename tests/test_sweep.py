@@ -359,3 +359,24 @@ def test_pipelines_that_do_not_divide_the_layers_split_them_evenly():
         assert "stage_layers=2/3/3/2" in row["layout"]
         scenario = load_scenario(SMALL, row["overrides"])
         assert scenario.recipe.stage_layers == (2, 3, 3, 2)
+
+
+def test_placements_that_tie_are_shown_as_one_entry(capsys):
+    from simulator.report.sweep_report import print_sweep, top_layouts, wide_console
+
+    pins = {"tp": 2, "pp": 2, "recompute": "none", "sharding": "none"}
+    result = sweep.run_sweep(SMALL, overrides=TWO_NODES, fixed=pins, workers=1)
+    shown = top_layouts(result, 4)
+    assert len(shown) == 4
+    assert any(also for _, also in shown)
+    for row, also in shown:
+        for placement in also:
+            twin = next(
+                r
+                for r in result.rows
+                if r["layout"]
+                == row["layout"].replace("[" + ",".join(row["placement"]) + "]", placement)
+            )
+            assert twin["step_time_s"] == row["step_time_s"]
+    print_sweep(result, wide_console(), top=4)
+    assert "(also [" in capsys.readouterr().out

@@ -104,10 +104,42 @@ def _csv_value(row: dict[str, Any], key: str) -> Any:
     return value
 
 
+# a layout's knobs but its placement, and its simulated numbers
+_SAME_BUT_PLACEMENT = (
+    "tp", "pp", "dp", "ep", "sp", "micro_batch", "schedule", "virtual_stages", "recompute",
+    "cp", "cp_kind", "sharding", "dp_shard", "step_time_s", "peak_bytes_per_gpu",
+)  # fmt: skip
+
+
+def top_layouts(result: SweepResult, top: int) -> list[tuple[dict[str, Any], list[str]]]:
+    """The ``top`` fastest layouts, each with the placements that give it exactly the same
+    numbers (shown as one entry: ``[tp,dp,pp]`` and ``[tp,pp,dp]`` often tie)."""
+    groups: list[tuple[dict[str, Any], list[str]]] = []
+    index: dict[tuple, int] = {}
+    for row in result.rows:
+        key = tuple(
+            tuple(value) if isinstance(value, list) else value
+            for value in (row.get(name) for name in _SAME_BUT_PLACEMENT)
+        )
+        if key in index:
+            groups[index[key]][1].append("[" + ",".join(row["placement"]) + "]")
+            continue
+        if len(groups) == top:
+            continue
+        index[key] = len(groups)
+        groups.append((row, []))
+    return groups
+
+
+def _label(row: dict[str, Any], also: list[str]) -> str:
+    return row["layout"] + (f" (also {' '.join(also)})" if also else "")
+
+
 def sweep_figure(result: SweepResult, top: int) -> go.Figure:
     """Plotly figure: one horizontal stacked bar per top layout, mean breakdown (s)."""
-    rows = result.rows[:top]
-    labels = [f"{row['rank']}. {row['layout']}" for row in rows]
+    shown = top_layouts(result, top)
+    rows = [row for row, _ in shown]
+    labels = [f"{row['rank']}. {_label(row, also)}" for row, also in shown]
     fig = go.Figure()
     steps = [row["step_time_s"] for row in rows]
     for category in CATEGORIES:
@@ -193,10 +225,10 @@ def print_sweep(
         ("stall", "right"),
     ):
         table.add_column(name, justify=justify, no_wrap=True)
-    for row in result.rows[:top]:
+    for row, also in top_layouts(result, top):
         table.add_row(
             str(row["rank"]),
-            Text(row["layout"]),
+            Text(_label(row, also)),
             format_time(row["step_time_s"]),
             f"{row['tflops_per_gpu']:.1f}",
             _percent(row["mfu"]),
