@@ -380,3 +380,13 @@ def test_placements_that_tie_are_shown_as_one_entry(capsys):
             assert twin["step_time_s"] == row["step_time_s"]
     print_sweep(result, wide_console(), top=4)
     assert "(also [" in capsys.readouterr().out
+
+
+def test_sweep_html_holds_the_table_it_charts(tmp_path):
+    assert _command(SMALL, *PINNED, "--workers", 1, "--out", tmp_path, "--top", 3) == 0
+    page = (tmp_path / "sweep.html").read_text()
+    table = page[page.index("id='parasim-sweep-table'") :]
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    assert table.count("<tr>") == 1 + 3  # the header and the three layouts charted
+    for row in result["rows"][:3]:
+        assert row["layout"] in table

@@ -17,6 +17,7 @@ its :class:`~simulator.tools.sweep.SweepResult`:
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,10 @@ def write_sweep_outputs(result: SweepResult, out: Path, top: int = 10) -> list[P
     """Write ``sweep.csv``, ``sweep.json`` and ``sweep.html`` (the top layouts) to ``out``."""
     # no timings in the JSON: the same inputs, the same bytes
     rows = (CSV_FIELDS, result.rows, _csv_value)
-    return write_table_outputs(out, "sweep", rows, result.to_json(), sweep_figure(result, top))
+    charted = [row for row, _ in top_layouts(result, top)]
+    return write_table_outputs(
+        out, "sweep", rows, result.to_json(), sweep_figure(result, top), charted
+    )
 
 
 def write_table_outputs(
@@ -173,25 +177,41 @@ def write_table_outputs(
     rows: tuple[Iterable[str], list[dict[str, Any]], Any],
     payload: dict[str, Any],
     figure: go.Figure,
+    charted: list[dict[str, Any]] | None = None,
 ) -> list[Path]:
     """``<stem>.csv`` (``rows``: the fields, the rows and how a cell is written),
-    ``<stem>.json`` (``payload``) and ``<stem>.html`` (``figure``, plotly.js inline) in
-    ``out``, each written atomically; the paths in that order."""
+    ``<stem>.json`` (``payload``) and ``<stem>.html`` (``figure``, plotly.js inline, and
+    below it the table of the rows it charts: ``charted``, or every row) in ``out``,
+    each written atomically; the paths in that order."""
     out = Path(out)
     paths = [out / f"{stem}.csv", out / f"{stem}.json", out / f"{stem}.html"]
     fields, table, value = rows
     write_csv(paths[0], fields, table, value)
     write_json(paths[1], payload)
-    write_atomically(
-        paths[2],
-        lambda tmp: figure.write_html(
-            str(tmp),
-            include_plotlyjs=True,
-            full_html=True,
-            div_id=f"parasim-{stem}",
-            config={"displaylogo": False, "responsive": True},
-        ),
+    chart = figure.to_html(
+        include_plotlyjs=True,
+        full_html=False,
+        div_id=f"parasim-{stem}",
+        config={"displaylogo": False, "responsive": True},
     )
+    shown = [name for name in fields if name != "overrides"]
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in shown)
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{html.escape(str(value(row, name)))}</td>" for name in shown)
+        + "</tr>"
+        for row in (table if charted is None else charted)
+    )
+    page = (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>parasim {stem}</title>"
+        "<style>body{font-family:sans-serif} table{border-collapse:collapse;font-size:12px}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+        "td:nth-child(2),th:nth-child(2){text-align:left}</style></head><body>"
+        f"{chart}<h3>The rows charted above ({stem}.csv has every row)</h3>"
+        f"<table id='parasim-{stem}-table'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table></body></html>"
+    )
+    write_atomically(paths[2], lambda tmp: tmp.write_text(page, encoding="utf-8"))
     return paths
 
 
