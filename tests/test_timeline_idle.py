@@ -47,3 +47,21 @@ def test_idle_bars_add_up_to_the_breakdown(name, overrides):
             assert {lanes[y].split(" ", 1)[1] for y in t.y} == {"compute"}
     labels = [a.text for a in fig.layout.annotations]
     assert any(label.startswith("stage 0 · node") for label in labels)
+
+
+def test_a_merge_of_touching_ops_says_so_not_a_fraction_of_a_nanosecond():
+    from simulator.report.timeline import _cap_note
+
+    info = {
+        "ranks_shown": [0],
+        "ranks_total": 1,
+        "coalesced_from": 1000,
+        "truncated": False,
+        "bars": 10,
+        "bars_total": 10,
+        "selection": "every rank",
+    }
+    touching = _cap_note({**info, "merge_gap_s": 2.5e-10}, 10)
+    assert "ops of one kind that touch are drawn as one bar" in touching and "ns" not in touching
+    wider = _cap_note({**info, "merge_gap_s": 3e-6}, 10)
+    assert "less than 3 us apart" in wider

@@ -211,9 +211,12 @@ def _pick_records(trace: Trace, max_bars: int) -> tuple[list[OpRecord], dict[str
 def _cap_note(info: dict[str, Any], max_bars: int) -> str:
     note = _rank_note(info, max_bars)
     if "merge_gap_s" in info:
+        gap = info["merge_gap_s"]
+        # below a nanosecond the merge joins only ops that touch: say so, not "0.25 ns"
+        apart = "that touch" if gap < 1e-9 else f"less than {_human_time(gap)} apart"
         note += (
-            f"; ops of one kind less than {_human_time(info['merge_gap_s'])} apart are drawn "
-            f"as one bar ({info['coalesced_from']:,} ops; trace.json has each one)"
+            f"; ops of one kind {apart} are drawn as one bar "
+            f"({info['coalesced_from']:,} ops; trace.json has each one)"
         )
     return note
 
