@@ -21,6 +21,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from simulator.common.machine import machine_memory
+
 from .runtime import HardwareError
 
 __all__ = ["launch_local"]
@@ -42,13 +44,6 @@ RANKS_PER_CORE = 4
 BYTES_PER_RANK = 400e6
 
 
-def _machine_memory() -> float | None:
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def check_ranks(nproc: int, backend: str) -> None:
     """Refuse a local run this machine cannot hold, with the numbers."""
     if nproc < 1:
@@ -64,7 +59,7 @@ def check_ranks(nproc: int, backend: str) -> None:
             )
         return
     cores = os.cpu_count() or 1
-    memory = _machine_memory()
+    memory = machine_memory()
     limit = RANKS_PER_CORE * cores
     if memory is not None:
         limit = min(limit, int(memory / BYTES_PER_RANK))

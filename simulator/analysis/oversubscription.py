@@ -61,7 +61,7 @@ def _sends(schedule: Schedule) -> Iterable[tuple[int, int, str]]:
 def crossing_axes(cluster: Cluster, schedule: Schedule, layout: Layout) -> dict[str, set[str]]:
     """For ``"leaf"`` and ``"core"``: the axes whose traffic crosses those links."""
     crossing: dict[str, set[str]] = {"leaf": set(), "core": set()}
-    groups = {name: members for name, members in schedule.groups.items()}
+    groups = dict(schedule.groups)
     for name, images in schedule.images.items():
         for index, members in enumerate(images):
             groups[f"{name}#{index}"] = members
@@ -97,7 +97,7 @@ def oversubscription_warnings(
     if pods:
         ratios["core"] = network.core_oversubscription
     knobs = {"leaf": "network.oversubscription", "core": "network.core_oversubscription"}
-    if all(ratio == 1 for ratio in ratios.values()) and network.core_oversubscription == 1:
+    if network.oversubscription == 1 and network.core_oversubscription == 1:
         return []
     warnings = []
     if not pods and network.core_oversubscription != 1:

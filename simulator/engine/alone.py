@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from simulator.engine.collectives import TransferSpec, collective_transfers, p2p_transfer
-from simulator.schedule.ir import Collective
+from simulator.schedule.ir import Collective, Schedule
 from topologies import Cluster
 
 __all__ = ["AloneTimes", "time_alone", "with_images"]
@@ -90,6 +90,19 @@ class AloneTimes:
         self.images = images or {}
         self.rank_images = rank_images or {}
         self._memo: dict[tuple, object] = {}
+
+    @classmethod
+    def of_schedule(
+        cls,
+        cluster: Cluster,
+        schedule: Schedule,
+        algorithm: str | None = None,
+        protocol: str | None = None,
+    ) -> AloneTimes:
+        """The alone times of ``schedule``'s groups, with its images."""
+        return cls(
+            cluster, schedule.groups, algorithm, protocol, schedule.images, schedule.rank_images
+        )
 
     def collective(self, op: Collective, splits=None) -> tuple[float, str]:
         """``(seconds, "kind/algorithm/protocol")`` of ``op`` (``splits``: an uneven

@@ -39,14 +39,7 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
     simulated = set(schedule.programs)
     folded = {n for n, m in schedule.groups.items() if not set(m) <= simulated}
     choices: dict[str, int] = {}
-    alone = AloneTimes(
-        cluster,
-        schedule.groups,
-        options.algorithm,
-        options.protocol,
-        schedule.images,
-        schedule.rank_images,
-    )
+    alone = AloneTimes.of_schedule(cluster, schedule, options.algorithm, options.protocol)
     plan, p2p_time = alone.collective, alone.p2p
 
     def collective_time(op: Collective, splits=None) -> float:

@@ -105,14 +105,7 @@ class _Engine:
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
         self.compute = ComputeModel(cluster.spec)
-        self.alone = AloneTimes(
-            cluster,
-            schedule.groups,
-            options.algorithm,
-            options.protocol,
-            schedule.images,
-            schedule.rank_images,
-        )
+        self.alone = AloneTimes.of_schedule(cluster, schedule, options.algorithm, options.protocol)
         self.blocks = BlockTimer(
             lambda op, body: self.compute.with_comm(op, body, self.alone.collective),
             self.alone.collective,

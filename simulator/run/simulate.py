@@ -7,7 +7,6 @@ memory, and compute the headline figures (DESIGN.md, "Command line").
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +29,7 @@ from simulator.arithmetic.counts import (
     parameter_count,
 )
 from simulator.common.errors import ParasimError
+from simulator.common.machine import machine_memory
 from simulator.common.version import __version__
 from simulator.engine.compute import executed_flops
 from simulator.engine.core import EngineOptions, SimulationTimes, simulate
@@ -127,18 +127,11 @@ def estimated_ops(scenario: Scenario) -> float:
     return ranks * layers * (scenario.microbatches * OPS_PER_LAYER_PASS + 10)
 
 
-def _machine_memory() -> float | None:
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def check_size(scenario: Scenario) -> None:
     """Refuse a step too large to simulate on this machine (``--force`` skips this)."""
     ops = estimated_ops(scenario)
     memory = ops * BYTES_PER_OP
-    available = _machine_memory()
+    available = machine_memory()
     if ops <= MAX_STEP_OPS and (available is None or memory <= available / 2):
         return
     have = f" of the machine's {available / 2**30:.0f} GiB" if available else ""
