@@ -485,3 +485,60 @@ def test_export_errors_say_what_to_install(tmp_path, monkeypatch):
     with pytest.raises(ImageExportError, match="format 'gif'"):
         export_figure(figure, target, format="gif")
     assert not target.exists() and not list(tmp_path.glob(".*"))
+
+
+# what the timeline's zoom shows: the view ('merged' or 'ops'), the bars drawn in each
+# trace, and whether a time axis is drawn at the bottom as well as at the top
+TIMELINE_VIEW = """
+const gd = document.getElementById('parasim-timeline');
+return {
+    view: gd.dataset.view || null,
+    bars: gd.data.filter(t => t.type === 'bar').map(t => (t.x || []).length),
+    opacity: gd.data.filter(t => t.type === 'bar').map(t => t.marker.opacity),
+    axes: gd.querySelectorAll('.xtick').length > 0 &&
+        gd.querySelectorAll('.x2tick').length > 0,
+};
+"""
+
+
+def test_zooming_in_draws_merged_ops_one_by_one(driver, tmp_path):
+    """A timeline whose ops were merged to fit draws them one by one once a zoom leaves
+    few enough in view, so no lane is drawn busy where it was idle, and merges them again
+    when zoomed out; the time axis is at the top and the bottom."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from simulator.report.timeline import write_timeline_html
+
+    from .test_reports import big_trace
+
+    trace = big_trace(ranks=2, ops=2000)  # 0.9 ms ops 0.1 ms apart: merged to fit
+    path = tmp_path / "timeline.html"
+    info = write_timeline_html(trace, path, title="zoom", max_bars=500)
+    assert info["zoom_detail"] and info["bars"] <= 500
+    page = open_report(driver, path, tmp_path / "before.png")
+    assert page["plots"][0]["traces"] > 0
+    before = driver.execute_script(TIMELINE_VIEW)
+    assert before["view"] == "merged" and before["axes"], before
+    assert sum(before["bars"]) == info["bars"]
+
+    def zoom(lo: float, hi: float, view: str) -> dict[str, Any]:
+        driver.execute_script(
+            "Plotly.relayout('parasim-timeline', {'xaxis.range': arguments[0]});", [lo, hi]
+        )
+        WebDriverWait(driver, RENDER_TIMEOUT_S, poll_frequency=0.1).until(
+            lambda d: d.execute_script(TIMELINE_VIEW)["view"] == view
+        )
+        return driver.execute_script(TIMELINE_VIEW)
+
+    # 100 ms hold 100 ops per rank: 2 x 101 overlapping the window, each drawn alone
+    lo, hi = 500.0, 600.0
+    inside = [r for r in trace.records if r.start * 1e3 <= hi and r.end * 1e3 >= lo]
+    zoomed = zoom(lo, hi, "ops")
+    assert sum(zoomed["bars"]) == len(inside)
+    # each op alone, fully opaque: nothing between them drawn as busy
+    assert all(o == 1 for trace_opacity in zoomed["opacity"] for o in trace_opacity)
+    # back out: the merged bars again
+    out = zoom(0.0, 2000.0, "merged")
+    assert out["bars"] == before["bars"]
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors

@@ -290,7 +290,7 @@ def test_timeline_html_is_self_contained(tmp_path: Path):
 def test_timeline_one_trace_per_category_and_lanes():
     trace = small_trace()
     fig, info = timeline_figure(trace, title="toy run")
-    names = [t.name for t in fig.data]
+    names = [t.name for t in fig.data if t.type == "bar"]
     assert names == [
         "forward",
         "backward",
@@ -301,10 +301,14 @@ def test_timeline_one_trace_per_category_and_lanes():
         "comm:pp",
     ]
     assert info["categories"] == names
-    assert sum(len(t.x) for t in fig.data) == len(trace.records)
-    for t in fig.data:
+    assert sum(len(t.x) for t in fig.data if t.type == "bar") == len(trace.records)
+    *bars, axis = fig.data
+    for t in bars:
         assert t.orientation == "h" and t.type == "bar"
         assert len(t.base) == len(t.x) == len(t.y) == len(t.hovertext)
+    # the empty trace that draws the time axis at the bottom too
+    assert axis.xaxis == "x2" and fig.layout.xaxis2.matches == "x" and not axis.showlegend
+    assert fig.layout.xaxis2.side == "bottom" and fig.layout.xaxis.side == "top"
     assert fig.layout.barmode == "overlay"
     lanes = list(fig.layout.yaxis.ticktext)
     assert lanes == [
@@ -337,7 +341,7 @@ def test_timeline_colours_are_fixed_per_category():
     only_dp = Trace([r for r in small_trace().records if r.tags.get("axis") == "dp"], 6.4 * MS)
     fig_b, _ = timeline_figure(only_dp, title="b")
     colour = {t.name: t.marker.color for t in fig_a.data}
-    assert [t.name for t in fig_b.data] == ["comm:dp"]
+    assert [t.name for t in fig_b.data if t.type == "bar"] == ["comm:dp"]
     assert fig_b.data[0].marker.color == colour["comm:dp"]
 
 
@@ -383,7 +387,7 @@ def test_timeline_truncates_a_single_huge_rank():
     trace = Trace(records=records, step_time=500 * MS, meta={})
     fig, info = timeline_figure(trace, title="one", max_bars=100)
     assert info["truncated"] and info["bars"] == 100
-    assert sum(len(t.x) for t in fig.data) == 100
+    assert sum(len(t.x) for t in fig.data if t.type == "bar") == 100
     assert "first 100 of 500 ops" in fig.layout.annotations[0].text
 
 
@@ -391,7 +395,7 @@ def test_timeline_merges_ops_before_dropping_any():
     fig, info = timeline_figure(big_trace(ranks=1, ops=500), title="one", max_bars=100)
     assert not info["truncated"] and info["coalesced_from"] == 500 and info["bars"] <= 100
     assert "drawn as one bar" in fig.layout.annotations[0].text
-    opacities = [o for t in fig.data for o in t.marker.opacity]
+    opacities = [o for t in fig.data if t.type == "bar" for o in t.marker.opacity]
     assert all(0.25 <= o <= 1.0 for o in opacities) and min(opacities) < 1.0
 
 

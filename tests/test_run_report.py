@@ -14,15 +14,16 @@ from simulator.report.outputs import write_run_outputs
 from simulator.report.run_report import (
     LINK_BINS,
     LINK_ROWS,
+    REPORT_MAX_BARS,
     breakdown_figure,
     breakdown_rows,
     exposed_comm_figure,
     link_heatmap,
     memory_figure,
-    report_trace,
     run_report_html,
 )
 from simulator.report.style import AXIS_COLORS, BREAKDOWN_COLORS
+from simulator.report.timeline import fit_trace, timeline_figure
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import make_trace, representative_ranks, run_scenario
 from topologies.units import format_time
@@ -238,13 +239,21 @@ def test_link_heatmap_only_in_flow_fidelity(flow_run, analytic_run):
 def test_large_traces_are_drawn_with_representative_ranks(flow_run):
     trace = make_trace(flow_run)
     assert len(trace.records) > 3000
-    shown, gap = report_trace(flow_run, trace, max_bars=3000)
     reps = representative_ranks(flow_run.scenario, flow_run.result.breakdown.critical_rank)
+    assert trace.meta["representative_ranks"] == reps
+    shown, info = fit_trace(trace, max_bars=3000)
     assert {rec.rank for rec in shown.records} <= set(reps)
-    assert len(shown.records) <= 3000
-    assert gap is not None and gap < 1e-6 * flow_run.result.step_time_s  # touching ops only
+    assert len(shown.records) <= 3000 and not info["truncated"]
+    # touching ops, or trains of ops thinner than half a pixel: nothing else merged
+    assert info["merge_gap_s"] <= flow_run.result.step_time_s / 2000
+    # the report draws the representative ranks; timeline.html, with its larger
+    # budget, every rank once touching ops are merged (so those same ranks too)
+    _, page = timeline_figure(trace, "t", max_bars=REPORT_MAX_BARS)
+    _, full = timeline_figure(trace, "t")
+    assert page["ranks_shown"] == info["ranks_shown"] == reps
+    assert full["ranks_shown"] == sorted({rec.rank for rec in trace.records})
     small = make_trace(_run("small.yaml"))
-    assert report_trace(flow_run, small, max_bars=10**6) == (small, None)
+    assert fit_trace(small, max_bars=10**6)[0].records == small.records
 
 
 def test_timeline_caption_says_what_is_left_out(flow_page):

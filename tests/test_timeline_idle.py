@@ -62,6 +62,13 @@ def test_a_merge_of_touching_ops_says_so_not_a_fraction_of_a_nanosecond():
         "selection": "every rank",
     }
     touching = _cap_note({**info, "merge_gap_s": 2.5e-10}, 10)
-    assert "ops of one kind that touch are drawn as one bar" in touching and "ns" not in touching
+    assert touching.startswith("Ops of one kind that touch are drawn as one bar")
+    assert "ns" not in touching
     wider = _cap_note({**info, "merge_gap_s": 3e-6}, 10)
-    assert "less than 3 us apart" in wider
+    assert "less than 3 us apart" in wider and "trace.json has each one" in wider
+    thin = _cap_note({**info, "merge_gap_s": 3e-6, "merge_narrow": True}, 10, zoomable=True)
+    assert thin.startswith("Ops shorter than 3 us and as close to each other")
+    assert thin.endswith("(1,000 ops; zoom in to see each one)")
+    # a chart that shows only some ranks says so on the first line
+    some = _cap_note({**info, "ranks_total": 8, "merge_gap_s": 3e-6}, 10)
+    assert some.startswith("Showing 1 of 8 ranks") and "<br>Ops of one kind" in some

@@ -13,7 +13,12 @@ from simulator.common.files import write_atomically, write_json
 from simulator.report import write_chrome_trace, write_run_report, write_timeline_html
 from simulator.report.chrome_trace import write_rank_traces
 from simulator.report.images import export_figures
-from simulator.report.run_report import breakdown_figure, link_heatmap, memory_figure, report_trace
+from simulator.report.run_report import (
+    REPORT_MAX_BARS,
+    breakdown_figure,
+    link_heatmap,
+    memory_figure,
+)
 from simulator.report.timeline import timeline_figure
 from simulator.run.simulate import make_trace, trace_ranks
 
@@ -73,7 +78,7 @@ def write_run_images(run: Any, trace: Any, out: Path, title: str, image_format: 
     kaleido with the system Chromium (:mod:`simulator.report.images`)."""
 
     figures = [
-        ("timeline", timeline_figure(report_trace(run, trace)[0], title)[0]),
+        ("timeline", timeline_figure(trace, title, max_bars=REPORT_MAX_BARS)[0]),
         ("breakdown", breakdown_figure(run.result)),
         ("memory", memory_figure(run.result.memory)),
         ("links", link_heatmap(run)),

@@ -12,9 +12,9 @@ warnings), then draws, each with a caption saying what to read from it:
 * ``links``: utilisation of the busiest links over the step, in flow fidelity only;
 * ``timeline``: the Gantt chart of :func:`simulator.report.timeline.timeline_figure`,
   from the same trace as ``timeline.html`` but held to ``REPORT_MAX_BARS`` bars so the
-  page stays a few MB: when the trace has more ops than that, its representative ranks
-  (one per pipeline stage and the critical rank) are drawn, with nearby ops of one kind
-  merged into one bar if they need it (:func:`report_trace`).
+  page stays a few MB: the ranks and merged bars follow the rule of
+  :func:`simulator.report.timeline.fit_trace`, so with too many ops both pages draw the
+  run's representative ranks (one per pipeline stage and the critical rank).
 
 Each chart is a plotly div with that id; plotly.js is inlined once in the page head, so
 the file opens offline. The page depends only on the run and the title: the same run
@@ -24,8 +24,6 @@ gives the same bytes.
 from __future__ import annotations
 
 import html
-from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,6 @@ from simulator.analysis.links import utilisation_bins
 from simulator.analysis.metrics import CATEGORIES
 from simulator.analysis.result import MemoryEstimate, RankAccount, StepResult
 from simulator.analysis.trace import Trace
-from simulator.report.chrome_trace import select_ranks
 from simulator.report.style import (
     AXIS_COLORS,
     BREAKDOWN_COLORS,
@@ -47,8 +44,8 @@ from simulator.report.style import (
     PLOT_CONFIG,
     base_layout,
 )
-from simulator.report.timeline import coalesce, timeline_figure
-from simulator.run.simulate import RunResult, make_trace, representative_ranks, trace_ranks
+from simulator.report.timeline import timeline_figure
+from simulator.run.simulate import RunResult, make_trace, trace_ranks
 from topologies.units import format_bandwidth, format_bytes, format_time
 
 __all__ = [
@@ -61,7 +58,6 @@ __all__ = [
     "exposed_comm_figure",
     "memory_figure",
     "link_heatmap",
-    "report_trace",
     "run_report_html",
     "write_run_report",
 ]
@@ -74,8 +70,6 @@ REPORT_MAX_BARS = 8000
 LINK_ROWS = 30
 LINK_BINS = 200
 
-# Merge gaps the report's timeline tries, as fractions of the step, finest first.
-_MERGE_DIVISIONS = (1e9, 2e3, 500)
 _GIB = 2.0**30
 _MS = 1e3
 
@@ -443,55 +437,6 @@ def link_heatmap(run: RunResult, top: int = LINK_ROWS, bins: int = LINK_BINS) ->
 # --- timeline --------------------------------------------------------------------------------
 
 
-def report_trace(
-    run: RunResult, trace: Trace, max_bars: int = REPORT_MAX_BARS
-) -> tuple[Trace, float | None]:
-    """The trace the report's timeline draws, and the merge gap used to make it fit.
-
-    ``trace`` itself when it has at most ``max_bars`` ops. Otherwise only its
-    representative ranks (one per pipeline stage, the last TP rank of stage 0 and the
-    critical rank); when even they have too many ops, ops of one kind that follow each
-    other in a lane closer than a gap are merged into one bar
-    (:func:`~simulator.report.timeline.coalesce`), the gap widened from touching ops to
-    1/2000 and then 1/500 of the step (half a pixel and two pixels of a full-width
-    chart); when that is still too many, the largest evenly spaced subset of those ranks
-    that fits is kept (:func:`~simulator.report.chrome_trace.select_ranks`). Idle
-    stretches (``meta["idle"]``) shorter than the gap are left out with the gaps the
-    merged bars cover.
-    """
-
-    if len(trace.records) <= max_bars:
-        return trace, None
-    present = {rec.rank for rec in trace.records}
-    critical = run.result.breakdown.critical_rank
-    reps = [r for r in representative_ranks(run.scenario, critical) if r in present]
-    if reps and len(reps) < len(present):
-        keep = set(reps)
-        trace = replace(
-            trace,
-            records=[rec for rec in trace.records if rec.rank in keep],
-            meta={**trace.meta, "representative_ranks": reps, "ranks_shown": reps},
-        )
-    if len(trace.records) <= max_bars or trace.step_time <= 0:
-        return trace, None
-    for divisions in _MERGE_DIVISIONS:
-        gap = trace.step_time / divisions
-        records = coalesce(trace.records, gap)
-        if len(records) <= max_bars:
-            break
-    else:
-        counts = Counter(rec.rank for rec in records)
-        keep = set(select_ranks(counts, max_bars, trace.meta.get("representative_ranks")))
-        records = [rec for rec in records if rec.rank in keep]
-    meta = dict(trace.meta)
-    if meta.get("idle"):  # idle stretches shorter than the gap merged into the bars around
-        meta["idle"] = {
-            rank: [item for item in intervals if item[2] - item[1] >= gap]
-            for rank, intervals in meta["idle"].items()
-        }
-    return replace(trace, records=records, meta=meta), gap
-
-
 # --- the page --------------------------------------------------------------------------------
 
 
@@ -747,13 +692,12 @@ def run_report_html(
             _section("links", "Link utilisation over the step", link_caption, _note(line))
         )
 
-    shown, gap = report_trace(run, trace)
-    timeline, timeline_info = timeline_figure(shown, title, max_bars=REPORT_MAX_BARS)
-    timeline_info["merge_gap_s"] = gap
+    timeline, timeline_info = timeline_figure(trace, title, max_bars=REPORT_MAX_BARS)
+    gap = timeline_info.get("merge_gap_s")
     fewer = []
     if len(timeline_info["ranks_shown"]) < len({rec.rank for rec in trace.records}):
         fewer.append(f"only {len(timeline_info['ranks_shown'])} representative ranks are drawn")
-    if gap is not None:
+    if gap is not None and not timeline_info.get("merge_narrow"):
         fewer.append(f"ops of one kind less than {format_time(gap)} apart are drawn as one bar")
     more = (
         f" To keep this page small, {' and '.join(fewer)}; timeline.html beside it draws "

@@ -24,8 +24,9 @@ present). The file embeds plotly.js, so it opens offline.
 
 from __future__ import annotations
 
+import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ _IDLE_NAMES = {
 
 _FONT = "Inter, 'Helvetica Neue', Helvetica, Arial, sans-serif"
 _DIV_ID = "parasim-timeline"
-_MARGIN = {"l": 110, "r": 150, "t": 130, "b": 40}
+_MARGIN = {"l": 110, "r": 150, "t": 130, "b": 56}
 
 
 def _display_category(rec: OpRecord) -> str:
@@ -90,11 +91,16 @@ def _human_time(seconds: float) -> str:
     return format_time(seconds)
 
 
-def coalesce(records: list[OpRecord], resolution: float) -> list[OpRecord]:
+def coalesce(
+    records: list[OpRecord], resolution: float, narrower_than: float | None = None
+) -> list[OpRecord]:
     """Merge ops that follow each other in one lane, in one category, less than
     ``resolution`` seconds apart, into one bar: at a zoom where such gaps are below a
-    pixel the chart looks the same, with far fewer bars. A merged bar's label names its
-    first and last op and how many it holds; bytes and FLOPs are summed."""
+    pixel the chart looks the same, with far fewer bars. With ``narrower_than``, only
+    ops shorter than that are merged (trains of ops too thin to draw one by one); wider
+    ops keep their own bar. A merged bar's label names its first and last op and how
+    many it holds, its ``busy_s`` tag how long its ops ran (drawn as its opacity);
+    bytes and FLOPs are summed."""
     lanes: dict[tuple[int, str], list[OpRecord]] = defaultdict(list)
     for rec in records:
         lanes[(rec.rank, rec.stream)].append(rec)
@@ -102,13 +108,20 @@ def coalesce(records: list[OpRecord], resolution: float) -> list[OpRecord]:
     for lane in lanes.values():
         lane.sort(key=lambda r: (r.start, r.op_id))
         run: list[OpRecord] = []
+        end = 0.0
         for rec in lane:
+            alone = narrower_than is not None and rec.end - rec.start >= narrower_than
             if run and (
-                _display_category(rec) != _display_category(run[-1])
-                or rec.start - run[-1].end > resolution
+                alone
+                or _display_category(rec) != _display_category(run[-1])
+                or rec.start - end > resolution
             ):
                 merged.append(_merge(run))
                 run = []
+            if alone:
+                merged.append(rec)
+                continue
+            end = max(end, rec.end) if run else rec.end
             run.append(rec)
         if run:
             merged.append(_merge(run))
@@ -121,7 +134,7 @@ def _merge(run: list[OpRecord]) -> OpRecord:
     first, last = run[0], run[-1]
     shared = {k: v for k, v in first.tags.items() if all(r.tags.get(k) == v for r in run)}
     # how much of the merged span its ops were busy: drawn as the bar's opacity
-    shared["busy_s"] = sum(r.end - r.start for r in run)
+    shared["busy_s"] = sum(r.tags.get("busy_s", r.end - r.start) for r in run)
     return replace(
         first,
         label=f"{len(run)} ops: {first.label} … {last.label}",
@@ -164,39 +177,97 @@ def _hover(rec: OpRecord, cat: str, lane: str) -> str:
     return "<br>".join(lines)
 
 
-def _pick_records(trace: Trace, max_bars: int) -> tuple[list[OpRecord], dict[str, Any]]:
-    """The records to draw and a summary of what was kept, in one pass (plus a sort
-    only when a single rank alone exceeds ``max_bars``)."""
-    counts: dict[int, int] = defaultdict(int)
-    for rec in trace.records:
-        counts[rec.rank] += 1
+#: The time resolution of a full-width chart, as a fraction of the step: half a pixel of
+#: a chart 1,000 pixels wide. Trains of ops this short and this close are drawn as one
+#: bar, as opaque as they were busy; a browser would draw each of them a pixel wide
+#: and the lane solid, as if always busy.
+PIXEL_DIVISIONS = 2e3
+#: When one rank alone has too many bars even so: two pixels.
+COARSE_DIVISIONS = 500
+#: The most op-by-op bars ``timeline.html`` carries for zooming in (about 40 bytes each).
+MAX_EXACT_BARS = 400_000
+
+
+def fit_trace(trace: Trace, max_bars: int) -> tuple[Trace, dict[str, Any]]:
+    """The trace a chart of at most ``max_bars`` bars draws, and what it kept.
+
+    One rule for every chart of a trace, so ``timeline.html`` and ``report.html`` show
+    the same ranks. Trains of ops shorter and closer than half a pixel of a full-width
+    chart (:data:`PIXEL_DIVISIONS`) are always one bar, as opaque as its ops were busy.
+    When the ops do not fit ``max_bars``: ops of one kind that touch in a lane are
+    merged (nothing drawn changes); then only the ranks in
+    ``meta["representative_ranks"]`` are kept (when they are some of the ranks
+    present); then ops of one kind closer than half a pixel are merged whatever their
+    length; then the largest evenly spaced subset of those ranks that fits is kept
+    (:func:`~simulator.report.chrome_trace.select_ranks`); last, a single rank that
+    still does not fit has ops closer than two pixels merged
+    (:data:`COARSE_DIVISIONS`), and is cut at ``max_bars`` ops in time order if even
+    that is too many. Idle
+    stretches (``meta["idle"]``) shorter than the merge gap are left out with the gaps
+    the merged bars cover.
+
+    The summary holds ``ranks_shown``, ``ranks_total``, ``bars``, ``bars_total``,
+    ``capped``, ``truncated``, ``selection`` (how the ranks were chosen), and when ops
+    were merged ``merge_gap_s``, ``merge_narrow`` (only ops shorter than the gap) and
+    ``coalesced_from``; ``exact`` is the same ranks' records with at most touching ops
+    merged, which a zoomed-in view draws op by op (None when nothing else was merged).
+    """
+    if max_bars < 1:
+        raise ValueError(f"max_bars must be at least 1, got {max_bars}")
+    counts = Counter(rec.rank for rec in trace.records)
     total = len(trace.records)
     # the trace itself may hold only some ranks of the job (meta["world"] says how many)
     world = trace.meta.get("world")
     ranks_total = max(len(counts), int(world)) if isinstance(world, int) else len(counts)
     # representative ranks mean something unless they are every rank of the job
-    reps = [r for r in trace.meta.get("representative_ranks") or () if r in counts]
+    reps = [r for r in dict.fromkeys(trace.meta.get("representative_ranks") or ()) if r in counts]
     if set(reps) == set(counts) and ranks_total == len(counts):
         reps = []
-    ranks = select_ranks(counts, max_bars, reps)
-    keep = set(ranks)
-    records = (
-        trace.records if len(keep) == len(counts) else [r for r in trace.records if r.rank in keep]
-    )
+    step = trace.step_time
+    records, gap, narrow = trace.records, 0.0, False
+    if total > max_bars and step > 0:
+        records = coalesce(records, step * 1e-9)
+        gap = step * 1e-9 if len(records) < total else 0.0
+    if len(records) > max_bars and reps and len(reps) < len(counts):
+        keep = set(reps)
+        records = [rec for rec in records if rec.rank in keep]
+    exact = records
+    if step > 0:
+        pixel = step / PIXEL_DIVISIONS
+        records = coalesce(exact, pixel, narrower_than=pixel)
+        if len(records) < len(exact):
+            gap, narrow = pixel, True
+        else:
+            records = exact
+        if len(records) > max_bars:
+            gap, narrow = pixel, False
+            records = coalesce(exact, gap)
+    drawn = Counter(rec.rank for rec in records)
+    if len(records) > max_bars:
+        keep = set(select_ranks(drawn, max_bars, reps))
+        records = [rec for rec in records if rec.rank in keep]
+        exact = [rec for rec in exact if rec.rank in keep]
+        if len(records) > max_bars and step > 0:  # one rank: two pixels, then cut
+            gap, narrow = step / COARSE_DIVISIONS, False
+            records = coalesce(exact, gap)
+        drawn = Counter(rec.rank for rec in records)
     truncated = len(records) > max_bars
     if truncated:
         records = sorted(records, key=lambda r: (r.start, r.rank, r.op_id))[:max_bars]
+    ranks = sorted(drawn)
+    keep = set(ranks)
     if len(keep) == ranks_total:
         selection = "all ranks"
     elif reps and keep == set(reps):
         selection = "representative ranks"
-    elif reps:
+    elif reps and keep < set(reps):
         selection = "evenly spaced representative ranks"
-    elif len(keep) == len(counts):
+    elif keep == set(counts):
         selection = "the ranks in the trace"
     else:
         selection = "evenly spaced ranks"
-    info = {
+    kept_ops = sum(counts[r] for r in keep)
+    info: dict[str, Any] = {
         "ranks_shown": ranks,
         "ranks_total": ranks_total,
         "bars": len(records),
@@ -205,23 +276,47 @@ def _pick_records(trace: Trace, max_bars: int) -> tuple[list[OpRecord], dict[str
         "truncated": truncated,
         "selection": selection,
     }
-    return records, info
+    if gap > 0:
+        info.update(merge_gap_s=gap, merge_narrow=narrow, coalesced_from=kept_ops)
+    meta = dict(trace.meta)
+    if meta.get("idle"):
+        meta["idle"] = {
+            rank: [item for item in intervals if item[2] - item[1] >= gap]
+            for rank, intervals in meta["idle"].items()
+            if int(rank) in keep
+        }
+    # the op-by-op records a zoomed-in view swaps in, when more than touching ops were
+    # merged and they are few enough to carry in the page
+    coarse = gap > step * 1e-9 and not truncated
+    info["exact"] = exact if coarse and 0 < len(exact) <= MAX_EXACT_BARS else None
+    return replace(trace, records=records, meta=meta), info
 
 
-def _cap_note(info: dict[str, Any], max_bars: int) -> str:
-    note = _rank_note(info, max_bars)
-    if "merge_gap_s" in info:
+def _cap_note(info: dict[str, Any], max_bars: int, zoomable: bool = False) -> str:
+    """The note above a chart that does not draw every op of the trace as its own bar:
+    which ranks it shows, and on a second line which ops share a bar."""
+    merged = "merge_gap_s" in info
+    parts = []
+    if not merged or info["truncated"] or len(info["ranks_shown"]) < info["ranks_total"]:
+        parts.append(_rank_note(info, max_bars, counts=not merged or info["truncated"]))
+    if merged:
         gap = info["merge_gap_s"]
         # below a nanosecond the merge joins only ops that touch: say so, not "0.25 ns"
-        apart = "that touch" if gap < 1e-9 else f"less than {_human_time(gap)} apart"
-        note += (
-            f"; ops of one kind {apart} are drawn as one bar "
-            f"({info['coalesced_from']:,} ops; trace.json has each one)"
+        if gap < 1e-9:
+            which = "Ops of one kind that touch"
+        elif info.get("merge_narrow"):
+            which = f"Ops shorter than {_human_time(gap)} and as close to each other"
+        else:
+            which = f"Ops of one kind less than {_human_time(gap)} apart"
+        where = "zoom in to see each one" if zoomable else "trace.json has each one"
+        parts.append(
+            f"{which} are drawn as one bar, as opaque as they were busy "
+            f"({info['coalesced_from']:,} ops; {where})"
         )
-    return note
+    return "<br>".join(parts)
 
 
-def _rank_note(info: dict[str, Any], max_bars: int) -> str:
+def _rank_note(info: dict[str, Any], max_bars: int, counts: bool = True) -> str:
     shown, total = len(info["ranks_shown"]), info["ranks_total"]
     if info["truncated"] and shown == total:
         return (
@@ -234,7 +329,7 @@ def _rank_note(info: dict[str, Any], max_bars: int) -> str:
             f"Showing {shown} of {total} ranks ({which}), only their first "
             f"{info['bars']:,} of {info['bars_total']:,} ops (max_bars={max_bars:,})"
         )
-    if info["bars"] == info["bars_total"]:
+    if info["bars"] == info["bars_total"] or not counts:
         return f"Showing {shown} of {total} ranks, {info['selection']}"
     return (
         f"Showing {shown} of {total} ranks, {info['selection']} "
@@ -249,11 +344,50 @@ def _place(trace: Trace, rank: int) -> tuple[int, int]:
     return stage, rank // per_node if per_node else 0
 
 
+def _empty_columns() -> dict[str, list[Any]]:
+    return {"base": [], "x": [], "y": [], "text": [], "opacity": []}
+
+
+def _op_columns(
+    records: list[OpRecord],
+    lane_of: dict[tuple[int, str], int],
+    lane_names: list[str],
+    compact: bool = False,
+) -> dict[str, dict[str, list[Any]]]:
+    """The bars of ``records`` by display category: start and length in milliseconds,
+    lane, and either the hover text and opacity (a merged bar is as opaque as its ops
+    were busy over its span) or, ``compact``, only each op's label, rounded to the
+    nanosecond for the page's zoom-in data."""
+    bars: dict[str, dict[str, list[Any]]] = {}
+    for rec in records:
+        cat = _display_category(rec)
+        lane = lane_of[(rec.rank, rec.stream)]
+        span = max(0.0, rec.end - rec.start)
+        if compact:
+            col = bars.setdefault(cat, {"base": [], "x": [], "y": [], "label": []})
+            col["base"].append(round(rec.start * 1e3, 6))
+            col["x"].append(round(span * 1e3, 6))
+            col["y"].append(lane)
+            col["label"].append(rec.label or rec.kind)
+            continue
+        col = bars.setdefault(cat, _empty_columns())
+        busy = rec.tags.get("busy_s")
+        col["opacity"].append(
+            1.0 if busy is None or span <= 0 else max(0.25, min(1.0, busy / span))
+        )
+        col["base"].append(rec.start * 1e3)
+        col["x"].append(span * 1e3)
+        col["y"].append(lane)
+        col["text"].append(_hover(rec, cat, lane_names[lane]))
+    return bars
+
+
 def _idle_bars(
-    trace: Trace, lane_of: dict[tuple[int, str], int]
+    trace: Trace, lane_of: dict[tuple[int, str], int], compact: bool = False
 ) -> dict[str, dict[str, list[Any]]]:
     """Bars for the idle stretches of each drawn rank's compute lane
-    (``trace.meta["idle"]``, from the time accounting), by category."""
+    (``trace.meta["idle"]``, from the time accounting), by category; ``compact`` as in
+    :func:`_op_columns`."""
     bars: dict[str, dict[str, list[Any]]] = {}
     for rank_text, intervals in (trace.meta.get("idle") or {}).items():
         lane = lane_of.get((int(rank_text), "compute"))
@@ -262,7 +396,14 @@ def _idle_bars(
         for category, lo, hi in intervals:
             if category not in IDLE_COLORS or hi <= lo:
                 continue
-            col = bars.setdefault(category, {"base": [], "x": [], "y": [], "text": []})
+            if compact:
+                col = bars.setdefault(category, {"base": [], "x": [], "y": [], "label": []})
+                col["base"].append(round(lo * 1e3, 6))
+                col["x"].append(round((hi - lo) * 1e3, 6))
+                col["y"].append(lane)
+                col["label"].append(_IDLE_NAMES[category])
+                continue
+            col = bars.setdefault(category, _empty_columns())
             col["base"].append(lo * 1e3)
             col["x"].append((hi - lo) * 1e3)
             col["y"].append(lane)
@@ -274,28 +415,19 @@ def _idle_bars(
 
 
 def timeline_figure(
-    trace: Trace, title: str, max_bars: int = 30000
+    trace: Trace, title: str, max_bars: int = 30000, zoom_detail: bool = False
 ) -> tuple[go.Figure, dict[str, Any]]:
     """The Gantt chart of ``trace`` and a summary: ``ranks_shown``, ``ranks_total``,
     ``bars``, ``bars_total``, ``lanes``, ``categories``, ``capped``, ``truncated`` and
-    ``selection`` (how the ranks shown were chosen)."""
-    if max_bars < 1:
-        raise ValueError(f"max_bars must be at least 1, got {max_bars}")
-    info_extra: dict[str, Any] = {}
-    if len(trace.records) > max_bars and trace.step_time > 0:
-        # Merge touching ops first; widen the merge only as far as the budget needs.
-        for divisions in (1e9, 3e4, 1e4, 5e3, 2e3):
-            coalesced = coalesce(trace.records, trace.step_time / divisions)
-            if len(coalesced) <= max_bars:
-                break
-        info_extra = {
-            "coalesced_from": len(trace.records),
-            "merge_gap_s": trace.step_time / divisions,
-        }
-        trace = replace(trace, records=coalesced)
-    records, info = _pick_records(trace, max_bars)
-    if info_extra:
-        info.update(info_extra, capped=True)
+    ``selection`` (how the ranks shown were chosen), as :func:`fit_trace` chose them.
+
+    With ``zoom_detail``, when more than touching ops were merged, the summary's
+    ``detail`` holds the drawn ranks' ops one by one (per trace: start and length in
+    ms, lane and label, sorted by lane and time) for a page script to draw when zoomed
+    in (:func:`write_timeline_html`)."""
+    shown, info = fit_trace(trace, max_bars)
+    records = shown.records
+    exact = info.pop("exact")
 
     streams: dict[int, set[str]] = defaultdict(set)
     for rec in records:
@@ -314,28 +446,21 @@ def timeline_figure(
             lane_names.append(f"r{rank} {stream}")
         rank_spans.append((first, len(lane_names) - 1))
 
-    bars: dict[str, dict[str, list[Any]]] = {}
-    for rec in records:
-        cat = _display_category(rec)
-        lane = lane_of[(rec.rank, rec.stream)]
-        col = bars.get(cat)
-        if col is None:
-            col = bars[cat] = {"base": [], "x": [], "y": [], "text": [], "opacity": []}
-        span = max(0.0, rec.end - rec.start)
-        busy = rec.tags.get("busy_s")
-        col["opacity"].append(
-            1.0 if busy is None or span <= 0 else max(0.25, min(1.0, busy / span))
-        )
-        col["base"].append(rec.start * 1e3)
-        col["x"].append(span * 1e3)
-        col["y"].append(lane)
-        col["text"].append(_hover(rec, cat, lane_names[lane]))
-
-    idle = _idle_bars(trace, lane_of)
+    step_ms = trace.step_time * 1e3
+    bars = _op_columns(records, lane_of, lane_names)
+    idle = _idle_bars(shown, lane_of)
+    if not zoom_detail or not exact:
+        exact = []
+    exact.sort(key=lambda r: (lane_of[(r.rank, r.stream)], r.start))
+    exact_bars = _op_columns(exact, lane_of, lane_names, compact=True) if exact else {}
+    exact_idle = _idle_bars(trace, lane_of, compact=True) if exact else {}
     fig = go.Figure()
-    categories = [cat for cat in CATEGORY_COLORS if cat in bars]
+    categories = [cat for cat in CATEGORY_COLORS if cat in bars or cat in exact_bars]
+    detail: list[dict[str, Any]] = []
     for cat in categories:
-        col = bars[cat]
+        col = bars.get(cat) or _empty_columns()
+        if cat in exact_bars:
+            detail.append({"trace": len(fig.data), "name": cat, **exact_bars[cat]})
         fig.add_trace(
             go.Bar(
                 name=cat,
@@ -355,7 +480,13 @@ def timeline_figure(
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
-    for cat, col in idle.items():
+    idle_categories = [cat for cat in IDLE_COLORS if cat in idle or cat in exact_idle]
+    for cat in idle_categories:
+        col = idle.get(cat) or _empty_columns()
+        if cat in exact_idle:
+            detail.append(
+                {"trace": len(fig.data), "name": _IDLE_NAMES[cat], "idle": True, **exact_idle[cat]}
+            )
         fig.add_trace(
             go.Bar(
                 name=_IDLE_NAMES[cat],
@@ -373,13 +504,23 @@ def timeline_figure(
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
-    categories += [_IDLE_NAMES[cat] for cat in idle]
+    # an axis at the bottom too: an empty trace on a second x axis that follows the first
+    fig.add_trace(
+        go.Scatter(x=[None], y=[None], xaxis="x2", showlegend=False, hoverinfo="skip", name="axis")
+    )
+    if detail:
+        info["detail"] = {
+            "max_bars": max_bars,
+            "step_ms": step_ms,
+            "lanes": lane_names,
+            "traces": detail,
+        }
+    categories += [_IDLE_NAMES[cat] for cat in idle_categories]
 
     n_lanes = len(lane_names)
     lane_px = 22 if n_lanes <= 80 else 14
     # at least enough room for the legend next to the plot
     height = _MARGIN["t"] + _MARGIN["b"] + max(240, n_lanes * lane_px)
-    step_ms = trace.step_time * 1e3
 
     shapes: list[dict[str, Any]] = [
         {
@@ -453,7 +594,7 @@ def timeline_figure(
     if info["capped"]:
         annotations.append(
             {
-                "text": _cap_note(info, max_bars),
+                "text": _cap_note(info, max_bars, zoomable=bool(info.get("detail"))),
                 "xref": "paper",
                 "yref": "paper",
                 "x": 0,
@@ -521,6 +662,17 @@ def timeline_figure(
             "spikecolor": "#888",
             "spikedash": "dot",
         },
+        # the same time axis again at the bottom, for long charts
+        xaxis2={
+            "matches": "x",
+            "overlaying": "x",
+            "side": "bottom",
+            "anchor": "y",
+            "ticksuffix": " ms",
+            "showgrid": False,
+            "zeroline": False,
+            "showline": False,
+        },
         yaxis={
             "tickmode": "array",
             "tickvals": list(range(n_lanes)),
@@ -541,22 +693,105 @@ def timeline_figure(
     return fig, info
 
 
+#: Redraws the ops of the zoomed window from the page's op-by-op data, merging only
+#: trains of ops shorter and closer than half a pixel at that zoom (as the chart first
+#: drawn does at full width), and goes back to the first drawing when even that is more
+#: than ``max_bars`` bars. Zoomed in, no lane is drawn busy where it was idle.
+_ZOOM_SCRIPT = """
+(function () {
+  const gd = document.getElementById('{plot_id}');
+  const detail = DETAIL;
+  if (!gd || !detail) { return; }
+  const first = detail.traces.map(t => {
+    const d = gd.data[t.trace];
+    return {base: d.base, x: d.x, y: d.y, hovertext: d.hovertext, opacity: d.marker.opacity};
+  });
+  const time = ms => ms >= 1 ? ms.toFixed(3) + ' ms' : ms >= 1e-3
+    ? (ms * 1e3).toFixed(3) + ' \u00b5s' : (ms * 1e6).toFixed(1) + ' ns';
+  // the bars of one trace in [lo, hi]: ops shorter than res and less than res apart
+  // in one lane become one bar, as opaque as they were busy
+  function bars(t, lo, hi, res, merge) {
+    const out = {base: [], x: [], y: [], hovertext: [], opacity: []};
+    let run = [];
+    const flush = () => {
+      if (!run.length) { return; }
+      const a = run[0], b = run[run.length - 1];
+      const start = t.base[a];
+      let end = start, busy = 0;
+      for (const i of run) { end = Math.max(end, t.base[i] + t.x[i]); busy += t.x[i]; }
+      out.base.push(start); out.x.push(end - start); out.y.push(t.y[a]);
+      out.opacity.push(end > start ? Math.max(0.25, Math.min(1, busy / (end - start))) : 1);
+      const head = run.length === 1 ? '<b>' + t.label[a] + '</b>'
+        : '<b>' + run.length + ' ops: ' + t.label[a] + ' \u2026 ' + t.label[b] + '</b>';
+      out.hovertext.push(head + '<br>' + t.name + ' \u00b7 ' + detail.lanes[t.y[a]] +
+        '<br>start ' + start.toFixed(4) + ' ms \u00b7 duration ' + time(end - start) +
+        (run.length > 1 ? '<br>busy ' + time(busy) + ' of that span' : ''));
+      run = [];
+    };
+    let end = -Infinity;
+    for (let i = 0; i < t.base.length; i++) {
+      if (t.base[i] > hi || t.base[i] + t.x[i] < lo) { continue; }
+      const thin = merge && t.x[i] < res;
+      if (run.length && (!thin || t.y[i] !== t.y[run[0]] || t.base[i] - end > res)) {
+        flush();
+      }
+      if (!thin) { run = [i]; flush(); continue; }
+      end = run.length ? Math.max(end, t.base[i] + t.x[i]) : t.base[i] + t.x[i];
+      run.push(i);
+    }
+    flush();
+    return out;
+  }
+  let zoomed = false;
+  function show() {
+    const range = gd._fullLayout.xaxis.range;
+    const lo = Math.min(range[0], range[1]), hi = Math.max(range[0], range[1]);
+    const res = (hi - lo) / PIXELS;
+    const drawn = detail.traces.map(t => bars(t, lo, hi, res, !t.idle));
+    const count = drawn.reduce((n, b) => n + b.x.length, 0);
+    const full = lo <= 0 && hi >= detail.step_ms;
+    const use = count <= detail.max_bars && !full ? drawn : first;
+    if (use === first && !zoomed) { return; }
+    zoomed = use !== first;
+    gd.dataset.view = zoomed ? 'ops' : 'merged';
+    Plotly.restyle(gd, {
+      base: use.map(b => b.base), x: use.map(b => b.x), y: use.map(b => b.y),
+      hovertext: use.map(b => b.hovertext), 'marker.opacity': use.map(b => b.opacity),
+    }, detail.traces.map(t => t.trace));
+  }
+  gd.dataset.view = 'merged';
+  gd.on('plotly_relayout', show);
+})();
+"""
+
+
 def write_timeline_html(
     trace: Trace, path: str | Path, title: str, max_bars: int = 30000
 ) -> dict[str, Any]:
     """Write the timeline of ``trace`` to ``path`` as a self-contained HTML file.
 
     Returns the summary of :func:`timeline_figure` plus ``path``: which ranks are
-    shown, how many bars were drawn, and whether the chart was capped. The file
-    depends only on the trace, the title and ``max_bars``, not on ``path``.
+    shown, how many bars were drawn, and whether the chart was capped. When ops were
+    merged to fit ``max_bars``, the page also carries the drawn ranks' ops one by one
+    and draws them instead of the merged bars once a zoom leaves at most ``max_bars``
+    in view. The file depends only on the trace, the title and ``max_bars``, not on
+    ``path``.
     """
-    fig, info = timeline_figure(trace, title, max_bars=max_bars)
+    fig, info = timeline_figure(trace, title, max_bars=max_bars, zoom_detail=True)
+    detail = info.pop("detail", None)
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(trace.meta.get("scenario") or "parasim"))
+    # "</" cannot end the script early: labels are the scenario's own strings
+    data = json.dumps(detail, separators=(",", ":")).replace("</", "<\\/")
     fig.write_html(
         str(path),
         include_plotlyjs=True,
         full_html=True,
         div_id=_DIV_ID,
+        post_script=(
+            _ZOOM_SCRIPT.replace("DETAIL", data).replace("PIXELS", f"{PIXEL_DIVISIONS:g}")
+            if detail
+            else None
+        ),
         config={
             "scrollZoom": True,
             "displaylogo": False,
@@ -566,4 +801,5 @@ def write_timeline_html(
         },
     )
     info["path"] = str(path)
+    info["zoom_detail"] = detail is not None
     return info

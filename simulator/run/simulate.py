@@ -206,7 +206,12 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
         "gpus_per_node": run.scenario.cluster_spec.gpus_per_node,
         "world": layout.world,
         "ranks_shown": chosen,
-        "representative_ranks": chosen,
+        "representative_ranks": [
+            r
+            for r in representative_ranks(run.scenario, run.result.breakdown.critical_rank)
+            if r in chosen
+        ]
+        or chosen,
         "stage_of_rank": {str(rank): layout.coords(rank)["pp"] for rank in chosen},
         "idle": idle_intervals(run, chosen),
     }
