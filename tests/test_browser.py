@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import re
 import shutil
@@ -398,6 +399,16 @@ def test_scale_report_renders(driver, workdir):
     out = workdir / "scale"
     _parasim("scale", SMALL, "--gpus", "8,16", "--workers", "1", "--out", out)
     check_report(driver, out / "scale.html", workdir)
+    # the GPU axis names the sizes run; the others are round numbers
+    ticks = "return Array.from(document.querySelectorAll(arguments[0])).map(t => t.textContent);"
+    assert driver.execute_script(ticks, ".xtick text") == ["8", "16"]
+    labels = driver.execute_script(ticks, ".ytick text, .y2tick text")
+    assert len(labels) >= 4
+    for label in labels:
+        number = float(label.replace(",", "").replace("k", "e3").replace("M", "e6"))
+        if number:
+            mantissa = number / 10 ** math.floor(math.log10(number))
+            assert round(mantissa, 9) in (1, 1.5, 2, 2.5, 4, 5, 6, 8), f"tick {label!r}"
 
 
 def test_compare_report_renders(driver, workdir, run_dir):

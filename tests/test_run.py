@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -214,4 +215,11 @@ def test_compare_of_two_predictions_is_a_what_if(tmp_path, capsys):
     assert "measured" not in out and "error" not in out
     report = json.loads((tmp_path / "ab" / "compare.json").read_text())
     assert report["mode"] == "what-if" and report["labels"] == ["A", "B"]
-    assert "A (upper lanes) over B" in (tmp_path / "ab" / "compare.html").read_text()
+    page = (tmp_path / "ab" / "compare.html").read_text()
+    assert "A (upper lanes) over B" in page
+    # the page holds the table the command prints: step time, then each op class
+    table = page[page.index("<table id='parasim-compare-table'>") :]
+    assert "<th>A against B</th>" in table and "<th>error</th>" not in table
+    cells = re.findall(r"<tr><td>([^<]+)</td>", table)
+    assert cells[0] == "step time"
+    assert cells[1:] == [row["class"] for row in report["op_classes"]]

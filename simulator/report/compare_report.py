@@ -14,6 +14,7 @@ result and a :class:`~simulator.analysis.trace.Trace`;
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -54,28 +55,66 @@ def load_run_dir(path: Path) -> tuple[StepResult, Trace]:
 
 
 def write_overlay(
-    p_trace: Trace, m_trace: Trace, path: Path, title: str = "predicted (upper lanes) over measured"
+    p_trace: Trace,
+    m_trace: Trace,
+    path: Path,
+    title: str = "predicted (upper lanes) over measured",
+    below: str = "",
 ) -> None:
-    """The timeline page of the two traces overlaid (:func:`overlay_trace`)."""
-    write_timeline_html(overlay_trace(p_trace, m_trace), path, title=title)
+    """The timeline page of the two traces overlaid (:func:`overlay_trace`), with the
+    HTML ``below`` under it."""
+    write_timeline_html(overlay_trace(p_trace, m_trace), path, title=title, below=below)
 
 
 def write_compare_outputs(
     report: Comparison, p_trace: Trace, m_trace: Trace, out: Path
 ) -> list[Path]:
-    """Write ``compare.json`` (``report``) and ``compare.html`` (the overlay) to ``out``."""
+    """Write ``compare.json`` (``report``) and ``compare.html`` (the overlay, and below
+    it the table the command prints) to ``out``."""
     paths = [out / "compare.json", out / "compare.html"]
     write_json(paths[0], report.to_json())
     first, second = report.labels
     write_atomically(
         paths[1],
-        lambda tmp: write_overlay(p_trace, m_trace, tmp, f"{first} (upper lanes) over {second}"),
+        lambda tmp: write_overlay(
+            p_trace, m_trace, tmp, f"{first} (upper lanes) over {second}", compare_table(report)
+        ),
     )
     return paths
 
 
 def _percent(error: float | None) -> str:
     return "-" if error is None else f"{100 * error:+.1f}%"
+
+
+def _gap_name(report: Comparison) -> str:
+    return "A against B" if report.mode == "what-if" else "error"
+
+
+def compare_table(report: Comparison) -> str:
+    """The step times and the time per rank of each op class, as an HTML table with
+    the columns :func:`print_compare` prints (every cell escaped)."""
+    first, second = report.labels
+    rows = [("step time", report.step_time)] + [(row.op_class, row) for row in report.op_classes]
+    head = "".join(
+        f"<th>{html.escape(name)}</th>" for name in ("", first, second, _gap_name(report))
+    )
+    body = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{format_time(row.predicted_s)}</td>"
+        f"<td>{format_time(row.measured_s)}</td><td>{_percent(row.error)}</td></tr>"
+        for name, row in rows
+    )
+    ranks = ", ".join(str(rank) for rank in report.ranks_compared)
+    return (
+        "<style>#parasim-compare-table{border-collapse:collapse;font:12px sans-serif;"
+        "margin:0 0 24px 110px}#parasim-compare-table td,#parasim-compare-table th"
+        "{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+        "#parasim-compare-table td:first-child{text-align:left}</style>"
+        "<h3 style='font:bold 14px sans-serif;margin:8px 0 6px 110px'>Step time and time "
+        f"per rank by op class (ranks {html.escape(ranks)})</h3>"
+        f"<table id='parasim-compare-table'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
 
 
 def print_compare(
@@ -88,7 +127,7 @@ def print_compare(
     (``sources``: the two run folders, named in a what-if comparison)."""
     step = report.step_time
     first, second = report.labels
-    gap = "A against B" if report.mode == "what-if" else "error"
+    gap = _gap_name(report)
     if report.mode == "what-if":
         a, b = sources or ("", "")
         console.print(

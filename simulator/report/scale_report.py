@@ -123,8 +123,15 @@ def scale_figure(result: ScaleResult) -> go.Figure:
     )
     fig.update_xaxes(title_text="GPUs", type="log", tickvals=x, ticktext=[str(v) for v in x])
     fig.update_yaxes(title_text="tokens/s", rangemode="tozero", secondary_y=False)
+    # round ticks of their own: plotly would otherwise line them up with the left axis
+    # (0, 33.7, 67.5, ...)
     fig.update_yaxes(
-        title_text="scaling efficiency (%)", range=[0, 110], showgrid=False, secondary_y=True
+        title_text="scaling efficiency (%)",
+        range=[0, 110],
+        tickmode="array",
+        tickvals=[0, 20, 40, 60, 80, 100],
+        showgrid=False,
+        secondary_y=True,
     )
     return fig
 

@@ -766,24 +766,24 @@ _ZOOM_SCRIPT = """
 
 
 def write_timeline_html(
-    trace: Trace, path: str | Path, title: str, max_bars: int = 30000
+    trace: Trace, path: str | Path, title: str, max_bars: int = 30000, below: str = ""
 ) -> dict[str, Any]:
-    """Write the timeline of ``trace`` to ``path`` as a self-contained HTML file.
+    """Write the timeline of ``trace`` to ``path`` as a self-contained HTML file, with
+    the HTML ``below`` (already escaped) under the chart.
 
     Returns the summary of :func:`timeline_figure` plus ``path``: which ranks are
     shown, how many bars were drawn, and whether the chart was capped. When ops were
     merged to fit ``max_bars``, the page also carries the drawn ranks' ops one by one
     and draws them instead of the merged bars once a zoom leaves at most ``max_bars``
-    in view. The file depends only on the trace, the title and ``max_bars``, not on
-    ``path``.
+    in view. The file depends only on the trace, the title, ``max_bars`` and
+    ``below``, not on ``path``.
     """
     fig, info = timeline_figure(trace, title, max_bars=max_bars, zoom_detail=True)
     detail = info.pop("detail", None)
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(trace.meta.get("scenario") or "parasim"))
     # "</" cannot end the script early: labels are the scenario's own strings
     data = json.dumps(detail, separators=(",", ":")).replace("</", "<\\/")
-    fig.write_html(
-        str(path),
+    page = fig.to_html(
         include_plotlyjs=True,
         full_html=True,
         div_id=_DIV_ID,
@@ -800,6 +800,10 @@ def write_timeline_html(
             "toImageButtonOptions": {"filename": f"{slug}-timeline", "scale": 2},
         },
     )
+    if below:
+        end = page.rindex("</body>")
+        page = page[:end] + below + page[end:]
+    Path(path).write_text(page, encoding="utf-8")
     info["path"] = str(path)
     info["zoom_detail"] = detail is not None
     return info
