@@ -38,7 +38,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=(
             "Simulate the scenario at each GPU count (whole nodes), keeping its tp and pp "
             "(dp the rest) or, with --best, the fastest layout at each size; report "
-            "throughput and scaling efficiency."
+            "throughput and scaling efficiency; write scale.csv, scale.json and "
+            "scale.html."
         ),
     )
     parser.add_argument("scenario", help="scenario YAML file")

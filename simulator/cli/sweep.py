@@ -30,7 +30,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Try every layout (tp, pp, dp, ep, sp, micro-batch, schedule, recompute, "
             "placement, sharding level, HSDP; context parallelism for long sequences) of "
             "the scenario's model on its cluster; drop the invalid ones and those that do "
-            "not fit in memory, simulate the rest and rank them by step time."
+            "not fit in memory, simulate the rest and rank them by step time; write "
+            "sweep.csv (every layout), sweep.json and sweep.html (the top layouts)."
         ),
     )
     parser.add_argument("scenario", help="scenario YAML file")

@@ -236,6 +236,11 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, An
     return result
 
 
+def preset_model(name: str) -> tuple[ModelSpec, MoESpec | None]:
+    """The shape and mixture of experts of model preset ``name``."""
+    return _resolve_model(ModelSection(preset=name))
+
+
 def _resolve_model(section: ModelSection) -> tuple[ModelSpec, MoESpec | None]:
     """The model's shape and its mixture of experts (the section's, else the preset's)."""
     fields = section.model_dump(exclude_none=True)
