@@ -205,7 +205,7 @@ def _scope_groups(runtime: Runtime) -> dict[str, tuple[object, list[int]]]:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    runtime = init_runtime()
+    runtime = init_runtime(ifname=args.ifname)
     peak, peak_source = _peak_flops(args, runtime)
     sweep = SWEEPS["quick" if args.quick else runtime.device.type]
     raw: dict = {
@@ -258,6 +258,11 @@ def _parser() -> argparse.ArgumentParser:
         "--preset", help="cluster preset whose peak FLOP/s the efficiency is measured against"
     )
     parser.add_argument("--peak-flops", help="peak FLOP/s of one device, e.g. '989 TFLOP/s'")
+    parser.add_argument(
+        "--ifname",
+        help="network interface the ranks connect over between nodes (sets "
+        "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME), e.g. ib0",
+    )
     return parser
 
 

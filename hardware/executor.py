@@ -27,6 +27,7 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,15 +55,34 @@ class StepTimes:
     end: list[float]
 
 
-def _on_completion(work, callback) -> None:
-    """Call ``callback`` when ``work`` completes: through its future where the backend
-    has one, otherwise from a thread that waits for it (gloo's send/recv)."""
+def _on_completion(work, callback: Callable[[BaseException | None], None]) -> None:
+    """Call ``callback`` when ``work`` completes, with the error it failed with (None
+    when it succeeded): through its future where the backend has one, otherwise from a
+    thread that waits for it (gloo's send/recv)."""
+
+    def wait() -> None:
+        try:
+            work.wait()
+        except Exception as exc:  # a timeout or a lost peer: the caller reports it
+            callback(exc)
+        else:
+            callback(None)
+
     try:
         future = work.get_future()
     except RuntimeError:
-        threading.Thread(target=lambda: (work.wait(), callback(None)), daemon=True).start()
-    else:
-        future.add_done_callback(callback)
+        threading.Thread(target=wait, daemon=True).start()
+        return
+
+    def done(fut) -> None:
+        try:
+            fut.value()
+        except Exception as exc:
+            callback(exc)
+        else:
+            callback(None)
+
+    future.add_done_callback(done)
 
 
 class _Buffers:
@@ -292,6 +312,17 @@ class ProgramExecutor:
                 f"rank {self.rank} op {op.id} {op.label or op.kind} on {op.group}: wrong result"
             )
 
+    def _comm_failure(self, op, error: BaseException) -> HardwareError:
+        """The error of a communication that did not complete: a timeout says that a
+        peer stopped responding, with the timeout; anything else, what the backend said."""
+        text = clean_backend_error(error)
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            return HardwareError(
+                f"{self.describe_current()}: no answer from the other ranks of {op.group} "
+                f"within the {self.runtime.timeout_s:g} s timeout (a peer stopped responding)"
+            )
+        return HardwareError(f"{self.describe_current()}: {text}")
+
     def describe_current(self) -> str:
         if 0 <= self.current < len(self.ops):
             op = self.ops[self.current]
@@ -324,9 +355,13 @@ class ProgramExecutor:
         dist.barrier()
         t0 = time.perf_counter()
 
+        failed: dict[int, BaseException] = {}
+
         def completed(op_id: int):
-            def callback(_future) -> None:
+            def callback(error: BaseException | None) -> None:
                 with lock:
+                    if error is not None:
+                        failed.setdefault(op_id, error)
                     pending[op_id] -= 1
                     if pending[op_id] == 0:
                         end[op_id] = time.perf_counter() - t0
@@ -340,6 +375,9 @@ class ProgramExecutor:
             for name, (op, check) in list(inflight.items()):
                 if pending[op.id]:
                     continue
+                if op.id in failed:  # the communication itself failed: never a wrong result
+                    self.current = op.id
+                    raise self._comm_failure(op, failed[op.id])
                 if verify:
                     check()  # before the stream's next op reuses the buffer
                 finished[op.id] = True

@@ -1,31 +1,54 @@
-"""Launch N local ranks through torch's own elastic launcher (what torchrun uses).
+"""Launch N local ranks on this machine, reachable only through its loopback interface.
 
 ``parasim replay --nproc N`` and ``parasim calibrate --nproc N`` call
-:func:`launch_local`, which starts ``python -m <module> <args>`` N times with
-torchrun's environment (c10d rendezvous on localhost, no restarts), waits, and turns
-a failure into one line naming the ranks: a rank that died (with its signal or exit
-code) and what the others reported (from ``$PARASIM_RUN_DIR/rank<r>.error``).
+:func:`launch_local`, which starts ``python -m hardware.rank <module> <args>`` N times
+with torchrun's environment variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``), waits, and turns a failure into one line naming the ranks: a
+rank that died (with its signal or exit code), what the others reported (from
+``$PARASIM_RUN_DIR/rank<r>.error``), and the ranks the launcher then stopped.
+
+Nothing listens on the network. The ranks meet through a file store in a private
+temporary folder (``PARASIM_STORE``, a :class:`torch.distributed.FileStore`), not a TCP
+store (torch's binds every interface), and gloo and NCCL open their connections on the
+loopback interface (``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``). Each rank
+watches its launcher and ends itself if the launcher dies (:mod:`hardware.rank`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
-import uuid
+import time
 from pathlib import Path
-
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from simulator.common.machine import machine_memory
 
 from .runtime import HardwareError
 
-__all__ = ["launch_local"]
+__all__ = ["launch_local", "loopback_interface"]
+
+#: How long the launcher waits, after a rank fails, for the others to report before it
+#: stops them: a rank that stopped responding is found by its own watchdog about when
+#: its peers time out waiting for it, and its report says so.
+REPORT_GRACE_S = 3.0
+#: How long a rank may take to end after SIGTERM before it is killed.
+STOP_GRACE_S = 5.0
+#: How often the launcher looks at its ranks.
+POLL_S = 0.05
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback interface (``lo`` on Linux, ``lo0`` on
+    macOS), or None when it has none by that name."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((name for name in names if name in ("lo", "lo0")), None)
 
 
 def _describe_exit(exitcode: int) -> str:
@@ -77,55 +100,85 @@ def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout
     """Run ``python -m module args`` on ``nproc`` local ranks; raise HardwareError on
     failure, KeyboardInterrupt when interrupted (the ranks are stopped first)."""
     check_ranks(nproc, backend)
-    # torch's elastic modules give each of their loggers its own level: quiet them all
-    # (parasim reports a failure or an interruption in one line of its own)
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="parasim-run-") as run_dir:
-        os.environ.update(
+        env = dict(
+            os.environ,
             PARASIM_BACKEND=backend,
             PARASIM_TIMEOUT=str(timeout_s),
             PARASIM_RUN_DIR=run_dir,
+            PARASIM_STORE=str(Path(run_dir) / "store"),
+            PARASIM_LAUNCHER_PID=str(os.getpid()),
             OMP_NUM_THREADS="1",
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            GROUP_RANK="0",
+            MASTER_ADDR="127.0.0.1",
         )
-        config = LaunchConfig(
-            min_nodes=1,
-            max_nodes=1,
-            nproc_per_node=nproc,
-            run_id=str(uuid.uuid4()),
-            rdzv_backend="c10d",
-            rdzv_endpoint="localhost:0",
-            max_restarts=0,
-            monitor_interval=0.1,
-        )
+        env.pop("MASTER_PORT", None)
+        loopback = loopback_interface()
+        if loopback is not None:
+            env.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
+        command = [sys.executable, "-m", "hardware.rank", module, *args]
+        ranks: list[subprocess.Popen] = []
         try:
-            elastic_launch(config, sys.executable)("-m", "hardware.rank", module, *args)
-        except ChildFailedError as exc:
-            raise HardwareError(_failure_message(exc, Path(run_dir))) from None
-        except SignalException:
-            # the elastic agent has stopped every rank: an interruption, not a failure
-            raise KeyboardInterrupt from None
+            for rank in range(nproc):
+                ranks.append(
+                    subprocess.Popen(command, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)))
+                )
+            stopped = _wait(ranks)
+        finally:
+            _stop([proc for proc in ranks if proc.poll() is None])
+        if any(proc.returncode != 0 for proc in ranks):
+            raise HardwareError(_failure_message(ranks, stopped, Path(run_dir)))
 
 
-def _failure_message(exc: ChildFailedError, run_dir: Path) -> str:
+def _wait(ranks: list[subprocess.Popen]) -> set[int]:
+    """Wait for every rank to end. Once one fails, give the others ``REPORT_GRACE_S``
+    to end or report, then stop them; return the ranks stopped that way."""
+    failed_at: float | None = None
+    while True:
+        codes = [proc.poll() for proc in ranks]
+        if all(code is not None for code in codes):
+            return set()
+        if failed_at is None and any(code not in (None, 0) for code in codes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > REPORT_GRACE_S:
+            running = [rank for rank, code in enumerate(codes) if code is None]
+            _stop([ranks[rank] for rank in running])
+            return set(running)
+        time.sleep(POLL_S)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM, then SIGKILL for any rank still running after ``STOP_GRACE_S``."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _failure_message(ranks: list[subprocess.Popen], stopped: set[int], run_dir: Path) -> str:
     reports = {
         int(path.stem[4:]): path.read_text().strip() for path in sorted(run_dir.glob("rank*.error"))
     }
-    died, stopped = [], []
-    for rank, failure in sorted(exc.failures.items()):
-        if rank in reports:
-            continue
-        if failure.exitcode == -signal.SIGTERM:
-            stopped.append(rank)  # ended by the launcher once another rank had failed
-        else:
-            died.append(f"rank {rank} {_describe_exit(failure.exitcode)}")
+    died = [
+        f"rank {rank} {_describe_exit(proc.returncode)}"
+        for rank, proc in enumerate(ranks)
+        if proc.returncode != 0 and rank not in reports and rank not in stopped
+    ]
     parts = died + [reports[rank] for rank in sorted(reports)]
-    if stopped:
-        names = ", ".join(str(r) for r in stopped)
-        verb = "were" if len(stopped) > 1 else "was"
+    quiet = sorted(stopped - set(reports))
+    if quiet:
+        names = ", ".join(str(r) for r in quiet)
+        verb = "were" if len(quiet) > 1 else "was"
         parts.append(
-            f"rank{'s' if len(stopped) > 1 else ''} {names} had not finished and {verb} "
+            f"rank{'s' if len(quiet) > 1 else ''} {names} had not finished and {verb} "
             "stopped by the launcher"
         )
     return "run failed: " + "; ".join(parts) if parts else "run failed"

@@ -44,11 +44,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--no-verify", dest="verify", action="store_false")
+    parser.add_argument(
+        "--ifname",
+        help="network interface the ranks connect over between nodes (sets "
+        "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME), e.g. ib0",
+    )
     return parser
 
 
 def replay(args: argparse.Namespace) -> int:
-    runtime = init_runtime()
+    runtime = init_runtime(ifname=args.ifname)
     scenario = load_scenario(args.scenario, args.overrides)
     if scenario.layout.world != runtime.world:
         raise HardwareError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -72,8 +73,26 @@ def _env_int(name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
-def init_runtime(backend: str | None = None, timeout_s: float | None = None) -> Runtime:
-    """Join the job torchrun (or the parasim launcher) started."""
+def use_interface(ifname: str) -> None:
+    """Make gloo and NCCL connect over network interface ``ifname`` (torchrun's own
+    rendezvous store is torchrun's: it listens on ``--rdzv-endpoint``'s port)."""
+    names = [name for _, name in socket.if_nameindex()]
+    if ifname not in names:
+        raise HardwareError(
+            f"--ifname: this host ({socket.gethostname()}) has no interface {ifname!r}; "
+            f"it has {', '.join(names)}"
+        )
+    os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    os.environ["NCCL_SOCKET_IFNAME"] = ifname
+
+
+def init_runtime(
+    backend: str | None = None, timeout_s: float | None = None, ifname: str | None = None
+) -> Runtime:
+    """Join the job torchrun (or the parasim launcher) started; with ``ifname``, over
+    that network interface."""
+    if ifname:
+        use_interface(ifname)
     backend = (
         backend
         or os.environ.get("PARASIM_BACKEND")
@@ -93,12 +112,16 @@ def init_runtime(backend: str | None = None, timeout_s: float | None = None) -> 
         # One core per process, as the cpu-localhost preset describes a "device": the
         # ranks do not fight over cores, and a run of N processes measures N cores.
         torch.set_num_threads(1)
+    timeout = timedelta(seconds=timeout_s)
+    store_path = os.environ.get("PARASIM_STORE")
+    if store_path:  # parasim's local launcher: a file store, no port opened
+        store = dist.FileStore(store_path, world)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        return Runtime(rank, world, local_rank, local_world, backend, device, timeout_s)
     if "MASTER_ADDR" not in os.environ:  # a lone process outside any launcher
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29517")
-    dist.init_process_group(
-        backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
-    )
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     return Runtime(rank, world, local_rank, local_world, backend, device, timeout_s)
 
 
@@ -126,8 +149,8 @@ class Watchdog:
             if idle > self.timeout_s:
                 _report(
                     self.rank,
-                    f"no progress for {idle:.0f} s (timeout {self.timeout_s:g} s) "
-                    f"{self.describe()}",
+                    f"stopped responding {self.describe()}: no progress for {idle:.0f} s "
+                    f"(timeout {self.timeout_s:g} s)",
                 )
                 os._exit(3)
 
