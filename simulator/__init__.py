@@ -15,23 +15,37 @@ Everything else lives in the layers below (``docs/guide.md``, "The code, layer b
 layer") and is imported from its module.
 """
 
-from simulator.analysis.result import StepResult
-from simulator.common.version import __version__
-from simulator.request.recipe import Recipe
-from simulator.request.scenario import Scenario, load_scenario
-from simulator.run.simulate import run_scenario
-from simulator.tools.explain import explain
-from simulator.tools.scale import run_scale
-from simulator.tools.sweep import run_sweep
+from __future__ import annotations
 
-__all__ = [
-    "__version__",
-    "load_scenario",
-    "run_scenario",
-    "Scenario",
-    "Recipe",
-    "StepResult",
-    "run_sweep",
-    "run_scale",
-    "explain",
-]
+import importlib
+from typing import Any
+
+from simulator.common.version import __version__
+
+# The front door's names and the modules they live in, imported on first use: so
+# ``import simulator`` (and the ``parasim`` command starting up) stays light.
+_EXPORTS = {
+    "load_scenario": "simulator.request.scenario",
+    "run_scenario": "simulator.run.simulate",
+    "Scenario": "simulator.request.scenario",
+    "Recipe": "simulator.request.recipe",
+    "StepResult": "simulator.analysis.result",
+    "run_sweep": "simulator.tools.sweep",
+    "run_scale": "simulator.tools.scale",
+    "explain": "simulator.tools.explain",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'simulator' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

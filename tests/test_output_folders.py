@@ -137,3 +137,40 @@ def test_an_interrupted_run_never_mixes_two_runs_files(tmp_path):
         if sig == signal.SIGINT:
             assert hidden == [], "Ctrl-C leaves no staging folder"
     assert not all(outcomes), "some trial must have been interrupted before the swap"
+
+
+# what the console script runs, after a line that says Python itself is up (a SIGINT
+# before that interrupts the interpreter's own start-up, which no program can catch)
+ENTRY = (
+    "import sys; sys.stderr.write('up\\n'); sys.stderr.flush(); "
+    "from simulator.cli.entry import main; sys.exit(main())"
+)
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line_never_a_traceback(tmp_path):
+    """SIGINT at moments across the first second of the ``parasim`` script, while it
+    imports its modules: one line and exit status 130, never a traceback or a folder."""
+    rng = random.Random(3)
+    interrupted = 0
+    for trial in range(8):
+        delay = trial * 0.08 + rng.uniform(0, 0.04)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ENTRY, "run", str(SCENARIOS / "small.yaml")]
+            + ["--out", str(tmp_path / "run")],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert proc.stderr.readline() == b"up\n"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        text = err.decode()
+        assert "Traceback" not in text, f"SIGINT after {delay:.2f} s: {text}"
+        if proc.returncode == 0:  # finished first: nothing to interrupt
+            continue
+        assert text.strip().splitlines() == ["parasim: interrupted"], text
+        assert proc.returncode == 130
+        interrupted += 1
+    assert interrupted >= 4  # most fall inside the start-up
+    assert not (tmp_path / "run").exists()
