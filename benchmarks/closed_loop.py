@@ -1,10 +1,18 @@
-"""Benchmark: the hardware loop's accuracy on this machine (gloo CPU processes).
+"""Benchmark: calibrate once, then predict and replay many layouts (gloo CPU processes).
 
-Calibrates 2 local processes, then for each layout of ``scenarios/cpu-tiny.yaml``
-(data, tensor and pipeline parallel) predicts the step with the profile, replays it
-for real and compares. Prints the step-time error of each. Usage::
+Calibrates this machine once (``parasim calibrate``; with ``--scenario-shapes``, at the
+shapes the layouts below run), then for each layout of ``scenarios/cpu-tiny.yaml``
+predicts the step with that one profile, replays it for real ``--repeat`` times and
+compares the prediction with the median of the replays. Layouts: data, tensor,
+pipeline and expert parallelism on 2 processes, and three 4-process layouts that
+combine two axes. Prints, per layout, the prediction, the measured median, the spread
+of the replays (lowest to highest) and the error, then the median and the largest
+|error|. Usage::
 
-    python -m benchmarks.closed_loop [--repeat N]
+    python -m benchmarks.closed_loop [--repeat 3] [--only dp=2,tp=2] [--scenario-shapes]
+
+The layouts are described only with ``--set`` overrides of the scenario, so a reader
+can rerun any one of them with ``parasim run`` / ``parasim replay``.
 """
 
 from __future__ import annotations
@@ -13,19 +21,30 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import platform
 import statistics
 import tempfile
+import time
 from pathlib import Path
+
+import yaml
 
 from simulator.cli.main import main as parasim
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO = str(ROOT / "scenarios" / "cpu-tiny.yaml")
-LAYOUTS = {
+SCENARIO = ROOT / "scenarios" / "cpu-tiny.yaml"
+# cpu-tiny with a mixture of experts of 4 experts, top-2, for expert parallelism
+MOE = "model.moe={experts: 4, top_k: 2}"
+FOUR = "cluster.gpus_per_node=4"
+LAYOUTS: dict[str, list[str]] = {
     "dp=2": ["parallel.tp=1", "parallel.dp=2"],
     "tp=2": ["parallel.tp=2", "parallel.dp=1"],
     "pp=2": ["parallel.tp=1", "parallel.pp=2", "parallel.dp=1"],
+    "ep=2": ["parallel.tp=1", "parallel.dp=2", "parallel.ep=2", MOE],
+    "tp=2 dp=2": [FOUR, "parallel.tp=2", "parallel.dp=2"],
+    "tp=2 pp=2": [FOUR, "parallel.tp=2", "parallel.pp=2", "parallel.dp=1"],
+    "pp=2 dp=2": [FOUR, "parallel.tp=1", "parallel.pp=2", "parallel.dp=2"],
 }
 
 
@@ -34,46 +53,84 @@ def _quiet(argv: list[str]) -> int:
         return parasim(argv)
 
 
+def _sets(overrides: list[str]) -> list[str]:
+    return [x for o in overrides for x in ("--set", o)]
+
+
+def _layout_scenarios(work: Path, names: list[str]) -> list[Path]:
+    """One scenario file per layout (the scenario with the layout's overrides), for a
+    calibration at the shapes they run."""
+    from simulator.request.scenario import apply_overrides
+
+    base = yaml.safe_load(SCENARIO.read_text())
+    paths = []
+    for i, name in enumerate(names):
+        raw = apply_overrides(base, LAYOUTS[name])
+        raw["name"] = f"cpu-tiny-{i}"
+        path = work / f"layout-{i}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        paths.append(path)
+    return paths
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=1, help="replays per layout")
+    parser.add_argument("--repeat", type=int, default=3, help="replays per layout (default 3)")
+    parser.add_argument("--only", help="comma-separated layouts (default: all)")
+    parser.add_argument(
+        "--scenario-shapes",
+        action="store_true",
+        help="calibrate at the shapes the layouts run (calibrate --scenario)",
+    )
     args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(LAYOUTS)
+    unknown = [name for name in names if name not in LAYOUTS]
+    if unknown:
+        parser.error(f"unknown layouts {unknown}; choose from {list(LAYOUTS)}")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         profile = work / "profile.json"
-        assert (
-            _quiet(["calibrate", "--nproc", "2", "--backend", "gloo", "--out", str(profile)]) == 0
+        calibrate = ["calibrate", "--nproc", "2", "--backend", "gloo", "--out", str(profile)]
+        if args.scenario_shapes:
+            for path in _layout_scenarios(work, names):
+                calibrate += ["--scenario", str(path)]
+        started = time.monotonic()
+        assert _quiet(calibrate) == 0, "calibration failed"
+        calibration_s = time.monotonic() - started
+        print(
+            f"machine: {platform.node()} · {platform.machine()} · {os.cpu_count()} cores · "
+            f"calibrated once in {calibration_s:.0f} s"
+            + (" at the layouts' shapes" if args.scenario_shapes else " (general sweep)")
         )
-        print(f"machine: {platform.node()} · {platform.machine()} · 2 gloo processes, 1 core each")
-        print("| layout | predicted | measured (median of replays) | error |")
-        print("|---|---|---|---|")
-        for name, overrides in LAYOUTS.items():
-            sets = [x for o in overrides for x in ("--set", o)]
-            predicted = work / f"pred-{name}"
-            _quiet(
-                [
-                    "run",
-                    SCENARIO,
-                    *sets,
-                    "--set",
-                    f"cluster.profile={profile}",
-                    "--out",
-                    str(predicted),
-                ]
-            )
+        print("| layout | predicted | measured median | spread of replays | error |")
+        print("|---|---|---|---|---|")
+        errors = []
+        for name in names:
+            sets = _sets(LAYOUTS[name])
+            predicted = work / f"pred-{len(errors)}"
+            run = ["run", str(SCENARIO), *sets, "--set", f"cluster.profile={profile}"]
+            assert _quiet([*run, "--out", str(predicted)]) == 0, f"{name}: prediction failed"
             measured_times = []
             for i in range(args.repeat):
-                measured = work / f"meas-{name}-{i}"
-                assert (
-                    _quiet(["replay", SCENARIO, *sets, "--backend", "gloo", "--out", str(measured)])
-                    == 0
-                )
-                measured_times.append(
-                    json.loads((measured / "result.json").read_text())["step_time_s"]
-                )
+                measured = work / f"meas-{len(errors)}-{i}"
+                replay = ["replay", str(SCENARIO), *sets, "--backend", "gloo"]
+                assert _quiet([*replay, "--out", str(measured)]) == 0, f"{name}: replay failed"
+                result = json.loads((measured / "result.json").read_text())
+                measured_times.append(result["step_time_s"])
             p = json.loads((predicted / "result.json").read_text())["step_time_s"]
             m = statistics.median(measured_times)
-            print(f"| {name} | {p * 1e3:.1f} ms | {m * 1e3:.1f} ms | {100 * (p - m) / m:+.1f}% |")
+            error = (p - m) / m
+            errors.append(abs(error))
+            low, high = min(measured_times), max(measured_times)
+            print(
+                f"| {name} | {p * 1e3:.1f} ms | {m * 1e3:.1f} ms | "
+                f"{low * 1e3:.1f}–{high * 1e3:.1f} ms | {100 * error:+.1f}% |",
+                flush=True,
+            )
+        print(
+            f"median |error| {100 * statistics.median(errors):.1f}%, "
+            f"largest {100 * max(errors):.1f}% over {len(errors)} layouts"
+        )
     return 0
 
 

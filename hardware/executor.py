@@ -50,9 +50,14 @@ def clean_backend_error(exc: BaseException) -> str:
 
 @dataclass
 class StepTimes:
+    """Each op's ready, start and end time in seconds from the step's origin, and the
+    origin itself on this rank's ``time.perf_counter`` clock (the moment the step's
+    opening barrier let this rank go)."""
+
     ready: list[float]
     start: list[float]
     end: list[float]
+    origin: float = 0.0
 
 
 def _on_completion(work, callback: Callable[[BaseException | None], None]) -> None:
@@ -425,7 +430,7 @@ class ProgramExecutor:
             if not progressed:
                 wake.wait(0.001)
                 wake.clear()
-        return StepTimes(ready, start, end)
+        return StepTimes(ready, start, end, origin=t0)
 
     def _run_step_cuda(self, verify: bool, watchdog: Watchdog | None) -> StepTimes:
         ops = self.ops
@@ -436,6 +441,7 @@ class ProgramExecutor:
         end_events = [torch.cuda.Event(enable_timing=True) for _ in ops]
         dist.barrier()
         torch.cuda.synchronize(device)
+        host_origin = time.perf_counter()  # the GPU is idle: its origin event runs now
         origin = torch.cuda.Event(enable_timing=True)
         origin.record(torch.cuda.current_stream(device))
         for stream in streams.values():
@@ -464,4 +470,4 @@ class ProgramExecutor:
         torch.cuda.synchronize(device)
         start = [origin.elapsed_time(e) / 1e3 for e in begin_events]
         end = [origin.elapsed_time(e) / 1e3 for e in end_events]
-        return StepTimes(list(start), start, end)
+        return StepTimes(list(start), start, end, origin=host_origin)

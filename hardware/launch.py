@@ -29,7 +29,7 @@ from simulator.common.machine import machine_memory
 
 from .runtime import HardwareError
 
-__all__ = ["launch_local", "loopback_interface"]
+__all__ = ["launch_local", "loopback_interface", "rank_cpus"]
 
 #: How long the launcher waits, after a rank fails, for the others to report before it
 #: stops them: a rank that stopped responding is found by its own watchdog about when
@@ -118,18 +118,42 @@ def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout
         loopback = loopback_interface()
         if loopback is not None:
             env.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
+        try:
+            env["PARASIM_LOAD_1M"] = f"{os.getloadavg()[0]:.3f}"  # before the ranks add theirs
+        except OSError:
+            pass
+        cpus = rank_cpus(nproc)
         command = [sys.executable, "-m", "hardware.rank", module, *args]
         ranks: list[subprocess.Popen] = []
         try:
             for rank in range(nproc):
-                ranks.append(
-                    subprocess.Popen(command, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)))
-                )
+                own = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+                if cpus:
+                    own["PARASIM_CPUS"] = ",".join(map(str, cpus[rank]))
+                ranks.append(subprocess.Popen(command, env=own))
             stopped = _wait(ranks)
         finally:
             _stop([proc for proc in ranks if proc.poll() is None])
         if any(proc.returncode != 0 for proc in ranks):
             raise HardwareError(_failure_message(ranks, stopped, Path(run_dir)))
+
+
+#: The most cores one rank is pinned to: its compute thread and the backend's
+#: communication threads.
+MAX_CORES_PER_RANK = 2
+
+
+def rank_cpus(nproc: int) -> list[list[int]]:
+    """The cores each of ``nproc`` local ranks is pinned to: disjoint sets of one or
+    two of the cores this process may use, or none (no pinning) where there are fewer
+    cores than ranks or the platform cannot pin."""
+    if not hasattr(os, "sched_getaffinity"):
+        return []
+    cores = sorted(os.sched_getaffinity(0))
+    per = min(MAX_CORES_PER_RANK, len(cores) // nproc)
+    if per < 1:
+        return []
+    return [cores[rank * per : (rank + 1) * per] for rank in range(nproc)]
 
 
 def _wait(ranks: list[subprocess.Popen]) -> set[int]:

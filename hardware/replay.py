@@ -7,15 +7,22 @@ Under torchrun (one process per rank)::
 Every rank builds the step's plain per-rank Schedule IR (every op of every rank, never
 folded or blocked, whatever the scenario's ``simulation`` settings say), creates the process
 groups, runs warm-up steps (the first one checks every collective's result), then the
-measured steps, timing every op. Rank 0 gathers the times, picks the median step and
-writes ``result.json`` (the simulator's keys, ``fidelity: measured``, plus a
-``measured`` section), ``trace.json`` and ``timeline.html`` to DIR.
+measured steps (10 by default), timing every op. Rank 0 gathers the times, puts every
+rank's step on one clock that begins when the last rank leaves the step's opening
+barrier (:func:`common_clock`; across nodes the clocks are aligned first,
+:func:`~hardware.runtime.clock_offset`), picks the median step and writes
+``result.json`` (the simulator's keys, ``fidelity: measured``, plus a ``measured``
+section with every step's time, the spread, the machine's load before the run, the
+cores each rank was pinned to and each rank's CPU time over wall time), ``trace.json``
+and the pages to DIR; a machine busy before the run is named in the warnings.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -29,7 +36,7 @@ from simulator.run.simulate import RunResult, assemble_result, per_rank_schedule
 
 from .executor import ProgramExecutor
 from .groups import build_groups
-from .runtime import HardwareError, Watchdog, init_runtime, run_rank
+from .runtime import HardwareError, Watchdog, clock_offset, init_runtime, run_rank
 
 __all__ = ["replay", "main"]
 
@@ -41,8 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("scenario")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-verify", dest="verify", action="store_false")
     parser.add_argument(
         "--ifname",
@@ -77,39 +84,109 @@ def replay(args: argparse.Namespace) -> int:
     watchdog = Watchdog(runtime.rank, runtime.timeout_s, executor.describe_current)
     for step in range(args.warmup):
         executor.run_step(verify=args.verify and step == 0, watchdog=watchdog)
+    offset = clock_offset(runtime)
+    wall, cpu = time.perf_counter(), time.process_time()
     measured = [executor.run_step(watchdog=watchdog) for _ in range(args.steps)]
+    cpu_per_wall = (time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
     watchdog.stop()
-    payload = [(t.ready, t.start, t.end) for t in measured]
+    payload = {
+        "steps": [(t.ready, t.start, t.end, t.origin - offset) for t in measured],
+        "cpu_per_wall": cpu_per_wall,
+        "cpus": sorted(os.sched_getaffinity(0)) if os.environ.get("PARASIM_CPUS") else [],
+    }
     gathered: list | None = [None] * runtime.world if runtime.rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     if runtime.rank == 0:
         assert gathered is not None
-        step_times = [
-            max(max(gathered[r][i][2]) for r in range(runtime.world)) for i in range(args.steps)
-        ]
-        median = statistics.median_low(step_times)
-        chosen = step_times.index(median)
-        times = SimulationTimes(
-            ready={r: gathered[r][chosen][0] for r in range(runtime.world)},
-            start={r: gathered[r][chosen][1] for r in range(runtime.world)},
-            end={r: gathered[r][chosen][2] for r in range(runtime.world)},
-            step_time=median,
-            stats={"ops": schedule.num_ops},
-        )
-        result = assemble_result(scenario, schedule, times, "measured")
-        result.measured = MeasuredRun(
-            backend=runtime.backend,
-            device=runtime.device_name(),
-            torch=torch.__version__,
-            warmup_steps=args.warmup,
-            step_times_s=step_times,
-            step_shown=chosen,
-            verified_collectives=bool(args.verify and args.warmup > 0),
-        )
-        run = RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
-        write_run_outputs(run, args.out, title=f"{scenario.name}: measured step")
-        print(f"parasim: measured step time {median:.6g} s (median of {args.steps})")
+        _write_measured(args, scenario, schedule, runtime, gathered)
     return 0
+
+
+def common_clock(steps: list[tuple]) -> tuple[list[tuple], float]:
+    """One step of every rank on a common clock: ``steps[r]`` is rank ``r``'s
+    ``(ready, start, end, origin)``, its times from its own origin and the origin on the
+    common clock. The step begins when the last rank leaves the opening barrier (the
+    latest origin), so the skew of the barrier is not counted in the step; an earlier
+    rank's ops are moved back by its lead, and whatever it did before that moment
+    starts at 0. Returns each rank's ``(ready, start, end)`` and the step time."""
+    begin = max(origin for *_, origin in steps)
+    shifted = []
+    for ready, start, end, origin in steps:
+        lead = begin - origin
+        shifted.append(
+            (
+                [max(0.0, t - lead) for t in ready],
+                [max(0.0, t - lead) for t in start],
+                [max(0.0, t - lead) for t in end],
+            )
+        )
+    return shifted, max((max(end) for _, _, end in shifted if end), default=0.0)
+
+
+def _write_measured(args, scenario, schedule, runtime, gathered: list[dict]) -> None:
+    """Rank 0: the median step as a result, trace and pages in ``args.out``."""
+    world = runtime.world
+    steps = [
+        common_clock([gathered[r]["steps"][i] for r in range(world)]) for i in range(args.steps)
+    ]
+    step_times = [step_time for _, step_time in steps]
+    median = statistics.median_low(step_times)
+    chosen = step_times.index(median)
+    shifted = steps[chosen][0]
+    times = SimulationTimes(
+        ready={r: shifted[r][0] for r in range(world)},
+        start={r: shifted[r][1] for r in range(world)},
+        end={r: shifted[r][2] for r in range(world)},
+        step_time=median,
+        stats={"ops": schedule.num_ops},
+    )
+    result = assemble_result(scenario, schedule, times, "measured")
+    load = _load_before()
+    cores = os.cpu_count()
+    spread = (max(step_times) - min(step_times)) / median if median > 0 else 0.0
+    result.measured = MeasuredRun(
+        backend=runtime.backend,
+        device=runtime.device_name(),
+        torch=torch.__version__,
+        warmup_steps=args.warmup,
+        step_times_s=step_times,
+        step_shown=chosen,
+        verified_collectives=bool(args.verify and args.warmup > 0),
+        median_s=median,
+        spread=spread,
+        load_average_1m=load,
+        cpu_count=cores,
+        pinned_cpus=[gathered[r]["cpus"] for r in range(world)],
+        cpu_per_wall=[gathered[r]["cpu_per_wall"] for r in range(world)],
+    )
+    if load is not None and cores and load > max(0.5, BUSY_LOAD_PER_CORE * cores):
+        result.warnings.append(
+            f"the machine was busy before the ranks started (load average {load:.2f} on "
+            f"{cores} cores): other processes took CPU time from this measurement"
+        )
+    run = RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
+    write_run_outputs(run, args.out, title=f"{scenario.name}: measured step")
+    print(
+        f"parasim: measured step time {median:.6g} s (median of {args.steps}; "
+        f"spread {100 * spread:.0f}%: {min(step_times):.6g} to {max(step_times):.6g} s)"
+    )
+
+
+#: Above this 1-minute load average per core before the ranks start, the machine is
+#: called busy in the result's warnings.
+BUSY_LOAD_PER_CORE = 0.25
+
+
+def _load_before() -> float | None:
+    """The 1-minute load average the launcher saw before it started the ranks (or, under
+    torchrun, now)."""
+    recorded = os.environ.get("PARASIM_LOAD_1M")
+    if recorded:
+        return float(recorded)
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> None:

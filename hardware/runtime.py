@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -109,9 +110,12 @@ def init_runtime(
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        # One core per process, as the cpu-localhost preset describes a "device": the
-        # ranks do not fight over cores, and a run of N processes measures N cores.
+        # One compute thread per process, as the cpu-localhost preset describes a
+        # "device": the ranks do not fight over cores, and N processes measure N cores.
         torch.set_num_threads(1)
+    cpus = os.environ.get("PARASIM_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):  # the launcher gave this rank its cores
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     timeout = timedelta(seconds=timeout_s)
     store_path = os.environ.get("PARASIM_STORE")
     if store_path:  # parasim's local launcher: a file store, no port opened
@@ -123,6 +127,28 @@ def init_runtime(
         os.environ.setdefault("MASTER_PORT", "29517")
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     return Runtime(rank, world, local_rank, local_world, backend, device, timeout_s)
+
+
+#: Barrier-and-read rounds that estimate a node's clock offset (the median is kept).
+CLOCK_ROUNDS = 7
+
+
+def clock_offset(runtime: Runtime) -> float:
+    """This rank's ``time.perf_counter`` minus rank 0's, in seconds: 0 on one machine
+    (its ranks share one monotonic clock); across nodes, the median over
+    ``CLOCK_ROUNDS`` of the difference of the readings the ranks take as a barrier
+    releases them (good to the barrier's skew, microseconds on a cluster network)."""
+    if runtime.nodes == 1:
+        return 0.0
+    device = runtime.device if runtime.is_cuda else torch.device("cpu")
+    samples = []
+    for _ in range(CLOCK_ROUNDS):
+        dist.barrier()
+        now = torch.tensor([time.perf_counter()], dtype=torch.float64, device=device)
+        readings = [torch.zeros_like(now) for _ in range(runtime.world)]
+        dist.all_gather(readings, now)
+        samples.append(float(now.item()) - float(readings[0].item()))
+    return statistics.median(samples)
 
 
 class Watchdog:

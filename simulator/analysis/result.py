@@ -152,6 +152,17 @@ class MeasuredRun:
     step_times_s: list[float]
     step_shown: int
     verified_collectives: bool
+    # the median step and the spread of the measured steps: (highest - lowest) / median
+    median_s: float | None = None
+    spread: float | None = None
+    # the machine while it ran: its 1-minute load average just before the ranks started,
+    # its cores, the cores each rank was pinned to (empty: not pinned) and each rank's
+    # CPU time over wall time through the measured steps (below 1: waiting, on its
+    # peers or for a core)
+    load_average_1m: float | None = None
+    cpu_count: int | None = None
+    pinned_cpus: list[list[int]] = field(default_factory=list)
+    cpu_per_wall: list[float] = field(default_factory=list)
 
 
 @dataclass

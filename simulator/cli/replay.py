@@ -35,14 +35,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--warmup",
         type=int,
-        default=1,
-        help="warm-up steps, the first checking results (default 1)",
+        default=2,
+        help="warm-up steps, the first checking results (default 2)",
     )
     parser.add_argument(
         "--steps",
         type=int,
-        default=3,
-        help="measured steps, the median reported (default 3)",
+        default=10,
+        help="measured steps, back to back; the median is reported with the spread (default 10)",
     )
     return parser
 
