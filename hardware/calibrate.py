@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +36,19 @@ import torch.distributed as dist
 
 from simulator.common.files import write_json
 from simulator.engine.collectives import algorithm_steps, bus_factor
+from simulator.request.scenario import load_scenario
 from topologies import load_cluster_spec, parse_flops
 from topologies.profile import PROFILE_FORMAT, PROFILE_VERSION
 
+from .executor import ComputeKernels, make_buffers
 from .microbench import collective_sweep, matmul_sweep, memcopy_sweep, p2p_sweep
+from .opbench import (
+    distinct_programs,
+    executor_overheads,
+    scenario_collective_sizes,
+    scenario_schedules,
+    time_scenario_ops,
+)
 from .runtime import HardwareError, Runtime, init_runtime, run_rank
 
 __all__ = ["fit_line", "fit_profile", "main"]
@@ -48,7 +58,8 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"
 SWEEPS = {
     "cuda": {
         "matmul": [512, 1024, 2048, 4096, 8192],
-        "memcopy": [2**24, 2**26, 2**28, 2**30],
+        # from 256 MiB up: an H100's or H200's L2 (50-60 MB) must not hold the copy
+        "memcopy": [2**28, 2**29, 2**30, 2**31],
         "comm": [2**p for p in range(10, 31, 2)],
         "iters": 20,
     },
@@ -132,6 +143,7 @@ def fit_profile(raw: dict, runtime: Runtime, peak: float, peak_source: str) -> d
     _, per_byte, copy_rms = fit_line(
         [r["bytes"] for r in raw["memcopy"]], [r["seconds"] for r in raw["memcopy"]]
     )
+    overheads = raw.get("overheads") or {"compute_op_s": 0.0, "collective_s": 0.0}
     comm: dict[str, dict[str, dict]] = {}
     for (kind, scope), rows in sorted(raw["comm"].items()):
         n = rows[0]["ranks"]
@@ -139,7 +151,8 @@ def fit_profile(raw: dict, runtime: Runtime, peak: float, peak_source: str) -> d
         steps = algorithm_steps(kind, n)
         factor = bus_factor(kind, n)
         comm.setdefault(kind, {})[scope] = {
-            "alpha": a / steps,
+            # the executor's own cost per collective joins the fixed cost it is fitted with
+            "alpha": (a + overheads["collective_s"]) / steps,
             "bandwidth": factor / b,
             "rms_residual_s": rms,
             "points": len(rows),
@@ -171,10 +184,14 @@ def fit_profile(raw: dict, runtime: Runtime, peak: float, peak_source: str) -> d
             # parasim's executor runs the attention core as a GEMM of the same FLOPs, so
             # the matmul fit stands for it until a fused-attention benchmark is added.
             "attention_efficiency": efficiency,
-            "kernel_launch_overhead": t0,
+            # the replay executor's per-op cost runs in series with each op on a CPU
+            "kernel_launch_overhead": t0 + overheads["compute_op_s"],
             "hbm_bandwidth": 1.0 / per_byte,
             "gemm_table": gemm_table(matmul, t0, peak),
+            "op_table": raw.get("op_table", []),
+            "jitter": raw.get("jitter", 0.0),
         },
+        "executor": overheads,
         "comm": comm,
         "fits": {
             "peak_flops_source": peak_source,
@@ -208,6 +225,7 @@ def calibrate(args: argparse.Namespace) -> int:
     runtime = init_runtime(ifname=args.ifname)
     peak, peak_source = _peak_flops(args, runtime)
     sweep = SWEEPS["quick" if args.quick else runtime.device.type]
+    schedules = scenario_schedules(args.scenario, []) if args.scenario else []
     raw: dict = {
         "matmul": matmul_sweep(runtime, sweep["matmul"], sweep["iters"]),
         "memcopy": memcopy_sweep(runtime, sweep["memcopy"], sweep["iters"]),
@@ -215,8 +233,11 @@ def calibrate(args: argparse.Namespace) -> int:
     }
     scopes = _scope_groups(runtime)
     for scope, (group, members) in scopes.items():
+        # the scenarios' own sizes join the sweep where their groups are this size
+        extra = scenario_collective_sizes(schedules, len(members)) if scope == "intra_node" else {}
         for kind in KINDS:
-            rows = collective_sweep(runtime, kind, group, members, sweep["comm"], sweep["iters"])
+            sizes = sorted({*sweep["comm"], *(int(b) for b in extra.get(kind, ()))})
+            rows = collective_sweep(runtime, kind, group, members, sizes, sweep["iters"])
             raw["comm"][(kind, scope)] = rows
     pairs = {
         "intra_node": (0, 1) if runtime.local_world > 1 else None,
@@ -233,7 +254,13 @@ def calibrate(args: argparse.Namespace) -> int:
                 row["ranks"] = 2
             raw["comm"][("p2p", scope)] = rows
     dist.barrier()
+    raw["overheads"] = executor_overheads(runtime, peak, _copy_rate(raw["memcopy"]))
+    timed_ops = None
+    if schedules:
+        timed_ops = _time_scenarios(runtime, args.scenario, schedules)
     if runtime.rank == 0:
+        if timed_ops is not None:
+            raw["op_table"], raw["jitter"] = _op_table(timed_ops, raw["overheads"])
         profile = fit_profile(raw, runtime, peak, peak_source)
         write_json(args.out, profile)
         gpu = profile["gpu"]
@@ -244,6 +271,57 @@ def calibrate(args: argparse.Namespace) -> int:
             f"{sum(len(v) for v in profile['comm'].values())} communication fits"
         )
     return 0
+
+
+def _copy_rate(rows: list[dict]) -> float:
+    return max(row["bytes"] / row["seconds"] for row in rows)
+
+
+def _time_scenarios(runtime: Runtime, paths: list[str], schedules: list) -> list | None:
+    """Every rank times the scenarios' compute ops; rank 0 gets every rank's samples and
+    pass totals (None on the other ranks)."""
+    gpu = load_scenario(paths[0]).cluster_spec.gpu
+    buffers, element = make_buffers(runtime.device)
+    kernels = ComputeKernels(
+        buffers, element, gpu.peak_flops * gpu.matmul_efficiency, gpu.hbm_bandwidth
+    )
+    samples, totals = time_scenario_ops(runtime, kernels, distinct_programs(schedules))
+    gathered: list | None = [None] * runtime.world if runtime.rank == 0 else None
+    dist.gather_object((samples, totals), gathered, dst=0)
+    return gathered
+
+
+def _op_table(gathered: list, overheads: dict[str, float]) -> tuple[list[dict], float]:
+    """The profile's measured ops (the median over ranks and passes, the executor's
+    per-op cost added) and the jitter: the median over passes of the ranks' relative
+    spread (standard deviation over mean) of their totals."""
+    merged: dict[tuple, list[float]] = {}
+    for samples, _ in gathered:
+        for key, values in samples.items():
+            merged.setdefault(key, []).extend(values)
+    rows = []
+    for (kind, flops, size, shape, batch, fp8), values in merged.items():
+        rows.append(
+            {
+                "kind": kind,
+                "flops": flops,
+                "bytes": size,
+                "shape": list(shape) if shape is not None else None,
+                "batch": batch,
+                "fp8": fp8,
+                "seconds": statistics.median(values) + overheads["compute_op_s"],
+            }
+        )
+    jitter = 0.0
+    if len(gathered) > 1:
+        spreads = []
+        for index in range(len(gathered[0][1])):
+            totals = [rank_totals[index] for _, rank_totals in gathered]
+            spreads.append(statistics.pstdev(totals) / statistics.fmean(totals))
+        # a population deviation of n samples underestimates the spread by n/(n-1)
+        n = len(gathered)
+        jitter = min(0.5, statistics.median(spreads) * (n / (n - 1)) ** 0.5)
+    return rows, jitter
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -258,6 +336,12 @@ def _parser() -> argparse.ArgumentParser:
         "--preset", help="cluster preset whose peak FLOP/s the efficiency is measured against"
     )
     parser.add_argument("--peak-flops", help="peak FLOP/s of one device, e.g. '989 TFLOP/s'")
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        help="also time the compute ops and collective sizes this scenario runs (repeatable)",
+    )
     parser.add_argument(
         "--ifname",
         help="network interface the ranks connect over between nodes (sets "

@@ -36,9 +36,10 @@ import torch.distributed as dist
 from simulator.schedule.ir import Collective, Compute, Recv, Schedule, Send
 
 from .compat import all_gather_single, reduce_scatter_single
+from .p2p import issuable
 from .runtime import HardwareError, Runtime, Watchdog, inject_fault
 
-__all__ = ["StepTimes", "ProgramExecutor", "clean_backend_error"]
+__all__ = ["StepTimes", "ComputeKernels", "ProgramExecutor", "clean_backend_error", "make_buffers"]
 
 
 def clean_backend_error(exc: BaseException) -> str:
@@ -91,7 +92,14 @@ def _on_completion(work, callback: Callable[[BaseException | None], None]) -> No
 
 
 class _Buffers:
-    """Tensors reused across ops and steps, keyed by (role, stream, numel)."""
+    """Tensors reused across ops and steps, keyed by (role, stream, numel): matrices in
+    the compute dtype, and vectors (communication, copies) in fp32, whose integers are
+    exact to 2^24, so a check of a sum over any group the replay runs is exact (a bf16
+    ring over 72 ranks rounds 2,628 to 2,624)."""
+
+    #: The vectors' dtype and its size in bytes.
+    VECTOR_DTYPE = torch.float32
+    VECTOR_BYTES = 4
 
     def __init__(self, device: torch.device, dtype: torch.dtype):
         self.device, self.dtype = device, dtype
@@ -101,7 +109,7 @@ class _Buffers:
         key = (role, stream, numel)
         tensor = self._cache.get(key)
         if tensor is None:
-            tensor = torch.ones(max(1, numel), device=self.device, dtype=self.dtype)
+            tensor = torch.ones(max(1, numel), device=self.device, dtype=self.VECTOR_DTYPE)
             self._cache[key] = tensor
         return tensor
 
@@ -114,6 +122,68 @@ class _Buffers:
             tensor = torch.randn(*shape, device=self.device, dtype=self.dtype) * 0.01
             self._cache[key] = tensor
         return tensor
+
+
+def make_buffers(device: torch.device) -> tuple[_Buffers, int]:
+    """The tensors of a rank's ops (matrices in bf16 on a GPU, fp32 on a CPU; vectors in
+    fp32) and the vectors' element size in bytes, which turns an op's bytes into
+    elements."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _Buffers(device, dtype), _Buffers.VECTOR_BYTES
+
+
+class ComputeKernels:
+    """The kernels that stand for Compute ops on a device, shared by the replay and by
+    the calibration that times the same ops: a GEMM or batched GEMM of the op's shape
+    (buffers reused by shape, as a training step reuses its workspaces), attention as
+    causal ``scaled_dot_product_attention``, and an op without a shape as a GEMM of its
+    FLOPs or a copy of its bytes, whichever the roofline says dominates."""
+
+    def __init__(self, buffers: _Buffers, element: int, peak_flops: float, memory_bandwidth: float):
+        self.buffers = buffers
+        self.element = element
+        self.peak_flops = peak_flops
+        self.memory_bandwidth = memory_bandwidth
+
+    def run(self, op: Compute) -> None:
+        if op.kind == "attention" and op.shape is not None:
+            self._attention(op)
+            return
+        if op.shape is not None and op.batch > 1:
+            m, n, k = op.shape
+            a = self.buffers.matrix("a", m, k, op.batch)
+            b = self.buffers.matrix("b", k, n, op.batch)
+            torch.bmm(a, b, out=self.buffers.matrix("c", m, n, op.batch))
+            return
+        if op.shape is not None:
+            m, n, k = op.shape
+            a = self.buffers.matrix("a", m, k)
+            b = self.buffers.matrix("b", k, n)
+            out = self.buffers.matrix("c", m, n)
+            torch.mm(a, b, out=out)
+            return
+        compute_s = op.flops / self.peak_flops
+        memory_s = op.bytes / self.memory_bandwidth
+        if compute_s >= memory_s and op.flops > 0:
+            side = max(1, int(round((op.flops / 2) ** (1 / 3))))
+            a = self.buffers.matrix("a", side, side)
+            torch.mm(a, a, out=self.buffers.matrix("c", side, side))
+        elif op.bytes > 0:
+            numel = max(1, int(round(op.bytes / 2 / self.element)))  # read once, write once
+            self.buffers.get("dst", "compute", numel).copy_(
+                self.buffers.get("src", "compute", numel)
+            )
+
+    def _attention(self, op: Compute) -> None:
+        """Causal ``scaled_dot_product_attention`` at the op's shape (``batch`` sequences
+        × heads of ``s × d``), as many times as the op's FLOPs hold forwards (the
+        backward recomputes the scores: about 2.5 forwards)."""
+        s_q, s_kv, d = op.shape
+        q = self.buffers.matrix("q", s_q, d, op.batch).unsqueeze(0)
+        kv = self.buffers.matrix("k", s_kv, d, op.batch).unsqueeze(0)
+        forward_flops = 4.0 * op.batch * s_q * s_kv * d
+        for _ in range(max(1, math.floor(op.flops / forward_flops + 0.5))):
+            torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True)
 
 
 class ProgramExecutor:
@@ -135,9 +205,8 @@ class ProgramExecutor:
         self.groups = groups
         self.peak_flops = peak_flops
         self.memory_bandwidth = memory_bandwidth
-        dtype = torch.bfloat16 if runtime.is_cuda else torch.float32
-        self.element = torch.tensor([], dtype=dtype).element_size()
-        self.buffers = _Buffers(runtime.device, dtype)
+        self.buffers, self.element = make_buffers(runtime.device)
+        self.kernels = ComputeKernels(self.buffers, self.element, peak_flops, memory_bandwidth)
         self.group_members = {name: tuple(sorted(m)) for name, m in schedule.groups.items()}
         for op in self.ops:
             for dep in op.deps:
@@ -147,6 +216,8 @@ class ProgramExecutor:
                         "does not come before it in the program"
                     )
         self._recv_splits = self._all_to_all_receive_splits()
+        # NCCL: pipeline sends and receives go out as matched batches (hardware.p2p)
+        self._p2p_batches = issuable(schedule, self.rank) if runtime.is_cuda else {}
         self.current = -1
 
     # -- tensors ----------------------------------------------------------------------
@@ -183,66 +254,17 @@ class ProgramExecutor:
 
     # -- compute ------------------------------------------------------------------------
     def _run_compute(self, op: Compute) -> None:
-        if op.kind == "attention" and op.shape is not None:
-            self._run_attention(op)
-            return
-        if op.shape is not None and op.batch > 1:
-            m, n, k = op.shape
-            a = self.buffers.matrix("a", m, k, op.batch)
-            b = self.buffers.matrix("b", k, n, op.batch)
-            torch.bmm(a, b, out=self.buffers.matrix("c", m, n, op.batch))
-            return
-        if op.shape is not None:
-            m, n, k = op.shape
-            a = self.buffers.matrix("a", m, k)
-            b = self.buffers.matrix("b", k, n)
-            out = self.buffers.matrix("c", m, n)
-            torch.mm(a, b, out=out)
-            return
-        compute_s = op.flops / self.peak_flops
-        memory_s = op.bytes / self.memory_bandwidth
-        if compute_s >= memory_s and op.flops > 0:
-            side = max(1, int(round((op.flops / 2) ** (1 / 3))))
-            a = self.buffers.matrix("a", side, side)
-            torch.mm(a, a, out=self.buffers.matrix("c", side, side))
-        elif op.bytes > 0:
-            numel = self._numel(op.bytes / 2)  # read once, write once
-            self.buffers.get("dst", "compute", numel).copy_(
-                self.buffers.get("src", "compute", numel)
-            )
-
-    def _run_attention(self, op: Compute) -> None:
-        """Causal ``scaled_dot_product_attention`` at the op's shape (``batch`` sequences
-        × heads of ``s × d``), as many times as the op's FLOPs hold forwards (the
-        backward recomputes the scores: about 2.5 forwards)."""
-        s_q, s_kv, d = op.shape
-        q = self.buffers.matrix("q", s_q, d, op.batch).unsqueeze(0)
-        kv = self.buffers.matrix("k", s_kv, d, op.batch).unsqueeze(0)
-        forward_flops = 4.0 * op.batch * s_q * s_kv * d
-        for _ in range(max(1, math.floor(op.flops / forward_flops + 0.5))):
-            torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True)
+        self.kernels.run(op)
 
     # -- communication ------------------------------------------------------------------
     def _issue_comm(self, op, verify: bool) -> tuple[list, callable]:
         """Start ``op`` asynchronously; returns its works and a check to run at the end."""
         if type(op) in (Send, Recv):
-            numel = self._numel(op.bytes)
-            tensor = self.buffers.get("p2p", op.stream, numel)
-            if verify:
-                tensor.fill_(self.rank + 1 if type(op) is Send else -1)
-            fn = dist.isend if type(op) is Send else dist.irecv
+            p2p, check = self._p2p(op, verify)
             if self.runtime.backend == "nccl":
-                works = dist.batch_isend_irecv([dist.P2POp(fn, tensor, op.peer, tag=op.tag)])
+                works = dist.batch_isend_irecv([p2p])
             else:  # gloo: batch_isend_irecv coalesces across the group; plain isend/irecv
-                works = [fn(tensor, op.peer, tag=op.tag)]
-            expected = op.peer + 1
-
-            def check() -> None:
-                if type(op) is Recv and not bool((tensor == expected).all()):
-                    raise HardwareError(
-                        f"rank {self.rank} op {op.id} {op.label}: received wrong data"
-                    )
-
+                works = [p2p.op(p2p.tensor, p2p.peer, tag=p2p.tag)]
             return works, check
         group = self.groups[op.group]
         members = self.group_members[op.group]
@@ -310,6 +332,20 @@ class ProgramExecutor:
         if kind == "barrier":
             return [dist.barrier(group=group, async_op=True)], lambda: None
         raise HardwareError(f"rank {self.rank} op {op.id}: unknown collective kind {kind!r}")
+
+    def _p2p(self, op: Send | Recv, verify: bool) -> tuple[dist.P2POp, Callable[[], None]]:
+        """The send or receive as a ``P2POp``, and the check of what a receive got."""
+        tensor = self.buffers.get("p2p", op.stream, self._numel(op.bytes))
+        if verify:
+            tensor.fill_(self.rank + 1 if type(op) is Send else -1)
+        fn = dist.isend if type(op) is Send else dist.irecv
+        expected = op.peer + 1
+
+        def check() -> None:
+            if type(op) is Recv and not bool((tensor == expected).all()):
+                raise HardwareError(f"rank {self.rank} op {op.id} {op.label}: received wrong data")
+
+        return dist.P2POp(fn, tensor, op.peer, tag=op.tag), check
 
     def _expect(self, op, ok: bool) -> None:
         if not ok:
@@ -432,6 +468,28 @@ class ProgramExecutor:
                 wake.clear()
         return StepTimes(ready, start, end, origin=t0)
 
+    def _issue_batch(self, batch, streams, begin_events, end_events, done_events, verify) -> None:
+        """Sends and receives of a matched batch as one NCCL group call on the stream of
+        its first op, after every member's dependencies (:mod:`hardware.p2p`)."""
+        members = [self.ops[i] for i in batch]
+        stream = streams[members[0].stream]
+        for op in members:
+            for dep in op.deps:
+                stream.wait_event(done_events[dep])
+        with torch.cuda.stream(stream):
+            for op in members:
+                begin_events[op.id].record(stream)
+            calls = [self._p2p(op, verify) for op in members]
+            for work in dist.batch_isend_irecv([p2p for p2p, _ in calls]):
+                work.wait()  # makes this stream wait for the transfers
+            if verify:
+                stream.synchronize()
+                for _, check in calls:
+                    check()
+            for op in members:
+                end_events[op.id].record(stream)
+                done_events[op.id].record(stream)
+
     def _run_step_cuda(self, verify: bool, watchdog: Watchdog | None) -> StepTimes:
         ops = self.ops
         device = self.runtime.device
@@ -449,6 +507,13 @@ class ProgramExecutor:
         for op in ops:
             self.current = op.id
             inject_fault(self.rank, op.id)
+            if type(op) in (Send, Recv):
+                batch = self._p2p_batches.get(op.id)
+                if batch is not None:  # else it is issued with its batch, later
+                    self._issue_batch(batch, streams, begin_events, end_events, done_events, verify)
+                if watchdog is not None:
+                    watchdog.progress()
+                continue
             stream = streams[op.stream]
             for dep in op.deps:
                 stream.wait_event(done_events[dep])

@@ -22,7 +22,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -74,6 +74,31 @@ def _env_int(name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
+#: The rendezvous port of a job started by plain ``srun`` (torchrun's default).
+SLURM_PORT = 29500
+
+
+def adopt_slurm_environment(env: MutableMapping[str, str]) -> None:
+    """Under plain ``srun`` (one task per GPU, no torchrun), set torchrun's variables
+    from SLURM's: ``RANK`` from ``SLURM_PROCID``, ``WORLD_SIZE`` from ``SLURM_NTASKS``,
+    ``LOCAL_RANK`` from ``SLURM_LOCALID``, ``LOCAL_WORLD_SIZE`` from
+    ``SLURM_NTASKS_PER_NODE`` (else the tasks over ``SLURM_NNODES``), and the rendezvous
+    at ``SLURM_LAUNCH_NODE_IPADDR`` (the node srun ran on) port ``SLURM_PORT`` unless
+    ``MASTER_ADDR``/``MASTER_PORT`` say otherwise. A launcher's own variables win."""
+    if "RANK" in env or "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        return
+    world = int(env["SLURM_NTASKS"])
+    per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    if not per_node.isdigit():
+        per_node = str(max(1, world // max(1, int(env.get("SLURM_NNODES", "1")))))
+    env["RANK"] = env["SLURM_PROCID"]
+    env["WORLD_SIZE"] = str(world)
+    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    env["LOCAL_WORLD_SIZE"] = per_node
+    env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
+    env.setdefault("MASTER_PORT", str(SLURM_PORT))
+
+
 def use_interface(ifname: str) -> None:
     """Make gloo and NCCL connect over network interface ``ifname`` (torchrun's own
     rendezvous store is torchrun's: it listens on ``--rdzv-endpoint``'s port)."""
@@ -100,6 +125,7 @@ def init_runtime(
         or ("nccl" if torch.cuda.is_available() else "gloo")
     )
     timeout_s = float(timeout_s or os.environ.get("PARASIM_TIMEOUT", DEFAULT_TIMEOUT_S))
+    adopt_slurm_environment(os.environ)
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)

@@ -91,10 +91,8 @@ def test_scenario_names_a_profile(tmp_path):
     [
         (lambda p: p.update(version=2), "has profile version 2; this parasim reads version 1"),
         (lambda p: p.update(format="something"), "is not a parasim calibration profile"),
-        (
-            lambda p: p["device"].update(per_node=8),
-            "measured with 8 devices per node but the cluster has gpus_per_node(2)",
-        ),
+        (lambda p: p["gpu"].update(jitter=0.9), "gpu.jitter"),
+        (lambda p: p["gpu"].update(op_table=[{"kind": "gemm", "seconds": 0}]), "op_table"),
         (lambda p: p["gpu"].pop("hbm_bandwidth"), "gpu.hbm_bandwidth: required field is missing"),
         (lambda p: p.pop("device"), "device: required field is missing"),
         (lambda p: p["gpu"].update(matmul_efficiency=1.5), "gpu.matmul_efficiency"),
@@ -158,3 +156,57 @@ def test_a_profile_bandwidth_is_what_kernels_reach(tmp_path):
     spec = load_cluster_spec({"preset": "dgx-h100", "nodes": 1, "profile": str(path)})
     assert spec.gpu.hbm_bandwidth == 1e10 and spec.gpu.hbm_efficiency == 1.0
     assert ComputeModel(spec).stream_bandwidth == 1e10
+
+
+def test_a_one_gpu_profile_applies_to_nodes_of_eight_with_a_note(tmp_path):
+    """A profile measured on one GPU (no communication measured) applies its device to
+    an 8-GPU node; the links keep the preset's figures, and the result says so."""
+    one = copy.deepcopy(VALID)
+    one["device"].update(count=1, per_node=1)
+    one["comm"] = {}
+    one["gpu"].update(peak_flops=989.4e12, hbm_bandwidth=4.0e12, matmul_efficiency=0.6)
+    path = write(tmp_path, one)
+    scenario = load_scenario(SCENARIOS / "llama3-8b.yaml", [f"cluster.profile={path}"])
+    spec = scenario.cluster_spec
+    assert spec.gpus_per_node == 8 and spec.gpu.matmul_efficiency == 0.6
+    assert spec.calibration.comm == {}
+    note = next(w for w in scenario.warnings if "was measured with 1 device per node" in w)
+    assert "the cluster has 8" in note and "keep the preset's figures" in note
+    result = run_scenario(scenario).result
+    assert note in result.warnings
+    # the same profile measured on 2 devices keeps its fits, and says that too
+    two = copy.deepcopy(VALID)
+    spec = load_cluster_spec(
+        {"preset": "dgx-h100", "nodes": 1, "profile": str(write(tmp_path, two, "two.json"))}
+    )
+    assert spec.calibration.comm["all_reduce"].intra_node.bandwidth == 1e9
+    assert "its 2-device communication fits stand for these nodes' links" in spec.calibration.note
+
+
+def test_measured_ops_take_their_measured_time(tmp_path):
+    """An op_table row replaces the model's time for the op it matches, and only that op."""
+    from simulator.engine.compute import ComputeModel
+
+    base = run_scenario(load_scenario(SCENARIOS / "cpu-tiny.yaml"))
+    ops = [
+        op
+        for op in base.schedule.programs[0].ops
+        if op.type == "compute" and op.kind == "gemm" and op.shape is not None
+    ]
+    target = ops[0]
+    row = {
+        "kind": target.kind,
+        "flops": target.flops,
+        "bytes": target.bytes,
+        "shape": list(target.shape),
+        "batch": target.batch,
+        "fp8": target.fp8,
+        "seconds": 0.0123,
+    }
+    profile = copy.deepcopy(VALID)
+    profile["gpu"]["op_table"] = [row]
+    spec = cluster_with(write(tmp_path, profile))
+    model = ComputeModel(spec)
+    assert model.duration(target) == 0.0123
+    other = next(op for op in ops if op.shape != target.shape)
+    assert model.duration(other) != 0.0123 and model.measured_ops == 1

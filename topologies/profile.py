@@ -22,8 +22,14 @@ Format (``format: parasim-calibration``, ``version: 1``)::
     }
 
 A profile is refused, with one line saying why, when it is not JSON, has another
-format or version, lacks a field, or was measured on nodes of a different size than
-the cluster it is applied to (``device.per_node != gpus_per_node``).
+format or version, or lacks a field. One measured on nodes of another size than the
+cluster's (``device.per_node != gpus_per_node``, e.g. one GPU of an 8-GPU node) applies
+what it measured, and the result says what it could not (:func:`profile_overrides`).
+
+Calibrated at a scenario's shapes (``parasim calibrate --scenario``), ``gpu`` also holds
+``op_table`` (each compute op's measured time, by kind, FLOPs, bytes, shape, batch and
+FP8) and ``jitter`` (the ranks' spread of compute time), and ``executor`` the replay
+executor's own costs per op and per collective, already added to the fits.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from .errors import TopologyError
 from .files import ConfigFileError, read_config_text
+from .spec import MeasuredOp
 from .validation import ConfigModel, validation_message
 
 __all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "Profile", "load_profile", "profile_overrides"]
@@ -70,6 +77,10 @@ class ProfileGPU(ConfigModel):
     hbm_bandwidth: float = Field(gt=0)
     # measured GEMMs: (m, n, k, efficiency) rows the simulator's GEMM model anchors on
     gemm_table: list[tuple[int, int, int, float]] = []
+    # measured compute ops at a scenario's shapes (calibrate --scenario), and the ranks'
+    # spread of compute time (topologies.spec.GPUSpec's op_table and jitter)
+    op_table: list[MeasuredOp] = []
+    jitter: float = Field(default=0.0, ge=0, le=0.5)
 
 
 class ProfileFit(_Open):
@@ -114,11 +125,23 @@ def load_profile(path: str | Path, prefix: str = "cluster.profile") -> Profile:
 def profile_overrides(
     profile: Profile, gpus_per_node: int, source: str, prefix: str = "cluster.profile"
 ) -> dict[str, Any]:
-    """The cluster overrides a profile stands for, checked against the node size."""
-    if profile.device.per_node != gpus_per_node:
-        raise TopologyError(
-            f"{prefix}: profile {source} was measured with {profile.device.per_node} devices per "
-            f"node but the cluster has gpus_per_node({gpus_per_node})"
+    """The cluster overrides a profile stands for. A profile measured on nodes of
+    another size applies what it measured: its device (compute, memory, attention,
+    launch costs) always, and its communication fits to the same kinds of links (a
+    profile of one device per node measured none, so the preset's links stay); the
+    calibration's ``note`` says so, and the result repeats it."""
+    measured = profile.device.per_node
+    note = ""
+    if measured != gpus_per_node:
+        kept = (
+            "NVLink, PCIe and the NICs keep the preset's figures"
+            if measured == 1
+            else f"its {measured}-device communication fits stand for these nodes' links"
+        )
+        note = (
+            f"{prefix}: profile {source} was measured with {measured} device"
+            f"{'s' if measured > 1 else ''} per node and the cluster has {gpus_per_node}: "
+            f"its compute, memory, attention and launch costs apply, and {kept}"
         )
     comm = {
         kind: {
@@ -129,5 +152,5 @@ def profile_overrides(
     # the measured copy bandwidth is what streaming kernels reach: no further derating
     return {
         "gpu": {**profile.gpu.model_dump(), "hbm_efficiency": 1.0},
-        "calibration": {"source": source, "comm": comm},
+        "calibration": {"source": source, "comm": comm, "note": note},
     }

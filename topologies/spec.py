@@ -32,7 +32,7 @@ import math
 from typing import Annotated, Literal
 
 import networkx as nx
-from pydantic import AfterValidator, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
 from .errors import TopologyError
 from .units import Bandwidth, Bytes, FlopRate, Seconds
@@ -40,6 +40,7 @@ from .validation import ConfigModel, nearest_key_hint
 
 __all__ = [
     "GPUSpec",
+    "MeasuredOp",
     "NVSwitchSpec",
     "PCIeSpec",
     "NICSpec",
@@ -93,6 +94,24 @@ class _Spec(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+class MeasuredOp(_Spec):
+    """A compute op's measured time (``parasim calibrate --scenario``), keyed by what
+    decides an op's time in the model: its kind, FLOPs, bytes, shape, batch and FP8."""
+
+    kind: str
+    flops: float = Field(ge=0)
+    bytes: float = Field(ge=0)
+    shape: tuple[Count, Count, Count] | None = None
+    batch: Count = 1
+    fp8: bool = False
+    seconds: float = Field(gt=0)
+    """Its median time on the calibrated device, seconds, per-op costs included."""
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.flops, self.bytes, self.shape, self.batch, self.fp8)
+
+
 class GPUSpec(_Spec):
     """One GPU: compute roofline and memory."""
 
@@ -123,6 +142,13 @@ class GPUSpec(_Spec):
     """Measured GEMM efficiencies by shape, ``(m, n, k, efficiency)`` rows (a profile's)."""
     host_overhead: Seconds = 0.0
     """Host time to issue one op (framework, autograd, kernel launches), seconds."""
+    op_table: tuple[MeasuredOp, ...] = ()
+    """Measured compute ops (a profile calibrated at a scenario's shapes): an op that
+    matches one takes its measured time instead of the model's."""
+    jitter: float = Field(default=0.0, ge=0, le=0.5)
+    """Rank-to-rank spread of compute time within a step, as a relative standard
+    deviation: each rank's compute runs ``1 + jitter·z`` times as long, ``z`` drawn per
+    rank from the scenario's seed. 0 in the datasheet presets; fitted by calibration."""
 
 
 class NVSwitchSpec(_Spec):
@@ -290,6 +316,8 @@ class CalibrationSpec(_Spec):
 
     source: str = ""
     comm: dict[str, ScopedFits] = {}
+    note: str = ""
+    """What the profile could not measure for this cluster (said in the result)."""
 
 
 class ClusterSpec(_Spec):

@@ -192,6 +192,9 @@ class StepResult:
     simulation: dict[str, Any]
     busiest_links: list[LinkUse]
     measured: MeasuredRun | None = field(default=None)
+    # what stragglers cost (gpu.jitter > 0): this step's time minus the same step's with
+    # every rank's compute at the mean
+    straggler_s: float = 0.0
     # the --set overrides the scenario file was run with
     overrides: list[str] = field(default_factory=list)
 
@@ -235,4 +238,5 @@ class StepResult:
             busiest_links=[LinkUse(**row) for row in data["network"]["busiest_links"]],
             measured=MeasuredRun(**data["measured"]) if data.get("measured") else None,
             overrides=list(data.get("overrides", [])),
+            straggler_s=float(data.get("straggler_s", 0.0)),
         )

@@ -10,6 +10,7 @@ from typing import Any
 from simulator.cli.launch import add_launch_options, backend, launcher
 from simulator.common.errors import ParasimError
 from simulator.common.folders import check_folder
+from simulator.request.scenario import load_scenario
 
 __all__ = ["add_parser", "command"]
 
@@ -20,9 +21,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "calibrate",
         help="measure this machine and write a calibration profile (needs torch)",
         description=(
-            "Run GEMM, attention, memory and collective microbenchmarks on --nproc local "
-            "ranks (NCCL on GPUs, gloo on CPUs), fit the model's parameters and write them "
-            "as a profile that cluster.profile applies (docs/hardware.md)."
+            "Run GEMM, memory and collective microbenchmarks on --nproc local ranks (NCCL "
+            "on GPUs, gloo on CPUs) and, with --scenario, time the compute ops (GEMMs, "
+            "attention, elementwise) and collective sizes that scenario runs; fit the "
+            "model's parameters and write them as a profile that cluster.profile applies "
+            "(docs/hardware.md)."
         ),
     )
     add_launch_options(parser)
@@ -30,6 +33,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="a short sweep (seconds)")
     parser.add_argument("--preset", help="preset whose peak FLOP/s efficiency is measured against")
     parser.add_argument("--peak-flops", help="peak FLOP/s of one device, e.g. '989 TFLOP/s'")
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        type=Path,
+        help="also time every compute op and collective size this scenario runs, in "
+        "program order, for the simulator to read back (repeatable; see docs/hardware.md)",
+    )
     return parser
 
 
@@ -46,6 +57,9 @@ def command(args: argparse.Namespace) -> int:
         forwarded += ["--preset", args.preset]
     if args.peak_flops:
         forwarded += ["--peak-flops", args.peak_flops]
+    for scenario in args.scenario:
+        load_scenario(scenario)  # bad input fails here, before any rank starts
+        forwarded += ["--scenario", str(scenario.resolve())]
     nproc = 1 if args.nproc is None else args.nproc
     launch("hardware.calibrate", forwarded, nproc, backend(args), args.timeout)
     return 0

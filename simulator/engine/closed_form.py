@@ -62,6 +62,7 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
         return seconds
 
     host = compute.host_overhead
+    factors = dict(options.rank_factors)
     action_start: dict[int, float] = {}  # rank -> start of its current action's first op
     makespans: dict[int, float] = {}  # id(body) -> its makespan
     runs: dict[int, list] = {}  # id(body) -> [body, times it ran]
@@ -145,9 +146,9 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             issued[op_id] = at
             if kind is Compute or kind is Block:
                 if kind is Compute:
-                    stop = at + compute_time(rank, op)
+                    stop = at + compute_time(rank, op) * factors.get(rank, 1.0)
                 else:
-                    stop = at + block_time(op)
+                    stop = at + block_time(op) * factors.get(rank, 1.0)
                 begun[op_id], done[op_id] = at, stop
                 clock[index] = stop
                 heads[index] += 1

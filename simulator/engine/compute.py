@@ -15,6 +15,11 @@ the op is:
 * everything else (elementwise, optimizer): its bytes, at the bandwidth streaming
   kernels reach.
 
+A calibration profile measured at a scenario's shapes (``parasim calibrate --scenario``)
+brings ``gpu.op_table``: an op with the same kind, FLOPs, bytes, shape, batch and FP8
+flag as a measured one takes the measured time (per-op costs of the framework that ran
+it included) instead of the roofline's.
+
 Overlapped communication is not free: NCCL's kernels run one CTA per channel on the
 GPU's SMs, so a compute op that the schedule runs beside a collective of its rank
 (``beside_comm``: the weight gradient beside the asynchronous TP all-reduce or
@@ -83,10 +88,13 @@ class ComputeModel:
                 gpu.gemm_table,
                 gpu.gemm_k_overhead,
             )
-        self._memo: dict[tuple, float] = {}
+        # measured ops (a profile calibrated at a scenario's shapes) take their own time
+        self._memo: dict[tuple, float] = {row.key: row.seconds for row in gpu.op_table}
+        self.measured_ops = len(gpu.op_table)
 
     def duration(self, op) -> float:
-        """Seconds ``op`` (a :class:`~simulator.schedule.ir.Compute`) takes alone."""
+        """Seconds ``op`` (a :class:`~simulator.schedule.ir.Compute`) takes alone: its
+        measured time when the GPU's ``op_table`` has it, else the roofline's."""
         key = (op.kind, op.flops, op.bytes, op.shape, op.batch, op.fp8)
         cached = self._memo.get(key)
         if cached is not None:

@@ -86,6 +86,9 @@ class EngineOptions:
     protocol: str | None = None
     # analytic fidelity: solve the times directly (closed_form) or replay them in SimPy
     closed_form: bool = True
+    # stragglers: (rank, factor) pairs; a rank's compute (and blocks) take factor times
+    # as long (:func:`simulator.engine.stragglers.rank_factors`); absent ranks take 1
+    rank_factors: tuple[tuple[int, float], ...] = ()
 
 
 class _Engine:
@@ -93,6 +96,7 @@ class _Engine:
         self.schedule = schedule
         self.cluster = cluster
         self.options = options
+        self.factors = dict(options.rank_factors)
         self.analytic = options.fidelity == "analytic"
         simulated = set(schedule.programs)
         # groups with members that are not simulated: the layout makes them symmetric
@@ -201,8 +205,10 @@ class _Engine:
                     seconds = durations[id(op)] = self.compute.with_comm(
                         op, self.schedule.programs[rank].ops, self.alone.collective
                     )
+                if self.factors:
+                    seconds *= self.factors.get(rank, 1.0)
             elif kind is Block:
-                seconds = self._block_time(op)
+                seconds = self._block_time(op) * self.factors.get(rank, 1.0)
             elif kind is Collective and self.analytic and op.group in self.folded:
                 seconds = self._folded_time(op)  # every member arrives now, by symmetry
             else:

@@ -548,11 +548,13 @@ def _load_custom_order(path: str, layout: Layout, microbatches: int) -> dict[int
 
 def _layout_warnings(layout: Layout, cluster_spec: ClusterSpec) -> list[str]:
     per_node = cluster_spec.gpus_per_node
+    calibration = cluster_spec.calibration
+    notes = [calibration.note] if calibration is not None and calibration.note else []
     tp_groups = [m for name, m in layout.groups.items() if name.startswith("tp")]
     spanning = [m for m in tp_groups if len({rank // per_node for rank in m}) > 1]
     if not spanning:
-        return []
-    return [
+        return notes
+    return notes + [
         f"tensor-parallel groups span nodes ({len(spanning)} of {len(tp_groups)} TP groups, "
         f"e.g. ranks {list(spanning[0])} on nodes {sorted({r // per_node for r in spanning[0]})}): "
         "every layer's all-reduces cross the network instead of the node's "

@@ -7,7 +7,7 @@ memory, and compute the headline figures (DESIGN.md, "Command line").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simulator.analysis.links import link_summary
@@ -33,6 +33,7 @@ from simulator.common.machine import machine_memory
 from simulator.common.version import __version__
 from simulator.engine.compute import executed_flops
 from simulator.engine.core import EngineOptions, SimulationTimes, simulate
+from simulator.engine.stragglers import rank_factors
 from simulator.request.scenario import Scenario
 from simulator.schedule.ir import Block, Compute, Schedule
 from simulator.schedule.step import build_step
@@ -334,8 +335,15 @@ def run_scenario(scenario: Scenario, force: bool = False) -> RunResult:
     schedule = build_schedule(scenario)
     simulation = scenario.spec.simulation
     options = EngineOptions(simulation.fidelity, simulation.algorithm, simulation.protocol)
-    times = simulate(schedule, scenario.cluster, options)
+    gpu = scenario.cluster_spec.gpu
+    factors = rank_factors(schedule, scenario.layout.world, gpu.jitter, simulation.seed)
+    times = simulate(
+        schedule, scenario.cluster, replace(options, rank_factors=tuple(factors.items()))
+    )
     result = assemble_result(scenario, schedule, times, scenario.spec.simulation.fidelity)
+    if factors:  # what the stragglers cost: the same step with every rank at the mean
+        even = simulate(schedule, scenario.cluster, options).step_time
+        result.straggler_s = max(0.0, times.step_time - even)
     return RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
 
 

@@ -1,0 +1,169 @@
+"""Calibration at a scenario's own shapes, and the replay executor's own costs.
+
+``parasim calibrate --scenario S`` runs, on every rank at once, the compute ops that
+scenario's ranks run (every distinct program of its per-rank schedule, in program order,
+with the replay's kernels and buffers: :class:`~hardware.executor.ComputeKernels`), so
+each op is timed at its own shape, in the cache state the step leaves it, while the
+other ranks load the machine as they do in the step. The first pass warms up; the
+median over the other passes and ranks is each op's time (:func:`time_scenario_ops`).
+The spread of the ranks' totals within a pass is the rank-to-rank jitter the model's
+stragglers draw from.
+
+:func:`executor_overheads` measures what the replay's executor itself adds: per compute
+op (its dependency checks and bookkeeping between kernels) and per collective (issuing
+it asynchronously and noticing its completion, beyond the collective's own time in a
+tight loop). On a CPU these run on the cores the ops run on, so they add to the step;
+on a GPU the host runs ahead of the device and they do not.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import per_rank_schedule
+from simulator.schedule.ir import Collective, Compute, Program, Schedule
+
+from .executor import ComputeKernels, ProgramExecutor
+from .microbench import timed
+from .runtime import Runtime
+
+__all__ = [
+    "op_key",
+    "scenario_schedules",
+    "distinct_programs",
+    "time_scenario_ops",
+    "scenario_collective_sizes",
+    "executor_overheads",
+]
+
+#: Passes over the scenario's programs: the first warms up, the others are measured.
+PASSES = 4
+#: Trivial ops per executor-overhead measurement.
+OVERHEAD_OPS = 200
+
+
+def op_key(op: Compute) -> tuple:
+    """What decides a compute op's time in the model (:class:`topologies.spec.MeasuredOp`)."""
+    return (op.kind, op.flops, op.bytes, op.shape, op.batch, op.fp8)
+
+
+def scenario_schedules(paths: Iterable[str | Path], overrides: list[str]) -> list[Schedule]:
+    """The plain per-rank schedule of each scenario (every op of every rank)."""
+    return [per_rank_schedule(load_scenario(path, overrides)) for path in paths]
+
+
+def distinct_programs(schedules: list[Schedule]) -> list[list[Compute]]:
+    """The compute ops of every distinct program (ranks with the same ops in the same
+    order count once), each in program order."""
+    seen: dict[tuple, list[Compute]] = {}
+    for schedule in schedules:
+        for rank in sorted(schedule.programs):
+            ops = [op for op in schedule.programs[rank].ops if type(op) is Compute]
+            seen.setdefault(tuple(op_key(op) for op in ops), ops)
+    return list(seen.values())
+
+
+def time_scenario_ops(
+    runtime: Runtime, kernels: ComputeKernels, programs: list[list[Compute]], passes: int = PASSES
+) -> tuple[dict[tuple, list[float]], list[float]]:
+    """Every op's times (over the measured passes) and this rank's total per measured
+    pass. Every rank runs every program, so the ranks' totals compare like for like."""
+    samples: dict[tuple, list[float]] = {}
+    totals = []
+    for index in range(passes):
+        dist.barrier()
+        total = 0.0
+        for ops in programs:
+            for op in ops:
+                seconds = _time_one(runtime, kernels, op)
+                total += seconds
+                if index > 0:
+                    samples.setdefault(op_key(op), []).append(seconds)
+        if index > 0:
+            totals.append(total)
+    return samples, totals
+
+
+def _time_one(runtime: Runtime, kernels: ComputeKernels, op: Compute) -> float:
+    if runtime.is_cuda:
+        stream = torch.cuda.current_stream(runtime.device)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record(stream)
+        kernels.run(op)
+        end.record(stream)
+        end.synchronize()
+        return begin.elapsed_time(end) / 1e3
+    started = time.perf_counter()
+    kernels.run(op)
+    return time.perf_counter() - started
+
+
+def scenario_collective_sizes(schedules: list[Schedule], ranks: int) -> dict[str, list[float]]:
+    """Per collective kind, the sizes in bytes the scenarios' collectives of ``ranks``
+    members move (even ones: an uneven all-to-all is timed by the replay as it runs)."""
+    sizes: dict[str, set[float]] = {}
+    for schedule in schedules:
+        for program in schedule.programs.values():
+            for op in program.ops:
+                if type(op) is Collective and op.splits is None:
+                    if len(schedule.groups[op.group]) == ranks:
+                        sizes.setdefault(op.kind, set()).add(float(op.bytes))
+    return {kind: sorted(values) for kind, values in sizes.items()}
+
+
+def executor_overheads(
+    runtime: Runtime, peak_flops: float, memory_bandwidth: float
+) -> dict[str, float]:
+    """Seconds the replay executor adds per compute op and per collective (0 on a GPU,
+    whose host runs ahead of the device)."""
+    if runtime.is_cuda:
+        return {"compute_op_s": 0.0, "collective_s": 0.0}
+    world = tuple(range(runtime.world))
+    trivial = [
+        Compute(i, "compute", 0.0, 0.0, "elementwise", deps=(i - 1,) if i else ())
+        for i in range(OVERHEAD_OPS)
+    ]
+    compute_s = _per_op(runtime, trivial, {}, peak_flops, memory_bandwidth)
+    if runtime.world < 2:
+        return {"compute_op_s": compute_s, "collective_s": 0.0}
+    element = 4.0
+    ring = [
+        Collective(i, "c", "all_reduce", "all", element, deps=(i - 1,) if i else ())
+        for i in range(OVERHEAD_OPS // 4)
+    ]
+    in_executor = _per_op(runtime, ring, {"all": world}, peak_flops, memory_bandwidth)
+    buffer = torch.ones(1, dtype=torch.float32)
+    alone = timed(runtime, lambda: dist.all_reduce(buffer), OVERHEAD_OPS // 4)
+    return {"compute_op_s": compute_s, "collective_s": max(0.0, in_executor - alone)}
+
+
+def _per_op(
+    runtime: Runtime,
+    ops: list,
+    groups: dict[str, tuple[int, ...]],
+    peak_flops: float,
+    memory_bandwidth: float,
+) -> float:
+    """Median over a few steps of (step wall time − the ops' own times) / ops, for a
+    program of ``ops`` on every rank run by the replay's executor."""
+    schedule = Schedule(
+        programs={rank: Program(rank, list(ops)) for rank in range(runtime.world)},
+        groups=groups,
+    )
+    handles = {name: dist.new_group(list(members)) for name, members in groups.items()}
+    executor = ProgramExecutor(schedule, runtime, handles, peak_flops, memory_bandwidth)
+    per_op = []
+    for step in range(4):
+        times = executor.run_step()
+        if step == 0:
+            continue  # warm-up
+        wall = max(times.end)
+        per_op.append(wall / len(ops))
+    return statistics.median(per_op)
