@@ -2,12 +2,14 @@
 
 Calibrates this machine once (``parasim calibrate``; with ``--scenario-shapes``, at the
 shapes the layouts below run), then for each layout of ``scenarios/cpu-tiny.yaml``
-predicts the step with that one profile, replays it for real ``--repeat`` times and
-compares the prediction with the median of the replays. Layouts: data, tensor,
+predicts the step with that one profile, replays it for real ``--repeat`` times (the
+replays go round-robin over the layouts, so a slow spell of a shared machine spreads
+over them) and compares the prediction with the median of the replays. Layouts: data, tensor,
 pipeline and expert parallelism on 2 processes, and three 4-process layouts that
 combine two axes. Prints, per layout, the prediction, the measured median, the spread
-of the replays (lowest to highest) and the error, then the median and the largest
-|error|. Usage::
+of the replays (lowest to highest), the error, the machine's highest load average
+before a replay and the largest share of CPU time its hypervisor stole during one,
+then the median and the largest |error|. Usage::
 
     python -m benchmarks.closed_loop [--repeat 3] [--only dp=2,tp=2] [--scenario-shapes]
 
@@ -102,29 +104,48 @@ def main() -> int:
             f"calibrated once in {calibration_s:.0f} s"
             + (" at the layouts' shapes" if args.scenario_shapes else " (general sweep)")
         )
-        print("| layout | predicted | measured median | spread of replays | error |")
-        print("|---|---|---|---|---|")
+        print(
+            "| layout | predicted | measured median | spread of replays | error "
+            "| load before | stolen |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        predicted: dict[str, float] = {}
+        for index, name in enumerate(names):
+            folder = work / f"pred-{index}"
+            run = [
+                "run",
+                str(SCENARIO),
+                *_sets(LAYOUTS[name]),
+                "--set",
+                f"cluster.profile={profile}",
+            ]
+            assert _quiet([*run, "--out", str(folder)]) == 0, f"{name}: prediction failed"
+            predicted[name] = json.loads((folder / "result.json").read_text())["step_time_s"]
+        # replays round-robin over the layouts, so a slow spell of the machine spreads
+        # over them instead of landing on one layout's replays
+        measured: dict[str, list[dict]] = {name: [] for name in names}
+        for i in range(args.repeat):
+            for index, name in enumerate(names):
+                folder = work / f"meas-{index}-{i}"
+                replay = ["replay", str(SCENARIO), *_sets(LAYOUTS[name]), "--backend", "gloo"]
+                assert _quiet([*replay, "--out", str(folder)]) == 0, f"{name}: replay failed"
+                result = json.loads((folder / "result.json").read_text())
+                measured[name].append({"step": result["step_time_s"], **result["measured"]})
         errors = []
         for name in names:
-            sets = _sets(LAYOUTS[name])
-            predicted = work / f"pred-{len(errors)}"
-            run = ["run", str(SCENARIO), *sets, "--set", f"cluster.profile={profile}"]
-            assert _quiet([*run, "--out", str(predicted)]) == 0, f"{name}: prediction failed"
-            measured_times = []
-            for i in range(args.repeat):
-                measured = work / f"meas-{len(errors)}-{i}"
-                replay = ["replay", str(SCENARIO), *sets, "--backend", "gloo"]
-                assert _quiet([*replay, "--out", str(measured)]) == 0, f"{name}: replay failed"
-                result = json.loads((measured / "result.json").read_text())
-                measured_times.append(result["step_time_s"])
-            p = json.loads((predicted / "result.json").read_text())["step_time_s"]
-            m = statistics.median(measured_times)
+            steps = [m["step"] for m in measured[name]]
+            p, m = predicted[name], statistics.median(steps)
             error = (p - m) / m
             errors.append(abs(error))
-            low, high = min(measured_times), max(measured_times)
+            load = max(x["load_average_1m"] or 0.0 for x in measured[name])
+            stolen = [
+                x["steal_fraction"] for x in measured[name] if x["steal_fraction"] is not None
+            ]
+            stolen_text = f"{100 * max(stolen):.1f}%" if stolen else "-"
             print(
                 f"| {name} | {p * 1e3:.1f} ms | {m * 1e3:.1f} ms | "
-                f"{low * 1e3:.1f}–{high * 1e3:.1f} ms | {100 * error:+.1f}% |",
+                f"{min(steps) * 1e3:.1f}–{max(steps) * 1e3:.1f} ms | {100 * error:+.1f}% | "
+                f"{load:.2f} | {stolen_text} |",
                 flush=True,
             )
         print(

@@ -1,49 +1,110 @@
 #!/usr/bin/env bash
-# The single-GPU check of the hardware loop, in one call, well under 5 minutes:
-#   1. calibrate matmul efficiency and memory copy bandwidth on one GPU,
-#   2. predict scenarios/single-gpu.yaml with that profile,
-#   3. replay the same step on the GPU (NCCL backend, one rank),
-#   4. compare, and write every number under $OUT (default out/gpu-check).
-# Without a GPU it falls back to the same loop on one CPU process (gloo), so the
-# script itself is checked anywhere. Run from anywhere: bash benchmarks/gpu_check.sh
+# The one-GPU check of the hardware loop: self-contained, one call, a few minutes.
+#
+#   bash benchmarks/gpu_check.sh --wheels DIR [--device auto|cuda|cpu] [--out DIR]
+#
+#   1. makes a virtual environment in OUT that sees the machine's own torch (and numpy)
+#      and installs into it, with pip --no-index (nothing from the network), the
+#      pure-Python dependencies from the wheel folder DIR and then parasim from this
+#      checkout with --no-deps;
+#   2. calibrates one device at the shapes of scenarios/single-gpu.yaml
+#      (parasim calibrate --scenario), 3. predicts the scenario with that profile,
+#   4. replays it on the device and 5. compares; every file lands in OUT, with a
+#      summary in OUT/gpu_check.txt.
+#
+# --device cpu runs the same loop on one CPU process (gloo) with single-gpu.yaml shrunk
+# to a CPU's size, so every step of the script is checked where there is no GPU.
+# Make the wheel folder beforehand, on a machine with network and the GPU node's Python:
+#   bash benchmarks/gpu_wheels.sh DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-out/gpu-check}
+ROOT=$(pwd)
+DEVICE=auto
+OUT=out/gpu-check
+WHEELS=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --wheels) WHEELS=$2; shift 2 ;;
+    *) echo "gpu_check: unknown argument $1 (use --device, --out, --wheels)" >&2; exit 2 ;;
+  esac
+done
+if [ -z "$WHEELS" ] || [ ! -d "$WHEELS" ]; then
+  echo "gpu_check: --wheels DIR: a folder of wheels made by benchmarks/gpu_wheels.sh" >&2
+  exit 2
+fi
+WHEELS=$(cd "$WHEELS" && pwd)
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  backend=nccl
-  scenario=(scenarios/single-gpu.yaml)
-  # H100/H200 SXM dense BF16 peak, 989.4 TFLOP/s (NVIDIA H100 whitepaper; the H200
-  # datasheet gives the same tensor-core rates).
-  calibrate=(--peak-flops "989.4 TFLOP/s")
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/device.txt" || true
-else
-  echo "gpu_check: torch sees no GPU; running the same loop on one CPU process (gloo)"
-  backend=gloo
-  scenario=(scenarios/cpu-tiny.yaml --set cluster.gpus_per_node=1 --set parallel.tp=1)
-  calibrate=(--quick)
-  echo "cpu fallback: no GPU visible to torch" > "$OUT/device.txt"
-fi
+OUT=$(cd "$OUT" && pwd)
 started=$(date +%s)
-"$PY" -m simulator.cli calibrate --nproc 1 --backend "$backend" --out "$OUT/profile.json" "${calibrate[@]}"
-"$PY" -m simulator.cli run "${scenario[@]}" --set "cluster.profile=$OUT/profile.json" \
-  --out "$OUT/predicted" > "$OUT/predicted.txt"
-"$PY" -m simulator.cli replay "${scenario[@]}" --backend "$backend" --out "$OUT/measured"
-"$PY" -m simulator.cli compare "$OUT/predicted" "$OUT/measured" | tee "$OUT/compare.txt"
-"$PY" - "$OUT" "$started" <<'PY'
+
+# 1. the environment: the machine's torch, everything else from the wheel folder
+"$PY" -m venv --system-site-packages "$OUT/venv"
+VPY="$OUT/venv/bin/python"
+"$VPY" -c 'import torch, numpy' || {
+  echo "gpu_check: this Python has no torch (and numpy); use the machine's own, e.g. PYTHON=..." >&2
+  exit 2
+}
+"$VPY" -m pip install --quiet --no-index --find-links "$WHEELS" --ignore-installed \
+  simpy networkx pydantic pyyaml rich plotly setuptools wheel
+"$VPY" -m pip install --quiet --no-index --find-links "$WHEELS" --no-deps --no-build-isolation "$ROOT"
+cd "$OUT"  # from here on, parasim is the installed one, not the checkout
+
+if [ "$DEVICE" = auto ]; then
+  if "$VPY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    DEVICE=cuda
+  else
+    DEVICE=cpu
+  fi
+fi
+if [ "$DEVICE" = cuda ]; then
+  backend=nccl
+  scenario=("$ROOT/scenarios/single-gpu.yaml")
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > device.txt || true
+else
+  backend=gloo
+  # one CPU process: the same model family, shrunk until a step takes about a second
+  scenario=("$ROOT/scenarios/single-gpu.yaml" --set cluster.preset=cpu-localhost
+    --set cluster.gpus_per_node=1 --set model.layers=2 --set model.hidden=256
+    --set model.heads=4 --set model.seq_len=128 --set model.vocab=2048
+    --set training.global_batch=4 --set training.micro_batch=2)
+  echo "cpu: one gloo process, no GPU used" > device.txt
+fi
+# the scenario as a file, so that calibrate times exactly the ops the replay runs
+"$VPY" - "${scenario[@]}" <<'PY'
+import sys
+import yaml
+from simulator.request.scenario import apply_overrides
+
+path, rest = sys.argv[1], sys.argv[2:]
+overrides = [rest[i + 1] for i in range(0, len(rest), 2)]
+raw = apply_overrides(yaml.safe_load(open(path)), overrides)
+raw["name"] = "gpu-check"
+yaml.safe_dump(raw, open("scenario.yaml", "w"))
+PY
+parasim() { "$VPY" -m simulator.cli.main "$@"; }
+parasim calibrate --nproc 1 --backend "$backend" --scenario scenario.yaml --out profile.json
+parasim run scenario.yaml --set cluster.profile=profile.json --out predicted > predicted.txt
+parasim replay scenario.yaml --backend "$backend" --out measured
+parasim compare predicted measured --out compared | tee compare.txt
+"$VPY" - "$OUT" "$started" <<'PY'
 import json, sys, time
 out, started = sys.argv[1], int(sys.argv[2])
 profile = json.load(open(f"{out}/profile.json"))
-report = json.load(open(f"{out}/measured/compare.json"))
+report = json.load(open(f"{out}/compared/compare.json"))
+measured = json.load(open(f"{out}/measured/result.json"))["measured"]
 gpu = profile["gpu"]
 lines = [
     f"device: {profile['device']['name']} ({profile['software']['backend']}, torch {profile['software']['torch']})",
     f"matmul efficiency: {gpu['matmul_efficiency']:.3f} of {gpu['peak_flops'] / 1e12:.1f} TFLOP/s",
     f"kernel launch overhead: {gpu['kernel_launch_overhead'] * 1e6:.2f} us",
     f"memory copy bandwidth: {gpu['hbm_bandwidth'] / 1e9:.1f} GB/s",
+    f"ops measured at the scenario's shapes: {len(gpu['op_table'])}",
     f"step time: predicted {report['step_time']['predicted_s']:.6g} s, measured "
-    f"{report['step_time']['measured_s']:.6g} s, error {100 * report['step_time']['error']:+.1f}%",
+    f"{report['step_time']['measured_s']:.6g} s (median of {len(measured['step_times_s'])}, "
+    f"spread {100 * measured['spread']:.0f}%), error {100 * report['step_time']['error']:+.1f}%",
     f"wall time of the check: {time.time() - started:.0f} s",
 ]
 open(f"{out}/gpu_check.txt", "w").write("\n".join(lines) + "\n")

@@ -49,7 +49,7 @@ from .opbench import (
     scenario_schedules,
     time_scenario_ops,
 )
-from .runtime import HardwareError, Runtime, init_runtime, run_rank
+from .runtime import HardwareError, Runtime, init_runtime, machine_cores, run_rank
 
 __all__ = ["fit_line", "fit_profile", "main"]
 
@@ -168,6 +168,8 @@ def fit_profile(raw: dict, runtime: Runtime, peak: float, peak_source: str) -> d
             "count": runtime.world,
             "per_node": runtime.local_world,
             "nodes": runtime.nodes,
+            # the cores the ranks ran on: CPU ranks beyond them share cores
+            "cores": machine_cores(),
         },
         "software": {
             "torch": torch.__version__,

@@ -123,6 +123,8 @@ def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout
         except OSError:
             pass
         cpus = rank_cpus(nproc)
+        if hasattr(os, "sched_getaffinity"):
+            env["PARASIM_CORES"] = str(len(os.sched_getaffinity(0)))
         command = [sys.executable, "-m", "hardware.rank", module, *args]
         ranks: list[subprocess.Popen] = []
         try:

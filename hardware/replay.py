@@ -85,9 +85,10 @@ def replay(args: argparse.Namespace) -> int:
     for step in range(args.warmup):
         executor.run_step(verify=args.verify and step == 0, watchdog=watchdog)
     offset = clock_offset(runtime)
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu, ticks = time.perf_counter(), time.process_time(), cpu_ticks()
     measured = [executor.run_step(watchdog=watchdog) for _ in range(args.steps)]
     cpu_per_wall = (time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
+    steal = steal_fraction(ticks, cpu_ticks())
     watchdog.stop()
     payload = {
         "steps": [(t.ready, t.start, t.end, t.origin - offset) for t in measured],
@@ -98,7 +99,7 @@ def replay(args: argparse.Namespace) -> int:
     dist.gather_object(payload, gathered, dst=0)
     if runtime.rank == 0:
         assert gathered is not None
-        _write_measured(args, scenario, schedule, runtime, gathered)
+        _write_measured(args, scenario, schedule, runtime, gathered, steal)
     return 0
 
 
@@ -123,7 +124,27 @@ def common_clock(steps: list[tuple]) -> tuple[list[tuple], float]:
     return shifted, max((max(end) for _, _, end in shifted if end), default=0.0)
 
 
-def _write_measured(args, scenario, schedule, runtime, gathered: list[dict]) -> None:
+def cpu_ticks() -> list[int] | None:
+    """The machine's CPU time counters (``/proc/stat``'s first line), or None."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_fraction(before: list[int] | None, after: list[int] | None) -> float | None:
+    """The share of CPU time stolen by the hypervisor between two readings."""
+    if not before or not after or len(before) < 8:
+        return None
+    spent = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(spent[:8])  # user nice system idle iowait irq softirq steal
+    return spent[7] / total if total > 0 else 0.0
+
+
+def _write_measured(
+    args, scenario, schedule, runtime, gathered: list[dict], steal: float | None
+) -> None:
     """Rank 0: the median step as a result, trace and pages in ``args.out``."""
     world = runtime.world
     steps = [
@@ -158,11 +179,17 @@ def _write_measured(args, scenario, schedule, runtime, gathered: list[dict]) -> 
         cpu_count=cores,
         pinned_cpus=[gathered[r]["cpus"] for r in range(world)],
         cpu_per_wall=[gathered[r]["cpu_per_wall"] for r in range(world)],
+        steal_fraction=steal,
     )
     if load is not None and cores and load > max(0.5, BUSY_LOAD_PER_CORE * cores):
         result.warnings.append(
             f"the machine was busy before the ranks started (load average {load:.2f} on "
             f"{cores} cores): other processes took CPU time from this measurement"
+        )
+    if steal is not None and steal > BUSY_STEAL:
+        result.warnings.append(
+            f"the hypervisor gave {steal:.0%} of this machine's CPU time to other guests "
+            "while the steps ran: they ran slower than the machine does alone"
         )
     run = RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
     write_run_outputs(run, args.out, title=f"{scenario.name}: measured step")
@@ -175,6 +202,9 @@ def _write_measured(args, scenario, schedule, runtime, gathered: list[dict]) -> 
 #: Above this 1-minute load average per core before the ranks start, the machine is
 #: called busy in the result's warnings.
 BUSY_LOAD_PER_CORE = 0.25
+#: Above this share of CPU time stolen by the hypervisor, the measurement is called
+#: disturbed in the warnings.
+BUSY_STEAL = 0.05
 
 
 def _load_before() -> float | None:

@@ -74,6 +74,17 @@ def _env_int(name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
+def machine_cores() -> int:
+    """The cores this job's ranks share on this machine: what the launcher saw
+    (``PARASIM_CORES``, before it pinned the ranks), else what this process may use."""
+    given = os.environ.get("PARASIM_CORES")
+    if given:
+        return int(given)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 #: The rendezvous port of a job started by plain ``srun`` (torchrun's default).
 SLURM_PORT = 29500
 

@@ -131,18 +131,27 @@ def profile_overrides(
     profile of one device per node measured none, so the preset's links stay); the
     calibration's ``note`` says so, and the result repeats it."""
     measured = profile.device.per_node
-    note = ""
+    gpu = {**profile.gpu.model_dump(), "hbm_efficiency": 1.0}
+    notes = []
     if measured != gpus_per_node:
         kept = (
             "NVLink, PCIe and the NICs keep the preset's figures"
             if measured == 1
             else f"its {measured}-device communication fits stand for these nodes' links"
         )
-        note = (
+        notes.append(
             f"{prefix}: profile {source} was measured with {measured} device"
             f"{'s' if measured > 1 else ''} per node and the cluster has {gpus_per_node}: "
             f"its compute, memory, attention and launch costs apply, and {kept}"
         )
+    share = _core_share(profile, gpus_per_node)
+    if share > 1:  # CPU ranks beyond the machine's cores take turns on them
+        gpu = _slower(gpu, share)
+        notes.append(
+            f"{gpus_per_node} CPU ranks share the {profile.device.model_extra['cores']} cores "
+            f"the profile measured, so each computes {share:.2g} times slower"
+        )
+    note = "; ".join(notes)
     comm = {
         kind: {
             scope: {"alpha": fit.alpha, "bandwidth": fit.bandwidth} for scope, fit in scopes.items()
@@ -150,7 +159,29 @@ def profile_overrides(
         for kind, scopes in profile.comm.items()
     }
     # the measured copy bandwidth is what streaming kernels reach: no further derating
+    return {"gpu": gpu, "calibration": {"source": source, "comm": comm, "note": note}}
+
+
+def _core_share(profile: Profile, gpus_per_node: int) -> float:
+    """How many times slower a CPU rank computes on nodes of ``gpus_per_node`` ranks
+    than the profile measured: ranks beyond the machine's cores share them (1 for GPU
+    profiles, and where every rank has a core of its own)."""
+    cores = profile.device.model_extra.get("cores") if profile.device.model_extra else None
+    if profile.device.type != "cpu" or not isinstance(cores, int) or cores < 1:
+        return 1.0
+    crowding = max(1.0, gpus_per_node / cores)
+    measured = max(1.0, profile.device.per_node / cores)
+    return crowding / measured
+
+
+def _slower(gpu: dict[str, Any], factor: float) -> dict[str, Any]:
+    """The device's figures with its compute and memory ``factor`` times slower."""
     return {
-        "gpu": {**profile.gpu.model_dump(), "hbm_efficiency": 1.0},
-        "calibration": {"source": source, "comm": comm, "note": note},
+        **gpu,
+        "matmul_efficiency": gpu["matmul_efficiency"] / factor,
+        "attention_efficiency": gpu["attention_efficiency"] / factor,
+        "hbm_bandwidth": gpu["hbm_bandwidth"] / factor,
+        "kernel_launch_overhead": gpu["kernel_launch_overhead"] * factor,
+        "gemm_table": [(m, n, k, eff / factor) for m, n, k, eff in gpu["gemm_table"]],
+        "op_table": [{**row, "seconds": row["seconds"] * factor} for row in gpu["op_table"]],
     }

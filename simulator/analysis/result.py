@@ -163,6 +163,9 @@ class MeasuredRun:
     cpu_count: int | None = None
     pinned_cpus: list[list[int]] = field(default_factory=list)
     cpu_per_wall: list[float] = field(default_factory=list)
+    # the share of the machine's CPU time its hypervisor gave other guests while the
+    # steps ran (Linux's "steal"; None where /proc/stat does not say)
+    steal_fraction: float | None = None
 
 
 @dataclass
