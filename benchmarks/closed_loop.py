@@ -7,9 +7,11 @@ replays go round-robin over the layouts, so a slow spell of a shared machine spr
 over them) and compares the prediction with the median of the replays. Layouts: data, tensor,
 pipeline and expert parallelism on 2 processes, and three 4-process layouts that
 combine two axes. Prints, per layout, the prediction, the measured median, the spread
-of the replays (lowest to highest), the error, the machine's highest load average
-before a replay and the largest share of CPU time its hypervisor stole during one,
-then the median and the largest |error|. Usage::
+of the replays (lowest to highest), the error, how much slower a fixed GEMM ran during
+the replays than during the calibration (the speed probe,
+:func:`hardware.microbench.speed_probe`: the machine's own drift, which no model of
+the layout can predict) and the largest share of CPU time the hypervisor stole during
+one, then the median and the largest |error|. Usage::
 
     python -m benchmarks.closed_loop [--repeat 3] [--only dp=2,tp=2] [--scenario-shapes]
 
@@ -99,6 +101,7 @@ def main() -> int:
         started = time.monotonic()
         assert _quiet(calibrate) == 0, "calibration failed"
         calibration_s = time.monotonic() - started
+        calibrated_probe = json.loads(profile.read_text())["device"].get("probe_s")
         print(
             f"machine: {platform.node()} · {platform.machine()} · {os.cpu_count()} cores · "
             f"calibrated once in {calibration_s:.0f} s"
@@ -106,7 +109,7 @@ def main() -> int:
         )
         print(
             "| layout | predicted | measured median | spread of replays | error "
-            "| load before | stolen |"
+            "| probe vs calibration | stolen |"
         )
         print("|---|---|---|---|---|---|---|")
         predicted: dict[str, float] = {}
@@ -137,7 +140,12 @@ def main() -> int:
             p, m = predicted[name], statistics.median(steps)
             error = (p - m) / m
             errors.append(abs(error))
-            load = max(x["load_average_1m"] or 0.0 for x in measured[name])
+            probes = [x["probe_s"] for x in measured[name] if x.get("probe_s")]
+            drift = (
+                f"{100 * (statistics.median(probes) / calibrated_probe - 1):+.0f}%"
+                if probes and calibrated_probe
+                else "-"
+            )
             stolen = [
                 x["steal_fraction"] for x in measured[name] if x["steal_fraction"] is not None
             ]
@@ -145,7 +153,7 @@ def main() -> int:
             print(
                 f"| {name} | {p * 1e3:.1f} ms | {m * 1e3:.1f} ms | "
                 f"{min(steps) * 1e3:.1f}–{max(steps) * 1e3:.1f} ms | {100 * error:+.1f}% | "
-                f"{load:.2f} | {stolen_text} |",
+                f"{drift} | {stolen_text} |",
                 flush=True,
             )
         print(

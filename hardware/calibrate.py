@@ -41,7 +41,7 @@ from topologies import load_cluster_spec, parse_flops
 from topologies.profile import PROFILE_FORMAT, PROFILE_VERSION
 
 from .executor import ComputeKernels, make_buffers
-from .microbench import collective_sweep, matmul_sweep, memcopy_sweep, p2p_sweep
+from .microbench import collective_sweep, matmul_sweep, memcopy_sweep, p2p_sweep, speed_probe
 from .opbench import (
     distinct_programs,
     executor_overheads,
@@ -170,6 +170,8 @@ def fit_profile(raw: dict, runtime: Runtime, peak: float, peak_source: str) -> d
             "nodes": runtime.nodes,
             # the cores the ranks ran on: CPU ranks beyond them share cores
             "cores": machine_cores(),
+            # microbench.speed_probe on rank 0: a replay compares its own with this one
+            "probe_s": raw.get("probe_s"),
         },
         "software": {
             "torch": torch.__version__,
@@ -229,6 +231,7 @@ def calibrate(args: argparse.Namespace) -> int:
     sweep = SWEEPS["quick" if args.quick else runtime.device.type]
     schedules = scenario_schedules(args.scenario, []) if args.scenario else []
     raw: dict = {
+        "probe_s": speed_probe(runtime),
         "matmul": matmul_sweep(runtime, sweep["matmul"], sweep["iters"]),
         "memcopy": memcopy_sweep(runtime, sweep["memcopy"], sweep["iters"]),
         "comm": {},

@@ -122,6 +122,9 @@ def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout
             env["PARASIM_LOAD_1M"] = f"{os.getloadavg()[0]:.3f}"  # before the ranks add theirs
         except OSError:
             pass
+        runnable = other_runnable()
+        if runnable is not None:
+            env["PARASIM_RUNNABLE"] = f"{runnable:.2f}"
         cpus = rank_cpus(nproc)
         if hasattr(os, "sched_getaffinity"):
             env["PARASIM_CORES"] = str(len(os.sched_getaffinity(0)))
@@ -138,6 +141,22 @@ def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout
             _stop([proc for proc in ranks if proc.poll() is None])
         if any(proc.returncode != 0 for proc in ranks):
             raise HardwareError(_failure_message(ranks, stopped, Path(run_dir)))
+
+
+def other_runnable(samples: int = 10, interval_s: float = 0.02) -> float | None:
+    """Processes that want a core right now besides this one: the mean of ``samples``
+    readings of ``/proc/stat``'s ``procs_running``, less the reader itself. Unlike the
+    load average, it does not remember the runs just before (None off Linux)."""
+    readings = []
+    for _ in range(samples):
+        try:
+            with open("/proc/stat") as stat:
+                line = next(x for x in stat if x.startswith("procs_running"))
+        except (OSError, StopIteration):
+            return None
+        readings.append(int(line.split()[1]) - 1)
+        time.sleep(interval_s)
+    return max(0.0, sum(readings) / len(readings))
 
 
 #: The most cores one rank is pinned to: its compute thread and the backend's

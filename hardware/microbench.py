@@ -25,7 +25,7 @@ from simulator.engine.collectives import bus_factor
 from .compat import all_gather_single, reduce_scatter_single
 from .runtime import HardwareError, Runtime
 
-__all__ = ["matmul_sweep", "memcopy_sweep", "collective_sweep", "p2p_sweep", "timed"]
+__all__ = ["matmul_sweep", "memcopy_sweep", "collective_sweep", "p2p_sweep", "speed_probe", "timed"]
 
 
 def timed(runtime: Runtime, fn: Callable[[], object], iters: int, warmup: int = 2) -> float:
@@ -51,6 +51,25 @@ def timed(runtime: Runtime, fn: Callable[[], object], iters: int, warmup: int = 
             fn()
             samples.append(time.perf_counter() - t0)
     return statistics.fmean(samples)
+
+
+#: The speed probe: this many GEMMs of this size, timed on every rank at once.
+PROBE_GEMMS, PROBE_SIZE = 40, 256
+
+
+def speed_probe(runtime: Runtime) -> float:
+    """Seconds of one fixed GEMM on this device, the median of ``PROBE_GEMMS``, taken
+    on every rank at once: the calibration records it, and each replay records it
+    again, so a machine that runs slower than when it was calibrated (other tenants,
+    a throttled CPU) shows in the numbers instead of passing for a model error."""
+    a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=runtime.device, dtype=_dtype(runtime))
+    out = torch.empty_like(a)
+    dist.barrier()
+    samples = [
+        timed(runtime, partial(torch.mm, a, a, out=out), 1, warmup=1 if i == 0 else 0)
+        for i in range(PROBE_GEMMS)
+    ]
+    return statistics.median(samples)
 
 
 def _dtype(runtime: Runtime) -> torch.dtype:

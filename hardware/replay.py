@@ -36,6 +36,7 @@ from simulator.run.simulate import RunResult, assemble_result, per_rank_schedule
 
 from .executor import ProgramExecutor
 from .groups import build_groups
+from .microbench import speed_probe
 from .runtime import HardwareError, Watchdog, clock_offset, init_runtime, run_rank
 
 __all__ = ["replay", "main"]
@@ -85,6 +86,7 @@ def replay(args: argparse.Namespace) -> int:
     for step in range(args.warmup):
         executor.run_step(verify=args.verify and step == 0, watchdog=watchdog)
     offset = clock_offset(runtime)
+    probe = speed_probe(runtime)
     wall, cpu, ticks = time.perf_counter(), time.process_time(), cpu_ticks()
     measured = [executor.run_step(watchdog=watchdog) for _ in range(args.steps)]
     cpu_per_wall = (time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
@@ -99,7 +101,7 @@ def replay(args: argparse.Namespace) -> int:
     dist.gather_object(payload, gathered, dst=0)
     if runtime.rank == 0:
         assert gathered is not None
-        _write_measured(args, scenario, schedule, runtime, gathered, steal)
+        _write_measured(args, scenario, schedule, runtime, gathered, steal, probe)
     return 0
 
 
@@ -143,7 +145,7 @@ def steal_fraction(before: list[int] | None, after: list[int] | None) -> float |
 
 
 def _write_measured(
-    args, scenario, schedule, runtime, gathered: list[dict], steal: float | None
+    args, scenario, schedule, runtime, gathered: list[dict], steal: float | None, probe: float
 ) -> None:
     """Rank 0: the median step as a result, trace and pages in ``args.out``."""
     world = runtime.world
@@ -180,11 +182,14 @@ def _write_measured(
         pinned_cpus=[gathered[r]["cpus"] for r in range(world)],
         cpu_per_wall=[gathered[r]["cpu_per_wall"] for r in range(world)],
         steal_fraction=steal,
+        probe_s=probe,
     )
-    if load is not None and cores and load > max(0.5, BUSY_LOAD_PER_CORE * cores):
+    runnable = _runnable_before()
+    result.measured.runnable_before = runnable
+    if runnable is not None and cores and runnable > max(0.5, BUSY_RUNNABLE_PER_CORE * cores):
         result.warnings.append(
-            f"the machine was busy before the ranks started (load average {load:.2f} on "
-            f"{cores} cores): other processes took CPU time from this measurement"
+            f"the machine was busy when the ranks started ({runnable:.1f} other processes "
+            f"wanted a core, on {cores} cores): they took CPU time from this measurement"
         )
     if steal is not None and steal > BUSY_STEAL:
         result.warnings.append(
@@ -199,12 +204,19 @@ def _write_measured(
     )
 
 
-#: Above this 1-minute load average per core before the ranks start, the machine is
-#: called busy in the result's warnings.
-BUSY_LOAD_PER_CORE = 0.25
+#: Above this many other runnable processes per core when the ranks start, the machine
+#: is called busy in the result's warnings.
+BUSY_RUNNABLE_PER_CORE = 0.25
 #: Above this share of CPU time stolen by the hypervisor, the measurement is called
 #: disturbed in the warnings.
 BUSY_STEAL = 0.05
+
+
+def _runnable_before() -> float | None:
+    """Other processes that wanted a core as the launcher started the ranks (under
+    torchrun, unknown: None)."""
+    recorded = os.environ.get("PARASIM_RUNNABLE")
+    return float(recorded) if recorded else None
 
 
 def _load_before() -> float | None:

@@ -18,13 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("torch")
 
 from hardware.launch import launch_local  # noqa: E402
 from hardware.runtime import HardwareError  # noqa: E402
 from simulator.cli.main import main  # noqa: E402
-from simulator.request.scenario import load_scenario  # noqa: E402
+from simulator.request.scenario import apply_overrides, load_scenario  # noqa: E402
 from simulator.run.simulate import per_rank_schedule, run_scenario  # noqa: E402
 
 from .conftest import ROOT, SCENARIOS  # noqa: E402
@@ -206,6 +207,87 @@ def test_closed_loop_calibrate_predict_replay_compare(profile, tmp_path, capsys)
     error = report["step_time"]["error"]
     assert error is not None and math.isfinite(error)
     assert report["op_classes"] and (measured / "compare.html").exists()
+
+
+def test_calibration_at_a_scenario_s_shapes_prices_every_op_it_runs(tmp_path):
+    """``calibrate --scenario`` times every distinct compute op of the scenario, sweeps its
+    collective sizes, and measures the executor's own costs and the ranks' jitter; the
+    simulator then takes every compute op's time from the profile."""
+    from simulator.engine.compute import ComputeModel
+
+    scenario_file = tmp_path / "tiny.yaml"
+    raw = yaml.safe_load(Path(SCENARIO).read_text())
+    raw = apply_overrides(raw, TINY + LAYOUTS["tp"])
+    scenario_file.write_text(yaml.safe_dump(raw))
+    path = tmp_path / "profile.json"
+    argv = ["calibrate", "--nproc", "2", "--backend", "gloo", "--quick", "--out", str(path)]
+    assert main([*argv, "--scenario", str(scenario_file)]) == 0
+    data = json.loads(path.read_text())
+    assert data["device"]["cores"] >= 1
+    assert data["executor"]["compute_op_s"] >= 0 and data["executor"]["collective_s"] >= 0
+    assert 0 <= data["gpu"]["jitter"] <= 0.5
+    scenario = load_scenario(scenario_file, [f"cluster.profile={path}"])
+    model = ComputeModel(scenario.cluster_spec)
+    computed = {
+        (op.kind, op.flops, op.bytes, op.shape, op.batch, op.fp8)
+        for program in per_rank_schedule(scenario).programs.values()
+        for op in program.ops
+        if op.type == "compute"
+    }
+    assert model.measured_ops == len(computed)
+    table = {
+        tuple(
+            row[k] if k != "shape" else tuple(row[k]) if row[k] else None
+            for k in ("kind", "flops", "bytes", "shape", "batch", "fp8")
+        ): row["seconds"]
+        for row in data["gpu"]["op_table"]
+    }
+    assert set(table) == computed
+    # the scenario's all-reduce sizes are among the swept ones
+    sizes = {row["bytes"] for row in data["comm_rows"]["all_reduce/intra_node"]}
+    wanted = {
+        op.bytes
+        for program in per_rank_schedule(scenario).programs.values()
+        for op in program.ops
+        if op.type == "collective" and op.kind == "all_reduce"
+    }
+    assert wanted and all(any(abs(s - w) <= 8 for s in sizes) for w in wanted)
+
+
+def test_a_replay_records_how_it_measured(tmp_path):
+    overrides = TINY + LAYOUTS["dp"]
+    launch_local(
+        "hardware.replay",
+        [SCENARIO, "--out", str(tmp_path), "--steps", "4", *_sets(overrides)],
+        2,
+        "gloo",
+        60,
+    )
+    measured = json.loads((tmp_path / "result.json").read_text())["measured"]
+    steps = measured["step_times_s"]
+    assert len(steps) == 4 and measured["median_s"] == sorted(steps)[1]
+    assert measured["spread"] == pytest.approx((max(steps) - min(steps)) / measured["median_s"])
+    assert measured["cpu_count"] >= 1 and measured["load_average_1m"] >= 0
+    assert len(measured["cpu_per_wall"]) == 2 and all(r > 0 for r in measured["cpu_per_wall"])
+    pinned = measured["pinned_cpus"]
+    if len(os.sched_getaffinity(0)) >= 2:  # each rank on cores of its own
+        assert all(pinned) and not set(pinned[0]) & set(pinned[1])
+    assert measured["steal_fraction"] is None or 0 <= measured["steal_fraction"] <= 1
+
+
+def test_the_step_begins_when_the_last_rank_leaves_the_barrier():
+    from hardware.replay import common_clock
+
+    # rank 1 left the barrier 2 ms after rank 0 (origins on the common clock)
+    steps = [
+        ([0.0, 0.004], [0.0, 0.004], [0.004, 0.010], 100.000),
+        ([0.0, 0.003], [0.0, 0.003], [0.003, 0.009], 100.002),
+    ]
+    shifted, step = common_clock(steps)
+    assert step == pytest.approx(0.009)  # not 0.011: the barrier's skew is not counted
+    assert shifted[0][0] == [0.0, pytest.approx(0.002)]
+    assert shifted[0][2] == [pytest.approx(0.002), pytest.approx(0.008)]
+    assert shifted[1][2] == [0.003, 0.009]
 
 
 def test_ranks_connect_over_the_interface_named(tmp_path):

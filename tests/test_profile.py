@@ -210,3 +210,33 @@ def test_measured_ops_take_their_measured_time(tmp_path):
     assert model.duration(target) == 0.0123
     other = next(op for op in ops if op.shape != target.shape)
     assert model.duration(other) != 0.0123 and model.measured_ops == 1
+
+
+def test_cpu_ranks_beyond_the_machine_s_cores_share_them(tmp_path):
+    """A CPU profile measured with 2 ranks on 2 cores, applied to 4 ranks on that
+    machine: each rank computes half as fast, and the result says why."""
+    profile = copy.deepcopy(VALID)
+    profile["device"]["cores"] = 2
+    profile["gpu"]["gemm_table"] = [[64, 64, 64, 0.4]]
+    path = write(tmp_path, profile)
+    two = cluster_with(path)
+    four = load_cluster_spec(
+        {"preset": "cpu-localhost", "nodes": 1, "gpus_per_node": 4, "profile": str(path)}
+    )
+    assert two.gpu.matmul_efficiency == 0.5 and "share" not in two.calibration.note
+    assert four.gpu.matmul_efficiency == pytest.approx(0.25)
+    assert four.gpu.hbm_bandwidth == pytest.approx(5e9)
+    assert four.gpu.gemm_table[0][3] == pytest.approx(0.2)
+    assert "4 CPU ranks share the 2 cores the profile measured" in four.calibration.note
+    # a GPU profile never shares: its devices are its own
+    gpu = copy.deepcopy(profile)
+    gpu["device"]["type"] = "cuda"
+    spec = load_cluster_spec(
+        {
+            "preset": "cpu-localhost",
+            "nodes": 1,
+            "gpus_per_node": 4,
+            "profile": str(write(tmp_path, gpu, "g.json")),
+        }
+    )
+    assert spec.gpu.matmul_efficiency == 0.5

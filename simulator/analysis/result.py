@@ -160,12 +160,17 @@ class MeasuredRun:
     # CPU time over wall time through the measured steps (below 1: waiting, on its
     # peers or for a core)
     load_average_1m: float | None = None
+    # processes that wanted a core just before the ranks started, other than parasim's
+    runnable_before: float | None = None
     cpu_count: int | None = None
     pinned_cpus: list[list[int]] = field(default_factory=list)
     cpu_per_wall: list[float] = field(default_factory=list)
     # the share of the machine's CPU time its hypervisor gave other guests while the
     # steps ran (Linux's "steal"; None where /proc/stat does not say)
     steal_fraction: float | None = None
+    # one fixed GEMM's time on rank 0 just before the measured steps (the calibration
+    # records the same probe: their ratio is how much slower the machine ran)
+    probe_s: float | None = None
 
 
 @dataclass

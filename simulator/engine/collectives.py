@@ -336,8 +336,13 @@ def collective_transfers(
     algorithm: str | None = None,
     protocol: str | None = None,
 ) -> tuple[CollectiveChoice, list[TransferSpec]]:
-    """NCCL's choice and the transfers of one collective (uneven all-to-all: a flow per pair)."""
+    """NCCL's choice and the transfers of one collective (uneven all-to-all: a flow per
+    pair; with a calibrated all-to-all fit, the fit at the size of its busiest member)."""
     if kind == "all_to_all" and splits is not None and len(gpus) > 1:
+        if _calibrated_choice(cluster, kind, sorted(gpus), "direct") is not None:
+            size = even_equivalent(splits, gpus)
+            plan = plan_collective(cluster, kind, gpus, size, algorithm, protocol)
+            return plan.choice, plan.transfers
         index = {gpu: i for i, gpu in enumerate(gpus)}
         specs = []
         choice = None
@@ -352,6 +357,19 @@ def collective_transfers(
         return choice or plan_p2p(cluster, gpus[0], gpus[1], 0.0).choice, specs
     plan = plan_collective(cluster, kind, gpus, size, algorithm, protocol)
     return plan.choice, plan.transfers
+
+
+def even_equivalent(splits: dict[int, tuple[float, ...]], gpus: list[int]) -> float:
+    """The size of the even all-to-all whose members move as much as the busiest member
+    of this uneven one: an even all-to-all of ``S`` bytes sends and receives
+    ``S·(n−1)/n`` per member, and the uneven one ends with its busiest member."""
+    n = len(gpus)
+    busiest = 0.0
+    for i, gpu in enumerate(gpus):
+        sent = sum(v for j, v in enumerate(splits[gpu]) if j != i)
+        received = sum(splits[other][i] for j, other in enumerate(gpus) if j != i)
+        busiest = max(busiest, sent, received)
+    return busiest * n / (n - 1)
 
 
 def p2p_transfer(
