@@ -86,13 +86,17 @@ def main() -> int:
         action="store_true",
         help="calibrate at the shapes the layouts run (calibrate --scenario)",
     )
+    parser.add_argument(
+        "--keep", type=Path, help="keep the profile, predictions and replays in this folder"
+    )
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(LAYOUTS)
     unknown = [name for name in names if name not in LAYOUTS]
     if unknown:
         parser.error(f"unknown layouts {unknown}; choose from {list(LAYOUTS)}")
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = Path(tmp) if args.keep is None else args.keep
+        work.mkdir(parents=True, exist_ok=True)
         profile = work / "profile.json"
         calibrate = ["calibrate", "--nproc", "2", "--backend", "gloo", "--out", str(profile)]
         if args.scenario_shapes:

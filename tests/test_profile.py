@@ -240,3 +240,27 @@ def test_cpu_ranks_beyond_the_machine_s_cores_share_them(tmp_path):
         }
     )
     assert spec.gpu.matmul_efficiency == 0.5
+
+
+def test_a_calibrated_uneven_all_to_all_takes_the_fit_at_its_busiest_member(tmp_path):
+    """With a fitted all-to-all, an uneven one (MoE dispatch) is priced by that fit at
+    the size of the even all-to-all whose members move what its busiest member moves,
+    not by the send/recv fit."""
+    from simulator.engine.collectives import collective_transfers, even_equivalent
+
+    profile = copy.deepcopy(VALID)
+    profile["comm"]["all_to_all"] = {
+        "intra_node": {"alpha": 3e-4, "bandwidth": 4e8, "rms_residual_s": 1e-6, "points": 5}
+    }
+    from topologies import build_cluster
+
+    cluster = build_cluster(cluster_with(write(tmp_path, profile)))
+    splits = {0: (0.0, 3e6), 1: (1e6, 0.0)}  # rank 0 sends 3 MB, rank 1 sends 1 MB
+    assert even_equivalent(splits, [0, 1]) == 6e6  # 3 MB out of 2 ranks: S·(n-1)/n = 3 MB
+    choice, _ = collective_transfers(cluster, "all_to_all", [0, 1], 4e6, splits)
+    even, _ = collective_transfers(cluster, "all_to_all", [0, 1], 6e6)
+    assert choice == even and choice.protocol == "calibrated"
+    # without an all-to-all fit it stays a flow per pair, on the send/recv plan
+    plain = build_cluster(cluster_with(write(tmp_path, VALID, "plain.json")))
+    pairwise, specs = collective_transfers(plain, "all_to_all", [0, 1], 4e6, splits)
+    assert len(specs) == 2

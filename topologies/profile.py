@@ -144,6 +144,10 @@ def profile_overrides(
             f"{'s' if measured > 1 else ''} per node and the cluster has {gpus_per_node}: "
             f"its compute, memory, attention and launch costs apply, and {kept}"
         )
+    cores = (profile.device.model_extra or {}).get("cores")
+    if profile.device.type == "cpu" and isinstance(cores, int) and cores >= 1:
+        # gloo's threads share a rank's core unless each rank has two or more
+        gpu["comm_on_compute_cores"] = cores / gpus_per_node < 2
     share = _core_share(profile, gpus_per_node)
     if share > 1:  # CPU ranks beyond the machine's cores take turns on them
         gpu = _slower(gpu, share)

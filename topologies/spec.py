@@ -142,6 +142,11 @@ class GPUSpec(_Spec):
     """Measured GEMM efficiencies by shape, ``(m, n, k, efficiency)`` rows (a profile's)."""
     host_overhead: Seconds = 0.0
     """Host time to issue one op (framework, autograd, kernel launches), seconds."""
+    comm_on_compute_cores: bool = False
+    """Whether collectives run on the cores that compute runs on, so that the two take
+    turns instead of overlapping: gloo's threads on a CPU rank's own core (true in the
+    cpu-localhost preset; a profile sets it from the cores each rank had). A GPU's
+    collectives run on SMs beside compute (see the interference of overlapped ops)."""
     op_table: tuple[MeasuredOp, ...] = ()
     """Measured compute ops (a profile calibrated at a scenario's shapes): an op that
     matches one takes its measured time instead of the model's."""

@@ -97,6 +97,11 @@ class _Engine:
         self.cluster = cluster
         self.options = options
         self.factors = dict(options.rank_factors)
+        # a CPU device's collectives run on the cores its compute runs on (gloo's threads
+        # on a rank's one core): compute and collectives take turns on each rank
+        self.shared_cores = cluster.spec.gpu.comm_on_compute_cores
+        self.core_free: dict[int, float] = {}  # rank -> when its core's last work ends
+        self.core_held: dict[int, int] = {}  # rank -> the collective holding its core
         self.analytic = options.fidelity == "analytic"
         simulated = set(schedule.programs)
         # groups with members that are not simulated: the layout makes them symmetric
@@ -193,6 +198,14 @@ class _Engine:
                     at = t
             op_id = op.id
             kind = type(op)
+            if self.shared_cores and (kind is Compute or kind is Block):
+                # the rank's core runs its collectives' work too: wait for the one in flight
+                held = self.core_held.get(rank)
+                if held is not None:
+                    waiters.setdefault(held, []).append(index)
+                    self.heads[index], self.clock[index] = head, clock
+                    return
+                at = max(at, self.core_free.get(rank, 0.0))
             if kind is Compute:
                 if op.host_index == 0:
                     self.action_start[rank] = at
@@ -222,6 +235,8 @@ class _Engine:
                 return
             ready[op_id] = start[op_id] = at
             end[op_id] = clock = at + seconds
+            if self.shared_cores:
+                self.core_free[rank] = clock
             head += 1
             if op_id in waiters:
                 self.runnable.extend(waiters.pop(op_id))
@@ -236,6 +251,9 @@ class _Engine:
         for rank, op_id, index in members:
             start[rank][op_id] = began
             end[rank][op_id] = clock[index] = now
+            if self.core_held.get(rank) == op_id:
+                del self.core_held[rank]
+                self.core_free[rank] = now
             heads[index] += 1
             pending[index] = False
             waiters = all_waiters[rank]
@@ -290,6 +308,10 @@ class _Engine:
             rendezvous.splits[rank] = op.splits
         if len(rendezvous.members) == rendezvous.expected:
             del self.rendezvous[key]
+            if self.shared_cores:  # it starts once its members' cores are free, and holds them
+                for member, member_op, _ in rendezvous.members:
+                    rendezvous.begin = max(rendezvous.begin, self.core_free.get(member, 0.0))
+                    self.core_held[member] = member_op
             self._launch(rendezvous, lambda: self._launch_collective(group, rendezvous))
 
     def _block_time(self, op: Block) -> float:

@@ -1,0 +1,55 @@
+"""``benchmarks/gpu_check.sh --device cpu`` runs the whole one-device loop from a wheel
+folder with ``pip --no-index``: the script a GPU node without network runs, checked
+every step of the way on a CPU (the wheel folder made with ``benchmarks/gpu_wheels.sh``,
+which needs PyPI or pip's cache)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.hardware  # and so slow: see tests/conftest.py
+
+
+def test_gpu_check_runs_on_a_cpu_from_a_wheel_folder(tmp_path):
+    pytest.importorskip("torch")
+    wheels = tmp_path / "wheels"
+    made = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), str(wheels)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if made.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"gpu_wheels.sh could not fetch the wheels: {made.stderr[-500:]}")
+        pytest.skip("no wheels without PyPI or pip's cache")
+    checkout = tmp_path / "checkout"  # a clean copy: nothing built in the working tree
+    shutil.copytree(
+        ROOT,
+        checkout,
+        ignore=shutil.ignore_patterns(".git", "out", "build", "*.egg-info", "__pycache__", ".venv"),
+    )
+    out = tmp_path / "out"
+    run = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--device", "cpu", "--wheels", str(wheels)]
+        + ["--out", str(out)],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    summary = (out / "gpu_check.txt").read_text()
+    assert "ops measured at the scenario's shapes:" in summary and "error" in summary
+    for name in ("profile.json", "predicted/result.json", "measured/result.json"):
+        assert (out / name).exists(), name
+    assert (out / "compared" / "compare.json").exists()
+    # parasim came from the checkout into the script's own environment
+    site = list((out / "venv").glob("lib/python*/site-packages/simulator"))
+    assert site, "parasim is not installed in the check's environment"
