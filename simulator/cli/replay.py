@@ -42,7 +42,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--steps",
         type=int,
         default=10,
-        help="measured steps, each opened by a barrier; the median is reported, with the spread (default 10)",
+        help="measured steps, each opened by a barrier; the median is reported, with "
+        "the spread (default 10)",
     )
     return parser
 
