@@ -4,7 +4,9 @@
 scenario's ranks run (every distinct program of its per-rank schedule, in program order,
 with the replay's kernels and buffers: :class:`~hardware.executor.ComputeKernels`), so
 each op is timed at its own shape, in the cache state the step leaves it, while the
-other ranks load the machine as they do in the step. The first pass warms up; the
+other ranks load the machine as they do in the step. Where the step communicates, a
+buffer of the communication's size is read and written in its place, so the next op
+finds the caches as cold as the step leaves them. The first pass warms up; the
 median over the other passes and ranks is each op's time (:func:`time_scenario_ops`).
 The spread of the ranks' totals within a pass is the rank-to-rank jitter the model's
 stragglers draw from.
@@ -28,7 +30,7 @@ import torch.distributed as dist
 
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import per_rank_schedule
-from simulator.schedule.ir import Collective, Compute, Program, Schedule
+from simulator.schedule.ir import Collective, Compute, Program, Recv, Schedule, Send
 
 from .executor import ComputeKernels, ProgramExecutor
 from .microbench import timed
@@ -59,14 +61,19 @@ def scenario_schedules(paths: Iterable[str | Path], overrides: list[str]) -> lis
     return [per_rank_schedule(load_scenario(path, overrides)) for path in paths]
 
 
-def distinct_programs(schedules: list[Schedule]) -> list[list[Compute]]:
-    """The compute ops of every distinct program (ranks with the same ops in the same
-    order count once), each in program order."""
-    seen: dict[tuple, list[Compute]] = {}
+def distinct_programs(schedules: list[Schedule]) -> list[list]:
+    """Every distinct program (ranks with the same ops in the same order count once):
+    its compute ops and the sizes of its communication, in program order."""
+    seen: dict[tuple, list] = {}
     for schedule in schedules:
         for rank in sorted(schedule.programs):
-            ops = [op for op in schedule.programs[rank].ops if type(op) is Compute]
-            seen.setdefault(tuple(op_key(op) for op in ops), ops)
+            ops = [
+                op
+                for op in schedule.programs[rank].ops
+                if type(op) in (Compute, Collective, Send, Recv)
+            ]
+            key = tuple(op_key(op) if type(op) is Compute else (op.type, op.bytes) for op in ops)
+            seen.setdefault(key, ops)
     return list(seen.values())
 
 
@@ -77,11 +84,17 @@ def time_scenario_ops(
     pass. Every rank runs every program, so the ranks' totals compare like for like."""
     samples: dict[tuple, list[float]] = {}
     totals = []
+    traffic = _Traffic(runtime.device)
     for index in range(passes):
         dist.barrier()
         total = 0.0
         for ops in programs:
             for op in ops:
+                if type(op) is not Compute:
+                    # the communication's data passes through the caches between the
+                    # ops, as in the step: the next op must not find them warmer
+                    traffic.touch(op.bytes)
+                    continue
                 seconds = _time_one(runtime, kernels, op)
                 total += seconds
                 if index > 0:
@@ -89,6 +102,21 @@ def time_scenario_ops(
         if index > 0:
             totals.append(total)
     return samples, totals
+
+
+class _Traffic:
+    """Buffers the size of each communication op, read and written in its place."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.buffers: dict[int, torch.Tensor] = {}
+
+    def touch(self, size: float) -> None:
+        numel = max(1, int(size // 4))
+        buffer = self.buffers.get(numel)
+        if buffer is None:
+            buffer = self.buffers[numel] = torch.ones(numel, device=self.device)
+        buffer.mul_(1.0)
 
 
 def _time_one(runtime: Runtime, kernels: ComputeKernels, op: Compute) -> float:
