@@ -297,7 +297,7 @@ def _time_scenarios(runtime: Runtime, paths: list[str], schedules: list) -> list
 
 
 def _op_table(gathered: list, overheads: dict[str, float]) -> tuple[list[dict], float]:
-    """The profile's measured ops (the median over ranks and passes, the executor's
+    """The profile's measured ops (the mean over ranks and passes, the executor's
     per-op cost added) and the jitter: the median over passes of the ranks' relative
     spread (standard deviation over mean) of their totals."""
     merged: dict[tuple, list[float]] = {}
@@ -314,7 +314,9 @@ def _op_table(gathered: list, overheads: dict[str, float]) -> tuple[list[dict], 
                 "shape": list(shape) if shape is not None else None,
                 "batch": batch,
                 "fp8": fp8,
-                "seconds": statistics.median(values) + overheads["compute_op_s"],
+                # the mean, as every timing here: a step is a sum of many such ops, so
+                # an op's occasional slow runs (a tick, a preemption) count in proportion
+                "seconds": statistics.fmean(values) + overheads["compute_op_s"],
             }
         )
     jitter = 0.0

@@ -7,7 +7,8 @@ each op is timed at its own shape, in the cache state the step leaves it, while 
 other ranks load the machine as they do in the step. Where the step communicates, a
 buffer of the communication's size is read and written in its place, so the next op
 finds the caches as cold as the step leaves them. The first pass warms up; the
-median over the other passes and ranks is each op's time (:func:`time_scenario_ops`).
+mean over the other passes and ranks is each op's time (:func:`time_scenario_ops`; the
+mean, because a step is a sum of many such ops and their slow runs count in it).
 The spread of the ranks' totals within a pass is the rank-to-rank jitter the model's
 stragglers draw from.
 
