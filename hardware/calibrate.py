@@ -41,12 +41,20 @@ from topologies import load_cluster_spec, parse_flops
 from topologies.profile import PROFILE_FORMAT, PROFILE_VERSION
 
 from .executor import ComputeKernels, make_buffers
-from .microbench import collective_sweep, matmul_sweep, memcopy_sweep, p2p_sweep, speed_probe
+from .microbench import (
+    collective_sweep,
+    matmul_sweep,
+    memcopy_sweep,
+    p2p_sweep,
+    speed_probe,
+    uneven_all_to_all_sweep,
+)
 from .opbench import (
     distinct_programs,
     executor_overheads,
     scenario_collective_sizes,
     scenario_schedules,
+    scenario_uneven_all_to_alls,
     time_scenario_ops,
 )
 from .runtime import HardwareError, Runtime, init_runtime, machine_cores, run_rank
@@ -244,6 +252,13 @@ def calibrate(args: argparse.Namespace) -> int:
             sizes = sorted({*sweep["comm"], *(int(b) for b in extra.get(kind, ()))})
             rows = collective_sweep(runtime, kind, group, members, sizes, sweep["iters"])
             raw["comm"][(kind, scope)] = rows
+        if scope == "intra_node" and schedules:
+            # the scenarios' uneven all-to-alls (MoE dispatch), with their own splits,
+            # join the all-to-all fit at the size the simulator prices them at
+            cases = scenario_uneven_all_to_alls(schedules, len(members))
+            raw["comm"][("all_to_all", scope)] += uneven_all_to_all_sweep(
+                runtime, group, members, cases, sweep["iters"]
+            )
     pairs = {
         "intra_node": (0, 1) if runtime.local_world > 1 else None,
         "inter_node": (0, runtime.local_world) if runtime.nodes > 1 else None,

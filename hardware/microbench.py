@@ -25,7 +25,15 @@ from simulator.engine.collectives import bus_factor
 from .compat import all_gather_single, reduce_scatter_single
 from .runtime import HardwareError, Runtime
 
-__all__ = ["matmul_sweep", "memcopy_sweep", "collective_sweep", "p2p_sweep", "speed_probe", "timed"]
+__all__ = [
+    "matmul_sweep",
+    "memcopy_sweep",
+    "collective_sweep",
+    "uneven_all_to_all_sweep",
+    "p2p_sweep",
+    "speed_probe",
+    "timed",
+]
 
 
 def timed(runtime: Runtime, fn: Callable[[], object], iters: int, warmup: int = 2) -> float:
@@ -186,6 +194,49 @@ def collective_sweep(
                 "algbw": algbw,
                 "busbw": algbw * bus_factor(kind, n),
                 "correct": True,
+            }
+        )
+    return rows
+
+
+def uneven_all_to_all_sweep(
+    runtime: Runtime,
+    group,
+    members: list[int],
+    cases: list[tuple[tuple[float, ...], ...]],
+    iters: int,
+) -> list[dict]:
+    """Time each uneven all-to-all of ``cases`` (``case[i][j]``: the bytes member ``i``
+    sends member ``j``), as the replay runs it; each row stands at the size of the even
+    all-to-all its busiest member matches (:func:`~simulator.engine.collectives.
+    even_equivalent`), the size the simulator prices it at."""
+    from simulator.engine.collectives import even_equivalent
+
+    me = members.index(runtime.rank)
+    element = torch.tensor([], dtype=_dtype(runtime)).element_size()
+    rows = []
+    for case in cases:
+        send = [max(0, int(b // element)) for b in case[me]]
+        receive = [max(0, int(case[j][me] // element)) for j in range(len(members))]
+        inp = torch.ones(max(1, sum(send)), device=runtime.device, dtype=_dtype(runtime))
+        out = torch.empty(max(1, sum(receive)), device=runtime.device, dtype=_dtype(runtime))
+        run = partial(
+            dist.all_to_all_single,
+            out[: sum(receive)],
+            inp[: sum(send)],
+            receive,
+            send,
+            group=group,
+        )
+        seconds = _slowest(runtime, timed(runtime, run, iters), group)
+        size = even_equivalent(dict(enumerate(case)), list(range(len(members))))
+        rows.append(
+            {
+                "kind": "all_to_all",
+                "ranks": len(members),
+                "bytes": float(size),
+                "seconds": seconds,
+                "uneven": True,
             }
         )
     return rows

@@ -43,6 +43,7 @@ __all__ = [
     "distinct_programs",
     "time_scenario_ops",
     "scenario_collective_sizes",
+    "scenario_uneven_all_to_alls",
     "executor_overheads",
 ]
 
@@ -145,6 +146,27 @@ def scenario_collective_sizes(schedules: list[Schedule], ranks: int) -> dict[str
                     if len(schedule.groups[op.group]) == ranks:
                         sizes.setdefault(op.kind, set()).add(float(op.bytes))
     return {kind: sorted(values) for kind, values in sizes.items()}
+
+
+def scenario_uneven_all_to_alls(
+    schedules: list[Schedule], ranks: int
+) -> list[tuple[tuple[float, ...], ...]]:
+    """The distinct uneven all-to-alls the scenarios' groups of ``ranks`` members run:
+    for each call, every member's bytes to every member, in member order."""
+    cases: dict[tuple, None] = {}
+    for schedule in schedules:
+        calls: dict[str, dict[int, list[tuple[float, ...]]]] = {}
+        for rank, program in schedule.programs.items():
+            for op in program.ops:
+                if type(op) is Collective and op.kind == "all_to_all" and op.splits is not None:
+                    calls.setdefault(op.group, {}).setdefault(rank, []).append(op.splits)
+        for group, by_rank in calls.items():
+            members = sorted(schedule.groups[group])
+            if len(members) != ranks or set(by_rank) != set(members):
+                continue
+            for index in range(min(len(by_rank[m]) for m in members)):
+                cases.setdefault(tuple(tuple(by_rank[m][index]) for m in members), None)
+    return list(cases)
 
 
 def executor_overheads(

@@ -210,48 +210,69 @@ def test_closed_loop_calibrate_predict_replay_compare(profile, tmp_path, capsys)
 
 
 def test_calibration_at_a_scenario_s_shapes_prices_every_op_it_runs(tmp_path):
-    """``calibrate --scenario`` times every distinct compute op of the scenario, sweeps its
-    collective sizes, and measures the executor's own costs and the ranks' jitter; the
-    simulator then takes every compute op's time from the profile."""
+    """``calibrate --scenario`` times every distinct compute op of its scenarios, sweeps
+    their collective sizes and their uneven all-to-alls, and measures the executor's own
+    costs and the ranks' jitter; the simulator then takes every compute op's time from
+    the profile."""
+    from hardware.opbench import scenario_uneven_all_to_alls
     from simulator.engine.compute import ComputeModel
 
-    scenario_file = tmp_path / "tiny.yaml"
-    raw = yaml.safe_load(Path(SCENARIO).read_text())
-    raw = apply_overrides(raw, TINY + LAYOUTS["tp"])
-    scenario_file.write_text(yaml.safe_dump(raw))
+    skewed_moe = "model.moe={experts: 4, top_k: 2, routing: {kind: zipf, exponent: 1.5}}"
+    layouts = {
+        "tp": TINY + LAYOUTS["tp"],
+        "ep": TINY + ["parallel.tp=1", "parallel.dp=2", "parallel.ep=2", skewed_moe],
+    }
+    files = []
+    for name, overrides in layouts.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(
+            yaml.safe_dump(apply_overrides(yaml.safe_load(Path(SCENARIO).read_text()), overrides))
+        )
+        files.append(path)
     path = tmp_path / "profile.json"
     argv = ["calibrate", "--nproc", "2", "--backend", "gloo", "--quick", "--out", str(path)]
-    assert main([*argv, "--scenario", str(scenario_file)]) == 0
+    assert main([*argv, "--scenario", str(files[0]), "--scenario", str(files[1])]) == 0
     data = json.loads(path.read_text())
     assert data["device"]["cores"] >= 1
     assert data["executor"]["compute_op_s"] >= 0 and data["executor"]["collective_s"] >= 0
     assert 0 <= data["gpu"]["jitter"] <= 0.5
-    scenario = load_scenario(scenario_file, [f"cluster.profile={path}"])
-    model = ComputeModel(scenario.cluster_spec)
+    schedules = [per_rank_schedule(load_scenario(f, [f"cluster.profile={path}"])) for f in files]
     computed = {
         (op.kind, op.flops, op.bytes, op.shape, op.batch, op.fp8)
-        for program in per_rank_schedule(scenario).programs.values()
+        for schedule in schedules
+        for program in schedule.programs.values()
         for op in program.ops
         if op.type == "compute"
     }
-    assert model.measured_ops == len(computed)
     table = {
-        tuple(
-            row[k] if k != "shape" else tuple(row[k]) if row[k] else None
-            for k in ("kind", "flops", "bytes", "shape", "batch", "fp8")
-        ): row["seconds"]
+        (
+            row["kind"],
+            row["flops"],
+            row["bytes"],
+            tuple(row["shape"]) if row["shape"] else None,
+            row["batch"],
+            row["fp8"],
+        )
         for row in data["gpu"]["op_table"]
     }
-    assert set(table) == computed
-    # the scenario's all-reduce sizes are among the swept ones
+    assert table == computed
+    for file in files:
+        model = ComputeModel(load_scenario(file, [f"cluster.profile={path}"]).cluster_spec)
+        assert model.measured_ops == len(computed)
+    # the tp layout's all-reduce sizes are among the swept ones
     sizes = {row["bytes"] for row in data["comm_rows"]["all_reduce/intra_node"]}
     wanted = {
         op.bytes
-        for program in per_rank_schedule(scenario).programs.values()
+        for program in schedules[0].programs.values()
         for op in program.ops
         if op.type == "collective" and op.kind == "all_reduce"
     }
     assert wanted and all(any(abs(s - w) <= 8 for s in sizes) for w in wanted)
+    # the skewed MoE's dispatches and combines, timed with their own splits
+    uneven = [row for row in data["comm_rows"]["all_to_all/intra_node"] if row.get("uneven")]
+    cases = scenario_uneven_all_to_alls(schedules[1:], 2)
+    assert cases and len(uneven) == len(cases)
+    assert all(row["seconds"] > 0 for row in uneven)
 
 
 def test_a_replay_records_how_it_measured(tmp_path):
