@@ -20,7 +20,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from simulator.engine.collectives import bus_factor
+from simulator.engine.collectives import bus_factor, even_equivalent
 
 from .compat import all_gather_single, reduce_scatter_single
 from .runtime import HardwareError, Runtime
@@ -210,8 +210,6 @@ def uneven_all_to_all_sweep(
     sends member ``j``), as the replay runs it; each row stands at the size of the even
     all-to-all its busiest member matches (:func:`~simulator.engine.collectives.
     even_equivalent`), the size the simulator prices it at."""
-    from simulator.engine.collectives import even_equivalent
-
     me = members.index(runtime.rank)
     element = torch.tensor([], dtype=_dtype(runtime)).element_size()
     rows = []
