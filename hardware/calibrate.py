@@ -274,7 +274,7 @@ def calibrate(args: argparse.Namespace) -> int:
                 row["ranks"] = 2
             raw["comm"][("p2p", scope)] = rows
     dist.barrier()
-    raw["overheads"] = executor_overheads(runtime, peak, _copy_rate(raw["memcopy"]))
+    raw["overheads"] = executor_overheads(runtime)
     timed_ops = None
     if schedules:
         timed_ops = _time_scenarios(runtime, args.scenario, schedules)
@@ -291,10 +291,6 @@ def calibrate(args: argparse.Namespace) -> int:
             f"{sum(len(v) for v in profile['comm'].values())} communication fits"
         )
     return 0
-
-
-def _copy_rate(rows: list[dict]) -> float:
-    return max(row["bytes"] / row["seconds"] for row in rows)
 
 
 def _time_scenarios(runtime: Runtime, paths: list[str], schedules: list) -> list | None:

@@ -252,10 +252,6 @@ class ProgramExecutor:
             received[op.id] = counts
         return received
 
-    # -- compute ------------------------------------------------------------------------
-    def _run_compute(self, op: Compute) -> None:
-        self.kernels.run(op)
-
     # -- communication ------------------------------------------------------------------
     def _issue_comm(self, op, verify: bool) -> tuple[list, callable]:
         """Start ``op`` asynchronously; returns its works and a check to run at the end."""
@@ -454,7 +450,7 @@ class ProgramExecutor:
                 self.current = op.id
                 inject_fault(self.rank, op.id)
                 ready[op.id] = start[op.id] = time.perf_counter() - t0
-                self._run_compute(op)
+                self.kernels.run(op)
                 end[op.id] = time.perf_counter() - t0
                 finished[op.id] = True
                 remaining -= 1
@@ -520,7 +516,7 @@ class ProgramExecutor:
             with torch.cuda.stream(stream):
                 begin_events[op.id].record(stream)
                 if type(op) is Compute:
-                    self._run_compute(op)
+                    self.kernels.run(op)
                 else:
                     works, check = self._issue_comm(op, verify)
                     for w in works:

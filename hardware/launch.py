@@ -27,7 +27,7 @@ from pathlib import Path
 
 from simulator.common.machine import machine_memory
 
-from .runtime import HardwareError
+from .runtime import HardwareError, machine_cores
 
 __all__ = ["launch_local", "loopback_interface", "rank_cpus"]
 
@@ -126,8 +126,7 @@ def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout
         if runnable is not None:
             env["PARASIM_RUNNABLE"] = f"{runnable:.2f}"
         cpus = rank_cpus(nproc)
-        if hasattr(os, "sched_getaffinity"):
-            env["PARASIM_CORES"] = str(len(os.sched_getaffinity(0)))
+        env["PARASIM_CORES"] = str(machine_cores())  # before pinning narrows the ranks' view
         command = [sys.executable, "-m", "hardware.rank", module, *args]
         ranks: list[subprocess.Popen] = []
         try:

@@ -169,9 +169,7 @@ def scenario_uneven_all_to_alls(
     return list(cases)
 
 
-def executor_overheads(
-    runtime: Runtime, peak_flops: float, memory_bandwidth: float
-) -> dict[str, float]:
+def executor_overheads(runtime: Runtime) -> dict[str, float]:
     """Seconds the replay executor adds per compute op and per collective (0 on a GPU,
     whose host runs ahead of the device)."""
     if runtime.is_cuda:
@@ -181,7 +179,7 @@ def executor_overheads(
         Compute(i, "compute", 0.0, 0.0, "elementwise", deps=(i - 1,) if i else ())
         for i in range(OVERHEAD_OPS)
     ]
-    compute_s = _per_op(runtime, trivial, {}, peak_flops, memory_bandwidth)
+    compute_s = _per_op(runtime, trivial, {})
     if runtime.world < 2:
         return {"compute_op_s": compute_s, "collective_s": 0.0}
     element = 4.0
@@ -189,27 +187,22 @@ def executor_overheads(
         Collective(i, "c", "all_reduce", "all", element, deps=(i - 1,) if i else ())
         for i in range(OVERHEAD_OPS // 4)
     ]
-    in_executor = _per_op(runtime, ring, {"all": world}, peak_flops, memory_bandwidth)
+    in_executor = _per_op(runtime, ring, {"all": world})
     buffer = torch.ones(1, dtype=torch.float32)
     alone = timed(runtime, lambda: dist.all_reduce(buffer), OVERHEAD_OPS // 4)
     return {"compute_op_s": compute_s, "collective_s": max(0.0, in_executor - alone)}
 
 
-def _per_op(
-    runtime: Runtime,
-    ops: list,
-    groups: dict[str, tuple[int, ...]],
-    peak_flops: float,
-    memory_bandwidth: float,
-) -> float:
-    """Median over a few steps of (step wall time − the ops' own times) / ops, for a
-    program of ``ops`` on every rank run by the replay's executor."""
+def _per_op(runtime: Runtime, ops: list, groups: dict[str, tuple[int, ...]]) -> float:
+    """Median over a few steps of the step's wall time per op, for a program of ``ops``
+    on every rank run by the replay's executor (the ops do no compute, so the rates it
+    is given never matter)."""
     schedule = Schedule(
         programs={rank: Program(rank, list(ops)) for rank in range(runtime.world)},
         groups=groups,
     )
     handles = {name: dist.new_group(list(members)) for name, members in groups.items()}
-    executor = ProgramExecutor(schedule, runtime, handles, peak_flops, memory_bandwidth)
+    executor = ProgramExecutor(schedule, runtime, handles, peak_flops=1.0, memory_bandwidth=1.0)
     per_op = []
     for step in range(4):
         times = executor.run_step()

@@ -12,9 +12,10 @@ rank's step on one clock that begins when the last rank leaves the step's openin
 barrier (:func:`common_clock`; across nodes the clocks are aligned first,
 :func:`~hardware.runtime.clock_offset`), picks the median step and writes
 ``result.json`` (the simulator's keys, ``fidelity: measured``, plus a ``measured``
-section with every step's time, the spread, the machine's load before the run, the
-cores each rank was pinned to and each rank's CPU time over wall time), ``trace.json``
-and the pages to DIR; a machine busy before the run is named in the warnings.
+section with every step's time, the spread, how busy the machine was as the ranks
+started, the cores each rank was pinned to, each rank's CPU time over wall time, the
+CPU time the hypervisor stole and a speed probe), ``trace.json`` and the pages to DIR;
+a busy or disturbed machine is named in the warnings.
 """
 
 from __future__ import annotations
@@ -37,7 +38,14 @@ from simulator.run.simulate import RunResult, assemble_result, per_rank_schedule
 from .executor import ProgramExecutor
 from .groups import build_groups
 from .microbench import speed_probe
-from .runtime import HardwareError, Watchdog, clock_offset, init_runtime, run_rank
+from .runtime import (
+    HardwareError,
+    Watchdog,
+    clock_offset,
+    init_runtime,
+    machine_cores,
+    run_rank,
+)
 
 __all__ = ["replay", "main"]
 
@@ -164,8 +172,8 @@ def _write_measured(
         stats={"ops": schedule.num_ops},
     )
     result = assemble_result(scenario, schedule, times, "measured")
-    load = _load_before()
-    cores = os.cpu_count()
+    load, runnable = _load_before(), _runnable_before()
+    cores = machine_cores()
     spread = (max(step_times) - min(step_times)) / median if median > 0 else 0.0
     result.measured = MeasuredRun(
         backend=runtime.backend,
@@ -183,9 +191,8 @@ def _write_measured(
         cpu_per_wall=[gathered[r]["cpu_per_wall"] for r in range(world)],
         steal_fraction=steal,
         probe_s=probe,
+        runnable_before=runnable,
     )
-    runnable = _runnable_before()
-    result.measured.runnable_before = runnable
     if runnable is not None and cores and runnable > max(0.5, BUSY_RUNNABLE_PER_CORE * cores):
         result.warnings.append(
             f"the machine was busy when the ranks started ({runnable:.1f} other processes "

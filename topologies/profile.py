@@ -144,17 +144,18 @@ def profile_overrides(
             f"{'s' if measured > 1 else ''} per node and the cluster has {gpus_per_node}: "
             f"its compute, memory, attention and launch costs apply, and {kept}"
         )
-    cores = (profile.device.model_extra or {}).get("cores")
-    if profile.device.type == "cpu" and isinstance(cores, int) and cores >= 1:
+    cores = _cpu_cores(profile)
+    if cores is not None:
         # gloo's threads share a rank's core unless each rank has two or more
         gpu["comm_on_compute_cores"] = cores / gpus_per_node < 2
-    share = _core_share(profile, gpus_per_node)
-    if share > 1:  # CPU ranks beyond the machine's cores take turns on them
-        gpu = _slower(gpu, share)
-        notes.append(
-            f"{gpus_per_node} CPU ranks share the {profile.device.model_extra['cores']} cores "
-            f"the profile measured, so each computes {share:.2g} times slower"
-        )
+        # CPU ranks beyond the machine's cores take turns on them
+        share = max(1.0, gpus_per_node / cores) / max(1.0, measured / cores)
+        if share > 1:
+            gpu = _slower(gpu, share)
+            notes.append(
+                f"{gpus_per_node} CPU ranks share the {cores} cores the profile measured, "
+                f"so each computes {share:.2g} times slower"
+            )
     note = "; ".join(notes)
     comm = {
         kind: {
@@ -166,16 +167,13 @@ def profile_overrides(
     return {"gpu": gpu, "calibration": {"source": source, "comm": comm, "note": note}}
 
 
-def _core_share(profile: Profile, gpus_per_node: int) -> float:
-    """How many times slower a CPU rank computes on nodes of ``gpus_per_node`` ranks
-    than the profile measured: ranks beyond the machine's cores share them (1 for GPU
-    profiles, and where every rank has a core of its own)."""
-    cores = profile.device.model_extra.get("cores") if profile.device.model_extra else None
+def _cpu_cores(profile: Profile) -> int | None:
+    """The cores a CPU profile's ranks ran on (``device.cores``; None for a GPU
+    profile, or one that does not say)."""
+    cores = (profile.device.model_extra or {}).get("cores")
     if profile.device.type != "cpu" or not isinstance(cores, int) or cores < 1:
-        return 1.0
-    crowding = max(1.0, gpus_per_node / cores)
-    measured = max(1.0, profile.device.per_node / cores)
-    return crowding / measured
+        return None
+    return cores
 
 
 def _slower(gpu: dict[str, Any], factor: float) -> dict[str, Any]:

@@ -146,9 +146,11 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             issued[op_id] = at
             if kind is Compute or kind is Block:
                 if kind is Compute:
-                    stop = at + compute_time(rank, op) * factors.get(rank, 1.0)
+                    stop = at + compute_time(rank, op)
                 else:
-                    stop = at + block_time(op) * factors.get(rank, 1.0)
+                    stop = at + block_time(op)
+                if factors:  # stragglers: this rank's compute runs slower
+                    stop = at + (stop - at) * factors.get(rank, 1.0)
                 begun[op_id], done[op_id] = at, stop
                 clock[index] = stop
                 heads[index] += 1

@@ -13,13 +13,16 @@ shows a category, and each category keeps a fixed colour across reports. Hoverin
 bar shows its label, category, layer, micro-batch, bytes, FLOPs, start, duration and,
 for communication, how long the rank waited before the transfer began.
 
-A browser cannot draw a million bars, so the chart holds at most ``max_bars``. When the
-trace has more, a representative subset of ranks is drawn: the ranks listed in
-``trace.meta["representative_ranks"]`` if present (thinned evenly if even they do not
-fit), otherwise evenly spaced ranks that include the first and the last. A note above
-the chart then says how many ranks of how many are shown; it also appears when the
-trace itself holds only some ranks of the job (``meta["world"]`` larger than the ranks
-present). The file embeds plotly.js, so it opens offline.
+A browser cannot draw a million bars, so the chart holds at most ``max_bars``, and the
+ops of a full-width chart thinner than half a pixel would each be drawn a pixel wide,
+making a lane that is busy a third of the time look solid. :func:`fit_trace` decides
+what is drawn: trains of such thin ops become one bar as opaque as they were busy;
+when the ops still do not fit, touching ops merge, then only the ranks in
+``trace.meta["representative_ranks"]`` are kept, then wider merges and fewer ranks
+follow. A note above the chart says what was merged and which ranks are shown.
+``timeline.html`` also carries the drawn ranks' ops one by one, and a zoom that leaves
+few enough in view redraws them so (:func:`write_timeline_html`). The file embeds
+plotly.js, so it opens offline.
 """
 
 from __future__ import annotations
