@@ -14,6 +14,13 @@ the layout can predict) and the largest share of CPU time the hypervisor stole d
 one, then the median and the largest |error|. Usage::
 
     python -m benchmarks.closed_loop [--repeat 3] [--only dp=2,tp=2] [--scenario-shapes]
+        [--calibrate-on dp=2,tp=2]
+
+With ``--scenario-shapes`` the calibration (2 processes) also runs the step of each
+2-process layout it is given, so those layouts' compute ops and calls are timed in
+place; the 4-process layouts' compute ops are timed alone, and their calls take the
+measured calls of the same size or the fits. ``--calibrate-on`` gives it fewer layouts
+than are predicted, to see how the layouts it never ran fare.
 
 The layouts are described only with ``--set`` overrides of the scenario, so a reader
 can rerun any one of them with ``parasim run`` / ``parasim replay``.
@@ -87,11 +94,17 @@ def main() -> int:
         help="calibrate at the shapes the layouts run (calibrate --scenario)",
     )
     parser.add_argument(
+        "--calibrate-on",
+        help="with --scenario-shapes: comma-separated layouts whose shapes the calibration "
+        "times (default: every layout predicted), to see how layouts it never ran fare",
+    )
+    parser.add_argument(
         "--keep", type=Path, help="keep the profile, predictions and replays in this folder"
     )
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(LAYOUTS)
-    unknown = [name for name in names if name not in LAYOUTS]
+    calibrated = args.calibrate_on.split(",") if args.calibrate_on else names
+    unknown = [name for name in {*names, *calibrated} if name not in LAYOUTS]
     if unknown:
         parser.error(f"unknown layouts {unknown}; choose from {list(LAYOUTS)}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,7 +113,7 @@ def main() -> int:
         profile = work / "profile.json"
         calibrate = ["calibrate", "--nproc", "2", "--backend", "gloo", "--out", str(profile)]
         if args.scenario_shapes:
-            for path in _layout_scenarios(work, names):
+            for path in _layout_scenarios(work, calibrated):
                 calibrate += ["--scenario", str(path)]
         started = time.monotonic()
         assert _quiet(calibrate) == 0, "calibration failed"
@@ -109,7 +122,11 @@ def main() -> int:
         print(
             f"machine: {platform.node()} · {platform.machine()} · {os.cpu_count()} cores · "
             f"calibrated once in {calibration_s:.0f} s"
-            + (" at the layouts' shapes" if args.scenario_shapes else " (general sweep)")
+            + (
+                f" at the shapes of {', '.join(calibrated)}"
+                if args.scenario_shapes
+                else " (general sweep)"
+            )
         )
         print(
             "| layout | predicted | measured median | spread of replays | error "

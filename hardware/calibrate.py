@@ -37,6 +37,7 @@ import torch.distributed as dist
 from simulator.common.files import write_json
 from simulator.engine.collectives import algorithm_steps, bus_factor
 from simulator.request.scenario import load_scenario
+from simulator.schedule.ir import Compute
 from topologies import load_cluster_spec, parse_flops
 from topologies.profile import PROFILE_FORMAT, PROFILE_VERSION
 
@@ -52,10 +53,13 @@ from .microbench import (
 from .opbench import (
     distinct_programs,
     executor_overheads,
+    measured_calls,
+    op_key,
     scenario_collective_sizes,
     scenario_schedules,
     scenario_uneven_all_to_alls,
     time_scenario_ops,
+    time_scenario_steps,
 )
 from .runtime import HardwareError, Runtime, init_runtime, machine_cores, run_rank
 
@@ -165,6 +169,12 @@ def fit_profile(raw: dict, runtime: Runtime, peak: float, peak_source: str) -> d
             "rms_residual_s": rms,
             "points": len(rows),
             "ranks": n,
+            # the calls measured in the scenarios' own steps take their measured time
+            "table": [
+                {"ranks": c["ranks"], "bytes": c["bytes"], "seconds": c["seconds"]}
+                for c in raw.get("calls", [])
+                if c["kind"] == kind and c["scope"] == scope
+            ],
         }
     return {
         "format": PROFILE_FORMAT,
@@ -280,7 +290,9 @@ def calibrate(args: argparse.Namespace) -> int:
         timed_ops = _time_scenarios(runtime, args.scenario, schedules)
     if runtime.rank == 0:
         if timed_ops is not None:
-            raw["op_table"], raw["jitter"] = _op_table(timed_ops, raw["overheads"])
+            raw["op_table"], raw["jitter"], raw["calls"] = _op_table(
+                timed_ops, raw["overheads"], schedules, runtime.local_world
+            )
         profile = fit_profile(raw, runtime, peak, peak_source)
         write_json(args.out, profile)
         gpu = profile["gpu"]
@@ -294,27 +306,81 @@ def calibrate(args: argparse.Namespace) -> int:
 
 
 def _time_scenarios(runtime: Runtime, paths: list[str], schedules: list) -> list | None:
-    """Every rank times the scenarios' compute ops; rank 0 gets every rank's samples and
-    pass totals (None on the other ranks)."""
+    """Every rank times the scenarios' compute ops, each rank running every distinct
+    program (like for like), then runs the step of each scenario that has as many ranks
+    as were started, communication included (:func:`time_scenario_steps`). Rank 0 gets
+    every rank's ``(samples, totals, steps)``, ``steps`` one entry per scenario (None
+    where the step was not run); None on the other ranks."""
     gpu = load_scenario(paths[0]).cluster_spec.gpu
+    peak, bandwidth = gpu.peak_flops * gpu.matmul_efficiency, gpu.hbm_bandwidth
     buffers, element = make_buffers(runtime.device)
-    kernels = ComputeKernels(
-        buffers, element, gpu.peak_flops * gpu.matmul_efficiency, gpu.hbm_bandwidth
-    )
+    kernels = ComputeKernels(buffers, element, peak, bandwidth)
     samples, totals = time_scenario_ops(runtime, kernels, distinct_programs(schedules))
+    steps = [
+        time_scenario_steps(runtime, schedule, peak, bandwidth)
+        if set(schedule.programs) == set(range(runtime.world))
+        else None
+        for schedule in schedules
+    ]
     gathered: list | None = [None] * runtime.world if runtime.rank == 0 else None
-    dist.gather_object((samples, totals), gathered, dst=0)
+    dist.gather_object((samples, totals, steps), gathered, dst=0)
     return gathered
 
 
-def _op_table(gathered: list, overheads: dict[str, float]) -> tuple[list[dict], float]:
+def _in_step(gathered: list, schedules: list, per_node: int) -> tuple[dict, list[float], list]:
+    """From the scenarios' own steps: each compute op's times, the ranks' relative spread
+    of compute per pass among ranks that run the same program, and the communication
+    calls measured in place (:func:`measured_calls`)."""
+    samples: dict[tuple, list[float]] = {}
+    spreads: list[float] = []
+    calls: list[dict] = []
+    for index, schedule in enumerate(schedules):
+        steps = {rank: entry[2][index] for rank, entry in enumerate(gathered)}
+        if any(step is None for step in steps.values()):
+            continue
+        for step_samples, _, _ in steps.values():
+            for key, values in step_samples.items():
+                samples.setdefault(key, []).extend(values)
+        alike: dict[tuple, list[int]] = {}
+        for rank, program in schedule.programs.items():
+            key = tuple(op_key(op) for op in program.ops if type(op) is Compute)
+            alike.setdefault(key, []).append(rank)
+        for ranks in alike.values():
+            if len(ranks) > 1:
+                spreads += _spreads([steps[rank][1] for rank in ranks])
+        calls += measured_calls(schedule, {rank: step[2] for rank, step in steps.items()}, per_node)
+    return samples, spreads, calls
+
+
+def _spreads(totals: list[list[float]]) -> list[float]:
+    """Per pass, the relative spread (standard deviation over mean, corrected for the
+    few ranks it is taken over) of the ranks' ``totals[rank][pass]``."""
+    n = len(totals)
+    out = []
+    for index in range(min(len(t) for t in totals)):
+        values = [t[index] for t in totals]
+        # a population deviation of n samples underestimates the spread by n/(n-1)
+        out.append(statistics.pstdev(values) / statistics.fmean(values) * (n / (n - 1)) ** 0.5)
+    return out
+
+
+def _op_table(
+    gathered: list, overheads: dict[str, float], schedules: list, per_node: int
+) -> tuple[list[dict], float, list[dict]]:
     """The profile's measured ops (the mean over ranks and passes, the executor's
-    per-op cost added) and the jitter: the median over passes of the ranks' relative
-    spread (standard deviation over mean) of their totals."""
+    per-op cost added; an op timed in its scenario's own step takes that time), the
+    jitter (the median over passes of the ranks' relative spread of their compute, in
+    the scenarios' own steps where ranks run the same program, otherwise running every
+    program each) and the communication calls measured in the scenarios' steps."""
     merged: dict[tuple, list[float]] = {}
-    for samples, _ in gathered:
+    for samples, _, _ in gathered:
         for key, values in samples.items():
             merged.setdefault(key, []).extend(values)
+    in_step, spreads, calls = _in_step(gathered, schedules, per_node)
+    merged.update(in_step)
+    if not spreads and len(gathered) > 1:
+        spreads = _spreads([totals for _, totals, _ in gathered])
+    jitter = min(0.5, statistics.median(spreads)) if spreads else 0.0
     rows = []
     for (kind, flops, size, shape, batch, fp8), values in merged.items():
         rows.append(
@@ -330,16 +396,7 @@ def _op_table(gathered: list, overheads: dict[str, float]) -> tuple[list[dict], 
                 "seconds": statistics.fmean(values) + overheads["compute_op_s"],
             }
         )
-    jitter = 0.0
-    if len(gathered) > 1:
-        spreads = []
-        for index in range(len(gathered[0][1])):
-            totals = [rank_totals[index] for _, rank_totals in gathered]
-            spreads.append(statistics.pstdev(totals) / statistics.fmean(totals))
-        # a population deviation of n samples underestimates the spread by n/(n-1)
-        n = len(gathered)
-        jitter = min(0.5, statistics.median(spreads) * (n / (n - 1)) ** 0.5)
-    return rows, jitter
+    return rows, jitter, calls
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,6 +12,16 @@ mean, because a step is a sum of many such ops and their slow runs count in it).
 The spread of the ranks' totals within a pass is the rank-to-rank jitter the model's
 stragglers draw from.
 
+A scenario with as many ranks as were started also runs its own step, communication
+included, with the replay's executor (:func:`time_scenario_steps`): one warm-up pass
+that checks the results, then ten measured ones. Each compute op then takes its time
+from there, where the step's communication runs beside it as it does in a replay, and
+each communication call is timed from when its last member issued it to when it
+completed (:func:`measured_calls`), so it holds what sharing the machine with the
+step's compute costs it, but not the wait for a late peer, which the model's own
+stragglers and schedule produce. The spread of compute among ranks that run the same
+program is the jitter.
+
 :func:`executor_overheads` measures what the replay's executor itself adds: per compute
 op (its dependency checks and bookkeeping between kernels) and per collective (issuing
 it asynchronously and noticing its completion, beyond the collective's own time in a
@@ -29,19 +39,23 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from simulator.engine.collectives import even_equivalent
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import per_rank_schedule
 from simulator.schedule.ir import Collective, Compute, Program, Recv, Schedule, Send
 
 from .executor import ComputeKernels, ProgramExecutor
+from .groups import build_groups
 from .microbench import timed
-from .runtime import Runtime
+from .runtime import Runtime, clock_offset
 
 __all__ = [
     "op_key",
     "scenario_schedules",
     "distinct_programs",
     "time_scenario_ops",
+    "time_scenario_steps",
+    "measured_calls",
     "scenario_collective_sizes",
     "scenario_uneven_all_to_alls",
     "executor_overheads",
@@ -49,6 +63,10 @@ __all__ = [
 
 #: Passes over the scenario's programs: the first warms up, the others are measured.
 PASSES = 4
+#: Passes of a scenario's own step: one warm-up and ten measured, as a replay measures
+#: (its collectives' times are heavy-tailed on a shared CPU: fewer passes leave their
+#: mean to a few slow calls).
+STEP_PASSES = 11
 #: Trivial ops per executor-overhead measurement.
 OVERHEAD_OPS = 200
 
@@ -77,6 +95,114 @@ def distinct_programs(schedules: list[Schedule]) -> list[list]:
             key = tuple(op_key(op) if type(op) is Compute else (op.type, op.bytes) for op in ops)
             seen.setdefault(key, ops)
     return list(seen.values())
+
+
+def time_scenario_steps(
+    runtime: Runtime,
+    schedule: Schedule,
+    peak_flops: float,
+    memory_bandwidth: float,
+    passes: int = STEP_PASSES,
+) -> tuple[dict[tuple, list[float]], list[float], list[list[tuple[int, float, float]]]]:
+    """Run the scenario's own step on its own ranks, communication included, with the
+    replay's executor: the first pass warms up and checks the results, the others are
+    measured. Returns this rank's compute ops' times by :func:`op_key`, its compute
+    total per measured pass, and per measured pass each communication op's
+    ``(op id, issued, completed)`` on the common clock (seconds)."""
+    executor = ProgramExecutor(
+        schedule, runtime, build_groups(schedule, runtime), peak_flops, memory_bandwidth
+    )
+    executor.run_step(verify=True)
+    offset = clock_offset(runtime)
+    ops = schedule.programs[runtime.rank].ops
+    samples: dict[tuple, list[float]] = {}
+    totals: list[float] = []
+    calls: list[list[tuple[int, float, float]]] = []
+    for _ in range(passes - 1):
+        times = executor.run_step()
+        origin = times.origin - offset
+        total = 0.0
+        issued = []
+        for op in ops:
+            if type(op) is Compute:
+                seconds = times.end[op.id] - times.start[op.id]
+                samples.setdefault(op_key(op), []).append(seconds)
+                total += seconds
+            elif type(op) in (Collective, Send, Recv):
+                issued.append((op.id, origin + times.start[op.id], origin + times.end[op.id]))
+        totals.append(total)
+        calls.append(issued)
+    return samples, totals, calls
+
+
+def measured_calls(
+    schedule: Schedule, calls: dict[int, list[list[tuple[int, float, float]]]], per_node: int
+) -> list[dict]:
+    """Each communication call of ``schedule`` timed in its own step
+    (:func:`time_scenario_steps`; ``calls[rank]`` as it returned them): from when its
+    last member issued it to when the last one saw it complete, so that waiting for a
+    late peer is not counted. The mean over its occurrences and passes of each call of
+    one kind, scope, member count and size (an uneven all-to-all: the size of the even
+    one its busiest member stands for, as the simulator prices it)."""
+    matched: dict[tuple, list[tuple[int, int]]] = {}  # call -> [(rank, op id)]
+    sizes: dict[tuple, tuple[str, int, float]] = {}
+    for rank in sorted(schedule.programs):
+        sequence: dict[tuple, int] = {}
+        for op in schedule.programs[rank].ops:
+            if type(op) is Collective:
+                channel: tuple = ("collective", op.group)
+            elif type(op) is Send:
+                channel = ("p2p", rank, op.peer, op.tag)
+            elif type(op) is Recv:
+                channel = ("p2p", op.peer, rank, op.tag)
+            else:
+                continue
+            index = sequence.get(channel, 0)
+            sequence[channel] = index + 1
+            key = (*channel, index)
+            matched.setdefault(key, []).append((rank, op.id))
+            if type(op) is Collective:
+                sizes.setdefault(key, (op.kind, len(schedule.groups[op.group]), op.bytes))
+            else:
+                sizes.setdefault(key, ("p2p", 2, op.bytes))
+    by_id = {
+        rank: [{op_id: (begin, end) for op_id, begin, end in issued} for issued in passes]
+        for rank, passes in calls.items()
+    }
+    passes = min(len(p) for p in by_id.values())
+    seconds: dict[tuple, list[float]] = {}
+    for key, members in matched.items():
+        kind, ranks, size = sizes[key]
+        if key[0] == "collective" and kind == "all_to_all":
+            size = _all_to_all_size(schedule, key[1], members) or size
+        nodes = {rank // per_node for rank, _ in members}
+        scope = "intra_node" if len(nodes) == 1 else "inter_node"
+        for index in range(passes):
+            times = [by_id[rank][index][op_id] for rank, op_id in members]
+            elapsed = max(end for _, end in times) - max(begin for begin, _ in times)
+            if elapsed > 0:
+                seconds.setdefault((kind, scope, ranks, size), []).append(elapsed)
+    return [
+        {
+            "kind": kind,
+            "scope": scope,
+            "ranks": ranks,
+            "bytes": size,
+            "seconds": statistics.fmean(v),
+        }
+        for (kind, scope, ranks, size), v in sorted(seconds.items())
+    ]
+
+
+def _all_to_all_size(schedule: Schedule, group: str, members: list[tuple[int, int]]) -> float:
+    """An uneven all-to-all's size as the simulator prices it (0 for an even one)."""
+    splits = {}
+    for rank, op_id in members:
+        op = schedule.programs[rank].ops[op_id]
+        if op.splits is None:
+            return 0.0
+        splits[rank] = op.splits
+    return even_equivalent(splits, sorted(schedule.groups[group]))
 
 
 def time_scenario_ops(

@@ -273,6 +273,14 @@ def test_calibration_at_a_scenario_s_shapes_prices_every_op_it_runs(tmp_path):
     cases = scenario_uneven_all_to_alls(schedules[1:], 2)
     assert cases and len(uneven) == len(cases)
     assert all(row["seconds"] > 0 for row in uneven)
+    # both scenarios' steps ran for real: every call they make was measured in place,
+    # and the prediction prices each with that measurement
+    for file in files:
+        run = run_scenario(load_scenario(file, [f"cluster.profile={path}"]))
+        choices = run.times.collective_choices
+        assert choices and all(key.endswith("/measured") for key in choices), choices
+    tables = [fit["table"] for fits in data["comm"].values() for fit in fits.values()]
+    assert all(call["seconds"] > 0 and call["ranks"] == 2 for t in tables for call in t)
 
 
 def test_a_replay_records_how_it_measured(tmp_path):

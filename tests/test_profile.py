@@ -214,19 +214,17 @@ def test_measured_ops_take_their_measured_time(tmp_path):
 
 def test_cpu_ranks_beyond_the_machine_s_cores_share_them(tmp_path):
     """A CPU profile measured with 2 ranks on 2 cores, applied to 4 ranks on that
-    machine: each rank computes half as fast, and the result says why."""
+    machine: two ranks share a core, and the result says so."""
     profile = copy.deepcopy(VALID)
     profile["device"]["cores"] = 2
-    profile["gpu"]["gemm_table"] = [[64, 64, 64, 0.4]]
     path = write(tmp_path, profile)
     two = cluster_with(path)
     four = load_cluster_spec(
         {"preset": "cpu-localhost", "nodes": 1, "gpus_per_node": 4, "profile": str(path)}
     )
-    assert two.gpu.matmul_efficiency == 0.5 and "share" not in two.calibration.note
-    assert four.gpu.matmul_efficiency == pytest.approx(0.25)
-    assert four.gpu.hbm_bandwidth == pytest.approx(5e9)
-    assert four.gpu.gemm_table[0][3] == pytest.approx(0.2)
+    assert two.gpu.devices_per_core == 1 and "share" not in two.calibration.note
+    assert four.gpu.devices_per_core == 2
+    assert four.gpu.matmul_efficiency == 0.5  # the device itself is as fast
     assert "4 CPU ranks share the 2 cores the profile measured" in four.calibration.note
     # a GPU profile never shares: its devices are its own
     gpu = copy.deepcopy(profile)
@@ -239,7 +237,41 @@ def test_cpu_ranks_beyond_the_machine_s_cores_share_them(tmp_path):
             "profile": str(write(tmp_path, gpu, "g.json")),
         }
     )
-    assert spec.gpu.matmul_efficiency == 0.5
+    assert spec.gpu.devices_per_core == 1
+
+
+@pytest.mark.parametrize("overrides", [[], ["simulation.fidelity=analytic"]])
+def test_ranks_sharing_cores_slow_down_only_while_they_compute_together(tmp_path, overrides):
+    """4 CPU ranks on 2 cores: data parallelism (all four compute at once) runs its
+    compute about twice as slow as on a core each; a 4-stage pipeline of one
+    micro-batch (one stage computes at a time) as fast."""
+    profile = copy.deepcopy(VALID)
+    profile["device"]["cores"] = 4
+    own = write(tmp_path, profile, "own.json")
+    profile["device"]["cores"] = 2
+    shared = write(tmp_path, profile, "shared.json")
+    base = ["cluster.gpus_per_node=4", "parallel.tp=1", *overrides]
+    layouts = {
+        "dp": ["parallel.dp=4", "training.global_batch=4", "training.micro_batch=1"],
+        "pp": ["parallel.pp=4", "parallel.dp=1", "training.global_batch=2"],
+    }
+    slowdown = {}
+    for name, layout in layouts.items():
+        steps = []
+        for path in (own, shared):
+            scenario = load_scenario(
+                SCENARIOS / "cpu-tiny.yaml", [*base, *layout, f"cluster.profile={path}"]
+            )
+            run = run_scenario(scenario)
+            compute = sum(
+                run.times.end[0][op.id] - run.times.start[0][op.id]
+                for op in run.schedule.programs[0].ops
+                if op.type == "compute"
+            )
+            steps.append(compute)
+        slowdown[name] = steps[1] / steps[0]
+    assert slowdown["dp"] == pytest.approx(2.0, rel=0.05)
+    assert slowdown["pp"] == pytest.approx(1.0, rel=0.05)
 
 
 def test_a_calibrated_uneven_all_to_all_takes_the_fit_at_its_busiest_member(tmp_path):
@@ -264,3 +296,59 @@ def test_a_calibrated_uneven_all_to_all_takes_the_fit_at_its_busiest_member(tmp_
     plain = build_cluster(cluster_with(write(tmp_path, VALID, "plain.json")))
     pairwise, specs = collective_transfers(plain, "all_to_all", [0, 1], 4e6, splits)
     assert len(specs) == 2
+
+
+def test_a_call_measured_in_its_own_step_takes_its_measured_time(tmp_path):
+    """A profile's ``table`` (calls measured in a scenario's step): a call of the same
+    members and size takes the measured time; other sizes keep the fit."""
+    from simulator.engine.core import simulate
+    from simulator.schedule.ir import Collective, Program, Schedule
+    from topologies import build_cluster
+
+    profile = copy.deepcopy(VALID)
+    profile["comm"]["all_reduce"]["intra_node"]["table"] = [
+        {"ranks": 2, "bytes": 4e6, "seconds": 0.05}
+    ]
+    cluster = build_cluster(cluster_with(write(tmp_path, profile)))
+
+    def alone(size):
+        programs = {r: Program(r, [Collective(0, "c", "all_reduce", "g", size)]) for r in (0, 1)}
+        return simulate(Schedule(programs, {"g": (0, 1)}), cluster).step_time
+
+    assert alone(4e6) == pytest.approx(0.05, rel=1e-9)
+    assert alone(2e6) == pytest.approx(2 * 1e-4 + 2e6 / 1e9, rel=1e-9)
+
+
+def test_a_call_measured_in_its_step_does_not_take_turns_with_compute(tmp_path):
+    """On CPU ranks whose collectives share the compute core, a fitted collective waits
+    for the core and holds it; one measured in its own step already holds that sharing
+    in its time (and the compute's), so it overlaps the compute beside it."""
+    from simulator.engine.core import simulate
+    from simulator.schedule.ir import Collective, Compute, Program, Schedule
+    from topologies import build_cluster
+
+    def step(table):
+        profile = copy.deepcopy(VALID)
+        profile["device"]["cores"] = 2  # one core per rank: collectives share it
+        profile["comm"]["all_reduce"]["intra_node"]["table"] = table
+        cluster = build_cluster(cluster_with(write(tmp_path, profile)))
+        assert cluster.spec.gpu.comm_on_compute_cores
+        programs = {
+            r: Program(
+                r,
+                [
+                    Compute(0, "compute", 1e9, 0.0, "gemm"),
+                    Collective(1, "comm", "all_reduce", "g", 4e6, deps=(0,)),
+                    Compute(2, "compute", 1e10, 0.0, "gemm", deps=(0,)),
+                ],
+            )
+            for r in (0, 1)
+        }
+        return simulate(Schedule(programs, {"g": (0, 1)}), cluster).step_time
+
+    compute = (1e9 + 1e10) / (1.92e11 * 0.5) + 2 * 1e-5
+    fitted = 2 * 1e-4 + 4e6 / 1e9
+    assert step([]) == pytest.approx(compute + fitted, rel=1e-6)  # turns
+    assert step([{"ranks": 2, "bytes": 4e6, "seconds": 0.004}]) == pytest.approx(
+        compute, rel=1e-6
+    )  # overlapped

@@ -1,12 +1,12 @@
 """Stragglers (``gpu.jitter``): each rank's compute runs ``1 + jitter·z`` times as long,
-``z`` drawn per rank from the seed; the step waits for the slowest, and the result
-says what that cost."""
+``z`` a stratified normal draw per rank, shuffled by the seed; the step waits for the
+slowest, and the result says what that cost."""
 
 from __future__ import annotations
 
 import pytest
 
-from simulator.engine.stragglers import rank_factors
+from simulator.engine.stragglers import normal_scores, rank_factors
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import build_schedule, run_scenario
 
@@ -27,11 +27,22 @@ def test_jitter_slows_the_step_by_what_the_result_reports(fidelity):
     jittered = _run(f"simulation.fidelity={fidelity}", "cluster.gpu.jitter=0.1")
     assert jittered.step_time_s > base.step_time_s
     assert jittered.straggler_s == pytest.approx(jittered.step_time_s - base.step_time_s)
-    # the same seed draws the same stragglers; another seed others
+    # the same seed draws the same stragglers
     again = _run(f"simulation.fidelity={fidelity}", "cluster.gpu.jitter=0.1")
     assert again.step_time_s == jittered.step_time_s
-    other = _run(f"simulation.fidelity={fidelity}", "cluster.gpu.jitter=0.1", "simulation.seed=7")
-    assert other.step_time_s != jittered.step_time_s
+
+
+def test_another_seed_makes_other_ranks_slow_by_the_same_expected_amounts():
+    schedule = type("S", (), {"programs": {r: None for r in range(8)}, "rank_images": {}})()
+    first = rank_factors(schedule, 8, 0.1, 0)
+    other = rank_factors(schedule, 8, 0.1, 7)
+    assert first != other
+    assert sorted(first.values()) == sorted(other.values())
+    # stratified: the slowest of 8 sits at the expected maximum of 8 normal draws
+    # (1.42σ; Blom's score 1.434), the ranks' mean at 1
+    assert max(first.values()) == pytest.approx(1 + 0.1 * normal_scores(8)[-1])
+    assert normal_scores(8)[-1] == pytest.approx(1.42, abs=0.02)
+    assert sum(first.values()) / 8 == pytest.approx(1.0)
 
 
 def test_more_jitter_costs_more():

@@ -28,8 +28,10 @@ what it measured, and the result says what it could not (:func:`profile_override
 
 Calibrated at a scenario's shapes (``parasim calibrate --scenario``), ``gpu`` also holds
 ``op_table`` (each compute op's measured time, by kind, FLOPs, bytes, shape, batch and
-FP8) and ``jitter`` (the ranks' spread of compute time), and ``executor`` the replay
-executor's own costs per op and per collective, already added to the fits.
+FP8) and ``jitter`` (the ranks' spread of compute time), each communication fit a
+``table`` of the calls measured in the scenario's own step (``ranks``, ``bytes``,
+``seconds``), and ``executor`` the replay executor's own costs per op and per
+collective, already added to the fits.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from .errors import TopologyError
 from .files import ConfigFileError, read_config_text
-from .spec import MeasuredOp
+from .spec import MeasuredCall, MeasuredOp
 from .validation import ConfigModel, validation_message
 
 __all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "Profile", "load_profile", "profile_overrides"]
@@ -88,6 +90,8 @@ class ProfileFit(_Open):
     bandwidth: float = Field(gt=0)
     rms_residual_s: float = Field(ge=0)
     points: int = Field(ge=2)
+    # calls measured in a scenario's own step (calibrate --scenario)
+    table: list[MeasuredCall] = []
 
 
 class Profile(_Open):
@@ -148,18 +152,23 @@ def profile_overrides(
     if cores is not None:
         # gloo's threads share a rank's core unless each rank has two or more
         gpu["comm_on_compute_cores"] = cores / gpus_per_node < 2
-        # CPU ranks beyond the machine's cores take turns on them
+        # CPU ranks beyond the machine's cores share them, as many as compute at once
         share = max(1.0, gpus_per_node / cores) / max(1.0, measured / cores)
         if share > 1:
-            gpu = _slower(gpu, share)
+            gpu["devices_per_core"] = share
             notes.append(
-                f"{gpus_per_node} CPU ranks share the {cores} cores the profile measured, "
-                f"so each computes {share:.2g} times slower"
+                f"{gpus_per_node} CPU ranks share the {cores} cores the profile measured: "
+                f"those that compute at once share them, up to {share:.2g} times slower"
             )
     note = "; ".join(notes)
     comm = {
         kind: {
-            scope: {"alpha": fit.alpha, "bandwidth": fit.bandwidth} for scope, fit in scopes.items()
+            scope: {
+                "alpha": fit.alpha,
+                "bandwidth": fit.bandwidth,
+                "table": [call.model_dump() for call in fit.table],
+            }
+            for scope, fit in scopes.items()
         }
         for kind, scopes in profile.comm.items()
     }
@@ -174,16 +183,3 @@ def _cpu_cores(profile: Profile) -> int | None:
     if profile.device.type != "cpu" or not isinstance(cores, int) or cores < 1:
         return None
     return cores
-
-
-def _slower(gpu: dict[str, Any], factor: float) -> dict[str, Any]:
-    """The device's figures with its compute and memory ``factor`` times slower."""
-    return {
-        **gpu,
-        "matmul_efficiency": gpu["matmul_efficiency"] / factor,
-        "attention_efficiency": gpu["attention_efficiency"] / factor,
-        "hbm_bandwidth": gpu["hbm_bandwidth"] / factor,
-        "kernel_launch_overhead": gpu["kernel_launch_overhead"] * factor,
-        "gemm_table": [(m, n, k, eff / factor) for m, n, k, eff in gpu["gemm_table"]],
-        "op_table": [{**row, "seconds": row["seconds"] * factor} for row in gpu["op_table"]],
-    }

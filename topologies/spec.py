@@ -51,6 +51,7 @@ __all__ = [
     "TopologySpec",
     "ClusterSpec",
     "CommFit",
+    "MeasuredCall",
     "ScopedFits",
     "CalibrationSpec",
     "check_cluster_spec",
@@ -154,6 +155,11 @@ class GPUSpec(_Spec):
     """Rank-to-rank spread of compute time within a step, as a relative standard
     deviation: each rank's compute runs ``1 + jitter·z`` times as long, ``z`` drawn per
     rank from the scenario's seed. 0 in the datasheet presets; fitted by calibration."""
+    devices_per_core: float = Field(default=1.0, ge=1.0, le=1024.0)
+    """CPU devices only: how many of a node's ranks share one core (4 ranks on 2 cores:
+    2). The ranks that compute at once share the node's cores: with ``k`` of them
+    computing, each runs ``max(1, k / cores)`` times slower. 1 (a core or more each) in
+    the presets; a profile sets it from the cores it measured."""
 
 
 class NVSwitchSpec(_Spec):
@@ -296,13 +302,35 @@ class TopologySpec(_Spec):
         return sum(1 for d in self.devices or () if d.kind == "gpu")
 
 
+class MeasuredCall(_Spec):
+    """One communication call's measured time inside a scenario's own step
+    (``parasim calibrate --scenario``): from when its last member issued it to when it
+    completed, at ``ranks`` members and ``bytes`` (an uneven all-to-all: the size of the
+    even one its busiest member stands for)."""
+
+    ranks: Count
+    bytes: float = Field(ge=0)
+    seconds: float = Field(gt=0)
+
+
 class CommFit(_Spec):
-    """A measured latency–bandwidth fit ``t = steps·alpha + factor·S / bandwidth``."""
+    """A measured latency–bandwidth fit ``t = steps·alpha + factor·S / bandwidth``, and
+    the calls measured at their own sizes, which take their measured time instead."""
 
     alpha: Seconds
     """Latency per algorithm step, seconds."""
     bandwidth: PositiveBandwidth
     """Effective (bus) bandwidth per link, bytes/s."""
+    table: tuple[MeasuredCall, ...] = ()
+    """Calls measured in a scenario's step; a call of the same members and bytes takes
+    the measured time."""
+
+    def measured(self, ranks: int, size: float) -> float | None:
+        """The measured time of a call of ``ranks`` members and ``size`` bytes, if any."""
+        for call in self.table:
+            if call.ranks == ranks and call.bytes == size:
+                return call.seconds
+        return None
 
 
 class ScopedFits(_Spec):

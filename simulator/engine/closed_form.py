@@ -63,6 +63,12 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
 
     host = compute.host_overhead
     factors = dict(options.rank_factors)
+    comm_factors = dict(options.comm_factors)
+
+    def stretch(ranks) -> float:
+        """How many times as long a call of ``ranks`` takes for their shared cores."""
+        return max(comm_factors.get(r, 1.0) for r in ranks) if comm_factors else 1.0
+
     action_start: dict[int, float] = {}  # rank -> start of its current action's first op
     makespans: dict[int, float] = {}  # id(body) -> its makespan
     runs: dict[int, list] = {}  # id(body) -> [body, times it ran]
@@ -158,7 +164,7 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
                     woken(rank, op_id)
                 continue
             if kind is Collective and op.group in folded:
-                finish(rank, op.id, at, at + collective_time(op), index)
+                finish(rank, op.id, at, at + collective_time(op) * stretch((rank,)), index)
             elif kind is Collective:
                 members = schedule.groups[op.group]
                 seq = sequence.get((op.group, rank), 0)
@@ -173,7 +179,8 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
                     }
                     uneven = op.kind == "all_to_all" and all(v is not None for v in splits.values())
                     begin = max(ready[r][i] for r, (i, _) in arrived.items())
-                    stop = begin + collective_time(op, splits if uneven else None)
+                    seconds = collective_time(op, splits if uneven else None)
+                    stop = begin + seconds * stretch(arrived)
                     for r, (i, k) in arrived.items():
                         finish(r, i, begin, stop, k)
             else:
@@ -193,7 +200,7 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
                 if not waiting[1]:
                     del channels[key]
                 begin = max(at, ready[other_rank][other_id])
-                stop = begin + p2p_time(src, dst, op.bytes)
+                stop = begin + p2p_time(src, dst, op.bytes) * stretch((src, dst))
                 finish(rank, op_id, begin, stop, index)
                 finish(other_rank, other_id, begin, stop, other_index)
     stuck = [(rank, ops[heads[i]]) for i, (rank, ops) in enumerate(streams) if heads[i] < len(ops)]

@@ -203,9 +203,26 @@ def available_algorithms(cluster: Cluster, kind: str, gpus: list[int]) -> list[s
     return sorted({c.algorithm for c in _candidates(cluster, kind, sorted(gpus))})
 
 
+#: The protocol of a call whose time was measured in a scenario's own step: that time
+#: already holds what the step did beside it (compute sharing its CPU core).
+MEASURED_IN_STEP = "measured"
+
+
+def measured_in_step(
+    cluster: Cluster, kind: str, gpus: list[int], size: float, splits: dict | None = None
+) -> bool:
+    """Whether a call of ``kind`` on ``gpus`` was measured in a scenario's own step."""
+    if kind == "all_to_all" and splits:
+        size = even_equivalent(splits, sorted(gpus))
+    return plan_collective(cluster, kind, gpus, size).choice.protocol == MEASURED_IN_STEP
+
+
 def _calibrated_choice(
-    cluster: Cluster, kind: str, gpus: list[int], algorithm: str
+    cluster: Cluster, kind: str, gpus: list[int], algorithm: str, size: float | None = None
 ) -> CollectiveChoice | None:
+    """The profile's choice for ``kind`` on ``gpus``: its fit, or, for a call of a size
+    measured in a scenario's own step, that measurement (as the fit's latency and the
+    bandwidth that makes up the rest of the measured time)."""
     calibration = cluster.spec.calibration
     if calibration is None or kind not in calibration.comm:
         return None
@@ -213,10 +230,15 @@ def _calibrated_choice(
     if fit is None:
         return None
     n = len(gpus)
-    algbw = fit.bandwidth / bus_factor(kind, n)
-    return CollectiveChoice(
-        algorithm, "calibrated", ring_steps(kind, n) * fit.alpha, algbw, fit.bandwidth
-    )
+    factor = bus_factor(kind, n)
+    latency = ring_steps(kind, n) * fit.alpha
+    algbw = fit.bandwidth / factor
+    measured = fit.measured(n, size) if size else None
+    if measured is None:
+        return CollectiveChoice(algorithm, "calibrated", latency, algbw, algbw * factor)
+    latency = min(latency, measured / 2)
+    algbw = size / (measured - latency)
+    return CollectiveChoice(algorithm, MEASURED_IN_STEP, latency, algbw, algbw * factor)
 
 
 _PLAN_CACHE_SIZE = 100_000
@@ -302,7 +324,7 @@ def _plan_collective(
             return _plan_collective(cluster, kind, gpus, size, None, None)
         raise ValueError(f"{kind} on {n} ranks ({nodes} nodes): no algorithm can run it")
     _, choice, candidate = best
-    calibrated = _calibrated_choice(cluster, kind, gpus, candidate.algorithm)
+    calibrated = _calibrated_choice(cluster, kind, gpus, candidate.algorithm, size)
     if calibrated is not None:
         choice = calibrated
     if kind == "barrier" or size <= 0:

@@ -32,7 +32,7 @@ from simulator.common.errors import DeadlockError, ScenarioError
 from simulator.engine.alone import AloneTimes, time_alone, with_images
 from simulator.engine.blocks import BlockTimer
 from simulator.engine.closed_form import evaluate
-from simulator.engine.collectives import collective_transfers
+from simulator.engine.collectives import collective_transfers, measured_in_step
 from simulator.engine.compute import ComputeModel
 from simulator.engine.network import FlowNetwork
 from simulator.schedule.ir import Block, Collective, Compute, Recv, Schedule, Send
@@ -89,6 +89,9 @@ class EngineOptions:
     # stragglers: (rank, factor) pairs; a rank's compute (and blocks) take factor times
     # as long (:func:`simulator.engine.stragglers.rank_factors`); absent ranks take 1
     rank_factors: tuple[tuple[int, float], ...] = ()
+    # CPU ranks sharing cores: (rank, factor) pairs; a communication call takes the
+    # largest factor of its members times as long (simulator.engine.core_sharing)
+    comm_factors: tuple[tuple[int, float], ...] = ()
 
 
 class _Engine:
@@ -97,6 +100,7 @@ class _Engine:
         self.cluster = cluster
         self.options = options
         self.factors = dict(options.rank_factors)
+        self.comm_factors = dict(options.comm_factors)
         # a CPU device's collectives run on the cores its compute runs on (gloo's threads
         # on a rank's one core): compute and collectives take turns on each rank
         self.shared_cores = cluster.spec.gpu.comm_on_compute_cores
@@ -308,11 +312,23 @@ class _Engine:
             rendezvous.splits[rank] = op.splits
         if len(rendezvous.members) == rendezvous.expected:
             del self.rendezvous[key]
-            if self.shared_cores:  # it starts once its members' cores are free, and holds them
+            if self.shared_cores and not self._measured_in_step(group, rendezvous):
+                # it starts once its members' cores are free, and holds them
                 for member, member_op, _ in rendezvous.members:
                     rendezvous.begin = max(rendezvous.begin, self.core_free.get(member, 0.0))
                     self.core_held[member] = member_op
             self._launch(rendezvous, lambda: self._launch_collective(group, rendezvous))
+
+    def _measured_in_step(self, group: str, rendezvous: _Rendezvous) -> bool:
+        """A call measured in a scenario's own step does not take turns with compute:
+        its measured time (and the compute ops' beside it) hold their sharing."""
+        return measured_in_step(
+            self.cluster,
+            rendezvous.kind,
+            self.group_gpus[group],
+            rendezvous.size,
+            rendezvous.splits,
+        )
 
     def _block_time(self, op: Block) -> float:
         self.blocks_run += 1
@@ -389,9 +405,15 @@ class _Engine:
         else:
             self._transfer_all(specs, rendezvous)
 
+    def _stretch(self, rendezvous: _Rendezvous) -> float:
+        """How many times as long a call takes for its members' shared cores (1: none)."""
+        if not self.comm_factors:
+            return 1.0
+        return max(self.comm_factors.get(rank, 1.0) for rank, _, _ in rendezvous.members)
+
     def _after(self, seconds: float, rendezvous: _Rendezvous) -> None:
-        """Finish ``rendezvous`` ``seconds`` after it starts."""
-        delay = rendezvous.start - self.env.now + seconds
+        """Finish ``rendezvous`` ``seconds`` (stretched, :meth:`_stretch`) after it starts."""
+        delay = rendezvous.start - self.env.now + seconds * self._stretch(rendezvous)
         self.env.timeout(delay).callbacks.append(lambda _ev: self._finished(rendezvous))
 
     def _transfer_all(self, specs: list, rendezvous: _Rendezvous) -> None:
@@ -402,6 +424,7 @@ class _Engine:
             return
         wait = rendezvous.start - self.env.now
         left = [len(specs)]
+        stretch = self._stretch(rendezvous)
 
         def one_done() -> None:
             left[0] -= 1
@@ -409,7 +432,9 @@ class _Engine:
                 self._finished(rendezvous)
 
         for spec in specs:
-            self.network.transfer(spec.usage, spec.volume, wait + spec.latency, one_done)
+            self.network.transfer(
+                spec.usage, spec.volume * stretch, wait + spec.latency * stretch, one_done
+            )
 
     # -- point to point ---------------------------------------------------------------
     def _post(self, rank: int, op: Send | Recv, at: float, index: int) -> None:

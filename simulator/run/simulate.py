@@ -33,6 +33,7 @@ from simulator.common.machine import machine_memory
 from simulator.common.version import __version__
 from simulator.engine.compute import executed_flops
 from simulator.engine.core import EngineOptions, SimulationTimes, simulate
+from simulator.engine.core_sharing import share_cores
 from simulator.engine.stragglers import rank_factors
 from simulator.request.scenario import Scenario
 from simulator.schedule.ir import Block, Compute, Schedule
@@ -337,12 +338,35 @@ def run_scenario(scenario: Scenario, force: bool = False) -> RunResult:
     options = EngineOptions(simulation.fidelity, simulation.algorithm, simulation.protocol)
     gpu = scenario.cluster_spec.gpu
     factors = rank_factors(schedule, scenario.layout.world, gpu.jitter, simulation.seed)
-    times = simulate(
-        schedule, scenario.cluster, replace(options, rank_factors=tuple(factors.items()))
-    )
+    sharing: dict[int, float] = {}
+    comm_sharing: dict[int, float] = {}
+    if gpu.devices_per_core > 1 and len(schedule.programs) == scenario.layout.world:
+        # CPU ranks beyond the node's cores: as many as want one at once share them
+        sharing, comm_sharing, times = share_cores(
+            schedule, scenario.cluster, options, factors, simulate
+        )
+    else:
+        if gpu.devices_per_core > 1:  # folded: the ranks of a stage compute together
+            sharing = {rank: gpu.devices_per_core for rank in schedule.programs}
+            comm_sharing = dict(sharing)
+        combined = {r: factors.get(r, 1.0) * sharing.get(r, 1.0) for r in schedule.programs}
+        times = simulate(
+            schedule,
+            scenario.cluster,
+            replace(
+                options,
+                rank_factors=tuple((r, f) for r, f in combined.items() if f != 1),
+                comm_factors=tuple(comm_sharing.items()),
+            ),
+        )
     result = assemble_result(scenario, schedule, times, scenario.spec.simulation.fidelity)
     if factors:  # what the stragglers cost: the same step with every rank at the mean
-        even = simulate(schedule, scenario.cluster, options).step_time
+        even_options = replace(
+            options,
+            rank_factors=tuple(sharing.items()),
+            comm_factors=tuple(comm_sharing.items()),
+        )
+        even = simulate(schedule, scenario.cluster, even_options).step_time
         result.straggler_s = max(0.0, times.step_time - even)
     return RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
 
