@@ -117,7 +117,14 @@ def test_missing_file_and_bad_yaml(tmp_path, capsys):
 def test_a_failed_run_leaves_earlier_results_intact(tmp_path):
     assert main(["run", SMALL, "--out", str(tmp_path)]) == 0
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    assert set(before) == {"result.json", "trace.json", "timeline.html", "report.html", ".parasim"}
+    assert set(before) == {
+        "result.json",
+        "trace.json",
+        "timeline.html",
+        "report.html",
+        "plotly.min.js",
+        ".parasim",
+    }
     assert main(["run", SMALL, "--out", str(tmp_path), "--set", "parallel.tp=3"]) == 2
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 

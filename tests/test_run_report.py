@@ -30,7 +30,7 @@ from topologies.units import format_time
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 GIB = 2.0**30
-OUTPUTS = ["result.json", "trace.json", "timeline.html", "report.html"]
+OUTPUTS = ["result.json", "trace.json", "timeline.html", "report.html", "plotly.min.js"]
 
 
 def _run(name: str, *overrides: str):
@@ -81,6 +81,31 @@ def test_run_outputs_write_the_report_and_nothing_else(flow_out):
     assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
 
 
+def test_outputs_names_the_files_written(analytic_run, tmp_path):
+    from simulator.cli.options import OUTPUT_NAMES
+    from simulator.report.outputs import OUTPUTS as WRITTEN
+
+    assert tuple(WRITTEN) == OUTPUT_NAMES  # the CLI's list is the writer's
+    only = write_run_outputs(analytic_run, tmp_path / "r", title="x", outputs=["result"])
+    assert [p.name for p in only] == ["result.json"]
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["result.json"]
+    pages = write_run_outputs(analytic_run, tmp_path / "p", title="x", outputs=["report"])
+    assert [p.name for p in pages] == ["report.html", "plotly.min.js"]
+
+
+def test_a_trace_over_the_limit_is_written_gzipped(analytic_run, tmp_path, monkeypatch):
+    import gzip
+
+    import simulator.report.outputs
+
+    plain = write_run_outputs(analytic_run, tmp_path / "a", title="x", outputs=["trace"])
+    monkeypatch.setattr(simulator.report.outputs, "TRACE_GZIP_BYTES", 1000)
+    zipped = write_run_outputs(analytic_run, tmp_path / "b", title="x", outputs=["trace"])
+    assert [p.name for p in zipped] == ["trace.json.gz"]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["trace.json.gz"]
+    assert gzip.decompress(zipped[0].read_bytes()) == plain[0].read_bytes()
+
+
 def test_a_failed_report_leaves_no_partial_file(analytic_run, tmp_path, monkeypatch):
     import simulator.report.outputs
 
@@ -91,17 +116,19 @@ def test_a_failed_report_leaves_no_partial_file(analytic_run, tmp_path, monkeypa
     monkeypatch.setattr(simulator.report.outputs, "write_run_report", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         write_run_outputs(analytic_run, tmp_path, title="x")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(OUTPUTS[:3])
+    # the timeline wrote the plotly.js bundle beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*OUTPUTS[:3], OUTPUTS[4]])
 
 
-def test_plotly_js_is_inlined_exactly_once(flow_page, analytic_page):
+def test_plotly_js_is_loaded_from_the_one_copy_beside_the_page(flow_out, flow_page):
     js = get_plotlyjs()
-    for page in (flow_page, analytic_page):
-        assert page.count(js[:300]) == 1
-        assert page.count(js[-300:]) == 1
-        assert len(page) < 2 * len(js)  # the bundle is not there twice in another form
-        assert not re.search(r"<script[^>]*\bsrc=", page)  # nothing loaded from a CDN
-        assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    out, _ = flow_out
+    assert (out / "plotly.min.js").read_text() == js
+    for page in (flow_page, (out / "timeline.html").read_text()):
+        assert js[:300] not in page and js[-300:] not in page  # not inlined
+        sources = re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", page)
+        assert sources == ["plotly.min.js"]  # relative: nothing from a CDN
+    assert flow_page.startswith("<!DOCTYPE html>") and flow_page.rstrip().endswith("</html>")
 
 
 def test_every_chart_has_its_id(flow_page, analytic_page):

@@ -134,6 +134,7 @@ def test_best_layout_per_size_and_outputs(tmp_path, capsys):
         table = list(csv.DictReader(handle))
     assert [int(r["gpus"]) for r in table] == [8, 16]
     html = (out / "scale.html").read_text()
-    assert "ideal (linear)" in html and "scaling efficiency" in html and len(html) > 1_000_000
+    assert "ideal (linear)" in html and "scaling efficiency" in html
+    assert 'src="plotly.min.js"' in html and (out / "plotly.min.js").stat().st_size > 1_000_000
     printed = capsys.readouterr().out
     assert rows[1]["layout"] in printed and "efficiency" in printed

@@ -20,6 +20,7 @@ __all__ = [
     "add_set_option",
     "add_fidelity_option",
     "add_workers_option",
+    "add_outputs_option",
     "output_folder",
     "write_whole",
 ]
@@ -52,6 +53,34 @@ def add_fidelity_option(
 def add_workers_option(parser: argparse.ArgumentParser) -> None:
     """``--workers N``: processes of a search (default: every core)."""
     parser.add_argument("--workers", type=int, help="processes (default: every core)")
+
+
+#: What ``--outputs`` can name (:data:`simulator.report.outputs.OUTPUTS`, which the
+#: report modules define; repeated here so that building the parser imports no plotly).
+OUTPUT_NAMES = ("result", "trace", "timeline", "report")
+
+
+def parse_outputs(text: str) -> tuple[str, ...]:
+    """``result,trace,...``: the outputs named, each known, in the order written."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in OUTPUT_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of {', '.join(OUTPUT_NAMES)} (got {text!r})"
+        )
+    return tuple(name for name in OUTPUT_NAMES if name in names)
+
+
+def add_outputs_option(parser: argparse.ArgumentParser) -> None:
+    """``--outputs result,trace,timeline,report`` (default all), in ``args.outputs``."""
+    parser.add_argument(
+        "--outputs",
+        type=parse_outputs,
+        default=OUTPUT_NAMES,
+        metavar="LIST",
+        help="the files to write, comma-separated from "
+        f"{','.join(OUTPUT_NAMES)} (default all of them)",
+    )
 
 
 def output_folder(args: argparse.Namespace, suffix: str = "") -> Path:

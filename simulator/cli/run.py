@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from simulator.cli.options import add_fidelity_option, add_set_option
+from simulator.cli.options import add_fidelity_option, add_outputs_option, add_set_option
 from simulator.common.files import dumps_result
 from simulator.common.folders import check_folder, default_folder, staged_folder
 from simulator.report.images import check_requirements
@@ -30,7 +30,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="simulate one training step of a scenario",
         description=(
             "Simulate one training step of a scenario: print a summary and write "
-            "result.json, trace.json, timeline.html and report.html to the output folder."
+            "result.json, trace.json, timeline.html and report.html (or those --outputs "
+            "names) to the output folder, the pages beside one plotly.min.js."
         ),
     )
     parser.add_argument("scenario", help="scenario YAML file")
@@ -41,6 +42,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="simulation fidelity, as --set simulation.fidelity=... (default: the scenario's)",
     )
     parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario name>)")
+    add_outputs_option(parser)
     parser.add_argument(
         "--json", action="store_true", help="print result.json on stdout instead of the summary"
     )
@@ -81,6 +83,7 @@ def command(args: argparse.Namespace) -> int:
             title=f"{scenario.name}: one training step",
             image_format=args.image,
             hta=args.hta,
+            outputs=args.outputs,
         )
     paths = [out / path.relative_to(stage) for path in written]
     if args.json:

@@ -35,6 +35,7 @@ from rich.text import Text
 from simulator.analysis.metrics import CATEGORIES
 from simulator.common.errors import ParasimError
 from simulator.common.files import write_atomically, write_json
+from simulator.report.plotly_bundle import SCRIPT_TAG, write_plotly_js
 from simulator.report.style import MEMORY_COLORS, breakdown_bar
 from simulator.tools.explain import MOVED_SHARE, Explanation, Finding
 from simulator.tools.mistakes import MEMORY_FINDINGS, NO_FASTER_FIX
@@ -411,9 +412,9 @@ def _section(index: int, finding: Finding, chart: str) -> str:
     )
 
 
-def render_explain_html(explanation: Explanation, plotly_js: str | None = None) -> str:
-    """The page: the scenario, then one section and chart per finding (plotly.js inlined
-    once, from the installed plotly unless ``plotly_js`` is given); none without findings."""
+def render_explain_html(explanation: Explanation) -> str:
+    """The page: the scenario, then one section and chart per finding (plotly.js loaded
+    from ``plotly.min.js`` beside the page); none without findings."""
     snap = explanation.result
     count = len(explanation.findings)
     name = _text(explanation.scenario)
@@ -441,11 +442,7 @@ def render_explain_html(explanation: Explanation, plotly_js: str | None = None) 
             "explain's checks fired, so there is no fix to compare with.</p>"
         )
     else:
-        if plotly_js is None:
-            from plotly.offline import get_plotlyjs
-
-            plotly_js = get_plotlyjs()
-        head.append(f'<script type="text/javascript">{plotly_js}</script>')
+        head.append(SCRIPT_TAG)
         body.append(
             f'<p class="sentence bad">{count} problem{"s" if count != 1 else ""} found. '
             "Each chart splits the step of the critical rank (the rank that finishes last) "
@@ -472,6 +469,8 @@ def write_explain_outputs(explanation: Explanation, out: Path) -> list[Path]:
     try:
         write_json(paths[0], explanation.to_dict())
         write_atomically(paths[1], lambda tmp: tmp.write_text(page, encoding="utf-8"))
+        if explanation.findings:
+            write_plotly_js(out)
     except OSError as exc:
         raise ParasimError(f"--out: cannot write to {out}: {exc.strerror or exc}") from exc
     return paths

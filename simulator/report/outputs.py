@@ -4,8 +4,10 @@ written atomically (:mod:`simulator.common.files`)."""
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import tempfile
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from simulator.common.files import write_atomically, write_json
 from simulator.report import write_chrome_trace, write_run_report, write_timeline_html
 from simulator.report.chrome_trace import write_rank_traces
 from simulator.report.images import export_figures
+from simulator.report.plotly_bundle import PLOTLY_JS
 from simulator.report.run_report import (
     REPORT_MAX_BARS,
     breakdown_figure,
@@ -22,14 +25,36 @@ from simulator.report.run_report import (
 from simulator.report.timeline import timeline_figure
 from simulator.run.simulate import make_trace, trace_ranks
 
-__all__ = ["write_run_outputs", "write_rank_folder", "write_run_images"]
+__all__ = [
+    "OUTPUTS",
+    "TRACE_GZIP_BYTES",
+    "write_run_outputs",
+    "write_trace",
+    "write_rank_folder",
+    "write_run_images",
+]
+
+#: The files of a run, by the names ``--outputs`` takes, in the order they are written.
+OUTPUTS: dict[str, str] = {
+    "result": "result.json",
+    "trace": "trace.json",
+    "timeline": "timeline.html",
+    "report": "report.html",
+}
 
 
 def write_run_outputs(
-    run: Any, out: Path, title: str, image_format: str | None = None, hta: bool = False
+    run: Any,
+    out: Path,
+    title: str,
+    image_format: str | None = None,
+    hta: bool = False,
+    outputs: Collection[str] = tuple(OUTPUTS),
 ) -> list[Path]:
     """Write ``result.json``, ``trace.json``, ``timeline.html`` and ``report.html`` of a
-    run to ``out``, each atomically, and return their paths in that order.
+    run to ``out`` (those of them ``outputs`` names, by their :data:`OUTPUTS` names),
+    each atomically, and return their paths in that order; the pages load plotly.js
+    from one ``plotly.min.js`` beside them.
 
     ``run`` is a :class:`simulator.run.simulate.RunResult`, simulated or measured. Large runs
     keep representative ranks in the trace files and say so in the result's warnings;
@@ -40,20 +65,60 @@ def write_run_outputs(
     (``TraceAnalysis(trace_dir=out / "hta")``), replacing any earlier one whole.
     """
 
-    ranks, note = trace_ranks(run)
-    if note and note not in run.result.warnings:
-        run.result.warnings.append(note)
-    trace = make_trace(run, ranks)
-    paths = [out / "result.json", out / "trace.json", out / "timeline.html", out / "report.html"]
-    write_json(paths[0], run.result.to_json())
-    write_atomically(paths[1], lambda tmp: write_chrome_trace(trace, tmp))
-    write_atomically(paths[2], lambda tmp: write_timeline_html(trace, tmp, title=title))
-    write_atomically(paths[3], lambda tmp: write_run_report(run, tmp, title=title, trace=trace))
+    wanted = set(outputs)
+    traced = wanted - {"result"} or hta or image_format is not None
+    trace = None
+    if traced:
+        ranks, note = trace_ranks(run)
+        if note and note not in run.result.warnings:
+            run.result.warnings.append(note)
+        trace = make_trace(run, ranks)
+    writers: dict[str, Callable[[Path], Any]] = {
+        "result": lambda path: write_json(path, run.result.to_json()),
+        "trace": lambda path: write_trace(trace, path),
+        "timeline": lambda path: write_atomically(
+            path, lambda tmp: write_timeline_html(trace, tmp, title=title)
+        ),
+        "report": lambda path: write_atomically(
+            path, lambda tmp: write_run_report(run, tmp, title=title, trace=trace)
+        ),
+    }
+    paths = []
+    for name, file_name in OUTPUTS.items():
+        if name in wanted:
+            written = writers[name](out / file_name)
+            paths.append(written if isinstance(written, Path) else out / file_name)
+    if wanted & {"timeline", "report"}:
+        paths.append(out / PLOTLY_JS)
     if hta:
         paths.append(write_rank_folder(trace, out / "hta"))
     if image_format is not None:
         paths += write_run_images(run, trace, out, title, image_format)
     return paths
+
+
+#: A trace file larger than this is written gzipped (``trace.json.gz``, which Perfetto
+#: and chrome://tracing open as it is): 20 MB, so that no output is larger by default.
+TRACE_GZIP_BYTES = 20_000_000
+
+
+def write_trace(trace: Any, path: Path) -> Path:
+    """Write the Chrome trace of ``trace`` at ``path``, atomically; when it is larger
+    than :data:`TRACE_GZIP_BYTES`, as ``<path>.gz`` instead (gzip level 1: fast, and
+    event JSON compresses about tenfold). Returns the path written."""
+    write_atomically(path, lambda tmp: write_chrome_trace(trace, tmp))
+    zipped = path.with_name(path.name + ".gz")
+    if path.stat().st_size <= TRACE_GZIP_BYTES:
+        zipped.unlink(missing_ok=True)
+        return path
+
+    def compress(tmp: Path) -> None:
+        with open(path, "rb") as source, gzip.open(tmp, "wb", compresslevel=1) as sink:
+            shutil.copyfileobj(source, sink, 1 << 20)
+
+    write_atomically(zipped, compress)
+    path.unlink()
+    return zipped
 
 
 def write_rank_folder(trace: Any, folder: Path) -> Path:

@@ -29,12 +29,12 @@ from typing import Any
 
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.offline import get_plotlyjs
 
 from simulator.analysis.links import utilisation_bins
 from simulator.analysis.metrics import CATEGORIES
 from simulator.analysis.result import MemoryEstimate, RankAccount, StepResult
 from simulator.analysis.trace import Trace
+from simulator.report.plotly_bundle import SCRIPT_TAG, write_plotly_js
 from simulator.report.style import (
     AXIS_COLORS,
     BREAKDOWN_COLORS,
@@ -727,7 +727,7 @@ def run_report_html(
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{_esc(title)} · parasim report</title>
 <style>{PAGE_CSS}</style>
-<script type="text/javascript">{get_plotlyjs()}</script>
+{SCRIPT_TAG}
 </head>
 <body>
 <main>
@@ -752,5 +752,6 @@ def write_run_report(
     page, info = run_report_html(run, title, trace)
     data = page.encode("utf-8")
     Path(path).write_bytes(data)
+    write_plotly_js(Path(path).parent)
     info.update(path=str(path), bytes=len(data))
     return info

@@ -32,6 +32,7 @@ from rich.text import Text
 
 from simulator.analysis.metrics import CATEGORIES
 from simulator.common.files import write_atomically, write_csv, write_json
+from simulator.report.plotly_bundle import PLOTLY_JS, write_plotly_js
 from simulator.report.style import BREAKDOWN_COLORS, breakdown_bar
 from simulator.tools.sweep import SweepResult
 from topologies.units import format_time
@@ -180,16 +181,17 @@ def write_table_outputs(
     charted: list[dict[str, Any]] | None = None,
 ) -> list[Path]:
     """``<stem>.csv`` (``rows``: the fields, the rows and how a cell is written),
-    ``<stem>.json`` (``payload``) and ``<stem>.html`` (``figure``, plotly.js inline, and
-    below it the table of the rows it charts: ``charted``, or every row) in ``out``,
-    each written atomically; the paths in that order."""
+    ``<stem>.json`` (``payload``) and ``<stem>.html`` (``figure``, loading plotly.js from
+    ``plotly.min.js`` beside it, and below it the table of the rows it charts:
+    ``charted``, or every row) in ``out``, each written atomically; the paths in that
+    order."""
     out = Path(out)
     paths = [out / f"{stem}.csv", out / f"{stem}.json", out / f"{stem}.html"]
     fields, table, value = rows
     write_csv(paths[0], fields, table, value)
     write_json(paths[1], payload)
     chart = figure.to_html(
-        include_plotlyjs=True,
+        include_plotlyjs=PLOTLY_JS,
         full_html=False,
         div_id=f"parasim-{stem}",
         config={"displaylogo": False, "responsive": True},
@@ -212,6 +214,7 @@ def write_table_outputs(
         f"<tbody>{body}</tbody></table></body></html>"
     )
     write_atomically(paths[2], lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    write_plotly_js(out)
     return paths
 
 

@@ -38,6 +38,7 @@ import plotly.graph_objects as go
 
 from simulator.analysis.trace import OpRecord, Trace, category_of
 from simulator.report.chrome_trace import select_ranks, stream_order
+from simulator.report.plotly_bundle import PLOTLY_JS, write_plotly_js
 from topologies.units import format_bytes, format_flops, format_time
 
 __all__ = ["CATEGORY_COLORS", "IDLE_COLORS", "timeline_figure", "write_timeline_html"]
@@ -771,8 +772,9 @@ _ZOOM_SCRIPT = """
 def write_timeline_html(
     trace: Trace, path: str | Path, title: str, max_bars: int = 30000, below: str = ""
 ) -> dict[str, Any]:
-    """Write the timeline of ``trace`` to ``path`` as a self-contained HTML file, with
-    the HTML ``below`` (already escaped) under the chart.
+    """Write the timeline of ``trace`` to ``path`` as an HTML file that loads plotly.js
+    from ``plotly.min.js`` beside it (:mod:`simulator.report.plotly_bundle`), with the
+    HTML ``below`` (already escaped) under the chart.
 
     Returns the summary of :func:`timeline_figure` plus ``path``: which ranks are
     shown, how many bars were drawn, and whether the chart was capped. When ops were
@@ -787,7 +789,7 @@ def write_timeline_html(
     # "</" cannot end the script early: labels are the scenario's own strings
     data = json.dumps(detail, separators=(",", ":")).replace("</", "<\\/")
     page = fig.to_html(
-        include_plotlyjs=True,
+        include_plotlyjs=PLOTLY_JS,
         full_html=True,
         div_id=_DIV_ID,
         post_script=(
@@ -807,6 +809,7 @@ def write_timeline_html(
         end = page.rindex("</body>")
         page = page[:end] + below + page[end:]
     Path(path).write_text(page, encoding="utf-8")
+    write_plotly_js(Path(path).parent)
     info["path"] = str(path)
     info["zoom_detail"] = detail is not None
     return info
