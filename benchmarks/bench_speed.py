@@ -52,8 +52,8 @@ ONE_T = {
 
 # The whole command as a user runs it, in a child process (its wall time, its peak
 # memory, the output folder's largest file and its copies of plotly.js); with ``split``
-# (a scenario path, or path and overrides as Python source), also the simulation and the
-# outputs timed apart in this process, as the command runs them.
+# (a scenario path and its overrides), also the simulation and the outputs timed apart
+# in this process, as the command runs them.
 _COMMAND = """
 import os, pathlib, resource, subprocess, sys, tempfile, time, yaml
 tmp = pathlib.Path(tempfile.mkdtemp())
@@ -72,10 +72,9 @@ if split:
     from simulator.request.scenario import load_scenario
     from simulator.run.simulate import run_scenario
     from simulator.report.outputs import write_run_outputs
-    path = split.replace('{{one_t}}', str(one_t))
-    args = eval("('" + path + "')") if "'" in path else (path,)
+    path, overrides = split
     t = time.perf_counter()
-    run = run_scenario(load_scenario(*args))
+    run = run_scenario(load_scenario(path.replace('{{one_t}}', str(one_t)), overrides))
     figure['simulate_s'] = time.perf_counter() - t
     t = time.perf_counter()
     (tmp / 'split').mkdir()
@@ -132,7 +131,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "s",
     ),
     "cli-1t-analytic": (
-        _COMMAND.format(argv=["run", "{one_t}", "--out", "{out}"], split="{one_t}"),
+        _COMMAND.format(argv=["run", "{one_t}", "--out", "{out}"], split=("{one_t}", [])),
         4.0,
         "s",
     ),
@@ -146,7 +145,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
                 "--out",
                 "{out}",
             ],
-            split="scenarios/gpt3-175b.yaml', ['training.global_batch=128'",
+            split=("scenarios/gpt3-175b.yaml", ["training.global_batch=128"]),
         )
         + "figure['ratio'] = figure['command_s'] / figure['simulate_s']\n",
         1.3,
