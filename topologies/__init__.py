@@ -13,40 +13,49 @@ field goes through lives here too.
 
 from __future__ import annotations
 
-from .build import build_cluster, load_cluster_spec, load_preset, preset_names
-from .cluster import Cluster, Link, Route
-from .custom import read_topology
-from .dimensions import DimensionCluster
-from .errors import TopologyError
-from .fattree import FatTreeCluster
-from .graph import GraphCluster
-from .spec import (
-    ClusterSpec,
-    DeviceSpec,
-    DimensionSpec,
-    GPUSpec,
-    GraphLinkSpec,
-    NetworkSpec,
-    NICSpec,
-    NVSwitchSpec,
-    PCIeSpec,
-    TopologySpec,
-)
-from .units import (
-    Bandwidth,
-    Bytes,
-    FlopRate,
-    Seconds,
-    UnitError,
-    format_bandwidth,
-    format_bytes,
-    format_flops,
-    format_time,
-    parse_bandwidth,
-    parse_bytes,
-    parse_flops,
-    parse_time,
-)
+import importlib
+from typing import Any
+
+# Each public name and the module it lives in, imported on first use: so importing
+# one light module (``topologies.units``, ``topologies.errors``) or starting the
+# ``parasim`` command does not build networkx and the presets' models.
+_EXPORTS = {
+    "build_cluster": "topologies.build",
+    "load_cluster_spec": "topologies.build",
+    "load_preset": "topologies.build",
+    "preset_names": "topologies.build",
+    "Cluster": "topologies.cluster",
+    "Link": "topologies.cluster",
+    "Route": "topologies.cluster",
+    "read_topology": "topologies.custom",
+    "DimensionCluster": "topologies.dimensions",
+    "TopologyError": "topologies.errors",
+    "FatTreeCluster": "topologies.fattree",
+    "GraphCluster": "topologies.graph",
+    "ClusterSpec": "topologies.spec",
+    "DeviceSpec": "topologies.spec",
+    "DimensionSpec": "topologies.spec",
+    "GPUSpec": "topologies.spec",
+    "GraphLinkSpec": "topologies.spec",
+    "NetworkSpec": "topologies.spec",
+    "NICSpec": "topologies.spec",
+    "NVSwitchSpec": "topologies.spec",
+    "PCIeSpec": "topologies.spec",
+    "TopologySpec": "topologies.spec",
+    "Bandwidth": "topologies.units",
+    "Bytes": "topologies.units",
+    "FlopRate": "topologies.units",
+    "Seconds": "topologies.units",
+    "UnitError": "topologies.units",
+    "format_bandwidth": "topologies.units",
+    "format_bytes": "topologies.units",
+    "format_flops": "topologies.units",
+    "format_time": "topologies.units",
+    "parse_bandwidth": "topologies.units",
+    "parse_bytes": "topologies.units",
+    "parse_flops": "topologies.units",
+    "parse_time": "topologies.units",
+}
 
 __all__ = [
     "Cluster",
@@ -85,3 +94,16 @@ __all__ = [
     "format_time",
     "format_flops",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'topologies' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

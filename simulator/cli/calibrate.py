@@ -9,8 +9,6 @@ from typing import Any
 
 from simulator.cli.launch import add_launch_options, backend, launcher
 from simulator.common.errors import ParasimError
-from simulator.common.folders import check_folder
-from simulator.request.scenario import load_scenario
 
 __all__ = ["add_parser", "command"]
 
@@ -46,6 +44,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim calibrate``: start :mod:`hardware.calibrate` on ``--nproc`` ranks."""
+    from simulator.common.folders import check_folder
+    from simulator.request.scenario import load_scenario
+
     launch = launcher()
     if args.out.is_dir():
         raise ParasimError(f"--out: {args.out} is a folder; calibrate writes one profile file")

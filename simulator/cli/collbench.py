@@ -9,8 +9,6 @@ from typing import Any
 
 from simulator.cli.options import add_fidelity_option
 from simulator.common.vocabulary import ALGORITHMS, COLLECTIVE_KINDS, PROTOCOLS
-from simulator.report.collbench_report import collbench_json, print_collbench
-from simulator.tools.collbench import collbench_cluster, collbench_rows, parse_sizes
 
 __all__ = ["COLLBENCH_OPS", "add_parser", "command"]
 
@@ -52,6 +50,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim collbench``: print the table (or the rows as JSON)."""
+    from simulator.report.collbench_report import collbench_json, print_collbench
+    from simulator.tools.collbench import collbench_cluster, collbench_rows, parse_sizes
+
     cluster = collbench_cluster(args.preset, args.nodes, args.gpus_per_node, args.profile)
     sizes = parse_sizes(args.sizes)
     rows = collbench_rows(cluster, args.op, sizes, args.algo, args.proto, args.fidelity)

@@ -8,12 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from simulator.common.files import dumps_result
-from simulator.report.compare_report import load_run_dir, print_compare, write_compare_outputs
-from simulator.tools.compare import compare_runs
-
 __all__ = ["add_parser", "command"]
 
 
@@ -42,6 +36,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim compare``: write the outputs, print the table (or the JSON)."""
+    from rich.console import Console
+
+    from simulator.common.files import dumps_result
+    from simulator.report.compare_report import load_run_dir, print_compare, write_compare_outputs
+    from simulator.tools.compare import compare_runs
+
     predicted, measured = load_run_dir(args.predicted), load_run_dir(args.measured)
     report = compare_runs(predicted, measured)
     out = args.out if args.out is not None else args.measured

@@ -7,17 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from simulator.cli.options import (
     add_fidelity_option,
     add_set_option,
     output_folder,
     write_whole,
 )
-from simulator.common.files import dumps_result
-from simulator.report.explain_report import print_explanation, write_explain_outputs
-from simulator.tools.explain import diagnose
 
 __all__ = ["add_parser", "command"]
 
@@ -56,6 +51,12 @@ def command(args: argparse.Namespace) -> int:
 
     The report is printed (``--json``: the findings as JSON) and written to ``--out``,
     by default ``out/<scenario>-explain``, as the other commands do."""
+    from rich.console import Console
+
+    from simulator.common.files import dumps_result
+    from simulator.report.explain_report import print_explanation, write_explain_outputs
+    from simulator.tools.explain import diagnose
+
     out = output_folder(args, "-explain")
     explanation = diagnose(args.scenario, args.overrides, fidelity=args.fidelity)
     paths = write_whole(

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from simulator.common.folders import check_folder, default_folder, staged_folder
 from simulator.common.vocabulary import FIDELITIES
-from simulator.request.scenario import apply_overrides, read_scenario_file
 
 __all__ = [
     "add_set_option",
@@ -88,6 +87,8 @@ def output_folder(args: argparse.Namespace, suffix: str = "") -> Path:
     with a hash of the ``--set`` overrides), checked before any work is done."""
     if args.out is not None:
         return check_folder(args.out)
+    from simulator.request.scenario import apply_overrides, read_scenario_file
+
     raw = apply_overrides(read_scenario_file(args.scenario), args.overrides)
     name = raw.get("name") if isinstance(raw, dict) else None
     if not isinstance(name, str) or not name:

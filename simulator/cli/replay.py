@@ -11,8 +11,6 @@ from typing import Any
 from simulator.cli.launch import add_launch_options, backend, launcher
 from simulator.cli.options import add_set_option, output_folder
 from simulator.common.errors import ParasimError
-from simulator.common.folders import staged_folder
-from simulator.request.scenario import load_scenario
 
 __all__ = ["add_parser", "command"]
 
@@ -51,6 +49,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim replay``: start :mod:`hardware.replay` on one rank per GPU of the
     scenario's layout."""
+    from simulator.common.folders import staged_folder
+    from simulator.request.scenario import load_scenario
+
     scenario = load_scenario(args.scenario, args.overrides)  # bad input fails here, at once
     world = scenario.layout.world
     if args.nproc is not None and args.nproc != world:

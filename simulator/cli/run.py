@@ -9,16 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from simulator.cli.options import add_fidelity_option, add_outputs_option, add_set_option
-from simulator.common.files import dumps_result
-from simulator.common.folders import check_folder, default_folder, staged_folder
-from simulator.report.images import check_requirements
-from simulator.report.outputs import write_run_outputs
-from simulator.report.summary import print_summary
-from simulator.request.scenario import load_scenario
-from simulator.run.simulate import run_scenario
 
 __all__ = ["add_parser", "command"]
 
@@ -67,6 +58,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim run``: simulate, write the outputs, print the summary (or JSON)."""
+    from rich.console import Console
+
+    from simulator.common.files import dumps_result
+    from simulator.common.folders import check_folder, default_folder, staged_folder
+    from simulator.report.images import check_requirements
+    from simulator.report.outputs import write_run_outputs
+    from simulator.report.summary import print_summary
+    from simulator.request.scenario import load_scenario
+    from simulator.run.simulate import run_scenario
+
     if args.image:
         check_requirements()  # before the simulation, not after it
     if args.fidelity is not None:

@@ -14,16 +14,15 @@ from simulator.cli.options import (
     write_whole,
 )
 from simulator.common.errors import ParasimError
-from simulator.report.progress import ProgressBar
-from simulator.report.scale_report import print_scale, write_scale_outputs
-from simulator.report.sweep_report import wide_console
-from simulator.tools.scale import MODES, parse_gpus, run_scale
+from simulator.common.vocabulary import SCALE_MODES
 
 __all__ = ["add_parser", "command"]
 
 
 def _gpus_argument(text: str) -> list[int]:
     """``--gpus`` for argparse, which reports a bad value as a usage error (exit 2)."""
+    from simulator.tools.scale import parse_gpus
+
     try:
         return parse_gpus(text)
     except ParasimError as exc:
@@ -51,7 +50,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--mode",
-        choices=MODES,
+        choices=SCALE_MODES,
         default="weak",
         help="weak: global batch grows with the replicas (default); strong: it stays",
     )
@@ -68,6 +67,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim scale``: print the table and write the outputs."""
+    from simulator.report.progress import ProgressBar
+    from simulator.report.scale_report import print_scale, write_scale_outputs
+    from simulator.report.sweep_report import wide_console
+    from simulator.tools.scale import run_scale
+
     out = output_folder(args, "-scale")
     result = run_scale(
         args.scenario,

@@ -14,9 +14,7 @@ from simulator.cli.options import (
     write_whole,
 )
 from simulator.common.errors import ParasimError
-from simulator.report.progress import ProgressBar
-from simulator.report.sweep_report import print_sweep, wide_console, write_sweep_outputs
-from simulator.tools.sweep import FIX_KEYS, no_layout_message, parse_fixes, run_sweep
+from simulator.common.vocabulary import SWEEP_FIX_KEYS
 
 __all__ = ["add_parser", "command"]
 
@@ -43,7 +41,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help=f"pin a dimension, e.g. --fix tp=8 (repeatable; keys: {', '.join(FIX_KEYS)})",
+        help=f"pin a dimension, e.g. --fix tp=8 (repeatable; keys: {', '.join(SWEEP_FIX_KEYS)})",
     )
     parser.add_argument(
         "--max-tp",
@@ -66,6 +64,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim sweep``: print the ranking and write the outputs."""
+    from simulator.report.progress import ProgressBar
+    from simulator.report.sweep_report import print_sweep, wide_console, write_sweep_outputs
+    from simulator.tools.sweep import no_layout_message, parse_fixes, run_sweep
+
     if args.top < 1:
         raise ParasimError(f"--top: expected a positive number (got {args.top})")
     out = output_folder(args, "-sweep")

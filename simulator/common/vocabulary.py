@@ -95,3 +95,23 @@ SHARDING_LEVELS = ("none", "optimizer", "gradients", "full")
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
+
+# What ``parasim sweep --fix`` may pin (simulator.tools.sweep), and the modes of
+# ``parasim scale`` (simulator.tools.scale): here, so the parser builds without them.
+SWEEP_FIX_KEYS = (
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "sp",
+    "micro_batch",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "placement",
+    "cp",
+    "cp_kind",
+    "sharding",
+    "dp_shard",
+)
+SCALE_MODES = ("weak", "strong")

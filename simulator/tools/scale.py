@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.common.errors import ParasimError, ScenarioError
+from simulator.common.vocabulary import SCALE_MODES
 from simulator.request.scenario import Scenario, apply_overrides, scenario_from_dict
 from simulator.tools.progress import Progress, Silent
 from simulator.tools.sweep import (
@@ -60,7 +61,7 @@ __all__ = [
     "run_scale",
 ]
 
-MODES = ("weak", "strong")
+MODES = SCALE_MODES
 
 
 def parse_gpus(text: str) -> list[int]:

@@ -111,6 +111,7 @@ from simulator.common.vocabulary import (
     PLACEMENT_AXES,
     RECOMPUTE_MODES,
     SHARDING_LEVELS,
+    SWEEP_FIX_KEYS,
 )
 from simulator.request.recipe import LAYOUT_KNOBS, Recipe, knob_overrides, layout_label
 from simulator.request.scenario import (
@@ -150,22 +151,7 @@ __all__ = [
 ]
 
 #: Dimensions ``--fix`` can pin, in the order a layout string shows them.
-FIX_KEYS = (
-    "tp",
-    "pp",
-    "dp",
-    "ep",
-    "sp",
-    "micro_batch",
-    "schedule",
-    "virtual_stages",
-    "recompute",
-    "placement",
-    "cp",
-    "cp_kind",
-    "sharding",
-    "dp_shard",
-)
+FIX_KEYS = SWEEP_FIX_KEYS
 _FIX_ALIASES = {"mb": "micro_batch", "v": "virtual_stages", "rc": "recompute"}
 # searched by default, in this order: every built-in schedule but ZB-H2, which holds
 # more micro-batches in flight than ZB-H1 for the last of the bubble (--fix
