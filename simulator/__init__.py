@@ -17,10 +17,8 @@ layer") and is imported from its module.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from simulator.common.version import __version__
+from topologies.exports import lazy_exports
 
 # The front door's names and the modules they live in, imported on first use: so
 # ``import simulator`` (and the ``parasim`` command starting up) stays light.
@@ -37,15 +35,4 @@ _EXPORTS = {
 
 __all__ = ["__version__", *_EXPORTS]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'simulator' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

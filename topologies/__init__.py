@@ -13,8 +13,7 @@ field goes through lives here too.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .exports import lazy_exports
 
 # Each public name and the module it lives in, imported on first use: so importing
 # one light module (``topologies.units``, ``topologies.errors``) or starting the
@@ -95,15 +94,4 @@ __all__ = [
     "format_flops",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'topologies' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
