@@ -59,6 +59,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "ZeRO-2 where ZeRO-1 fits"
         ),
     )
+    cache = parser.add_mutually_exclusive_group()
+    cache.add_argument(
+        "--cache",
+        type=Path,
+        metavar="DIR",
+        help="keep each layout's outcome here and reuse it on a rerun (default: "
+        ".parasim-cache beside the output folder)",
+    )
+    cache.add_argument(
+        "--no-cache", action="store_true", help="check and simulate every layout afresh"
+    )
     return parser
 
 
@@ -66,11 +77,15 @@ def command(args: argparse.Namespace) -> int:
     """Run ``parasim sweep``: print the ranking and write the outputs."""
     from simulator.report.progress import ProgressBar
     from simulator.report.sweep_report import print_sweep, wide_console, write_sweep_outputs
+    from simulator.tools.cache import DEFAULT_CACHE_NAME, ResultCache
     from simulator.tools.sweep import no_layout_message, parse_fixes, run_sweep
 
     if args.top < 1:
         raise ParasimError(f"--top: expected a positive number (got {args.top})")
     out = output_folder(args, "-sweep")
+    folder = None if args.no_cache else (args.cache or out.parent / DEFAULT_CACHE_NAME)
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise ParasimError(f"--cache: {folder} is not a folder")
     result = run_sweep(
         args.scenario,
         overrides=args.overrides,
@@ -81,6 +96,7 @@ def command(args: argparse.Namespace) -> int:
         workers=args.workers,
         progress=ProgressBar(),
         exhaustive=args.exhaustive,
+        cache=ResultCache(folder),
     )
     if not result.rows:
         raise ParasimError(no_layout_message(result))

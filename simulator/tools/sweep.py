@@ -121,6 +121,7 @@ from simulator.request.scenario import (
     scenario_from_dict,
 )
 from simulator.run.simulate import run_scenario
+from simulator.tools.cache import ResultCache
 from simulator.tools.progress import Progress, Silent
 from topologies import TopologyError, load_cluster_spec
 from topologies.validation import nearest_key_hint, validation_message
@@ -865,9 +866,11 @@ def run_sweep(
     workers: int | None = None,
     progress: Progress | None = None,
     exhaustive: bool = False,
+    cache: ResultCache | None = None,
 ) -> SweepResult:
     """Enumerate, validate, prune and simulate every layout; rows ranked by step time
-    (:class:`SweepResult`)."""
+    (:class:`SweepResult`). With ``cache``, a candidate checked or simulated before
+    (the same scenario, files and parasim) is read from it instead."""
     started = time.perf_counter()
     if fidelity not in ("analytic", "flow"):
         raise ParasimError(f"--fidelity: expected analytic or flow (got {fidelity!r})")
@@ -894,28 +897,33 @@ def run_sweep(
         )
     all_overrides = [base.candidate_overrides(c, fidelity) for c in candidates]
     args = (base.raw, base.source, base.base_dir)
+    cache = cache or ResultCache(None)
     executor = process_pool(workers) if workers > 1 and len(candidates) > 1 else None
     try:
         with progress or Silent() as bar:
-            checks = run_chunked(
-                check_chunk,
-                args,
+            advance = bar.stage(f"checking {len(candidates)} layouts", len(candidates))
+            checks = cache.run(
+                "check",
+                base.raw,
+                base.base_dir,
                 all_overrides,
-                executor,
-                workers,
-                bar.stage(f"checking {len(candidates)} layouts", len(candidates)),
-                largest=64,
+                lambda items: run_chunked(
+                    check_chunk, args, items, executor, workers, advance, largest=64
+                ),
+                advance,
             )
             chosen, dominated = _select(candidates, checks, exhaustive)
             checked = time.perf_counter()
-            runs = run_chunked(
-                simulate_chunk,
-                args,
+            advance = bar.stage(f"simulating {len(chosen)} layouts ({fidelity})", len(chosen))
+            runs = cache.run(
+                "simulate",
+                base.raw,
+                base.base_dir,
                 [all_overrides[i] for i in chosen],
-                executor,
-                workers,
-                bar.stage(f"simulating {len(chosen)} layouts ({fidelity})", len(chosen)),
-                largest=4,
+                lambda items: run_chunked(
+                    simulate_chunk, args, items, executor, workers, advance, largest=4
+                ),
+                advance,
             )
     finally:
         if executor is not None:
@@ -972,7 +980,11 @@ def run_sweep(
         counts=counts,
         rows=rows,
         wall_s=time.perf_counter() - started,
-        timing_s={"check": checked - started, "simulate": time.perf_counter() - checked},
+        timing_s={
+            "check": checked - started,
+            "simulate": time.perf_counter() - checked,
+            "cached": cache.hits,
+        },
     )
 
 
