@@ -2,7 +2,9 @@
 """The speed targets of parasim, in one command, with figure, target and ratio.
 
 Each benchmark runs in a fresh Python process (so its peak memory is its own) with a
-time limit, and reports its wall time and peak resident memory:
+time limit, and reports its wall time and peak resident memory. The ``cli-*`` ones run
+the command as a user does, in a child process, and also report the output folder's
+largest file and its copies of plotly.js (targets: none over 20 MB, one copy):
 
 ==================  ==========================================================  ==========
 name                what                                                         target
@@ -14,6 +16,18 @@ name                what                                                        
                                                                                   ≤ 8 GB
 gpt3-128-flow       gpt3-175b on 128 GPUs, flow, every rank, 64 micro-batches     ≤ 60 s
 sweep-175b-1024     ``parasim sweep`` of gpt3-175b on 1024 A100s                  ≤ 30 s
+sweep-175b-1024-    the same sweep rerun with its result cache                    ≤ 2 s
+cached
+sweep-175b-1024-    the same sweep on a 2-worker Dask ``LocalCluster`` ÷ on the   ≤ 1.2×
+dask                2-process pool, both timed in one process
+cli-help            ``parasim --help``, the whole command                         ≤ 0.5 s
+cli-small           ``parasim run scenarios/small.yaml``, the whole command      ≤ 1.5 s
+cli-1t-analytic     ``parasim run`` of 1t-analytic's scenario with every output   ≤ 4 s
+                    (and, timed apart in the benchmark's process, the
+                    simulation and the outputs: outputs ≤ 25% of the two)
+cli-gpt3-128-flow   ``parasim run`` of gpt3-128-flow's scenario ÷ the simulation  ≤ 1.3×
+                    alone
+cli-mixtral-skewed  ``parasim run scenarios/mixtral-ep-skewed.yaml``            ≤ 30 s
 engine-overhead     simulated events (op completions) per second in a flow      ≥ 0.5
                     replay of gpt3-175b (128 ranks, every op), ÷ the timeouts
                     per second of a bare SimPy loop; both measured in turn in
@@ -116,9 +130,36 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     "sweep-175b-1024": (
         "from simulator.tools.sweep import run_sweep\n"
         "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024)\n"
-        "figure = {'simulated': out.counts['simulated']}\n",
+        "figure = {'simulated': out.counts['simulated'], 'enumerated': out.counts['enumerated'],\n"
+        "          'ms_per_simulated': 1e3 * out.timing_s['simulate'] / max(1, out.counts['simulated'])}\n",
         30.0,
         "s",
+    ),
+    "sweep-175b-1024-cached": (
+        "import tempfile, time\n"
+        "from simulator.tools.cache import ResultCache\n"
+        "from simulator.tools.sweep import run_sweep\n"
+        "folder = tempfile.mkdtemp()\n"
+        "run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, cache=ResultCache(folder))\n"
+        "t = time.perf_counter()\n"
+        "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, cache=ResultCache(folder))\n"
+        "figure = {'command_s': time.perf_counter() - t, 'cached': out.timing_s['cached']}\n",
+        2.0,
+        "s",
+    ),
+    "sweep-175b-1024-dask": (
+        "import time\n"
+        "from simulator.tools.sweep import run_sweep\n"
+        "t = time.perf_counter()\n"
+        "pool = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, workers=2)\n"
+        "pool_s = time.perf_counter() - t\n"
+        "t = time.perf_counter()\n"
+        "dask = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, workers=2, scheduler='local')\n"
+        "dask_s = time.perf_counter() - t\n"
+        "assert dask.to_json() == pool.to_json()\n"
+        "figure = {'ratio': dask_s / pool_s, 'pool_s': pool_s, 'dask_s': dask_s}\n",
+        1.2,
+        "x",
     ),
     "cli-help": (
         _COMMAND.format(argv=["--help"], split=None),
@@ -252,6 +293,15 @@ def _notes(row: dict) -> str:
             f"simulation {row['simulate_s']:.2f} s, outputs {row['outputs_s']:.2f} s "
             f"({row['outputs_share']:.0%} of the two)"
         )
+    if "ms_per_simulated" in row:
+        notes.append(
+            f"{row['simulated']} of {row['enumerated']} layouts simulated, "
+            f"{row['ms_per_simulated']:.1f} ms each"
+        )
+    if "pool_s" in row:
+        notes.append(f"process pool {row['pool_s']:.1f} s, LocalCluster {row['dask_s']:.1f} s")
+    if "cached" in row:
+        notes.append(f"{row['cached']} outcomes read from the cache")
     if "largest_file_mb" in row:
         notes.append(
             f"largest file {row['largest_file_mb']:.1f} MB, plotly.js copies {row['plotly_copies']}"

@@ -228,3 +228,21 @@ def test_the_command_line_s_help_imports_none_of_the_machinery():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     )
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_only_the_scheduler_imports_dask_and_only_when_asked():
+    """``distributed`` is optional (``parasim[cluster]``): one module imports it, inside
+    the function that opens a cluster."""
+    importers = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            if any(n.split(".")[0] in ("distributed", "dask") for n in names):
+                importers[module] = id(node) in top
+    assert importers == {"simulator.tools.scheduler": False}

@@ -59,6 +59,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "ZeRO-2 where ZeRO-1 fits"
         ),
     )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run the layouts on a Dask cluster: its scheduler's address "
+        "(tcp://host:8786), or 'local' for a LocalCluster of --workers processes "
+        "(default: $PARASIM_DASK_SCHEDULER, else this machine's process pool; needs "
+        "parasim[cluster])",
+    )
     cache = parser.add_mutually_exclusive_group()
     cache.add_argument(
         "--cache",
@@ -78,6 +86,7 @@ def command(args: argparse.Namespace) -> int:
     from simulator.report.progress import ProgressBar
     from simulator.report.sweep_report import print_sweep, wide_console, write_sweep_outputs
     from simulator.tools.cache import DEFAULT_CACHE_NAME, ResultCache
+    from simulator.tools.scheduler import scheduler_address
     from simulator.tools.sweep import no_layout_message, parse_fixes, run_sweep
 
     if args.top < 1:
@@ -97,6 +106,7 @@ def command(args: argparse.Namespace) -> int:
         progress=ProgressBar(),
         exhaustive=args.exhaustive,
         cache=ResultCache(folder),
+        scheduler=scheduler_address(args.scheduler),
     )
     if not result.rows:
         raise ParasimError(no_layout_message(result))

@@ -123,6 +123,7 @@ from simulator.request.scenario import (
 from simulator.run.simulate import run_scenario
 from simulator.tools.cache import ResultCache
 from simulator.tools.progress import Progress, Silent
+from simulator.tools.scheduler import open_dask
 from topologies import TopologyError, load_cluster_spec
 from topologies.validation import nearest_key_hint, validation_message
 
@@ -806,6 +807,18 @@ def run_chunked(
     return [row for i in range(len(chunks)) for row in done[i]]
 
 
+def _executor(scheduler: str | None, workers: int, tasks: int) -> tuple[Executor | None, int]:
+    """The executor a search runs on, and how many tasks it runs at once: a Dask
+    cluster when ``scheduler`` names one, else a process pool of ``workers`` (none for
+    one worker or one task)."""
+    if scheduler is not None:
+        dask = open_dask(scheduler, workers)
+        return dask, max(1, sum(dask.client.nthreads().values()))
+    if workers > 1 and tasks > 1:
+        return process_pool(workers), workers
+    return None, workers
+
+
 def resolve_workers(workers: int | None) -> int:
     if workers is None:
         return os.cpu_count() or 1
@@ -867,10 +880,14 @@ def run_sweep(
     progress: Progress | None = None,
     exhaustive: bool = False,
     cache: ResultCache | None = None,
+    scheduler: str | None = None,
 ) -> SweepResult:
     """Enumerate, validate, prune and simulate every layout; rows ranked by step time
     (:class:`SweepResult`). With ``cache``, a candidate checked or simulated before
-    (the same scenario, files and parasim) is read from it instead."""
+    (the same scenario, files and parasim) is read from it instead. With
+    ``scheduler`` (``local`` or a Dask scheduler's address), the candidates run on that
+    Dask cluster instead of this machine's process pool
+    (:mod:`simulator.tools.scheduler`)."""
     started = time.perf_counter()
     if fidelity not in ("analytic", "flow"):
         raise ParasimError(f"--fidelity: expected analytic or flow (got {fidelity!r})")
@@ -898,7 +915,7 @@ def run_sweep(
     all_overrides = [base.candidate_overrides(c, fidelity) for c in candidates]
     args = (base.raw, base.source, base.base_dir)
     cache = cache or ResultCache(None)
-    executor = process_pool(workers) if workers > 1 and len(candidates) > 1 else None
+    executor, workers = _executor(scheduler, workers, len(candidates))
     try:
         with progress or Silent() as bar:
             advance = bar.stage(f"checking {len(candidates)} layouts", len(candidates))

@@ -1,0 +1,97 @@
+"""Where a search's candidates run: this machine's cores, or a Dask cluster.
+
+``parasim sweep`` checks and simulates its candidates in chunks through a
+``concurrent.futures`` executor (:func:`simulator.tools.sweep.run_chunked`). By default
+that is a process pool on this machine's cores. With ``--scheduler`` (or the
+``PARASIM_DASK_SCHEDULER`` environment variable) it is a Dask ``distributed`` cluster
+instead, reached through its futures interface:
+
+* ``tcp://HOST:8786``: an existing scheduler, whose workers have parasim installed
+  (``dask scheduler`` and ``dask worker tcp://HOST:8786 --nthreads 1`` by hand, or a
+  ``dask_jobqueue.SLURMCluster`` on a SLURM cluster: ``docs/guide.md``);
+* ``local``: a ``LocalCluster`` of ``--workers`` single-threaded worker processes on
+  this machine, started for the search and closed after it.
+
+Dask does the rest: a chunk whose worker is lost is run again on another (up to the
+scheduler's ``allowed-failures``), so no candidate is lost; Ctrl-C cancels the chunks
+not yet run. ``distributed`` is an optional dependency (``pip install
+"parasim[cluster]"``), imported only here and only when a scheduler is named; the
+simulator core never imports it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from simulator.common.errors import ParasimError
+
+__all__ = ["SCHEDULER_ENV", "DaskExecutor", "scheduler_address", "open_dask"]
+
+#: The environment variable that names a scheduler when ``--scheduler`` does not.
+SCHEDULER_ENV = "PARASIM_DASK_SCHEDULER"
+
+
+def scheduler_address(given: str | None) -> str | None:
+    """``--scheduler``, else ``$PARASIM_DASK_SCHEDULER``, else None (the process pool);
+    ``local`` or a ``tcp://``/``tls://``/``ucx://``/``inproc://`` address."""
+    address = given if given is not None else os.environ.get(SCHEDULER_ENV) or None
+    if address is None:
+        return None
+    if address != "local" and "://" not in address:
+        raise ParasimError(
+            f"--scheduler: expected 'local' or a scheduler address such as "
+            f"tcp://host:8786 (got {address!r})"
+        )
+    return address
+
+
+class DaskExecutor(Executor):
+    """A ``concurrent.futures`` executor on a Dask cluster: ``submit`` returns a
+    ``concurrent.futures.Future``, and ``shutdown`` cancels what has not run and
+    closes the client (and the local cluster it started, if any)."""
+
+    def __init__(self, client: Any, cluster: Any = None):
+        self.client = client
+        self.cluster = cluster
+        # pure=False: two chunks with equal arguments are still two tasks
+        self.executor = client.get_executor(pure=False)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        return self.executor.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        try:
+            self.executor.shutdown(wait=wait and not cancel_futures)
+        finally:
+            self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()
+
+
+def open_dask(address: str, workers: int) -> DaskExecutor:
+    """Connect to the scheduler at ``address``, or start a ``LocalCluster`` of
+    ``workers`` processes for ``local``; a missing ``distributed`` or an unreachable
+    scheduler is one line."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ParasimError(
+            "--scheduler: Dask's distributed is not installed (pip install 'parasim[cluster]')"
+        ) from None
+    if address == "local":
+        cluster = LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            host="127.0.0.1",
+        )
+        return DaskExecutor(Client(cluster), cluster)
+    try:
+        client = Client(address, timeout="10s")
+    except (OSError, TimeoutError) as exc:
+        raise ParasimError(f"--scheduler: cannot reach {address} ({exc})") from None
+    return DaskExecutor(client)
