@@ -307,3 +307,65 @@ def test_hta_reads_the_rank_files(trace: Trace, tmp_path: Path):
     kinds, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
     by_type = dict(zip(kinds["kernel_type"], kinds["sum"], strict=True))
     assert by_type["COMMUNICATION"] > 0 and by_type["COMPUTATION"] > 0
+
+
+@pytest.mark.parametrize(
+    "scenario, overrides",
+    [
+        (SCENARIO, OVERRIDES),
+        ("scenarios/small.yaml", []),
+        (
+            "scenarios/cpu-tiny.yaml",
+            ["parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "model.moe={experts: 4, top_k: 2}"],
+        ),
+    ],
+)
+def test_the_fast_event_encoding_is_the_json_encoder_s_byte_for_byte(scenario, overrides):
+    """The writer encodes op events key by key (``_encode_complete``); each must read
+    exactly as ``json`` (sorted keys, no spaces) would write the event dict."""
+    from simulator.report.chrome_trace import _ENCODER, _Plan
+
+    run = run_scenario(load_scenario(scenario, overrides))
+    plan = _Plan(make_trace(run), None)
+    events = [_ENCODER.encode(event) for event in plan.op_events()]
+    assert list(plan.op_event_texts()) == events
+    if scenario == SCENARIO:  # collective chains and send/recv peers are in there
+        assert any('"bind_id"' in e for e in events) and any('"peer"' in e for e in events)
+
+
+def test_the_fast_encoding_escapes_and_names_numbers_as_json_does():
+    from simulator.analysis.trace import OpRecord
+    from simulator.report.chrome_trace import _ENCODER, _complete_event, _encode_complete
+
+    odd = OpRecord(
+        rank=3,
+        op_id=7,
+        stream="comm",
+        op="send",
+        kind="send",
+        label='é "quoted"\n</x>',
+        tags={"phase": "bwd", "layer": 2, "weird": float("nan"), "obj": object},
+        ready=1e-9,
+        start=2.5e-6,
+        end=float("inf"),
+        bytes=float("nan"),
+        flops=1e300,
+        group="pp0",
+        peer=4,
+    )
+    bind = {"bind_id": 9, "flow_in": True}
+    expected = _ENCODER.encode({**_complete_event(odd, 2), **bind})
+    assert _encode_complete(odd, 2, bind, {}) == expected
+
+
+def test_tags_equal_in_python_but_not_in_json_are_encoded_apart():
+    from dataclasses import replace
+
+    from simulator.analysis.trace import OpRecord
+    from simulator.report.chrome_trace import _ENCODER, _complete_event, _encode_complete
+
+    base = OpRecord(0, 1, "compute", "compute", "gemm", "x", {}, 0.0, 0.0, 1e-3)
+    cache: dict = {}
+    for value in (1, 1.0, True):
+        rec = replace(base, tags={"layer": value})
+        assert _encode_complete(rec, 1, None, cache) == _ENCODER.encode(_complete_event(rec, 1))
