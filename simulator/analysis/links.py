@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from topologies import Cluster
 
 __all__ = ["link_summary", "utilisation_bins"]
@@ -54,19 +56,14 @@ def link_summary(
 def utilisation_bins(
     series: list[tuple[float, float]], bandwidth: float, step_time: float, bins: int = 200
 ) -> list[float]:
-    """Mean utilisation (0..1) of one link in each of ``bins`` equal slices of the step."""
+    """Mean utilisation (0..1) of one link in each of ``bins`` equal slices of the step:
+    the carried bytes (the integral of the piecewise-constant rate) between the slices'
+    edges, over what the link could carry in a slice."""
     width = step_time / bins
-    out = [0.0] * bins
-    if width <= 0:
-        return out
-    for (t0, rate), (t1, _) in zip(series, [*series[1:], (step_time, 0.0)], strict=True):
-        if rate <= 0:
-            continue
-        start, stop = max(0.0, t0), min(step_time, t1)
-        b = int(start / width)
-        while start < stop and b < bins:
-            edge = min(stop, (b + 1) * width)
-            out[b] += rate * (edge - start)
-            start = edge
-            b += 1
-    return [value / (bandwidth * width) for value in out]
+    if width <= 0 or not series:
+        return [0.0] * bins
+    times = np.clip(np.array([t for t, _ in series] + [step_time], dtype=float), 0.0, step_time)
+    rates = np.maximum(0.0, np.array([rate for _, rate in series], dtype=float))
+    carried = np.concatenate([[0.0], np.cumsum(rates * np.diff(times))])
+    edges = np.minimum(np.arange(bins + 1) * width, step_time)
+    return (np.diff(np.interp(edges, times, carried)) / (bandwidth * width)).tolist()
