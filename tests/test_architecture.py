@@ -246,3 +246,16 @@ def test_only_the_scheduler_imports_dask_and_only_when_asked():
             if any(n.split(".")[0] in ("distributed", "dask") for n in names):
                 importers[module] = id(node) in top
     assert importers == {"simulator.tools.scheduler": False}
+
+
+def test_progress_shows_only_on_a_terminal_without_json(capsys, monkeypatch):
+    import io
+
+    from simulator.report.progress import Status, interactive
+
+    assert not interactive()  # pytest captures stdout: not a terminal
+    monkeypatch.setattr("sys.stdout", type("Tty", (io.StringIO,), {"isatty": lambda s: True})())
+    assert interactive() and not interactive(json_output=True)
+    with Status("working", enabled=False) as status:
+        status.update("still working")
+    assert capsys.readouterr().err == ""

@@ -55,10 +55,13 @@ def command(args: argparse.Namespace) -> int:
 
     from simulator.common.files import dumps_result
     from simulator.report.explain_report import print_explanation, write_explain_outputs
+    from simulator.report.progress import Status, interactive
     from simulator.tools.explain import diagnose
 
     out = output_folder(args, "-explain")
-    explanation = diagnose(args.scenario, args.overrides, fidelity=args.fidelity)
+    message = f"checking {args.scenario} for layering mistakes and simulating their fixes"
+    with Status(message, interactive(args.json)):
+        explanation = diagnose(args.scenario, args.overrides, fidelity=args.fidelity)
     paths = write_whole(
         out, lambda folder: write_explain_outputs(explanation, folder), "parasim explain"
     )

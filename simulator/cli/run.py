@@ -64,6 +64,7 @@ def command(args: argparse.Namespace) -> int:
     from simulator.common.folders import check_folder, default_folder, staged_folder
     from simulator.report.images import check_requirements
     from simulator.report.outputs import write_run_outputs
+    from simulator.report.progress import Status, interactive
     from simulator.report.summary import print_summary
     from simulator.request.scenario import load_scenario
     from simulator.run.simulate import run_scenario
@@ -75,17 +76,20 @@ def command(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     out = args.out if args.out is not None else default_folder(scenario.name, "", args.overrides)
     check_folder(out)  # before the simulation, not after it
-    run = run_scenario(scenario, force=args.force)
-    run.result.overrides = list(args.overrides)
-    with staged_folder(out, "parasim run") as stage:
-        written = write_run_outputs(
-            run,
-            stage,
-            title=f"{scenario.name}: one training step",
-            image_format=args.image,
-            hta=args.hta,
-            outputs=args.outputs,
-        )
+    fidelity = scenario.spec.simulation.fidelity
+    with Status(f"simulating {scenario.name} ({fidelity})", interactive(args.json)) as status:
+        run = run_scenario(scenario, force=args.force)
+        run.result.overrides = list(args.overrides)
+        status.update(f"writing {', '.join(args.outputs)}")
+        with staged_folder(out, "parasim run") as stage:
+            written = write_run_outputs(
+                run,
+                stage,
+                title=f"{scenario.name}: one training step",
+                image_format=args.image,
+                hta=args.hta,
+                outputs=args.outputs,
+            )
     paths = [out / path.relative_to(stage) for path in written]
     if args.json:
         sys.stdout.write(dumps_result(run.result.to_json()))

@@ -67,7 +67,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim scale``: print the table and write the outputs."""
-    from simulator.report.progress import ProgressBar
+    from simulator.report.progress import ProgressBar, interactive
     from simulator.report.scale_report import print_scale, write_scale_outputs
     from simulator.report.sweep_report import wide_console
     from simulator.tools.scale import run_scale
@@ -81,7 +81,7 @@ def command(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         fidelity=args.fidelity,
         workers=args.workers,
-        progress=ProgressBar(),
+        progress=ProgressBar(interactive()),
         max_tp=args.max_tp,
     )
     if result.reference_gpus is None:

@@ -83,7 +83,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim sweep``: print the ranking and write the outputs."""
-    from simulator.report.progress import ProgressBar
+    from simulator.report.progress import ProgressBar, interactive
     from simulator.report.sweep_report import print_sweep, wide_console, write_sweep_outputs
     from simulator.tools.cache import DEFAULT_CACHE_NAME, ResultCache
     from simulator.tools.scheduler import scheduler_address
@@ -103,7 +103,7 @@ def command(args: argparse.Namespace) -> int:
         max_tp=args.max_tp,
         fidelity=args.fidelity,
         workers=args.workers,
-        progress=ProgressBar(),
+        progress=ProgressBar(interactive()),
         exhaustive=args.exhaustive,
         cache=ResultCache(folder),
         scheduler=scheduler_address(args.scheduler),

@@ -1,15 +1,46 @@
-"""A rich progress bar on stderr for the long commands (``parasim sweep``, ``scale``),
-in the shape :class:`simulator.tools.progress.Progress` asks for."""
+"""What a long command shows while it works, on stderr: a rich progress bar for the
+searches (``parasim sweep``, ``scale``), in the shape
+:class:`simulator.tools.progress.Progress` asks for, and a status line with a spinner
+for the single long steps (simulating a large run, writing its files, diagnosing,
+launching ranks). Neither shows when stdout is not a terminal (piped, redirected) or the
+command prints JSON (:func:`interactive`)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressBar", "Status", "interactive"]
+
+
+def interactive(json_output: bool = False) -> bool:
+    """Whether to show progress: stdout is a terminal and the command prints no JSON."""
+    return sys.stdout.isatty() and not json_output
+
+
+class Status:
+    """A status line with a spinner on stderr (:meth:`rich.console.Console.status`),
+    whose message :meth:`update` changes; prints nothing when disabled."""
+
+    def __init__(self, message: str, enabled: bool = True):
+        self.status = Console(stderr=True).status(message) if enabled else None
+
+    def __enter__(self) -> Status:
+        if self.status is not None:
+            self.status.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.status is not None:
+            self.status.stop()
+
+    def update(self, message: str) -> None:
+        if self.status is not None:
+            self.status.update(message)
 
 
 class ProgressBar:
