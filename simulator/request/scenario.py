@@ -211,6 +211,29 @@ class Scenario:
         return self._cluster
 
 
+# Values YAML reads as a plain int or a plain string, for which a search's thousands of
+# overrides skip the YAML parser: decimal integers without leading zeros (YAML 1.1
+# reads 012 as octal), and words that are not one of YAML's booleans or nulls.
+_PLAIN_INT = re.compile(r"-?(0|[1-9][0-9]*)")
+_PLAIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_YAML_WORDS = frozenset(
+    "yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF "
+    "null Null NULL".split()
+)
+
+
+def _read_value(text: str) -> Any:
+    """An override's value as YAML reads it (``tests/test_scenario.py`` holds the fast
+    paths to ``yaml.safe_load``)."""
+    if not text.strip():
+        return ""
+    if _PLAIN_INT.fullmatch(text):
+        return int(text)
+    if _PLAIN_WORD.fullmatch(text) and text not in _YAML_WORDS:
+        return text
+    return yaml.safe_load(text)
+
+
 def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
     """Apply ``key.path=value`` assignments (values read as YAML) to a copy of ``raw``."""
     result = copy.deepcopy(raw)
@@ -222,7 +245,7 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, An
         if not keys:
             raise ScenarioError(f"--set {assignment!r}: empty key path")
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
+            value = _read_value(text)
         except yaml.YAMLError as exc:
             raise ScenarioError(f"--set {path}: cannot read value {text!r}: {exc}") from None
         node = result

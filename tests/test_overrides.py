@@ -1,0 +1,65 @@
+"""``--set key.path=value``: values read as YAML, the plain ints and words without the
+YAML parser (:func:`simulator.request.scenario._read_value`), with the same result."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from simulator.common.errors import ScenarioError
+from simulator.request.scenario import _read_value, apply_overrides
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "8",
+        "0",
+        "-3",
+        "012",
+        "0x10",
+        "1_000",
+        "1e3",
+        "1.5",
+        ".inf",
+        "tp",
+        "zb-h1",
+        "flow",
+        "yes",
+        "No",
+        "ON",
+        "off",
+        "true",
+        "False",
+        "null",
+        "NULL",
+        "~",
+        "y",
+        "n",
+        "a b",
+        "[tp, dp, pp]",
+        "{experts: 4, top_k: 2}",
+        "'8'",
+        "80GB",
+        "12 GiB",
+        "-",
+        "_x",
+        "x:y",
+    ],
+)
+def test_a_value_reads_as_yaml_reads_it(text):
+    expected = yaml.safe_load(text)
+    value = _read_value(text)
+    assert value == expected and type(value) is type(expected)
+
+
+def test_overrides_set_nested_keys_on_a_copy():
+    raw = {"parallel": {"tp": 1}, "model": {"name": "m"}}
+    out = apply_overrides(raw, ["parallel.tp=8", "parallel.schedule=zb-h1", "model.moe.experts=4"])
+    assert out == {
+        "parallel": {"tp": 8, "schedule": "zb-h1"},
+        "model": {"name": "m", "moe": {"experts": 4}},
+    }
+    assert raw == {"parallel": {"tp": 1}, "model": {"name": "m"}}
+    with pytest.raises(ScenarioError, match="expected key.path=value"):
+        apply_overrides(raw, ["parallel.tp"])
