@@ -95,6 +95,8 @@ if split:
     write_run_outputs(run, tmp / 'split', title='bench')
     figure['outputs_s'] = time.perf_counter() - t
     figure['outputs_share'] = figure['outputs_s'] / (figure['simulate_s'] + figure['outputs_s'])
+import shutil
+shutil.rmtree(tmp, ignore_errors=True)
 """
 
 # name -> (python source run in a fresh process, printing one JSON line), target, unit
@@ -143,7 +145,8 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, cache=ResultCache(folder))\n"
         "t = time.perf_counter()\n"
         "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, cache=ResultCache(folder))\n"
-        "figure = {'command_s': time.perf_counter() - t, 'cached': out.timing_s['cached']}\n",
+        "figure = {'command_s': time.perf_counter() - t, 'cached': out.timing_s['cached']}\n"
+        "import shutil; shutil.rmtree(folder, ignore_errors=True)\n",
         2.0,
         "s",
     ),
