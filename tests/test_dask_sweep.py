@@ -91,3 +91,12 @@ def test_the_scheduler_comes_from_the_flag_or_the_environment(monkeypatch):
     assert scheduler_address("local") == "local"  # the flag wins
     with pytest.raises(ParasimError, match="--scheduler: expected 'local' or a scheduler"):
         scheduler_address("host:8786")
+
+
+def test_an_unreachable_scheduler_is_one_line(capsys, tmp_path):
+    from simulator.cli.main import main
+
+    argv = ["sweep", str(SCENARIOS / "small.yaml"), "--fix", "tp=2", "--no-cache"]
+    assert main([*argv, "--scheduler", "tcp://127.0.0.1:9", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("parasim: error: --scheduler: cannot reach")
