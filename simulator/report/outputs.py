@@ -7,7 +7,7 @@ from __future__ import annotations
 import gzip
 import shutil
 import tempfile
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -73,21 +73,20 @@ def write_run_outputs(
         if note and note not in run.result.warnings:
             run.result.warnings.append(note)
         trace = make_trace(run, ranks)
-    writers: dict[str, Callable[[Path], Any]] = {
-        "result": lambda path: write_json(path, run.result.to_json()),
-        "trace": lambda path: write_trace(trace, path),
-        "timeline": lambda path: write_atomically(
-            path, lambda tmp: write_timeline_html(trace, tmp, title=title)
-        ),
-        "report": lambda path: write_atomically(
-            path, lambda tmp: write_run_report(run, tmp, title=title, trace=trace)
-        ),
-    }
     paths = []
     for name, file_name in OUTPUTS.items():
-        if name in wanted:
-            written = writers[name](out / file_name)
-            paths.append(written if isinstance(written, Path) else out / file_name)
+        if name not in wanted:
+            continue
+        path = out / file_name
+        if name == "result":
+            write_json(path, run.result.to_json())
+        elif name == "trace":
+            path = write_trace(trace, path)  # .gz when large
+        elif name == "timeline":
+            write_atomically(path, lambda tmp: write_timeline_html(trace, tmp, title=title))
+        else:
+            write_atomically(path, lambda tmp: write_run_report(run, tmp, title=title, trace=trace))
+        paths.append(path)
     if wanted & {"timeline", "report"}:
         paths.append(out / PLOTLY_JS)
     if hta:

@@ -73,7 +73,6 @@ class ResultCache:
     def __init__(self, folder: str | Path | None):
         self.folder = Path(folder) if folder is not None else None
         self.hits = 0
-        self.misses = 0
 
     def key(
         self,
@@ -120,7 +119,6 @@ class ResultCache:
         try:
             value = json.loads(self._path(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            self.misses += 1
             return None
         self.hits += 1
         return value
