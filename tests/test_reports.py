@@ -477,3 +477,19 @@ def test_chrome_trace_reads_back_into_the_same_records():
         )
         assert record.start == pytest.approx(original.start, abs=1e-9)
         assert record.end == pytest.approx(original.end, abs=1e-9)
+
+
+@pytest.mark.parametrize("scenario", ["scenarios/small.yaml", "scenarios/pipeline-demo.yaml"])
+def test_the_timeline_s_unvalidated_bars_draw_the_validated_figure(scenario):
+    from simulator.report.timeline import timeline_figure
+    from simulator.request.scenario import load_scenario
+    from simulator.run.simulate import make_trace, run_scenario
+
+    trace = make_trace(run_scenario(load_scenario(scenario)))
+    pages = [
+        timeline_figure(trace, "t", zoom_detail=True, validate=v)[0].to_html(
+            include_plotlyjs=False, div_id="t"
+        )
+        for v in (True, False)
+    ]
+    assert pages[0] == pages[1]

@@ -106,6 +106,43 @@ def test_a_trace_over_the_limit_is_written_gzipped(analytic_run, tmp_path, monke
     assert gzip.decompress(zipped[0].read_bytes()) == plain[0].read_bytes()
 
 
+def test_a_gzipped_trace_is_the_same_bytes_each_time(analytic_run, tmp_path, monkeypatch):
+    import simulator.report.outputs
+
+    monkeypatch.setattr(simulator.report.outputs, "TRACE_GZIP_BYTES", 1000)
+    first = write_run_outputs(analytic_run, tmp_path / "a", title="x", outputs=["trace"])
+    again = write_run_outputs(analytic_run, tmp_path / "b", title="x", outputs=["trace"])
+    assert first[0].read_bytes() == again[0].read_bytes()  # no time stamp in the header
+
+
+def test_a_trace_written_in_a_forked_process_is_the_same_file(analytic_run, tmp_path, monkeypatch):
+    import simulator.report.outputs
+
+    here = write_run_outputs(analytic_run, tmp_path / "here", title="x")
+    monkeypatch.setattr(simulator.report.outputs, "FORK_TRACE_RECORDS", 0)
+    forked = write_run_outputs(analytic_run, tmp_path / "forked", title="x")
+    assert [p.name for p in forked] == [p.name for p in here]
+    for a, b in zip(here, forked, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    assert sorted(p.name for p in (tmp_path / "forked").iterdir()) == sorted(p.name for p in forked)
+
+
+def test_a_forked_trace_writer_s_failure_reaches_the_command(analytic_run, tmp_path, monkeypatch):
+    import simulator.report.outputs
+
+    def broken(trace, path, max_events=None, gzip_over=None):
+        Path(path).write_text('{"traceEvents": [')
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(simulator.report.outputs, "FORK_TRACE_RECORDS", 0)
+    monkeypatch.setattr(simulator.report.outputs, "write_chrome_trace", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_run_outputs(analytic_run, tmp_path, title="x")
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "trace.json" not in names and not any(n.startswith(".trace") for n in names)
+    assert "report.html" in names  # the others were written meanwhile
+
+
 def test_a_failed_report_leaves_no_partial_file(analytic_run, tmp_path, monkeypatch):
     import simulator.report.outputs
 

@@ -355,17 +355,22 @@ def test_the_fast_encoding_escapes_and_names_numbers_as_json_does():
     )
     bind = {"bind_id": 9, "flow_in": True}
     expected = _ENCODER.encode({**_complete_event(odd, 2), **bind})
-    assert _encode_complete(odd, 2, bind, {}) == expected
+    assert _encode_complete(odd, 2, bind) == expected
 
 
 def test_tags_equal_in_python_but_not_in_json_are_encoded_apart():
     from dataclasses import replace
 
     from simulator.analysis.trace import OpRecord
-    from simulator.report.chrome_trace import _ENCODER, _complete_event, _encode_complete
+    from simulator.report.chrome_trace import (
+        _ENCODER,
+        _complete_event,
+        _encode_complete,
+        _TextCache,
+    )
 
     base = OpRecord(0, 1, "compute", "compute", "gemm", "x", {}, 0.0, 0.0, 1e-3)
-    cache: dict = {}
+    cache = _TextCache()
     for value in (1, 1.0, True):
         rec = replace(base, tags={"layer": value})
         assert _encode_complete(rec, 1, None, cache) == _ENCODER.encode(_complete_event(rec, 1))

@@ -8,6 +8,7 @@ and peak utilisation — and :func:`utilisation_bins` into a fixed grid of time 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -62,8 +63,12 @@ def utilisation_bins(
     width = step_time / bins
     if width <= 0 or not series:
         return [0.0] * bins
-    times = np.clip(np.array([t for t, _ in series] + [step_time], dtype=float), 0.0, step_time)
-    rates = np.maximum(0.0, np.array([rate for _, rate in series], dtype=float))
+    # (instant, rate) rows; fromiter over the flattened pairs is several times faster
+    # than np.array on a list of tuples
+    flat = itertools.chain.from_iterable(series)
+    points = np.fromiter(flat, dtype=float, count=2 * len(series)).reshape(-1, 2)
+    times = np.clip(np.append(points[:, 0], step_time), 0.0, step_time)
+    rates = np.maximum(0.0, points[:, 1])
     carried = np.concatenate([[0.0], np.cumsum(rates * np.diff(times))])
     edges = np.minimum(np.arange(bins + 1) * width, step_time)
     return (np.diff(np.interp(edges, times, carried)) / (bandwidth * width)).tolist()

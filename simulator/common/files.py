@@ -18,8 +18,11 @@ from typing import Any
 __all__ = ["write_atomically", "write_json", "write_csv", "dumps_result"]
 
 
-def write_atomically(path: Path, write: Callable[[Path], Any]) -> Any:
-    """Call ``write(tmp_path)``, then move the temporary file to ``path``."""
+def write_atomically(
+    path: Path, write: Callable[[Path], Any], final: Callable[[Any], Path] | None = None
+) -> Any:
+    """Call ``write(tmp_path)``, then move the temporary file to ``path`` (or, with
+    ``final``, to ``final(outcome)``, the path the write's outcome chooses)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(handle)
@@ -29,7 +32,7 @@ def write_atomically(path: Path, write: Callable[[Path], Any]) -> Any:
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file normal permissions
     try:
         outcome = write(tmp)
-        os.replace(tmp, path)
+        os.replace(tmp, path if final is None else final(outcome))
         return outcome
     finally:
         if tmp.exists():

@@ -40,6 +40,8 @@ more, a representative subset of ranks is kept (see :func:`select_ranks`) and
 
 from __future__ import annotations
 
+import gzip
+import io
 import itertools
 import json
 import math
@@ -221,9 +223,12 @@ def _p2p_key(rec: OpRecord, src: int, dst: int) -> tuple[Any, ...]:
     return (src, dst, repr(tags.get("microbatch")), repr(tags.get("phase")))
 
 
-def _flow_events(
-    records: Sequence[OpRecord], tids: Mapping[str, int]
-) -> tuple[list[dict[str, Any]], int]:
+#: One send-to-recv arrow: its category, then the send's rank, thread and instant (µs),
+#: then the recv's; arrow ``i`` of a list has the flow id ``i + 1``.
+_Flow = tuple[str, int, int, float, int, int, float]
+
+
+def _flow_arrows(records: Sequence[OpRecord], tids: Mapping[str, int]) -> tuple[list[_Flow], int]:
     """Flow arrows from each send to its matching recv, and the number left unmatched."""
     sends: dict[tuple[Any, ...], list[tuple[int, int, OpRecord]]] = defaultdict(list)
     recvs: dict[tuple[Any, ...], list[tuple[int, int, OpRecord]]] = defaultdict(list)
@@ -235,36 +240,46 @@ def _flow_events(
         elif rec.op == "recv":
             recvs[_p2p_key(rec, rec.peer, rec.rank)].append((rec.op_id, i, rec))
 
-    events: list[dict[str, Any]] = []
+    arrows: list[_Flow] = []
     unmatched = 0
-    flow_id = 0
+    none: list[tuple[int, int, OpRecord]] = []
     for key in sorted(sends.keys() | recvs.keys()):
-        out = sorted(sends.get(key, []), key=lambda t: (t[0], t[1]))
-        inc = sorted(recvs.get(key, []), key=lambda t: (t[0], t[1]))
-        unmatched += abs(len(out) - len(inc))
+        out = sends.get(key, none)
+        inc = recvs.get(key, none)
+        if len(out) != 1 or len(inc) != 1:  # one of each is the rule: nothing to order
+            unmatched += abs(len(out) - len(inc))
+            out = sorted(out, key=lambda t: (t[0], t[1]))
+            inc = sorted(inc, key=lambda t: (t[0], t[1]))
         for (_, _, snd), (_, _, rcv) in zip(out, inc, strict=False):
-            flow_id += 1
-            common = {"name": "p2p", "cat": category_of(snd), "id": flow_id}
-            events.append(
-                {
-                    **common,
-                    "ph": "s",
-                    "pid": int(snd.rank),
-                    "tid": tids[snd.stream],
-                    "ts": _mid_us(snd),
-                }
+            arrows.append(
+                (
+                    category_of(snd),
+                    int(snd.rank),
+                    tids[snd.stream],
+                    _mid_us(snd),
+                    int(rcv.rank),
+                    tids[rcv.stream],
+                    _mid_us(rcv),
+                )
             )
-            events.append(
-                {
-                    **common,
-                    "ph": "f",
-                    "bp": "e",
-                    "pid": int(rcv.rank),
-                    "tid": tids[rcv.stream],
-                    "ts": _mid_us(rcv),
-                }
-            )
-    return events, unmatched
+    return arrows, unmatched
+
+
+def _flow_events(arrows: Iterable[_Flow]) -> Iterator[dict[str, Any]]:
+    """The flow event pairs (``"ph": "s"`` on the send, ``"f"`` on the recv) of
+    ``arrows``, as dicts."""
+    for flow_id, (cat, src, src_tid, src_ts, dst, dst_tid, dst_ts) in enumerate(arrows, 1):
+        common = {"name": "p2p", "cat": cat, "id": flow_id}
+        yield {**common, "ph": "s", "pid": src, "tid": src_tid, "ts": src_ts}
+        yield {**common, "ph": "f", "bp": "e", "pid": dst, "tid": dst_tid, "ts": dst_ts}
+
+
+def _flow_texts(arrows: Iterable[_Flow]) -> Iterator[str]:
+    """:func:`_flow_events`, each already encoded as ``_ENCODER`` would encode it."""
+    for flow_id, (cat, src, src_tid, src_ts, dst, dst_tid, dst_ts) in enumerate(arrows, 1):
+        common = f'"cat":{_string(cat)},"id":{flow_id},"name":"p2p","ph":'
+        yield f'{{{common}"s","pid":{src},"tid":{src_tid},"ts":{_number(src_ts)}}}'
+        yield f'{{"bp":"e",{common}"f","pid":{dst},"tid":{dst_tid},"ts":{_number(dst_ts)}}}'
 
 
 def _group_order(
@@ -373,7 +388,7 @@ class _Plan:
         self.gpus_per_node = int(gpus_per_node) if gpus_per_node else None
         self.lanes = lanes
         self.metadata = _metadata_events(lanes, self.tids, self.gpus_per_node)
-        self.flows, unmatched = _flow_events(self.records, self.tids)
+        self.arrows, unmatched = _flow_arrows(self.records, self.tids)
         self.binds = _collective_binds(trace.records, self.records)
         self.ranks = sorted(lanes)
         self.world_size = _world_size(trace)
@@ -399,9 +414,9 @@ class _Plan:
         """:meth:`op_events`, each already encoded as ``_ENCODER`` would encode it
         (:func:`_encode_complete`): the writer's hot loop."""
         tids, binds = self.tids, self.binds
-        tags_text: dict[Any, str] = {}
+        cache = _TextCache()
         for i, rec in enumerate(self.records):
-            yield _encode_complete(rec, tids[rec.stream], binds.get(i), tags_text)
+            yield _encode_complete(rec, tids[rec.stream], binds.get(i), cache)
 
 
 def chrome_trace_events(trace: Trace, max_events: int | None = None) -> dict[str, Any]:
@@ -410,7 +425,7 @@ def chrome_trace_events(trace: Trace, max_events: int | None = None) -> dict[str
     ``max_events`` caps the number of op events (``None`` keeps every op).
     """
     plan = _Plan(trace, max_events)
-    events = [*plan.metadata, *plan.op_events(), *plan.flows]
+    events = [*plan.metadata, *plan.op_events(), *_flow_events(plan.arrows)]
     return {
         "distributedInfo": plan.distributed,
         "traceEvents": events,
@@ -432,105 +447,200 @@ def _number(value: float) -> str:
     return repr(value)
 
 
+_SPECIAL_NUMBERS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _tags_text(tags: dict[str, Any]) -> str:
+    """``_ENCODER.encode(tags)``, written out directly for the usual flat tags (string
+    keys; int, string or float values)."""
+    parts = []
+    try:
+        keys = sorted(tags)
+    except TypeError:  # keys of mixed types
+        return _ENCODER.encode(tags)
+    for key in keys:
+        value = tags[key]
+        kind = type(value)
+        if type(key) is not str:
+            return _ENCODER.encode(tags)
+        if kind is int:
+            parts.append(f"{_string(key)}:{int.__repr__(value)}")
+        elif kind is str:
+            parts.append(f"{_string(key)}:{_string(value)}")
+        elif kind is float:
+            parts.append(f"{_string(key)}:{_number(value)}")
+        else:
+            return _ENCODER.encode(tags)
+    return "{" + ",".join(parts) + "}"
+
+
+class _TextCache:
+    """What one writer has already encoded: each tags dict (by identity, kept alive
+    here so that no other dict takes its id) and each byte or FLOP count."""
+
+    __slots__ = ("tags", "numbers")
+
+    def __init__(self) -> None:
+        self.tags: dict[int, tuple[dict[str, Any], str]] = {}
+        self.numbers: dict[float, str] = {}
+
+
 def _encode_complete(
-    rec: OpRecord, tid: int, bind: dict[str, Any] | None, tags_text: dict[Any, str]
+    rec: OpRecord, tid: int, bind: dict[str, Any] | None, cache: _TextCache | None = None
 ) -> str:
     """``_ENCODER.encode`` of :func:`_complete_event` (with ``bind``'s fields), written
-    out key by key in sorted order: about four times faster, byte for byte the same
-    (``tests/test_trace_format.py`` holds them equal). ``tags_text`` caches the
-    encoding of each distinct set of tags (keys in order, and values)."""
-    ts = _us(rec.start)
-    ready = _us(rec.ready)
-    try:  # most ops share their tags' values with many others: encode each set once
-        # with each value's type: 1, 1.0 and True are equal keys but encode apart
-        key: Any = tuple((k, v, type(v)) for k, v in rec.tags.items())
-        tags = tags_text.get(key)
-    except TypeError:  # an unhashable value
-        key, tags = None, None
-    if tags is None:
-        tags = _ENCODER.encode(rec.tags)
-        if key is not None:
-            tags_text[key] = tags
-    args = [
-        f'"bytes":{_number(float(rec.bytes))}',
-        f'"flops":{_number(float(rec.flops))}',
-    ]
+    out key by key in sorted order: several times faster, byte for byte the same
+    (``tests/test_trace_format.py`` holds them equal). ``cache`` carries what earlier
+    calls of one writer encoded."""
+    if cache is None:
+        cache = _TextCache()
+    start = rec.start
+    ts = round(start * 1e6, 3)
+    ts_text = repr(ts)
+    if ts_text in _SPECIAL_NUMBERS:
+        ts_text = _SPECIAL_NUMBERS[ts_text]
+    if rec.ready == start and ts - ts == 0.0:  # issued as it began (and finite): waited 0
+        ready_text, wait_text = ts_text, "0.0"
+    else:
+        ready = round(rec.ready * 1e6, 3)
+        ready_text = _number(ready)
+        wait_text = _number(round(ts - ready, 3))
+    end = rec.end
+    duration_text = "0.0" if end == start else _number(max(0.0, round(round(end * 1e6, 3) - ts, 3)))
+    tags = rec.tags
+    known = cache.tags.get(id(tags))
+    if known is not None and known[0] is tags:
+        tags_text = known[1]
+    else:
+        tags_text = _tags_text(tags)
+        cache.tags[id(tags)] = (tags, tags_text)
+    numbers = cache.numbers
+    size_text = numbers.get(rec.bytes)
+    if size_text is None:
+        size_text = numbers[rec.bytes] = _number(float(rec.bytes))
+    flops_text = numbers.get(rec.flops)
+    if flops_text is None:
+        flops_text = numbers[rec.flops] = _number(float(rec.flops))
+    args = f'{{"args":{{"bytes":{size_text},"flops":{flops_text}'
     if rec.group is not None:
-        args.append(f'"group":{_ENCODER.encode(rec.group)}')
-    args += [
-        f'"kind":{_string(rec.kind)}',
-        f'"label":{_string(rec.label)}',
-        f'"op":{_string(rec.op)}',
-        f'"op_id":{int(rec.op_id)}',
-    ]
-    if rec.peer is not None:
-        args.append(f'"peer":{_ENCODER.encode(rec.peer)}')
-    args += [
-        f'"ready_us":{_number(ready)}',
-        f'"tags":{tags}',
-        f'"wait_us":{_number(round(ts - ready, 3))}',
-    ]
-    head = '{"args":{' + ",".join(args) + "}"
-    if bind is not None:
-        head += f',"bind_id":{int(bind["bind_id"])}'
-    head += (
-        f',"cat":{_string(category_of(rec))},"dur":{_number(max(0.0, round(_us(rec.end) - ts, 3)))}'
+        args += f',"group":{_ENCODER.encode(rec.group)}'
+    args += (
+        f',"kind":{_string(rec.kind)},"label":{_string(rec.label)},"op":{_string(rec.op)}'
+        f',"op_id":{int(rec.op_id)}'
     )
+    peer = rec.peer
+    if peer is not None:
+        args += f',"peer":{int.__repr__(peer) if type(peer) is int else _ENCODER.encode(peer)}'
+    args += f',"ready_us":{ready_text},"tags":{tags_text},"wait_us":{wait_text}}}'
+    if bind is not None:
+        args += f',"bind_id":{int(bind["bind_id"])}'
+    args += f',"cat":{_string(category_of(rec))},"dur":{duration_text}'
     if bind is not None:
         if bind.get("flow_in"):
-            head += ',"flow_in":true'
+            args += ',"flow_in":true'
         if bind.get("flow_out"):
-            head += ',"flow_out":true'
+            args += ',"flow_out":true'
     return (
-        head
-        + f',"name":{_string(_op_name(rec))},"ph":"X","pid":{int(rec.rank)},"tid":{int(tid)},'
-        + f'"ts":{_number(ts)}}}'
+        f'{args},"name":{_string(_op_name(rec))},"ph":"X","pid":{int(rec.rank)},'
+        f'"tid":{int(tid)},"ts":{ts_text}}}'
     )
 
 
 _CHUNK = 20000
 
 
+class _SpillingSink:
+    """The text of one file, written plain unless it grows past ``limit`` characters:
+    then the rest streams through gzip (level 1: fast, and event JSON compresses about
+    tenfold; no time stamp in the header, so equal traces give equal bytes). Until the
+    limit is passed the text is held in memory, so at most ``limit`` characters are."""
+
+    def __init__(self, path: str | Path, limit: int | None) -> None:
+        self.path, self.limit = Path(path), limit
+        self.held: list[str] = []
+        self.size = 0
+        self.file: Any = open(self.path, "w", encoding="utf-8") if limit is None else None
+        self.raw: Any = None
+
+    @property
+    def gzipped(self) -> bool:
+        return self.raw is not None
+
+    def write(self, text: str) -> None:
+        if self.file is not None:
+            self.file.write(text)
+            return
+        self.held.append(text)
+        self.size += len(text)
+        if self.limit is not None and self.size > self.limit:
+            self.raw = open(self.path, "wb")
+            zipped = gzip.GzipFile(
+                filename="", mode="wb", fileobj=self.raw, compresslevel=1, mtime=0
+            )
+            self.file = io.TextIOWrapper(zipped, encoding="utf-8")
+            self.file.write("".join(self.held))
+            self.held = []
+
+    def close(self) -> None:
+        if self.file is None:  # under the limit: written plain, in one go
+            self.path.write_text("".join(self.held), encoding="utf-8")
+            return
+        self.file.close()
+        if self.raw is not None:
+            self.raw.close()
+
+
 def _write_document(
     path: str | Path,
     distributed: dict[str, Any],
     other: dict[str, Any],
-    events: Iterable[dict[str, Any]],
-) -> None:
-    """Write one trace document, one event per line. ``distributedInfo`` comes first,
-    on its own line and with a space after each colon: HTA finds a file's rank by
-    searching the first lines for ``"rank": <n>`` before it parses anything."""
+    events: Iterable[dict[str, Any] | str],
+    gzip_over: int | None = None,
+) -> bool:
+    """Write one trace document, one event per line; past ``gzip_over`` characters,
+    gzipped (:class:`_SpillingSink`). Returns whether it was. ``distributedInfo`` comes
+    first, on its own line and with a space after each colon: HTA finds a file's rank
+    by searching the first lines for ``"rank": <n>`` before it parses anything."""
     encode = _ENCODER.encode
     events = iter(events)
 
     def text(event: dict[str, Any] | str) -> str:
         return event if isinstance(event, str) else encode(event)
 
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write('{"distributedInfo": ')
-        fh.write(json.dumps(distributed, sort_keys=True))
-        fh.write(',\n"displayTimeUnit":"ms",\n"otherData":')
-        fh.write(encode(other))
-        fh.write(',\n"traceEvents":[\n')
+    sink = _SpillingSink(path, gzip_over)
+    try:
+        sink.write('{"distributedInfo": ')
+        sink.write(json.dumps(distributed, sort_keys=True))
+        sink.write(',\n"displayTimeUnit":"ms",\n"otherData":')
+        sink.write(encode(other))
+        sink.write(',\n"traceEvents":[\n')
         first = True
         while chunk := list(itertools.islice(events, _CHUNK)):
             if not first:
-                fh.write(",\n")
-            fh.write(",\n".join(map(text, chunk)))
+                sink.write(",\n")
+            sink.write(",\n".join(map(text, chunk)))
             first = False
-        fh.write("\n]}\n")
+        sink.write("\n]}\n")
+    finally:
+        sink.close()
+    return sink.gzipped
 
 
-def write_chrome_trace(trace: Trace, path: str | Path, max_events: int | None = None) -> None:
+def write_chrome_trace(
+    trace: Trace, path: str | Path, max_events: int | None = None, gzip_over: int | None = None
+) -> bool:
     """Write ``trace`` as a Chrome trace JSON file at ``path``, one event per line.
 
     Open it in https://ui.perfetto.dev or chrome://tracing. Events are encoded as they
     are made, so memory stays small for large traces; the same trace always gives a
-    byte-identical file. ``max_events`` caps the number of op events.
+    byte-identical file. ``max_events`` caps the number of op events. With
+    ``gzip_over``, a file that would be larger than that many bytes is written gzipped
+    instead (which Perfetto and chrome://tracing open as it is); the return value says
+    whether it was.
     """
     plan = _Plan(trace, max_events)
-    events = itertools.chain(plan.metadata, plan.op_event_texts(), plan.flows)
-    _write_document(path, plan.distributed, plan.other, events)
+    events = itertools.chain(plan.metadata, plan.op_event_texts(), _flow_texts(plan.arrows))
+    return _write_document(path, plan.distributed, plan.other, events, gzip_over)
 
 
 def rank_trace_name(rank: int) -> str:

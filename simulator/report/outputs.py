@@ -4,7 +4,6 @@ written atomically (:mod:`simulator.common.files`)."""
 
 from __future__ import annotations
 
-import gzip
 import shutil
 import tempfile
 from collections.abc import Collection
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.common.files import write_atomically, write_json
+from simulator.common.forked import start_forked
 from simulator.report import write_chrome_trace, write_run_report, write_timeline_html
 from simulator.report.chrome_trace import write_rank_traces
 from simulator.report.images import export_figures
@@ -73,20 +73,33 @@ def write_run_outputs(
         if note and note not in run.result.warnings:
             run.result.warnings.append(note)
         trace = make_trace(run, ranks)
+    # the trace file, the largest, is written by a second process on a second core
+    # while this one writes the others (start_forked runs it here where it cannot)
+    trace_file = None
+    if "trace" in wanted:
+        trace_file = start_forked(
+            lambda: write_trace(trace, out / OUTPUTS["trace"]),  # .gz when large
+            fork=len(trace.records) >= FORK_TRACE_RECORDS,
+        )
     paths = []
-    for name, file_name in OUTPUTS.items():
-        if name not in wanted:
-            continue
-        path = out / file_name
-        if name == "result":
-            write_json(path, run.result.to_json())
-        elif name == "trace":
-            path = write_trace(trace, path)  # .gz when large
-        elif name == "timeline":
-            write_atomically(path, lambda tmp: write_timeline_html(trace, tmp, title=title))
-        else:
-            write_atomically(path, lambda tmp: write_run_report(run, tmp, title=title, trace=trace))
-        paths.append(path)
+    try:
+        for name, file_name in OUTPUTS.items():
+            if name not in wanted:
+                continue
+            path = out / file_name
+            if name == "result":
+                write_json(path, run.result.to_json())
+            elif name == "timeline":
+                write_atomically(path, lambda tmp: write_timeline_html(trace, tmp, title=title))
+            elif name == "report":
+                write_atomically(
+                    path, lambda tmp: write_run_report(run, tmp, title=title, trace=trace)
+                )
+            paths.append(path)  # the trace's, until it is written: trace.json or .gz
+    finally:
+        if trace_file is not None:  # waited for even when a page failed
+            trace_path = trace_file.result()
+            paths = [trace_path if p.name == OUTPUTS["trace"] else p for p in paths]
     if wanted & {"timeline", "report"}:
         paths.append(out / PLOTLY_JS)
     if hta:
@@ -96,6 +109,10 @@ def write_run_outputs(
     return paths
 
 
+#: A trace of at least this many op records is written in a forked process beside the
+#: other files; below it, the fork (a few milliseconds) would cost more than it saves.
+FORK_TRACE_RECORDS = 20_000
+
 #: A trace file larger than this is written gzipped (``trace.json.gz``, which Perfetto
 #: and chrome://tracing open as it is): 20 MB, so that no output is larger by default.
 TRACE_GZIP_BYTES = 20_000_000
@@ -103,21 +120,17 @@ TRACE_GZIP_BYTES = 20_000_000
 
 def write_trace(trace: Any, path: Path) -> Path:
     """Write the Chrome trace of ``trace`` at ``path``, atomically; when it is larger
-    than :data:`TRACE_GZIP_BYTES`, as ``<path>.gz`` instead (gzip level 1: fast, and
-    event JSON compresses about tenfold). Returns the path written."""
-    write_atomically(path, lambda tmp: write_chrome_trace(trace, tmp))
+    than :data:`TRACE_GZIP_BYTES`, as ``<path>.gz`` instead, compressed as it is
+    written. The other of the two files, left by an earlier run, is removed. Returns
+    the path written."""
     zipped = path.with_name(path.name + ".gz")
-    if path.stat().st_size <= TRACE_GZIP_BYTES:
-        zipped.unlink(missing_ok=True)
-        return path
-
-    def compress(tmp: Path) -> None:
-        with open(path, "rb") as source, gzip.open(tmp, "wb", compresslevel=1) as sink:
-            shutil.copyfileobj(source, sink, 1 << 20)
-
-    write_atomically(zipped, compress)
-    path.unlink()
-    return zipped
+    written = write_atomically(
+        path,
+        lambda tmp: zipped if write_chrome_trace(trace, tmp, gzip_over=TRACE_GZIP_BYTES) else path,
+        final=lambda chosen: chosen,
+    )
+    (path if written == zipped else zipped).unlink(missing_ok=True)
+    return written
 
 
 def write_rank_folder(trace: Any, folder: Path) -> Path:

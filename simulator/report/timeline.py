@@ -495,7 +495,11 @@ def _idle_bars(
 
 
 def timeline_figure(
-    trace: Trace, title: str, max_bars: int = 30000, zoom_detail: bool = False
+    trace: Trace,
+    title: str,
+    max_bars: int = 30000,
+    zoom_detail: bool = False,
+    validate: bool = False,
 ) -> tuple[go.Figure, dict[str, Any]]:
     """The Gantt chart of ``trace`` and a summary: ``ranks_shown``, ``ranks_total``,
     ``bars``, ``bars_total``, ``lanes``, ``categories``, ``capped``, ``truncated`` and
@@ -504,7 +508,8 @@ def timeline_figure(
     With ``zoom_detail``, when more than touching ops were merged, the summary's
     ``detail`` holds the drawn ranks' ops one by one (per trace: start and length in
     ms, lane and label, sorted by lane and time) for a page script to draw when zoomed
-    in (:func:`write_timeline_html`)."""
+    in (:func:`write_timeline_html`). With ``validate``, plotly checks the bars too
+    (the same figure, several times slower for a large trace)."""
     shown, info = fit_trace(trace, max_bars)
     records = shown.records
     exact = info.pop("exact")
@@ -534,6 +539,9 @@ def timeline_figure(
     exact.sort(key=lambda r: (lane_of[(r.rank, r.stream)], r.start))
     exact_bars = _op_columns(exact, lane_of, lane_names, compact=True) if exact else {}
     exact_idle = _idle_bars(trace, lane_of, compact=True) if exact else {}
+    # the bars are built unvalidated (``validate``): plotly's checks of their long
+    # arrays cost more than drawing them, and the page is the same either way
+    # (tests/test_reports.py holds them equal)
     fig = go.Figure()
     categories = [cat for cat in CATEGORY_COLORS if cat in bars or cat in exact_bars]
     detail: list[dict[str, Any]] = []
@@ -558,6 +566,7 @@ def timeline_figure(
                 },
                 hovertext=col["text"],
                 hovertemplate="%{hovertext}<extra></extra>",
+                _validate=validate,
             )
         )
     idle_categories = [cat for cat in IDLE_COLORS if cat in idle or cat in exact_idle]
@@ -582,11 +591,20 @@ def timeline_figure(
                 },
                 hovertext=col["text"],
                 hovertemplate="%{hovertext}<extra></extra>",
+                _validate=validate,
             )
         )
     # an axis at the bottom too: an empty trace on a second x axis that follows the first
     fig.add_trace(
-        go.Scatter(x=[None], y=[None], xaxis="x2", showlegend=False, hoverinfo="skip", name="axis")
+        go.Scatter(
+            x=[None],
+            y=[None],
+            xaxis="x2",
+            showlegend=False,
+            hoverinfo="skip",
+            name="axis",
+            _validate=validate,
+        )
     )
     if detail:
         info["detail"] = {

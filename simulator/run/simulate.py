@@ -160,6 +160,11 @@ def representative_ranks(scenario: Scenario, critical_rank: int) -> list[int]:
     return sorted(ranks)
 
 
+#: The op types whose records name their own kind (gemm, all_reduce...); a send or a
+#: recv is its own kind.
+_KINDED = frozenset({"compute", "collective", "block"})
+
+
 def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
     """The Trace of the simulated step, for ``ranks`` (all when None). Blocks are shown
     op by op when that keeps the trace within ``FULL_TRACE_OP_LIMIT`` ops, and as one
@@ -179,26 +184,28 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
         ready, start, end = times.ready[rank], times.start[rank], times.end[rank]
         first = len(records)  # expanded bodies renumber the rank's ops in program order
         for op in schedule.programs[rank].ops:
-            if expand and type(op) is Block:
+            kind_of_op = type(op)
+            if expand and kind_of_op is Block:
                 body = _body_records(rank, op, start[op.id], times.blocks(op), len(records) - first)
                 records += body
                 continue
-            records.append(
+            i = op.id
+            records.append(  # positional, in OpRecord's field order: the hot loop of a trace
                 OpRecord(
-                    rank=rank,
-                    op_id=len(records) - first if expand else op.id,
-                    stream=op.stream,
-                    op="compute" if type(op) is Block else op.type,
-                    kind=op.kind if op.type in ("compute", "collective", "block") else op.type,
-                    label=op.label,
-                    tags=op.tags,
-                    ready=ready[op.id],
-                    start=start[op.id],
-                    end=end[op.id],
-                    bytes=op.bytes,
-                    flops=op.flops if type(op) in (Compute, Block) else 0.0,
-                    group=getattr(op, "group", None),
-                    peer=getattr(op, "peer", None),
+                    rank,
+                    len(records) - first if expand else i,
+                    op.stream,
+                    "compute" if kind_of_op is Block else op.type,
+                    op.kind if op.type in _KINDED else op.type,
+                    op.label,
+                    op.tags,
+                    ready[i],
+                    start[i],
+                    end[i],
+                    op.bytes,
+                    op.flops if kind_of_op is Compute or kind_of_op is Block else 0.0,
+                    getattr(op, "group", None),
+                    getattr(op, "peer", None),
                 )
             )
     layout = run.scenario.layout
@@ -227,6 +234,7 @@ def idle_intervals(run: RunResult, ranks: list[int]) -> dict[str, list[list]]:
     schedule, times = run.schedule, run.times
     pipelined = run.scenario.layout.pp > 1
     idle: dict[str, list[list]] = {}
+    bodies: dict[int, tuple] = {}  # a block body's accounting, shared by the ranks
     for rank in ranks:
         intervals: list[tuple[str, float, float]] = []
         account_rank(
@@ -237,6 +245,7 @@ def idle_intervals(run: RunResult, ranks: list[int]) -> dict[str, list[list]]:
             times.step_time,
             pipelined,
             blocks=times.blocks,
+            _bodies=bodies,
             intervals=intervals,
         )
         idle[str(rank)] = [

@@ -1,0 +1,93 @@
+"""Run a piece of work in a forked child process while this one goes on.
+
+A run's output files are independent once its trace is built: the largest of them,
+``trace.json``, can be written by a child process (which sees the trace through the
+fork, copied only where written) while the parent writes the timeline and the report
+on another core. :func:`start_forked` forks only where that helps and is safe: on a
+POSIX system with more than one usable core; elsewhere it runs the work at once, in
+this process, so callers need no second path.
+
+The child sends back the work's return value, or the exception it raised, through a
+pipe, and leaves with ``os._exit`` (no ``atexit`` handlers, no second flush of the
+parent's buffers). :meth:`Forked.result` waits for it and returns or raises as the work
+did; an interrupted child (Ctrl-C reaches the whole process group) raises there too.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Forked", "start_forked", "usable_cores"]
+
+T = TypeVar("T")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class Forked(Generic[T]):
+    """Work started by :func:`start_forked`: in a child process, or already done."""
+
+    def __init__(self, pid: int | None, pipe: int | None, done: tuple[bool, Any]) -> None:
+        self._pid, self._pipe, self._done = pid, pipe, done
+
+    def result(self) -> T:
+        """Wait for the work and return its value, or raise its exception."""
+        if self._pid is not None:
+            self._done = self._collect()
+        ok, value = self._done
+        if not ok:
+            raise value
+        return value
+
+    def _collect(self) -> tuple[bool, Any]:
+        assert self._pid is not None and self._pipe is not None
+        chunks = []
+        with os.fdopen(self._pipe, "rb") as pipe:
+            while chunk := pipe.read(1 << 16):
+                chunks.append(chunk)
+        _, status = os.waitpid(self._pid, 0)
+        self._pid = self._pipe = None
+        try:
+            return pickle.loads(b"".join(chunks))
+        except Exception:  # noqa: BLE001  (nothing, or a torn message: the child died)
+            code = os.waitstatus_to_exitcode(status)
+            return False, RuntimeError(f"a forked writer ended with status {code}")
+
+
+def start_forked(work: Callable[[], T], fork: bool = True) -> Forked[T]:
+    """Start ``work`` in a forked child and return at once; with ``fork`` false, on a
+    single core or where the system cannot fork, run it here first."""
+    if not fork or not hasattr(os, "fork") or usable_cores() < 2:
+        try:
+            return Forked(None, None, (True, work()))
+        except Exception as error:  # noqa: BLE001  (raised again by result())
+            return Forked(None, None, (False, error))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid:  # the parent
+        os.close(write)
+        return Forked(pid, read, (False, None))
+    os.close(read)  # the child: do the work, say how it went, leave
+    code = 0
+    try:
+        try:
+            message = pickle.dumps((True, work()))
+        except BaseException as error:  # noqa: BLE001  (the parent raises it)
+            code = 1
+            try:
+                message = pickle.dumps((False, error))
+            except Exception:  # noqa: BLE001  (an exception that does not pickle)
+                message = pickle.dumps((False, RuntimeError(f"{type(error).__name__}: {error}")))
+        with os.fdopen(write, "wb") as pipe:
+            pipe.write(message)
+    finally:
+        os._exit(code)

@@ -1,0 +1,54 @@
+"""``start_forked``: work in a forked child, its value or its exception returned."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from simulator.common.forked import start_forked, usable_cores
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or usable_cores() < 2, reason="needs fork, 2 cores")
+def test_forked_work_runs_in_a_child_and_returns_its_value():
+    assert start_forked(_pid).result() != os.getpid()
+    assert start_forked(lambda: {"answer": [42]}).result() == {"answer": [42]}
+
+
+def test_unforked_work_runs_here():
+    assert start_forked(_pid, fork=False).result() == os.getpid()
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_the_work_s_exception_is_raised_by_result(fork):
+    def fails():
+        raise ValueError("bad field: x = 3")
+
+    handle = start_forked(fails, fork=fork)
+    with pytest.raises(ValueError, match="bad field: x = 3"):
+        handle.result()
+
+
+def test_an_exception_that_does_not_pickle_still_says_what_it_was():
+    class Local(Exception):  # a local class: pickle cannot find it by name
+        pass
+
+    def fails():
+        raise Local("lost in transit")
+
+    with pytest.raises(Exception, match="lost in transit"):
+        start_forked(fails).result()
+
+
+def test_a_child_that_dies_is_reported():
+    def dies():
+        os._exit(3)
+
+    if not hasattr(os, "fork") or usable_cores() < 2:
+        pytest.skip("needs fork, 2 cores")
+    with pytest.raises(RuntimeError, match="status 3"):
+        start_forked(dies).result()
