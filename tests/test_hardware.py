@@ -499,3 +499,31 @@ def test_ctrl_c_during_a_replay_ends_it_in_one_line_with_no_process_left(tmp_pat
     assert _tree(proc.pid, started) == set(), "no rank outlives the command"
     assert not (tmp_path / "m").exists()  # nothing half-written where the results go
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_a_replay_on_a_terminal_shows_what_it_is_doing(tmp_path):
+    """On a terminal, ``parasim replay`` shows a status line while its ranks work (and
+    clears it), and still writes its folder."""
+    import pty
+
+    out = tmp_path / "measured"
+    command = [sys.executable, "-m", "simulator.cli.entry", "replay", SCENARIO, "--out", str(out)]
+    command += ["--steps", "2", "--warmup", "1", "--backend", "gloo"]
+    command += [f"--set={o}" for o in TINY + LAYOUTS["dp"]]
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(command, stdout=follower, stderr=follower, cwd=ROOT)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")
+    text = seen.decode(errors="replace")
+    assert "replaying cpu-tiny on 2 ranks (gloo)" in text
+    assert f"wrote {out}" in text and (out / "result.json").exists()

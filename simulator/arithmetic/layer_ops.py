@@ -253,6 +253,14 @@ def mlp_forward_ops(
     ]
 
 
+#: :func:`layer_forward_ops` by the model's field values and the other arguments: a
+#: sweep asks for the same few layers thousands of times (every candidate's memory,
+#: parameter counts and schedule start from them). Cleared when it grows past
+#: :data:`_OPS_CACHE_SIZE` entries.
+_OPS_CACHE: dict[tuple, list[OpCost]] = {}
+_OPS_CACHE_SIZE = 1024
+
+
 def layer_forward_ops(
     model: ModelSpec,
     micro_batch: int,
@@ -262,6 +270,42 @@ def layer_forward_ops(
     cp: int = 1,
     cp_kind: str = "ring",
     fp8: bool = False,
+) -> list[OpCost]:
+    """The forward ops of one transformer layer on one TP rank, in execution order
+    (:func:`_layer_forward_ops`, remembered: the same arguments give equal ops)."""
+    try:  # the model's values as they are now (a model changed since is another key)
+        key: tuple | None = (
+            type(model),
+            tuple(model.__dict__.values()),
+            micro_batch,
+            tp,
+            sp,
+            attention,
+            cp,
+            cp_kind,
+            fp8,
+        )
+        ops = _OPS_CACHE.get(key)
+    except TypeError:  # a value that does not hash
+        key, ops = None, None
+    if ops is None:
+        ops = _layer_forward_ops(model, micro_batch, tp, sp, attention, cp, cp_kind, fp8)
+        if key is not None:
+            if len(_OPS_CACHE) >= _OPS_CACHE_SIZE:
+                _OPS_CACHE.clear()
+            _OPS_CACHE[key] = ops
+    return list(ops)  # the ops are frozen; the list is the caller's
+
+
+def _layer_forward_ops(
+    model: ModelSpec,
+    micro_batch: int,
+    tp: int,
+    sp: bool,
+    attention: str,
+    cp: int,
+    cp_kind: str,
+    fp8: bool,
 ) -> list[OpCost]:
     """The forward ops of one transformer layer on one TP rank, in execution order.
 

@@ -47,7 +47,7 @@ def command(args: argparse.Namespace) -> int:
     from simulator.common.folders import check_folder
     from simulator.request.scenario import load_scenario
 
-    launch = launcher()
+    launch = launcher("calibrating")
     if args.out.is_dir():
         raise ParasimError(f"--out: {args.out} is a folder; calibrate writes one profile file")
     check_folder(args.out.parent)

@@ -28,15 +28,27 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def launcher() -> Callable[..., Any]:
-    """:func:`hardware.launch.launch_local`, or a one-line error when torch is missing."""
+def launcher(doing: str) -> Callable[..., Any]:
+    """:func:`hardware.launch.launch_local`, or a one-line error when torch is missing.
+
+    On a terminal (:func:`~simulator.report.progress.interactive`) the launch shows a
+    status line, ``<doing> on <n> ranks (<backend>)``, while the ranks work; its
+    spinner redraws twice a second, so that it takes next to nothing from the ranks it
+    runs beside, whose timing a replay and a calibration measure."""
     try:
         from hardware.launch import launch_local
     except ImportError as exc:
         raise ParasimError(
             f"this command needs torch ({exc}); install it with: pip install 'parasim[hardware]'"
         ) from None
-    return launch_local
+    from simulator.report.progress import Status, interactive
+
+    def launch(module: str, args: list[str], nproc: int, backend: str, timeout_s: float) -> None:
+        message = f"{doing} on {nproc} rank{'s' if nproc != 1 else ''} ({backend})"
+        with Status(message, interactive(), refresh_per_second=2):
+            launch_local(module, args, nproc, backend, timeout_s)
+
+    return launch
 
 
 def backend(args: argparse.Namespace) -> str:

@@ -59,7 +59,7 @@ def command(args: argparse.Namespace) -> int:
             f"--nproc: scenario {scenario.name} needs {world} ranks "
             f"({scenario.layout.describe()}), not {args.nproc}"
         )
-    launch = launcher()
+    launch = launcher(f"replaying {scenario.name}")
     out = output_folder(args, "-measured")
     # the ranks write into a staging folder that replaces --out once they all finished:
     # a launcher killed midway leaves --out as it was, whatever its workers still do

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -73,33 +73,42 @@ def write_run_outputs(
         if note and note not in run.result.warnings:
             run.result.warnings.append(note)
         trace = make_trace(run, ranks)
-    # the trace file, the largest, is written by a second process on a second core
-    # while this one writes the others (start_forked runs it here where it cannot)
-    trace_file = None
-    if "trace" in wanted:
-        trace_file = start_forked(
-            lambda: write_trace(trace, out / OUTPUTS["trace"]),  # .gz when large
-            fork=len(trace.records) >= FORK_TRACE_RECORDS,
+
+    def page(write: Callable[[Path], Any]) -> Callable[[Path], Path]:
+        def written(path: Path) -> Path:
+            write_atomically(path, write)
+            return path
+
+        return written
+
+    writers: dict[str, Callable[[Path], Path]] = {
+        "result": lambda path: write_json(path, run.result.to_json()) or path,
+        "trace": lambda path: write_trace(trace, path),  # .gz when large
+        "timeline": page(lambda tmp: write_timeline_html(trace, tmp, title=title)),
+        "report": page(lambda tmp: write_run_report(run, tmp, title=title, trace=trace)),
+    }
+    # one file is written by a second process, on a second core, while this one writes
+    # the others: the trace when it is large (the largest file), else the report (the
+    # slower page); start_forked writes it here first where it cannot fork
+    large = trace is not None and len(trace.records) >= FORK_TRACE_RECORDS
+    aside_name = "trace" if large or "report" not in wanted else "report"
+    aside = None
+    if aside_name in wanted:
+        aside = start_forked(
+            lambda: writers[aside_name](out / OUTPUTS[aside_name]),
+            fork=large or (trace is not None and "timeline" in wanted),
         )
     paths = []
     try:
         for name, file_name in OUTPUTS.items():
-            if name not in wanted:
-                continue
-            path = out / file_name
-            if name == "result":
-                write_json(path, run.result.to_json())
-            elif name == "timeline":
-                write_atomically(path, lambda tmp: write_timeline_html(trace, tmp, title=title))
-            elif name == "report":
-                write_atomically(
-                    path, lambda tmp: write_run_report(run, tmp, title=title, trace=trace)
+            if name in wanted:  # the file aside stands in its place until it is written
+                paths.append(
+                    out / file_name if name == aside_name else writers[name](out / file_name)
                 )
-            paths.append(path)  # the trace's, until it is written: trace.json or .gz
     finally:
-        if trace_file is not None:  # waited for even when a page failed
-            trace_path = trace_file.result()
-            paths = [trace_path if p.name == OUTPUTS["trace"] else p for p in paths]
+        if aside is not None:  # waited for even when another file failed
+            written = aside.result()
+            paths = [written if p == out / OUTPUTS[aside_name] else p for p in paths]
     if wanted & {"timeline", "report"}:
         paths.append(out / PLOTLY_JS)
     if hta:
@@ -110,7 +119,7 @@ def write_run_outputs(
 
 
 #: A trace of at least this many op records is written in a forked process beside the
-#: other files; below it, the fork (a few milliseconds) would cost more than it saves.
+#: other files (a smaller one is written here, and the report aside instead).
 FORK_TRACE_RECORDS = 20_000
 
 #: A trace file larger than this is written gzipped (``trace.json.gz``, which Perfetto

@@ -2,8 +2,8 @@
 searches (``parasim sweep``, ``scale``), in the shape
 :class:`simulator.tools.progress.Progress` asks for, and a status line with a spinner
 for the single long steps (simulating a large run, writing its files, diagnosing,
-launching ranks). Neither shows when stdout is not a terminal (piped, redirected) or the
-command prints JSON (:func:`interactive`)."""
+the ranks of a replay or a calibration at work). Neither shows when stdout is not a
+terminal (piped, redirected) or the command prints JSON (:func:`interactive`)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,12 @@ class Status:
     """A status line with a spinner on stderr (:meth:`rich.console.Console.status`),
     whose message :meth:`update` changes; prints nothing when disabled."""
 
-    def __init__(self, message: str, enabled: bool = True):
-        self.status = Console(stderr=True).status(message) if enabled else None
+    def __init__(self, message: str, enabled: bool = True, refresh_per_second: float = 12.5):
+        self.status = (
+            Console(stderr=True).status(message, refresh_per_second=refresh_per_second)
+            if enabled
+            else None
+        )
 
     def __enter__(self) -> Status:
         if self.status is not None:

@@ -216,21 +216,43 @@ class Scenario:
 # reads 012 as octal), and words that are not one of YAML's booleans or nulls.
 _PLAIN_INT = re.compile(r"-?(0|[1-9][0-9]*)")
 _PLAIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
-_YAML_WORDS = frozenset(
-    "yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF "
-    "null Null NULL".split()
-)
+# YAML 1.1's booleans and nulls, as PyYAML's safe loader reads them
+_YAML_WORDS: dict[str, bool | None] = {
+    **dict.fromkeys("yes Yes YES true True TRUE on On ON".split(), True),
+    **dict.fromkeys("no No NO false False FALSE off Off OFF".split(), False),
+    **dict.fromkeys("null Null NULL ~".split(), None),
+}
+# a flow list of plain integers and words: [6, 6, 7] or [tp, dp, pp]
+_PLAIN_LIST = re.compile(r"\[\s*([A-Za-z0-9_-]+(\s*,\s*[A-Za-z0-9_-]+)*)?\s*\]")
+
+
+def _read_plain(text: str) -> Any:
+    """A plain integer, word, boolean or null as YAML reads it; ``_read_plain`` (the
+    marker) when it is none of those."""
+    if _PLAIN_INT.fullmatch(text):
+        return int(text)
+    if text in _YAML_WORDS:
+        return _YAML_WORDS[text]
+    if _PLAIN_WORD.fullmatch(text):
+        return text
+    return _read_plain
 
 
 def _read_value(text: str) -> Any:
-    """An override's value as YAML reads it (``tests/test_scenario.py`` holds the fast
+    """An override's value as YAML reads it (``tests/test_overrides.py`` holds the fast
     paths to ``yaml.safe_load``)."""
     if not text.strip():
         return ""
-    if _PLAIN_INT.fullmatch(text):
-        return int(text)
-    if _PLAIN_WORD.fullmatch(text) and text not in _YAML_WORDS:
-        return text
+    value = _read_plain(text)
+    if value is not _read_plain:
+        return value
+    if _PLAIN_LIST.fullmatch(text):
+        inner = text.strip()[1:-1]
+        if not inner.strip():  # "[]" and "[ ]"
+            return []
+        items = [_read_plain(item.strip()) for item in inner.split(",")]
+        if all(item is not _read_plain for item in items):
+            return items
     return yaml.safe_load(text)
 
 
