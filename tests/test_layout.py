@@ -34,3 +34,20 @@ def test_groups_partition_the_ranks(placement):
 def test_placement_must_be_a_permutation():
     with pytest.raises(ScenarioError, match="parallel.placement"):
         Layout(tp=2, pp=1, dp=1, placement=("tp", "tp", "pp"))
+
+
+@pytest.mark.parametrize("tp, pp, dp, cp", [(2, 4, 3, 1), (4, 2, 2, 2), (1, 8, 4, 1)])
+def test_a_stage_s_ranks_are_its_grid_points_in_dp_then_tp_order(tp, pp, dp, cp):
+    import itertools
+
+    for order in itertools.permutations(("tp", "dp", "pp")):
+        layout = Layout(tp=tp, pp=pp, dp=dp, placement=order, cp=cp)
+        for rank in range(layout.world):
+            at = layout.coords(rank)
+            expected = tuple(
+                layout.rank_of(tp=t, dp=d, pp=at["pp"], cp=at.get("cp", 0))
+                for d in range(dp)
+                for t in range(tp)
+            )
+            assert layout.stage_ranks(rank) == expected
+    assert layout.members(layout.group_name("tp", 0)) == layout.groups[layout.group_name("tp", 0)]

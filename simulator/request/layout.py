@@ -188,14 +188,32 @@ class Layout:
         coords = {"tp": tp, "dp": dp, "pp": pp, "cp": cp}
         return sum(coords[axis] * self._strides[axis] for axis in self.axes)
 
+    def stage_ranks(self, rank: int) -> tuple[int, ...]:
+        """Every rank of ``rank``'s pipeline stage with its context-parallel coordinate,
+        ordered by (dp, tp) coordinate: ``rank_of(tp=t, dp=d, pp=.., cp=..)`` for each d,
+        then each t."""
+        strides = self._strides
+        base = rank - sum(
+            ((rank // strides[axis]) % self.size(axis)) * strides[axis] for axis in ("tp", "dp")
+        )
+        dp_stride, tp_stride = strides["dp"], strides["tp"]
+        return tuple(
+            base + d * dp_stride + t * tp_stride for d in range(self.dp) for t in range(self.tp)
+        )
+
     def _members(self, axis: str, rank: int) -> tuple[int, ...]:
         base = rank - self.coords(rank)[axis] * self._strides[axis]
         return tuple(base + i * self._strides[axis] for i in range(self.size(axis)))
 
     @property
     def groups(self) -> dict[str, tuple[int, ...]]:
-        """Every process group, name → member ranks (ascending along the axis)."""
+        """Every process group, name → member ranks (ascending along the axis), as a
+        new dict (:meth:`members` reads one group without copying them all)."""
         return dict(self._groups)
+
+    def members(self, group: str) -> tuple[int, ...]:
+        """The member ranks of the group named ``group``."""
+        return self._groups[group]
 
     def group_name(self, axis: str, rank: int) -> str:
         return self._group_of[(axis, rank)]

@@ -46,7 +46,7 @@ class ContextParallelLowering:
         self.cp_group = layout.group_name("cp", self.rank) if self.cp > 1 else None
         if self.cp_group is None:
             return
-        members = layout.groups[self.cp_group]
+        members = layout.members(self.cp_group)
         at = members.index(self.rank)
         self.cp_next, self.cp_prev = members[(at + 1) % self.cp], members[(at - 1) % self.cp]
         local = self.config.local

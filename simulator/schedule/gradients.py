@@ -99,9 +99,9 @@ class DataParallelGradients:
         self.replicate_group = None
         if layout.dp_shard:
             shard = layout.group_name("dp_shard", rank)
-            self.shard_group = shard if len(layout.groups[shard]) > 1 else None
+            self.shard_group = shard if len(layout.members(shard)) > 1 else None
             replicate = layout.group_name("dp_replicate", rank)
-            self.replicate_group = replicate if len(layout.groups[replicate]) > 1 else None
+            self.replicate_group = replicate if len(layout.members(replicate)) > 1 else None
 
     def begin_step(self, first_stage: int) -> None:
         """Before the first action: gather the weights the last step updated beside this

@@ -122,7 +122,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             self.edp_group = self.dp_group  # experts replicated like the dense layers
         else:
             edp = layout.group_name("edp", rank)
-            self.edp_group = edp if len(layout.groups[edp]) > 1 else None
+            self.edp_group = edp if len(layout.members(edp)) > 1 else None
         dp_index = layout.coords(rank)["dp"]
         self.ep_index, self.ep_group_index = dp_index % self.ep, dp_index // self.ep
         self._kv_local = kv_heads_per_rank(model, self.tp)

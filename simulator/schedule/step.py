@@ -114,12 +114,7 @@ def _record_images(schedule: Schedule, layout: Layout) -> None:
     a rank and image ``i`` of its pipeline neighbour are neighbours too."""
     folded = len(schedule.programs) < layout.world
     for rank in schedule.programs:
-        coords = layout.coords(rank)
-        schedule.rank_images[rank] = tuple(
-            layout.rank_of(tp=t, dp=d, pp=coords["pp"], cp=coords.get("cp", 0))
-            for d in range(layout.dp)
-            for t in range(layout.tp)
-        )
+        schedule.rank_images[rank] = layout.stage_ranks(rank)
     simulated = set(schedule.programs)
     for name, members in schedule.groups.items():
         if folded and set(members) <= simulated:
@@ -129,7 +124,7 @@ def _record_images(schedule: Schedule, layout: Layout) -> None:
         names = dict.fromkeys(
             layout.group_name(axis, image) for image in schedule.rank_images[representative]
         )
-        schedule.images[name] = tuple(tuple(layout.groups[n]) for n in names)
+        schedule.images[name] = tuple(tuple(layout.members(n)) for n in names)
 
 
 def _moe_meta(config: StepConfig) -> dict[str, Any] | None:

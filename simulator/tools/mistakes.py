@@ -799,7 +799,7 @@ def _check_fsdp_across_nodes(case: Case) -> Symptom | None:
 
 def _fix_fsdp_across_nodes(case: Case) -> Remedy:
     layout, per_node = case.layout, case.per_node
-    dp_group = layout.groups[layout.group_name("dp", 0)]
+    dp_group = layout.members(layout.group_name("dp", 0))
     inside = sum(1 for rank in dp_group if rank // per_node == dp_group[0] // per_node)
     candidates = []
     for shard in (inside, 2 * inside, 4 * inside):
