@@ -67,10 +67,12 @@ class RunResult:
     result: StepResult
 
 
-def build_schedule(scenario: Scenario) -> Schedule:
+def build_schedule(scenario: Scenario, numbers_only: bool = False) -> Schedule:
     """The Schedule IR of one training step of ``scenario``: folded to one rank per
     pipeline stage when :func:`folds` says so, and in blocks of whole pipeline actions
-    in analytic fidelity."""
+    in analytic fidelity. With ``numbers_only`` (a search, which writes no trace) the
+    stages of one shape share their block bodies' lowering (``build_step``'s
+    ``share_bodies``)."""
     fold = folds(scenario)
     analytic = scenario.spec.simulation.fidelity == "analytic"
     return build_step(
@@ -82,6 +84,7 @@ def build_schedule(scenario: Scenario) -> Schedule:
         fold=fold,
         blocks=fold and analytic,
         images=analytic,
+        share_bodies=numbers_only,
     )
 
 
@@ -337,12 +340,14 @@ def pin_warnings(simulation: Any, choices: dict[str, int]) -> list[str]:
     return warnings
 
 
-def run_scenario(scenario: Scenario, force: bool = False) -> RunResult:
+def run_scenario(scenario: Scenario, force: bool = False, numbers_only: bool = False) -> RunResult:
     """Simulate one step of ``scenario``; the result dict is ``result.json``'s content.
-    A step too large for this machine is refused (:func:`check_size`) unless ``force``."""
+    A step too large for this machine is refused (:func:`check_size`) unless ``force``.
+    With ``numbers_only`` the result is the same, and the run is for it alone: its
+    schedule's labels are not fit for a trace (:func:`build_schedule`)."""
     if not force:
         check_size(scenario)
-    schedule = build_schedule(scenario)
+    schedule = build_schedule(scenario, numbers_only)
     simulation = scenario.spec.simulation
     options = EngineOptions(simulation.fidelity, simulation.algorithm, simulation.protocol)
     gpu = scenario.cluster_spec.gpu

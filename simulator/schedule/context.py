@@ -41,6 +41,10 @@ class StepConfig:
         # the cluster's node size: which EP ranks share a node, for node-limited routing
         self.gpus_per_node = gpus_per_node
         self._traffic: dict[tuple[int, int, int], MoELayerTraffic] = {}
+        # with blocks, for a step whose numbers alone are wanted (no trace): block bodies
+        # by their shape, lowered once for every stage of that shape
+        # (:meth:`RankLowering._action`); None builds every stage's bodies
+        self.shared_bodies: dict[tuple, tuple[tuple, int]] | None = None
 
     # the recipe's settings the builder and memory read
     @property

@@ -62,7 +62,7 @@ from simulator.schedule.context import StepConfig
 from simulator.schedule.context_parallel import ContextParallelLowering
 from simulator.schedule.experts import ExpertLowering
 from simulator.schedule.gradients import DataParallelGradients
-from simulator.schedule.ir import Compute, Program, Recv, Send
+from simulator.schedule.ir import Collective, Compute, Program, Recv, Send
 from simulator.schedule.writer import ProgramWriter
 
 __all__ = ["RankLowering"]
@@ -271,7 +271,15 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             return
         key = (kind, stage)
         cached = self.bodies.get(key)
-        if cached is None:
+        shared = self.config.shared_bodies
+        shape = self._body_shape(kind, stage) if shared is not None and cached is None else None
+        if shape is not None and shape in shared:
+            cached = self.bodies[key] = self._retargeted(*shared[shape])
+            if kind == "W":
+                self.deferred.pop((stage, mb), None)
+            elif cached[4]:
+                self.deferred[(stage, mb)] = list(cached[4])
+        elif cached is None:
             outer = self.w, self.last, self.waits
             self.w, self.last, self.waits = ProgramWriter(self.rank), 0, []
             write(stage, mb)
@@ -281,6 +289,8 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             nbytes = sum(op.bytes for op in body if type(op) is Compute)
             deferred = tuple(self.deferred.get((stage, mb), ()))
             cached = self.bodies[key] = (body, flops, nbytes, mb, deferred)
+            if shape is not None:
+                shared[shape] = (cached, self.rank)
         elif kind == "W":  # its weight gradients are in the body already
             self.deferred.pop((stage, mb), None)
         elif cached[4]:  # an I action defers the weight gradients its W will run
@@ -289,6 +299,56 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         deps, self.waits = tuple(self.waits), []
         tags = self.w.tag_set(None, None, mb, phase, stage)
         self.last = self.w.block(body, flops, nbytes, f"{stage}{kind}{mb}", deps, body_mb, tags)
+
+    def _body_shape(self, kind: str, stage: int) -> tuple:
+        """What a block body of ``kind`` on ``stage`` is made of, but for the layer and
+        stage numbers in its labels and tags and the process groups of its rank: the
+        stage's count of layers, whether it is the first or last stage, whether it holds
+        the model's first or last layer (whose sharding units also hold the embedding
+        or the output layer) and which of its layers are MoE layers."""
+        layers = self._layers(stage)
+        return (
+            kind,
+            len(layers),
+            stage == 0,
+            stage == self.stages - 1,
+            len(layers) > 0 and layers[0] == 0,
+            len(layers) > 0 and layers[-1] == self.config.recipe.layers - 1,
+            tuple(self.config.is_moe_layer(layer) for layer in layers),
+        )
+
+    def _retargeted(self, cached: tuple, rank: int) -> tuple:
+        """A body ``rank`` lowered, as this rank runs it: the same compute ops (shared,
+        not copied), its collectives on this rank's groups of the same axes."""
+        body, flops, nbytes, mb, deferred = cached
+        if rank == self.rank:
+            return cached
+        layout = self.layout
+        groups: dict[str, str] = {}
+
+        def mine(group: str) -> str:
+            name = groups.get(group)
+            if name is None:
+                name = groups[group] = layout.group_name(layout.axis_of_group(group), self.rank)
+            return name
+
+        ops = tuple(
+            Collective(  # dataclasses.replace, spelled out: several times faster
+                op.id,
+                op.stream,
+                op.kind,
+                mine(op.group),
+                op.bytes,
+                op.label,
+                op.deps,
+                op.tags,
+                op.splits,
+            )
+            if type(op) is Collective
+            else op
+            for op in body
+        )
+        return (ops, flops, nbytes, mb, deferred)
 
     # forward op name -> the TP/SP collective that follows it
     _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce", "expert_fc2": "all_reduce",

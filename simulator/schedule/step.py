@@ -58,6 +58,7 @@ def build_step(
     fold: bool = False,
     blocks: bool = False,
     images: bool = False,
+    share_bodies: bool = False,
 ) -> Schedule:
     """The Schedule of one training step of ``model`` run as ``recipe``, for every rank
     of its layout (``moe``: the model's experts, routed from ``seed``).
@@ -71,9 +72,14 @@ def build_step(
     data parallelism is written as one :class:`~simulator.schedule.ir.Block`. With
     ``images`` (analytic fidelity) an unfolded schedule records the same: for every rank
     and group, the symmetric ones of its stage that run at the same moment, which
-    analytic fidelity prices together.
+    analytic fidelity prices together. With ``share_bodies`` (and ``blocks``), a block
+    body is lowered once for every stage of its shape and each stage runs it on its own
+    groups: the same times, but the stages' bodies keep the first one's layer and stage
+    numbers in their labels and tags, so such a schedule is for numbers, not traces.
     """
     config = StepConfig(recipe, model, moe, seed, gpus_per_node)
+    if share_bodies and blocks:
+        config.shared_bodies = {}
     layout = config.layout
     orders = config.pipeline_orders()
     if config.moe is not None or layout.cp > 1:

@@ -730,7 +730,8 @@ def simulate_overrides(
             _CLUSTERS[key] = scenario.cluster
         else:  # the network graph and its routes do not depend on the layout: reuse them
             scenario = dataclasses.replace(scenario, _cluster=cluster)
-        result = run_scenario(scenario).result
+        # a search keeps numbers, not traces: stages of one shape share their lowering
+        result = run_scenario(scenario, numbers_only=True).result
     except ParasimError as exc:
         return {"status": "failed", "reason": (str(exc).splitlines() or [""])[0]}
     step = result.step_time_s
