@@ -44,6 +44,7 @@ GEMMs of the forward's FLOPs: the input gradient (``dgrad``) and the weight grad
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from simulator.request.model import ModelSpec
@@ -398,7 +399,17 @@ def fp8_ops(ops: list[OpCost]) -> list[OpCost]:
 def backward_of(op: OpCost) -> list[OpCost]:
     """Backward ops of a forward op: dgrad and wgrad for a GEMM (for a batched GEMM, the
     gradients of both operands), FlashAttention's backward kernel (2.5× the forward's
-    FLOPs: it recomputes the scores), an elementwise op's backward kernel."""
+    FLOPs: it recomputes the scores), an elementwise op's backward kernel. Remembered
+    per op (ops are frozen values; every rank of a layout asks for the same ones)."""
+    return list(_backward_of(op))
+
+
+@functools.lru_cache(maxsize=4096)
+def _backward_of(op: OpCost) -> tuple[OpCost, ...]:
+    return tuple(_backward_ops(op))
+
+
+def _backward_ops(op: OpCost) -> list[OpCost]:
     if op.kind == "gemm":
         assert op.shape is not None
         m, n, k = op.shape

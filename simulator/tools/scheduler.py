@@ -33,6 +33,14 @@ __all__ = ["SCHEDULER_ENV", "DaskExecutor", "scheduler_address", "open_dask"]
 #: The environment variable that names a scheduler when ``--scheduler`` does not.
 SCHEDULER_ENV = "PARASIM_DASK_SCHEDULER"
 
+#: Dask settings of a ``LocalCluster``'s workers: no statistical profiler and no GIL
+#: monitor (workers started by hand take them from the environment:
+#: ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False``, ``docs/guide.md``).
+QUIET_WORKERS = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.system-monitor.gil.enabled": False,
+}
+
 
 def scheduler_address(given: str | None) -> str | None:
     """``--scheduler``, else ``$PARASIM_DASK_SCHEDULER``, else None (the process pool);
@@ -82,13 +90,18 @@ def open_dask(address: str, workers: int) -> DaskExecutor:
             "--scheduler: Dask's distributed is not installed (pip install 'parasim[cluster]')"
         ) from None
     if address == "local":
-        cluster = LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            host="127.0.0.1",
-        )
+        import dask
+
+        # the workers' statistical profiler samples their stacks every 10 ms, and the
+        # GIL monitor every 1 ms: for pure-Python tasks both take the GIL from the work
+        with dask.config.set(QUIET_WORKERS):
+            cluster = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                host="127.0.0.1",
+            )
         return DaskExecutor(Client(cluster), cluster)
     try:
         client = Client(address, timeout="10s")
