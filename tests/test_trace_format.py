@@ -374,3 +374,23 @@ def test_tags_equal_in_python_but_not_in_json_are_encoded_apart():
     for value in (1, 1.0, True):
         rec = replace(base, tags={"layer": value})
         assert _encode_complete(rec, 1, None, cache) == _ENCODER.encode(_complete_event(rec, 1))
+
+
+def test_the_written_file_is_the_event_dicts_and_arrows_encode_as_json_does(tmp_path):
+    """The writer's direct encoding of the send/recv arrows reads exactly as ``json``
+    would write their dicts, and the whole file holds the dict form's document."""
+    from simulator.report.chrome_trace import (
+        _ENCODER,
+        _flow_events,
+        _flow_texts,
+        _Plan,
+        chrome_trace_events,
+    )
+
+    trace = make_trace(run_scenario(load_scenario(SCENARIO, OVERRIDES)))
+    plan = _Plan(trace, None)
+    assert plan.arrows  # the pipeline's sends and receives
+    assert list(_flow_texts(plan.arrows)) == [_ENCODER.encode(e) for e in _flow_events(plan.arrows)]
+    path = tmp_path / "trace.json"
+    assert write_chrome_trace(trace, path) is False  # small: written plain
+    assert json.loads(path.read_text()) == json.loads(_ENCODER.encode(chrome_trace_events(trace)))
