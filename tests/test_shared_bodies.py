@@ -61,3 +61,5 @@ def test_shared_bodies_give_the_plain_run_s_numbers(overrides):
             for program in shared.schedule.programs.values()
         ]
         assert len(set.union(*bodies)) < sum(len(b) for b in bodies)
+        # and the engine was told which body each one came from, to time it once
+        assert shared.schedule.body_templates

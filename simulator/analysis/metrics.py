@@ -139,9 +139,16 @@ def _body_breakdown(block: Block, blocks: BlockTimer | None, cache: dict) -> dic
         if blocks is None:
             raise ValueError("accounting a schedule with blocks needs their body times")
         times = blocks(block)
-        row = account_rank(
-            list(block.body), times.ready, times.start, times.end, times.makespan, False
-        )
+        # a body retargeted from another stage's, with the same times (BlockTimer hands
+        # out the one BodyTimes), accounts the same: its ops differ only in their groups
+        same = cache.get(("times", id(times)))
+        if same is not None and same[0] is times and len(same[2]) == len(block.body):
+            row = same[1]
+        else:
+            row = account_rank(
+                list(block.body), times.ready, times.start, times.end, times.makespan, False
+            )
+            cache[("times", id(times))] = (times, row, block.body)
         cached = cache[id(block.body)] = (block.body, row)
     return cached[1]
 

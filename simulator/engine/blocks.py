@@ -10,7 +10,7 @@ the time accounting and the trace, which all see the same instants.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from simulator.schedule.ir import Block, Collective, Compute
@@ -44,17 +44,36 @@ class BlockTimer:
         compute_time: Callable[[Compute, tuple], float],
         collective_time: Callable[[Collective], tuple[float, str]],
         host_overhead: float = 0.0,
+        templates: Mapping[int, tuple[tuple, tuple]] | None = None,
     ):
         self._compute_time = compute_time
         self._host_overhead = host_overhead
         self._collective_time = collective_time
         self._cache: dict[int, tuple[tuple, BodyTimes]] = {}
+        # a search's bodies retargeted from another stage's (Schedule.body_templates)
+        self._templates = templates or {}
 
     def __call__(self, block: Block) -> BodyTimes:
-        body = block.body
+        return self._times(block.body)
+
+    def _times(self, body: tuple) -> BodyTimes:
         cached = self._cache.get(id(body))
         if cached is not None and cached[0] is body:
             return cached[1]
+        template = self._templates.get(id(body))
+        if template is not None and template[0] is body:
+            # the same compute ops as the body it came from, its collectives on other
+            # groups: where each of them costs what its counterpart does (the same
+            # algorithm too), every op's times are the same
+            times = self._times(template[1])
+            cost = self._collective_time
+            if all(
+                cost(op) == cost(base)
+                for op, base in zip(body, template[1], strict=True)
+                if op is not base
+            ):
+                self._cache[id(body)] = (body, times)
+                return times
         n = len(body)
         ready, start, end = [0.0] * n, [0.0] * n, [0.0] * n
         clock: dict[str, float] = {}

@@ -48,7 +48,10 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
         return seconds
 
     block_times = BlockTimer(
-        lambda op, body: compute.with_comm(op, body, plan), plan, compute.host_overhead
+        lambda op, body: compute.with_comm(op, body, plan),
+        plan,
+        compute.host_overhead,
+        schedule.body_templates,
     )
     beside: dict[int, float] = {}  # id(compute op) -> its time with the comm beside it
 

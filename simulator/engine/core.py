@@ -123,6 +123,7 @@ class _Engine:
             lambda op, body: self.compute.with_comm(op, body, self.alone.collective),
             self.alone.collective,
             self.compute.host_overhead,
+            schedule.body_templates,
         )
         self.action_start: dict[int, float] = {}  # rank -> its current action's start
         self.groups = {name: tuple(members) for name, members in schedule.groups.items()}

@@ -45,6 +45,7 @@ class StepConfig:
         # by their shape, lowered once for every stage of that shape
         # (:meth:`RankLowering._action`); None builds every stage's bodies
         self.shared_bodies: dict[tuple, tuple[tuple, int]] | None = None
+        self.body_templates: dict[int, tuple[tuple, tuple]] = {}  # Schedule.body_templates
 
     # the recipe's settings the builder and memory read
     @property

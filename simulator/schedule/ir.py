@@ -170,6 +170,12 @@ class Schedule:
     # that the i-th image of a rank talks to the i-th image of its peers
     images: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     rank_images: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # a search's schedule (``build_step``'s ``share_bodies``): id(block body) -> (that
+    # body, the body it was retargeted from), the same ops on another stage's groups;
+    # a hint to time it once when the groups cost the same (not serialised)
+    body_templates: dict[int, tuple[tuple, tuple]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def num_ops(self) -> int:

@@ -348,6 +348,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             else op
             for op in body
         )
+        self.config.body_templates[id(ops)] = (ops, body)
         return (ops, flops, nbytes, mb, deferred)
 
     # forward op name -> the TP/SP collective that follows it

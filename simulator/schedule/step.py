@@ -182,4 +182,6 @@ def _schedule(
         "microbatches": config.microbatches,
         "pipeline_orders": {str(s): [str(a) for a in actions] for s, actions in orders.items()},
     }
-    return Schedule(programs=programs, groups=groups, meta=meta)
+    return Schedule(
+        programs=programs, groups=groups, meta=meta, body_templates=config.body_templates
+    )
