@@ -9,13 +9,14 @@ and peak utilisation — and :func:`utilisation_bins` into a fixed grid of time 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from topologies import Cluster
 
-__all__ = ["link_summary", "utilisation_bins"]
+__all__ = ["carried_bytes", "link_summary", "utilisation_bins"]
 
 
 def _carried(series: list[tuple[float, float]], end: float) -> float:
@@ -26,6 +27,26 @@ def _carried(series: list[tuple[float, float]], end: float) -> float:
     return total
 
 
+# carried_bytes of the last series map (by identity, kept alive here, one only: a flow
+# network's is large): the result's link summary and the report's heatmap both rank
+# every link by what it carried, one after the other
+_CARRIED: list[tuple[Any, float, dict[int, float]]] = []
+
+
+def carried_bytes(
+    utilisation: Mapping[int, list[tuple[float, float]]], step_time: float
+) -> dict[int, float]:
+    """Bytes each link carried over ``[0, step_time]`` (:func:`_carried`), remembered
+    for the same ``utilisation`` object and step."""
+    for known, step, carried in _CARRIED:
+        if known is utilisation and step == step_time:
+            return carried
+    carried = {link: _carried(series, step_time) for link, series in utilisation.items()}
+    _CARRIED.append((utilisation, step_time, carried))
+    del _CARRIED[:-1]
+    return carried
+
+
 def link_summary(
     cluster: Cluster,
     utilisation: dict[int, list[tuple[float, float]]],
@@ -34,9 +55,10 @@ def link_summary(
 ) -> list[dict[str, Any]]:
     """The ``top`` busiest links (by bytes carried), busiest first."""
     rows = []
+    by_link = carried_bytes(utilisation, step_time)
     for link_id, series in utilisation.items():
         link = cluster.links[link_id]
-        carried = _carried(series, step_time)
+        carried = by_link[link_id]
         if carried <= 0:
             continue
         rows.append(

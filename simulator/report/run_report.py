@@ -30,7 +30,7 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from simulator.analysis.links import utilisation_bins
+from simulator.analysis.links import carried_bytes, utilisation_bins
 from simulator.analysis.metrics import CATEGORIES
 from simulator.analysis.result import MemoryEstimate, RankAccount, StepResult
 from simulator.analysis.trace import Trace
@@ -385,17 +385,25 @@ def link_heatmap(run: RunResult, top: int = LINK_ROWS, bins: int = LINK_BINS) ->
     if step <= 0 or not utilisation:
         return None
     links = run.scenario.cluster.links
-    rows = []
-    for link_id, series in utilisation.items():
-        link = links[link_id]
-        values = utilisation_bins(series, link.bandwidth, step, bins)
-        carried = sum(values) * link.bandwidth * step / bins
-        if carried > 0:
-            rows.append((-carried, f"{link.src} → {link.dst}", link_id, link, values))
-    if not rows:
+    # the busiest links by the bytes they carried (result.json's own figure), then the
+    # bins of those alone: a flow run's series hold millions of points
+    busiest = sorted(
+        (-carried, f"{links[link_id].src} → {links[link_id].dst}", link_id)
+        for link_id, carried in carried_bytes(utilisation, step).items()
+        if carried > 0
+    )[:top]
+    if not busiest:
         return None
-    rows.sort(key=lambda row: row[:3])
-    rows = rows[:top]
+    rows = [
+        (
+            key,
+            name,
+            link_id,
+            links[link_id],
+            utilisation_bins(utilisation[link_id], links[link_id].bandwidth, step, bins),
+        )
+        for key, name, link_id in busiest
+    ]
     seen: dict[str, int] = {}
     labels = []
     for _, name, link_id, _, _ in rows:
