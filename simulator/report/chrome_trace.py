@@ -438,16 +438,14 @@ _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 _string = json.encoder.encode_basestring_ascii  # the encoder's own (ensure_ascii)
 
 
+# what ``repr`` calls the floats JSON has its own names for
+_SPECIAL_NUMBERS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
 def _number(value: float) -> str:
     """A float as ``_ENCODER`` writes it (``repr``, and JSON's names for the rest)."""
-    if value != value:
-        return "NaN"
-    if value in (math.inf, -math.inf):
-        return "Infinity" if value > 0 else "-Infinity"
-    return repr(value)
-
-
-_SPECIAL_NUMBERS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+    text = repr(value)
+    return _SPECIAL_NUMBERS.get(text, text)
 
 
 def _tags_text(tags: dict[str, Any]) -> str:
@@ -496,9 +494,7 @@ def _encode_complete(
         cache = _TextCache()
     start = rec.start
     ts = round(start * 1e6, 3)
-    ts_text = repr(ts)
-    if ts_text in _SPECIAL_NUMBERS:
-        ts_text = _SPECIAL_NUMBERS[ts_text]
+    ts_text = _number(ts)
     if rec.ready == start and ts - ts == 0.0:  # issued as it began (and finite): waited 0
         ready_text, wait_text = ts_text, "0.0"
     else:

@@ -75,14 +75,20 @@ def write_run_outputs(
         trace = make_trace(run, ranks)
 
     def page(write: Callable[[Path], Any]) -> Callable[[Path], Path]:
+        """A writer of a page at ``path``, by way of a temporary file; returns ``path``."""
+
         def written(path: Path) -> Path:
             write_atomically(path, write)
             return path
 
         return written
 
+    def result(path: Path) -> Path:
+        write_json(path, run.result.to_json())
+        return path
+
     writers: dict[str, Callable[[Path], Path]] = {
-        "result": lambda path: write_json(path, run.result.to_json()) or path,
+        "result": result,
         "trace": lambda path: write_trace(trace, path),  # .gz when large
         "timeline": page(lambda tmp: write_timeline_html(trace, tmp, title=title)),
         "report": page(lambda tmp: write_run_report(run, tmp, title=title, trace=trace)),
@@ -107,8 +113,8 @@ def write_run_outputs(
                 )
     finally:
         if aside is not None:  # waited for even when another file failed
-            written = aside.result()
-            paths = [written if p == out / OUTPUTS[aside_name] else p for p in paths]
+            aside_path = aside.result()
+            paths = [aside_path if p == out / OUTPUTS[aside_name] else p for p in paths]
     if wanted & {"timeline", "report"}:
         paths.append(out / PLOTLY_JS)
     if hta:

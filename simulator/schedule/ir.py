@@ -40,10 +40,13 @@ Schedules round-trip through JSON unchanged (:meth:`Schedule.to_json`,
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from simulator.common.vocabulary import COLLECTIVE_KINDS
+
+if TYPE_CHECKING:
+    from simulator.request.layout import Layout
 
 __all__ = [
     "Compute",
@@ -55,6 +58,7 @@ __all__ = [
     "Program",
     "Schedule",
     "COLLECTIVE_KINDS",
+    "retarget",
 ]
 
 
@@ -133,6 +137,25 @@ class Block:
 
 
 Op = Compute | Collective | Send | Recv | Block
+
+
+def retarget(op: Op, rank: int, layout: Layout) -> Op:
+    """``op`` as ``rank`` runs it, written for a rank in the same place on its own
+    groups: the same compute (shared, not copied), collectives on ``rank``'s groups of
+    the same axes, sends and receives to ``rank``'s neighbours in the same stages."""
+    kind = type(op)
+    if kind is Compute:
+        return op
+    if kind is Collective:  # dataclasses.replace, spelled out: several times faster
+        group = layout.group_name(layout.axis_of_group(op.group), rank)
+        return Collective(
+            op.id, op.stream, op.kind, group, op.bytes, op.label, op.deps, op.tags, op.splits
+        )
+    if kind is Block:
+        raise TypeError("a block is retargeted through its body")
+    return replace(op, peer=layout.stage_rank(rank, layout.coords(op.peer)["pp"]))
+
+
 _OP_TYPES: dict[str, type] = {
     "compute": Compute,
     "collective": Collective,

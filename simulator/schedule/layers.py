@@ -62,7 +62,7 @@ from simulator.schedule.context import StepConfig
 from simulator.schedule.context_parallel import ContextParallelLowering
 from simulator.schedule.experts import ExpertLowering
 from simulator.schedule.gradients import DataParallelGradients
-from simulator.schedule.ir import Collective, Compute, Program, Recv, Send
+from simulator.schedule.ir import Compute, Program, Recv, Send, retarget
 from simulator.schedule.writer import ProgramWriter
 
 __all__ = ["RankLowering"]
@@ -271,27 +271,18 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             return
         key = (kind, stage)
         cached = self.bodies.get(key)
-        shared = self.config.shared_bodies
-        shape = self._body_shape(kind, stage) if shared is not None and cached is None else None
-        if shape is not None and shape in shared:
-            cached = self.bodies[key] = self._retargeted(*shared[shape])
-            if kind == "W":
-                self.deferred.pop((stage, mb), None)
-            elif cached[4]:
-                self.deferred[(stage, mb)] = list(cached[4])
-        elif cached is None:
-            outer = self.w, self.last, self.waits
-            self.w, self.last, self.waits = ProgramWriter(self.rank), 0, []
-            write(stage, mb)
-            body = tuple(self.w.ops)
-            self.w, self.last, self.waits = outer
-            flops = sum(op.flops for op in body if type(op) is Compute)
-            nbytes = sum(op.bytes for op in body if type(op) is Compute)
-            deferred = tuple(self.deferred.get((stage, mb), ()))
-            cached = self.bodies[key] = (body, flops, nbytes, mb, deferred)
-            if shape is not None:
-                shared[shape] = (cached, self.rank)
-        elif kind == "W":  # its weight gradients are in the body already
+        if cached is None:
+            shared = self.config.shared_bodies
+            shape = self._body_shape(kind, stage) if shared is not None else None
+            if shape is not None and shape in shared:
+                cached = self.bodies[key] = self._retargeted(*shared[shape])
+            else:
+                cached = self.bodies[key] = self._lowered(stage, mb, write)
+                if shape is not None:
+                    shared[shape] = (cached, self.rank)
+        # a reused body does to the deferred weight gradients what writing it did (for a
+        # body written just now, doing it again changes nothing)
+        if kind == "W":  # its weight gradients are in the body already
             self.deferred.pop((stage, mb), None)
         elif cached[4]:  # an I action defers the weight gradients its W will run
             self.deferred[(stage, mb)] = list(cached[4])
@@ -299,6 +290,18 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         deps, self.waits = tuple(self.waits), []
         tags = self.w.tag_set(None, None, mb, phase, stage)
         self.last = self.w.block(body, flops, nbytes, f"{stage}{kind}{mb}", deps, body_mb, tags)
+
+    def _lowered(self, stage: int, mb: int, write) -> tuple:
+        """``write(stage, mb)`` into a body of its own: ``(body, flops, bytes, micro-batch,
+        the weight gradients it defers)``."""
+        outer = self.w, self.last, self.waits
+        self.w, self.last, self.waits = ProgramWriter(self.rank), 0, []
+        write(stage, mb)
+        body = tuple(self.w.ops)
+        self.w, self.last, self.waits = outer
+        flops = sum(op.flops for op in body if type(op) is Compute)
+        nbytes = sum(op.bytes for op in body if type(op) is Compute)
+        return (body, flops, nbytes, mb, tuple(self.deferred.get((stage, mb), ())))
 
     def _body_shape(self, kind: str, stage: int) -> tuple:
         """What a block body of ``kind`` on ``stage`` is made of, but for the layer and
@@ -318,36 +321,12 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         )
 
     def _retargeted(self, cached: tuple, rank: int) -> tuple:
-        """A body ``rank`` lowered, as this rank runs it: the same compute ops (shared,
-        not copied), its collectives on this rank's groups of the same axes."""
+        """A body ``rank`` lowered, as this rank runs it (:func:`retarget`): the same
+        compute ops, its collectives on this rank's groups of the same axes."""
         body, flops, nbytes, mb, deferred = cached
         if rank == self.rank:
             return cached
-        layout = self.layout
-        groups: dict[str, str] = {}
-
-        def mine(group: str) -> str:
-            name = groups.get(group)
-            if name is None:
-                name = groups[group] = layout.group_name(layout.axis_of_group(group), self.rank)
-            return name
-
-        ops = tuple(
-            Collective(  # dataclasses.replace, spelled out: several times faster
-                op.id,
-                op.stream,
-                op.kind,
-                mine(op.group),
-                op.bytes,
-                op.label,
-                op.deps,
-                op.tags,
-                op.splits,
-            )
-            if type(op) is Collective
-            else op
-            for op in body
-        )
+        ops = tuple(retarget(op, self.rank, self.layout) for op in body)
         self.config.body_templates[id(ops)] = (ops, body)
         return (ops, flops, nbytes, mb, deferred)
 

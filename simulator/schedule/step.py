@@ -19,7 +19,6 @@ action lists print as torch's CSV cells do.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from simulator.request.layout import Layout
@@ -28,24 +27,12 @@ from simulator.request.moe import MoESpec
 from simulator.request.orders import Action
 from simulator.request.recipe import Recipe
 from simulator.schedule.context import StepConfig
-from simulator.schedule.ir import Block, Collective, Compute, Op, Program, Schedule
+from simulator.schedule.ir import Block, Collective, Op, Program, Schedule, retarget
 from simulator.schedule.layers import RankLowering
 
 __all__ = ["build_step", "STREAMS"]
 
 STREAMS = ("compute", "tp", "dp", "pp_recv_fwd", "pp_send_fwd", "pp_recv_bwd", "pp_send_bwd")
-
-
-def _retarget(op: Op, rank: int, layout: Layout) -> Op:
-    """``op`` of a stage's template rank, as ``rank`` of the same stage runs it: the same
-    compute (shared, not copied), collectives on ``rank``'s groups, sends and receives
-    to ``rank``'s neighbours."""
-    if type(op) is Compute:
-        return op
-    if type(op) is Collective:
-        return replace(op, group=layout.group_name(layout.axis_of_group(op.group), rank))
-    peer_stage = layout.coords(op.peer)["pp"]
-    return replace(op, peer=layout.stage_rank(rank, peer_stage))
 
 
 def build_step(
@@ -106,7 +93,7 @@ def build_step(
         if rank == template_rank:
             programs[rank] = Program(rank, ops)
         else:
-            programs[rank] = Program(rank, [_retarget(op, rank, layout) for op in ops])
+            programs[rank] = Program(rank, [retarget(op, rank, layout) for op in ops])
     schedule = _schedule(config, programs, orders)
     if fold or images:
         _record_images(schedule, layout)
