@@ -154,12 +154,20 @@ def _body_breakdown(block: Block, blocks: BlockTimer | None, cache: dict) -> dic
 
 
 def account_step(
-    schedule: Schedule, times: SimulationTimes, layout: Layout, gpus_per_node: int
+    schedule: Schedule,
+    times: SimulationTimes,
+    layout: Layout,
+    gpus_per_node: int,
+    idle: dict[int, list[tuple[str, float, float]]] | None = None,
 ) -> tuple[Breakdown, list[RankAccount]]:
-    """Per-rank breakdowns, the critical rank's and the mean over ranks."""
+    """Per-rank breakdowns, the critical rank's and the mean over ranks. With ``idle``
+    (a dict), each rank's idle stretches (``account_rank``'s ``intervals``) are put in
+    it by rank."""
     per_rank = []
     bodies: dict[int, tuple] = {}
     for rank in sorted(schedule.programs):
+        if idle is not None:
+            idle[rank] = []
         row = account_rank(
             schedule.programs[rank].ops,
             times.ready[rank],
@@ -169,6 +177,7 @@ def account_step(
             pipelined=layout.pp > 1,
             blocks=times.blocks,
             _bodies=bodies,
+            intervals=None if idle is None else idle[rank],
         )
         per_rank.append(
             RankAccount(rank=rank, node=rank // gpus_per_node, **layout.coords(rank), **row)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from simulator.common.collector import fewer_collections
 from simulator.common.files import write_atomically, write_json
 from simulator.common.forked import start_forked
 from simulator.report import write_chrome_trace, write_run_report, write_timeline_html
@@ -43,6 +44,7 @@ OUTPUTS: dict[str, str] = {
 }
 
 
+@fewer_collections()
 def write_run_outputs(
     run: Any,
     out: Path,

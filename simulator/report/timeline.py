@@ -212,16 +212,31 @@ def _merge(run: list[OpRecord]) -> OpRecord:
     if len(run) == 1:
         return run[0]
     first, last = run[0], run[-1]
-    shared = {k: v for k, v in first.tags.items() if all(r.tags.get(k) == v for r in run)}
+    shared = dict(first.tags)  # the tags every op of the run has, with first's values
+    for rec in run:
+        tags = rec.tags
+        if tags is not first.tags:
+            for key in [key for key, value in shared.items() if not tags.get(key) == value]:
+                del shared[key]
+            if not shared:
+                break
     # how much of the merged span its ops were busy: drawn as the bar's opacity
-    shared["busy_s"] = sum(r.tags.get("busy_s", r.end - r.start) for r in run)
-    return replace(
-        first,
-        label=f"{len(run)} ops: {first.label} … {last.label}",
-        tags=shared,
-        end=max(r.end for r in run),
-        bytes=sum(r.bytes for r in run),
-        flops=sum(r.flops for r in run),
+    shared["busy_s"] = sum([r.tags.get("busy_s", r.end - r.start) for r in run])
+    return OpRecord(
+        first.rank,
+        first.op_id,
+        first.stream,
+        first.op,
+        first.kind,
+        f"{len(run)} ops: {first.label} … {last.label}",
+        shared,
+        first.ready,
+        first.start,
+        max([r.end for r in run]),
+        sum([r.bytes for r in run]),
+        sum([r.flops for r in run]),
+        first.group,
+        first.peer,
     )
 
 

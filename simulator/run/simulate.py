@@ -28,6 +28,7 @@ from simulator.arithmetic.counts import (
     model_flops_per_step,
     parameter_count,
 )
+from simulator.common.collector import fewer_collections
 from simulator.common.errors import ParasimError
 from simulator.common.machine import machine_memory
 from simulator.common.version import __version__
@@ -65,6 +66,9 @@ class RunResult:
     schedule: Schedule
     times: SimulationTimes
     result: StepResult
+    #: each rank's idle stretches of its compute stream, ``(category, start, end)``, as
+    #: the time accounting found them (None when the run kept numbers only)
+    idle: dict[int, list[tuple[str, float, float]]] | None = None
 
 
 def build_schedule(scenario: Scenario, numbers_only: bool = False) -> Schedule:
@@ -168,6 +172,7 @@ def representative_ranks(scenario: Scenario, critical_rank: int) -> list[int]:
 _KINDED = frozenset({"compute", "collective", "block"})
 
 
+@fewer_collections()
 def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
     """The Trace of the simulated step, for ``ranks`` (all when None). Blocks are shown
     op by op when that keeps the trace within ``FULL_TRACE_OP_LIMIT`` ops, and as one
@@ -233,24 +238,27 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
 def idle_intervals(run: RunResult, ranks: list[int]) -> dict[str, list[list]]:
     """Per rank (as a string, for JSON), the stretches of its compute stream that are
     not compute, as ``[category, start, end]``: the bubbles, stalls, exposed
-    communication and unexplained gaps of the time accounting."""
+    communication and unexplained gaps of the time accounting (the run's own, when it
+    kept them)."""
     schedule, times = run.schedule, run.times
     pipelined = run.scenario.layout.pp > 1
     idle: dict[str, list[list]] = {}
     bodies: dict[int, tuple] = {}  # a block body's accounting, shared by the ranks
     for rank in ranks:
-        intervals: list[tuple[str, float, float]] = []
-        account_rank(
-            schedule.programs[rank].ops,
-            times.ready[rank],
-            times.start[rank],
-            times.end[rank],
-            times.step_time,
-            pipelined,
-            blocks=times.blocks,
-            _bodies=bodies,
-            intervals=intervals,
-        )
+        intervals = (run.idle or {}).get(rank)
+        if intervals is None:
+            intervals = []
+            account_rank(
+                schedule.programs[rank].ops,
+                times.ready[rank],
+                times.start[rank],
+                times.end[rank],
+                times.step_time,
+                pipelined,
+                blocks=times.blocks,
+                _bodies=bodies,
+                intervals=intervals,
+            )
         idle[str(rank)] = [
             [category, lo, hi] for category, lo, hi in sorted(intervals, key=lambda i: i[1])
         ]
@@ -340,6 +348,7 @@ def pin_warnings(simulation: Any, choices: dict[str, int]) -> list[str]:
     return warnings
 
 
+@fewer_collections()
 def run_scenario(scenario: Scenario, force: bool = False, numbers_only: bool = False) -> RunResult:
     """Simulate one step of ``scenario``; the result dict is ``result.json``'s content.
     A step too large for this machine is refused (:func:`check_size`) unless ``force``.
@@ -373,7 +382,8 @@ def run_scenario(scenario: Scenario, force: bool = False, numbers_only: bool = F
                 comm_factors=tuple(comm_sharing.items()),
             ),
         )
-    result = assemble_result(scenario, schedule, times, scenario.spec.simulation.fidelity)
+    idle: dict[int, list[tuple[str, float, float]]] | None = None if numbers_only else {}
+    result = assemble_result(scenario, schedule, times, simulation.fidelity, idle)
     if factors:  # what the stragglers cost: the same step with every rank at the mean
         even_options = replace(
             options,
@@ -382,17 +392,24 @@ def run_scenario(scenario: Scenario, force: bool = False, numbers_only: bool = F
         )
         even = simulate(schedule, scenario.cluster, even_options).step_time
         result.straggler_s = max(0.0, times.step_time - even)
-    return RunResult(scenario=scenario, schedule=schedule, times=times, result=result)
+    return RunResult(scenario=scenario, schedule=schedule, times=times, result=result, idle=idle)
 
 
 def assemble_result(
-    scenario: Scenario, schedule: Schedule, times: SimulationTimes, fidelity: str
+    scenario: Scenario,
+    schedule: Schedule,
+    times: SimulationTimes,
+    fidelity: str,
+    idle: dict[int, list[tuple[str, float, float]]] | None = None,
 ) -> StepResult:
-    """The result of a step whose op times are known: simulated or measured."""
+    """The result of a step whose op times are known: simulated or measured. With
+    ``idle`` (a dict), each rank's idle stretches are put in it (:func:`account_step`)."""
     layout = scenario.layout
     gpu = scenario.cluster_spec.gpu
     training = scenario.training
-    breakdown, per_rank = account_step(schedule, times, layout, scenario.cluster_spec.gpus_per_node)
+    breakdown, per_rank = account_step(
+        schedule, times, layout, scenario.cluster_spec.gpus_per_node, idle
+    )
     step = times.step_time
     moe = moe_summary(schedule)
     # dropped expert assignments are work the step does not do (capacity factor)
