@@ -267,30 +267,27 @@ def plan_collective(
     return plan
 
 
-def _plan_collective(
-    cluster: Cluster,
-    kind: str,
-    gpus: list[int],
-    size: float,
-    algorithm: str | None,
-    protocol: str | None,
-) -> Plan:
+def _choices(
+    cluster: Cluster, kind: str, gpus: list[int], algorithm: str | None, protocol: str | None
+) -> list[tuple[CollectiveChoice, _Candidate, float]]:
+    """Every (algorithm, protocol) ``kind`` can run on ``gpus`` within the pins, each
+    with its latency and bandwidth, the candidate that carries it and that candidate's
+    rate alone (:func:`_rate`): none of it depends on the size, so a group's calls of
+    every size share it (memoised on the cluster)."""
+    key = ("choices", kind, tuple(gpus), algorithm, protocol)
+    choices = cluster.plan_cache.get(key)
+    if choices is not None:
+        return choices
     n = len(gpus)
-    if n <= 1:
-        return Plan(CollectiveChoice("none", "none", 0.0, float("inf"), float("inf")), [])
-    if algorithm is not None and algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r} (one of {', '.join(ALGORITHMS)})")
-    if protocol is not None and protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r} (one of {', '.join(PROTOCOLS)})")
     groups = _by_node(cluster, gpus)
     nodes, ppn = len(groups), max(len(g) for g in groups)
     intra = cluster.intra_node_link
-    best: tuple[float, CollectiveChoice, _Candidate] | None = None
-    # the algorithms' routes do not depend on the size: a group's buckets share them
-    key = ("candidates", kind, tuple(gpus))
-    candidates = cluster.plan_cache.get(key)
+    # the algorithms' routes do not depend on the pins either
+    routes = ("candidates", kind, tuple(gpus))
+    candidates = cluster.plan_cache.get(routes)
     if candidates is None:
-        candidates = cluster.plan_cache[key] = _candidates(cluster, kind, gpus)
+        candidates = cluster.plan_cache[routes] = _candidates(cluster, kind, gpus)
+    choices = []
     for candidate in candidates:
         if algorithm is not None and candidate.algorithm != algorithm:
             continue
@@ -311,9 +308,31 @@ def _plan_collective(
             algbw = algorithm_bandwidth(kind, candidate.algorithm, busbw, n)
             latency = latency_seconds(kind, candidate.algorithm, proto, n, nodes, intra)
             choice = CollectiveChoice(candidate.algorithm, proto, latency, algbw, busbw)
-            cost = choice.time(size)
-            if best is None or cost < best[0] - 1e-15:
-                best = (cost, choice, candidate)
+            choices.append((choice, candidate, _rate(cluster, candidate.usage)))
+    cluster.plan_cache[key] = choices
+    return choices
+
+
+def _plan_collective(
+    cluster: Cluster,
+    kind: str,
+    gpus: list[int],
+    size: float,
+    algorithm: str | None,
+    protocol: str | None,
+) -> Plan:
+    n = len(gpus)
+    if n <= 1:
+        return Plan(CollectiveChoice("none", "none", 0.0, float("inf"), float("inf")), [])
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r} (one of {', '.join(ALGORITHMS)})")
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r} (one of {', '.join(PROTOCOLS)})")
+    best: tuple[float, CollectiveChoice, _Candidate, float] | None = None
+    for choice, candidate, rate in _choices(cluster, kind, gpus, algorithm, protocol):
+        cost = choice.time(size)
+        if best is None or cost < best[0] - 1e-15:
+            best = (cost, choice, candidate, rate)
     if best is None:
         # a pinned algorithm (or protocol) this collective cannot run: the pin applies
         # where it can, and here parasim keeps its own choice; the run's result warns
@@ -322,8 +341,9 @@ def _plan_collective(
             return _plan_collective(cluster, kind, gpus, size, None, protocol)
         if protocol is not None:
             return _plan_collective(cluster, kind, gpus, size, None, None)
-        raise ValueError(f"{kind} on {n} ranks ({nodes} nodes): no algorithm can run it")
-    _, choice, candidate = best
+        groups = _by_node(cluster, gpus)
+        raise ValueError(f"{kind} on {n} ranks ({len(groups)} nodes): no algorithm can run it")
+    _, choice, candidate, rate = best
     calibrated = _calibrated_choice(cluster, kind, gpus, candidate.algorithm, size)
     if calibrated is not None:
         choice = calibrated
@@ -338,7 +358,7 @@ def _plan_collective(
         ]
         return Plan(choice, transfers)
     # volume per crossing so that alone the transfer takes size / algbw at its rate
-    volume = _rate(cluster, candidate.usage) * size / choice.algbw
+    volume = rate * size / choice.algbw
     return Plan(choice, [TransferSpec(candidate.usage, volume, choice.latency)])
 
 
