@@ -253,3 +253,33 @@ def test_link_utilisation_is_recorded_per_link():
     )
     assert all(0 <= b <= 1 + 1e-9 for b in bins) and bins[5] == pytest.approx(1.0)
     assert sum(bins) / 10 == pytest.approx(nic["mean_utilisation"], rel=1e-6)
+
+
+def test_a_call_s_busiest_link_summed_with_arrays_is_the_loop_s_to_the_bit():
+    """A call with many link crossings (a folded call's images) has its links' loads
+    summed with arrays; the busiest link's time is exactly the plain loop's, including
+    links that several of its transfers cross."""
+    import random
+
+    from simulator.engine import alone
+    from simulator.engine.collectives import collective_transfers
+
+    machine = cluster(nodes=4)
+    gpus = list(range(machine.num_gpus))
+    pick = random.Random(7)
+    for _ in range(40):
+        specs = []
+        for _ in range(pick.randint(1, 6)):
+            members = sorted(pick.sample(gpus, pick.choice([2, 4, 8, 16])))
+            kind = pick.choice(["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+            specs += collective_transfers(machine, kind, members, pick.uniform(1e3, 1e9))[1]
+        crossings = sum(len(spec.usage) for spec in specs if spec.volume > 0)
+        arrays = alone.time_alone(machine, specs, 0.0)
+        saved = alone._ARRAY_CROSSINGS
+        try:
+            alone._ARRAY_CROSSINGS = 10**9  # the plain loop
+            loop = alone.time_alone(machine, specs, 0.0)
+        finally:
+            alone._ARRAY_CROSSINGS = saved
+        assert arrays == loop
+        assert crossings <= saved or arrays > 0

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from simulator.engine.collectives import TransferSpec, collective_transfers, p2p_transfer
 from simulator.schedule.ir import Collective, Schedule
 from topologies import Cluster
@@ -29,18 +31,55 @@ __all__ = ["AloneTimes", "time_alone", "with_images"]
 def time_alone(cluster: Cluster, specs: Sequence[TransferSpec], latency: float) -> float:
     """Seconds for ``specs``, started together with nothing else on the network: the
     latest latency plus the busiest link's bytes over its bandwidth (``latency`` when
-    there is nothing to move)."""
+    there is nothing to move). A call with many crossings (a folded call's images)
+    sums its links' loads with arrays (:func:`_busiest_by_arrays`), to the same bits."""
     if not specs:
         return latency
-    load: dict[int, float] = {}
-    for spec in specs:
-        if spec.volume <= 0:
-            continue
-        for link, mult in spec.usage.items():
-            load[link] = load.get(link, 0.0) + spec.volume * mult
-    links = cluster.links
-    busiest = max((volume / links[link].bandwidth for link, volume in load.items()), default=0.0)
+    moving = [spec for spec in specs if spec.volume > 0]
+    if sum(len(spec.usage) for spec in moving) > _ARRAY_CROSSINGS:
+        busiest = _busiest_by_arrays(cluster, moving)
+    else:
+        load: dict[int, float] = {}
+        for spec in moving:
+            for link, mult in spec.usage.items():
+                load[link] = load.get(link, 0.0) + spec.volume * mult
+        links = cluster.links
+        busiest = max(
+            (volume / links[link].bandwidth for link, volume in load.items()), default=0.0
+        )
     return max(spec.latency for spec in specs) + busiest
+
+
+#: Above this many link crossings in all, a call's link loads are summed with arrays.
+_ARRAY_CROSSINGS = 64
+
+
+def _busiest_by_arrays(cluster: Cluster, specs: Sequence[TransferSpec]) -> float:
+    """The busiest link's seconds for ``specs`` (each with bytes to move): every
+    crossing's bytes added up per link in the order :func:`time_alone`'s loop adds
+    them (``numpy.bincount`` sums in input order), over the link's bandwidth."""
+    cache = cluster.plan_cache
+    columns = []
+    for spec in specs:
+        key = ("usage-arrays", id(spec.usage))
+        known = cache.get(key)
+        if known is None or known[0] is not spec.usage:  # kept alive with its arrays
+            known = cache[key] = (
+                spec.usage,
+                np.fromiter(spec.usage.keys(), np.int64, len(spec.usage)),
+                np.fromiter(spec.usage.values(), float, len(spec.usage)),
+            )
+        columns.append(known)
+    bandwidth = cache.get(("bandwidths", len(cluster.links)))
+    if bandwidth is None:
+        bandwidth = np.array([link.bandwidth for link in cluster.links], dtype=float)
+        cache[("bandwidths", len(cluster.links))] = bandwidth
+    links = np.concatenate([column[1] for column in columns])
+    volumes = np.concatenate(
+        [spec.volume * column[2] for spec, column in zip(specs, columns, strict=True)]
+    )
+    load = np.bincount(links, volumes, minlength=len(bandwidth))
+    return float((load[links] / bandwidth[links]).max()) if len(links) else 0.0
 
 
 def with_images(specs: list[TransferSpec], image_specs: list[list[TransferSpec]]) -> list:
