@@ -272,28 +272,34 @@ def _choices(
 ) -> list[tuple[CollectiveChoice, _Candidate, float]]:
     """Every (algorithm, protocol) ``kind`` can run on ``gpus`` within the pins, each
     with its latency and bandwidth, the candidate that carries it and that candidate's
-    rate alone (:func:`_rate`): none of it depends on the size, so a group's calls of
-    every size share it (memoised on the cluster)."""
-    key = ("choices", kind, tuple(gpus), algorithm, protocol)
+    rate alone (:func:`_rate`): none of it depends on the size or the pins, so a
+    group's calls of every size share it (memoised on the cluster) and a pin picks
+    from it."""
+    key = ("choices", kind, tuple(gpus))
     choices = cluster.plan_cache.get(key)
-    if choices is not None:
+    if choices is None:
+        choices = cluster.plan_cache[key] = _all_choices(cluster, kind, gpus)
+    if algorithm is None and protocol is None:
         return choices
+    return [
+        entry
+        for entry in choices
+        if (algorithm is None or entry[0].algorithm == algorithm)
+        and (protocol is None or entry[0].protocol == protocol)
+    ]
+
+
+def _all_choices(
+    cluster: Cluster, kind: str, gpus: list[int]
+) -> list[tuple[CollectiveChoice, _Candidate, float]]:
+    """:func:`_choices` without pins: each candidate's protocols in turn."""
     n = len(gpus)
     groups = _by_node(cluster, gpus)
     nodes, ppn = len(groups), max(len(g) for g in groups)
     intra = cluster.intra_node_link
-    # the algorithms' routes do not depend on the pins either
-    routes = ("candidates", kind, tuple(gpus))
-    candidates = cluster.plan_cache.get(routes)
-    if candidates is None:
-        candidates = cluster.plan_cache[routes] = _candidates(cluster, kind, gpus)
     choices = []
-    for candidate in candidates:
-        if algorithm is not None and candidate.algorithm != algorithm:
-            continue
+    for candidate in _candidates(cluster, kind, gpus):
         for proto in PROTOCOLS:
-            if protocol is not None and proto != protocol:
-                continue
             busbw = bus_bandwidth(
                 kind,
                 candidate.algorithm,
@@ -309,7 +315,6 @@ def _choices(
             latency = latency_seconds(kind, candidate.algorithm, proto, n, nodes, intra)
             choice = CollectiveChoice(candidate.algorithm, proto, latency, algbw, busbw)
             choices.append((choice, candidate, _rate(cluster, candidate.usage)))
-    cluster.plan_cache[key] = choices
     return choices
 
 
