@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,14 @@ def load_cluster_spec(
             )
     if config.get("topology") is not None:
         return _load_custom(config, prefix, base_dir)
+    # a preset with overrides reads no file of the user's: the same mapping is the same
+    # (frozen) spec, which a search asks for once per candidate
+    key = None
+    if config.get("profile") is None:
+        key = (prefix, json.dumps(config, sort_keys=True, default=repr))
+        known = _PRESET_SPECS.get(key)
+        if known is not None:
+            return known
     overrides = {k: v for k, v in config.items() if k not in ("preset", "profile", "topology")}
     base: dict[str, Any] = {}
     if "preset" in config:
@@ -114,7 +123,16 @@ def load_cluster_spec(
             base = load_preset(config["preset"])
         except TopologyError as exc:
             raise TopologyError(f"{prefix}.preset: {exc}") from None
-    return _validate(base, overrides, config.get("profile"), prefix)
+    spec = _validate(base, overrides, config.get("profile"), prefix)
+    if key is not None:
+        if len(_PRESET_SPECS) >= 64:
+            _PRESET_SPECS.clear()
+        _PRESET_SPECS[key] = spec
+    return spec
+
+
+#: The specs of preset clusters already validated, by prefix and mapping (as JSON).
+_PRESET_SPECS: dict[tuple[str, str], ClusterSpec] = {}
 
 
 def _validate(

@@ -12,6 +12,7 @@ field and the numbers.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -595,16 +596,24 @@ def _layout_warnings(layout: Layout, cluster_spec: ClusterSpec) -> list[str]:
     per_node = cluster_spec.gpus_per_node
     calibration = cluster_spec.calibration
     notes = [calibration.note] if calibration is not None and calibration.note else []
-    tp_groups = [m for name, m in layout.groups.items() if name.startswith("tp")]
-    spanning = [m for m in tp_groups if len({rank // per_node for rank in m}) > 1]
+    tp_groups, spanning = _spanning_tp_groups(layout, per_node)
     if not spanning:
         return notes
     return notes + [
-        f"tensor-parallel groups span nodes ({len(spanning)} of {len(tp_groups)} TP groups, "
+        f"tensor-parallel groups span nodes ({len(spanning)} of {tp_groups} TP groups, "
         f"e.g. ranks {list(spanning[0])} on nodes {sorted({r // per_node for r in spanning[0]})}): "
         "every layer's all-reduces cross the network instead of the node's "
         f"{'NVLink' if cluster_spec.nvswitch is not None else 'PCIe'}"
     ]
+
+
+@functools.lru_cache(maxsize=64)
+def _spanning_tp_groups(layout: Layout, per_node: int) -> tuple[int, list[tuple[int, ...]]]:
+    """How many TP groups ``layout`` has, and those whose ranks sit on more than one
+    node of ``per_node`` GPUs (a search asks for every recipe of one grid)."""
+    tp_groups = [m for name, m in layout.groups.items() if name.startswith("tp")]
+    spanning = [m for m in tp_groups if len({rank // per_node for rank in m}) > 1]
+    return len(tp_groups), spanning
 
 
 def scenario_from_dict(
