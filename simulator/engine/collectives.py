@@ -120,9 +120,11 @@ def _rate(cluster: Cluster, usage: dict[int, int]) -> float:
     return min(cluster.links[link].bandwidth / mult for link, mult in usage.items())
 
 
-def _rings(cluster: Cluster, gpus: list[int]) -> tuple[list[tuple[int, int]], int]:
-    """Edges of NCCL's rings over ``gpus`` and how many rings (channels) share the data."""
-    nodes = _by_node(cluster, gpus)
+def _rings(
+    cluster: Cluster, gpus: list[int], nodes: list[list[int]]
+) -> tuple[list[tuple[int, int]], int]:
+    """Edges of NCCL's rings over ``gpus`` (on ``nodes``, :func:`_by_node`) and how many
+    rings (channels) share the data."""
     if len(nodes) == 1:
         return ring_edges(nodes[0]), 1
     rails = min(len({cluster.rail_of(g) for g in local}) for local in nodes)
@@ -165,13 +167,17 @@ def _hierarchical_all_to_all(cluster: Cluster, nodes: list[list[int]], n: int) -
     return _Candidate("hierarchical", usage, algbw * (n - 1) / n, phases)
 
 
-def _candidates(cluster: Cluster, kind: str, gpus: list[int]) -> list[_Candidate]:
+def _candidates(
+    cluster: Cluster, kind: str, gpus: list[int], groups: list[list[int]] | None = None
+) -> list[_Candidate]:
+    """The algorithms ``kind`` can run on ``gpus`` (on ``groups``, :func:`_by_node`),
+    each with the links it crosses."""
     n = len(gpus)
-    nodes = len(_by_node(cluster, gpus))
+    groups = _by_node(cluster, gpus) if groups is None else groups
+    nodes = len(groups)
     if kind == "all_to_all":
         usage = _usage(cluster, [(a, b) for a in gpus for b in gpus if a != b])
         candidates = [_Candidate("direct", usage, (n - 1) * _rate(cluster, usage))]
-        groups = _by_node(cluster, gpus)
         if nodes > 1 and len({len(g) for g in groups}) == 1 and len(groups[0]) > 1:
             candidates.append(_hierarchical_all_to_all(cluster, groups, n))
         return candidates
@@ -182,7 +188,7 @@ def _candidates(cluster: Cluster, kind: str, gpus: list[int]) -> list[_Candidate
         edges = ring_edges(sorted(gpus))[:-1]
         usage = _usage(cluster, edges)
         return [_Candidate("ring", usage, _rate(cluster, usage))]
-    edges, rings = _rings(cluster, gpus)
+    edges, rings = _rings(cluster, gpus, groups)
     usage = _usage(cluster, edges)
     ring_busbw = rings * _rate(cluster, usage)
     candidates = [_Candidate("ring", usage, ring_busbw)]
@@ -298,7 +304,8 @@ def _all_choices(
     nodes, ppn = len(groups), max(len(g) for g in groups)
     intra = cluster.intra_node_link
     choices = []
-    for candidate in _candidates(cluster, kind, gpus):
+    for candidate in _candidates(cluster, kind, gpus, groups):
+        rate = _rate(cluster, candidate.usage)
         for proto in PROTOCOLS:
             busbw = bus_bandwidth(
                 kind,
@@ -314,7 +321,7 @@ def _all_choices(
             algbw = algorithm_bandwidth(kind, candidate.algorithm, busbw, n)
             latency = latency_seconds(kind, candidate.algorithm, proto, n, nodes, intra)
             choice = CollectiveChoice(candidate.algorithm, proto, latency, algbw, busbw)
-            choices.append((choice, candidate, _rate(cluster, candidate.usage)))
+            choices.append((choice, candidate, rate))
     return choices
 
 
