@@ -3,11 +3,13 @@ attributes them: bubbles, stalls and exposed communication add up to the breakdo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from simulator.report.timeline import timeline_figure
 from simulator.request.scenario import load_scenario
-from simulator.run.simulate import make_trace, run_scenario
+from simulator.run.simulate import idle_intervals, make_trace, run_scenario
 
 from .conftest import SCENARIOS
 
@@ -33,6 +35,10 @@ def test_idle_bars_add_up_to_the_breakdown(name, overrides):
         # idle stretches never overlap each other
         spans = sorted((lo, hi) for _, lo, hi in intervals)
         assert all(a[1] <= b[0] + 1e-15 for a, b in zip(spans, spans[1:], strict=False))
+    # the run keeps the stretches its accounting found; worked out again, they are equal
+    assert run.idle is not None
+    ranks = sorted(run.schedule.programs)
+    assert idle_intervals(run, ranks) == idle_intervals(replace(run, idle=None), ranks)
     fig, info = timeline_figure(trace, "idle")
     names = [t.name for t in fig.data]
     critical = run.result.breakdown.critical
