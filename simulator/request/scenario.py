@@ -608,11 +608,11 @@ def _layout_warnings(layout: Layout, cluster_spec: ClusterSpec) -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _spanning_tp_groups(layout: Layout, per_node: int) -> tuple[int, list[tuple[int, ...]]]:
+def _spanning_tp_groups(layout: Layout, per_node: int) -> tuple[int, tuple[tuple[int, ...], ...]]:
     """How many TP groups ``layout`` has, and those whose ranks sit on more than one
     node of ``per_node`` GPUs (a search asks for every recipe of one grid)."""
     tp_groups = [m for name, m in layout.groups.items() if name.startswith("tp")]
-    spanning = [m for m in tp_groups if len({rank // per_node for rank in m}) > 1]
+    spanning = tuple(m for m in tp_groups if len({rank // per_node for rank in m}) > 1)
     return len(tp_groups), spanning
 
 
