@@ -30,7 +30,6 @@ from types import ModuleType
 from typing import Any
 
 from simulator.cli import calibrate, collbench, compare, explain, replay, run, scale, sweep
-from simulator.common.collector import fewer_collections
 from simulator.common.errors import ParasimError
 from simulator.common.version import __version__
 from topologies import TopologyError
@@ -75,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        with fewer_collections():  # a command builds large, long-lived object graphs
-            return COMMANDS[args.command].command(args)
+        return COMMANDS[args.command].command(args)
     except (ParasimError, TopologyError) as exc:
         print(f"parasim: error: {exc}", file=sys.stderr)
         return 2
