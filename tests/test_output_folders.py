@@ -174,3 +174,33 @@ def test_ctrl_c_while_the_command_starts_is_one_line_never_a_traceback(tmp_path)
         interrupted += 1
     assert interrupted >= 4  # most fall inside the start-up
     assert not (tmp_path / "run").exists()
+
+
+def test_the_console_script_leaves_its_objects_to_the_system_and_its_files_whole(tmp_path):
+    """After a command the console script freezes what is left out of the collector
+    (the interpreter's last collection would walk it all at exit): the files are whole,
+    the summary printed, the exit status the command's."""
+    probe = (
+        "import gc, sys; from simulator.cli.entry import main; code = main(); "
+        "sys.stderr.write(f'frozen {gc.get_freeze_count() > 0}\\n'); sys.exit(code)"
+    )
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "run", str(SCENARIOS / "small.yaml"), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "frozen True"
+    assert "result.json" in done.stdout  # the summary lists the files written
+    assert json.loads((out / "result.json").read_text())["step_time_s"] > 0
+    bad = subprocess.run(
+        [sys.executable, "-c", probe, "run", str(tmp_path / "missing.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

