@@ -1,7 +1,7 @@
 """Fewer garbage collections while parasim builds and walks large object graphs.
 
 A step's schedule, its times and its trace are hundreds of thousands of small objects
-that live until the command ends; few of them ever form a reference cycle. CPython's
+that live until the command ends, so walking them finds nothing to free. CPython's
 collector, left at its default thresholds, passes over the youngest objects every 700
 net allocations and over every live object every hundredth such pass: building the
 trace of the 1T-parameter step (197,000 op records on 64 ranks, 3,072 GPUs) and
