@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import pytest
 
@@ -52,3 +54,31 @@ def test_a_child_that_dies_is_reported():
         pytest.skip("needs fork, 2 cores")
     with pytest.raises(RuntimeError, match="status 3"):
         start_forked(dies).result()
+
+
+def test_an_interrupted_wait_stops_the_child_before_the_interruption_goes_on(tmp_path):
+    """Ctrl-C while the parent waits: the child is stopped, so it writes nothing into a
+    folder the parent's cleanup is about to remove (it would make the folder again)."""
+    if not hasattr(os, "fork") or usable_cores() < 2:
+        pytest.skip("no second core to fork onto")
+    late = tmp_path / "stage" / "late.txt"
+
+    def slow_write() -> None:
+        time.sleep(1.5)
+        late.parent.mkdir(parents=True, exist_ok=True)
+        late.write_text("written after the parent gave up")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        forked = start_forked(slow_write)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            forked.result()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    time.sleep(2.0)
+    assert not late.exists() and not late.parent.exists()

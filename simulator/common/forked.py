@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -40,22 +41,40 @@ class Forked(Generic[T]):
         self._pid, self._pipe, self._done = pid, pipe, done
 
     def result(self) -> T:
-        """Wait for the work and return its value, or raise its exception."""
+        """Wait for the work and return its value, or raise its exception. Interrupted
+        while waiting (Ctrl-C), it stops the child before the interruption goes on, so
+        that nothing writes into a folder its caller is about to remove."""
         if self._pid is not None:
-            self._done = self._collect()
+            try:
+                self._done = self._collect()
+            except BaseException:
+                self._stop()
+                raise
         ok, value = self._done
         if not ok:
             raise value
         return value
 
+    def _stop(self) -> None:
+        """Kill the child, if it still runs, and reap it."""
+        pid, self._pid = self._pid, None
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # it had ended already
+            pass
+        os.waitpid(pid, 0)
+
     def _collect(self) -> tuple[bool, Any]:
         assert self._pid is not None and self._pipe is not None
         chunks = []
-        with os.fdopen(self._pipe, "rb") as pipe:
+        read, self._pipe = self._pipe, None  # the file object below owns it from here
+        with os.fdopen(read, "rb") as pipe:
             while chunk := pipe.read(1 << 16):
                 chunks.append(chunk)
         _, status = os.waitpid(self._pid, 0)
-        self._pid = self._pipe = None
+        self._pid = None
         try:
             return pickle.loads(b"".join(chunks))
         except Exception:  # noqa: BLE001  (nothing, or a torn message: the child died)
