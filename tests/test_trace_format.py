@@ -394,3 +394,29 @@ def test_the_written_file_is_the_event_dicts_and_arrows_encode_as_json_does(tmp_
     path = tmp_path / "trace.json"
     assert write_chrome_trace(trace, path) is False  # small: written plain
     assert json.loads(path.read_text()) == json.loads(_ENCODER.encode(chrome_trace_events(trace)))
+
+
+def test_rounded_text_is_repr_of_round_to_the_nanosecond():
+    """The writer's fast ``"%.3f"`` path names every number exactly as
+    ``repr(round(x, 3))`` (and JSON's names for the rest) would."""
+    import random
+
+    from simulator.report.chrome_trace import _number, _rounded_text
+
+    rng = random.Random(7)
+    values = [rng.uniform(-1e9, 1e9) for _ in range(20_000)]
+    values += [rng.uniform(0, 1e3) for _ in range(20_000)]
+    values += [k / 2000 for k in range(-4000, 4000)]  # exact halves of the last place
+    values += [rng.randint(0, 10**9) / 1000 + d for d in (5e-4, -5e-4, 1e-12) for _ in range(3000)]
+    values += [0.0, -0.0, -1e-5, 1e-5, 5e-4, 1.5e-3, 1e12, -1e12, 1e17, 2.5e-300]
+    values += [float("nan"), float("inf"), float("-inf")]
+    assert [_rounded_text(v) for v in values] == [_number(round(v, 3)) for v in values]
+
+
+def test_a_duration_the_encoder_cannot_name_is_zero_as_json_writes_it():
+    from simulator.analysis.trace import OpRecord
+    from simulator.report.chrome_trace import _ENCODER, _complete_event, _encode_complete
+
+    for start, end in ((1e-3, float("nan")), (1e-3, 1e-3 - 1e-13), (1e-3, float("-inf"))):
+        rec = OpRecord(0, 1, "compute", "compute", "gemm", "x", {}, 0.0, start, end)
+        assert _encode_complete(rec, 1, None) == _ENCODER.encode(_complete_event(rec, 1))
