@@ -426,7 +426,7 @@ def test_timeline_thins_representative_ranks_that_do_not_fit():
 
 def test_coalesce_merges_only_adjacent_ops_of_one_category_in_one_lane():
     from simulator.analysis.trace import OpRecord
-    from simulator.report.timeline import coalesce
+    from simulator.report.coalesce import coalesce
 
     def op(i, start, end, phase="fwd", stream="compute"):
         return OpRecord(

@@ -34,30 +34,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import plotly.graph_objects as go
 
-from simulator.analysis.trace import OpRecord, Trace, category_of
+from simulator.analysis.trace import OpRecord, Trace
 from simulator.report.chrome_trace import select_ranks, stream_order
+from simulator.report.coalesce import CATEGORY_COLORS, coalesce
+from simulator.report.coalesce import display_category as _display_category
 from simulator.report.plotly_bundle import PLOTLY_JS, write_plotly_js
 from topologies.units import format_bytes, format_flops, format_time
 
 __all__ = ["CATEGORY_COLORS", "IDLE_COLORS", "timeline_figure", "write_timeline_html"]
-
-#: Fixed colour of each display category; the order is the legend order.
-CATEGORY_COLORS: dict[str, str] = {
-    "forward": "#4C78A8",
-    "backward": "#F58518",
-    "recompute": "#B279A2",
-    "optimizer": "#54A24B",
-    "comm:tp": "#E45756",
-    "comm:dp": "#72B7B2",
-    "comm:pp": "#EECA3B",
-    "comm:sp": "#FF9DA6",
-    "comm:ep": "#9D755D",
-    "comm:cp": "#D67195",
-    "other": "#BAB0AC",
-}
 
 #: Idle stretches of a compute lane, by the time accounting's category: the colours of
 #: the breakdown charts, hatched so they never read as work.
@@ -79,11 +65,6 @@ _DIV_ID = "parasim-timeline"
 _MARGIN = {"l": 110, "r": 150, "t": 130, "b": 56}
 
 
-def _display_category(rec: OpRecord) -> str:
-    cat = category_of(rec)
-    return cat if cat in CATEGORY_COLORS else "other"
-
-
 def _human_bytes(n: float) -> str:
     return format_bytes(n)
 
@@ -94,150 +75,6 @@ def _human_flops(n: float) -> str:
 
 def _human_time(seconds: float) -> str:
     return format_time(seconds)
-
-
-def coalesce(
-    records: list[OpRecord], resolution: float, narrower_than: float | None = None
-) -> list[OpRecord]:
-    """Merge ops that follow each other in one lane, in one category, less than
-    ``resolution`` seconds apart, into one bar: at a zoom where such gaps are below a
-    pixel the chart looks the same, with far fewer bars. With ``narrower_than``, only
-    ops shorter than that are merged (trains of ops too thin to draw one by one); wider
-    ops keep their own bar. A merged bar's label names its first and last op and how
-    many it holds, its ``busy_s`` tag how long its ops ran (drawn as its opacity);
-    bytes and FLOPs are summed.
-
-    The runs are found with arrays, a lane at a time (:func:`_lane_runs`); only the
-    merged bars are built one by one. The same calls give the same bars as
-    :func:`coalesce_one_by_one`, the rule written op by op."""
-    cached = _COALESCED.get((id(records), len(records), resolution, narrower_than))
-    if cached is not None and cached[0] is records:
-        return cached[1]
-    lanes: dict[tuple[int, str], list[OpRecord]] = defaultdict(list)
-    for rec in records:
-        lanes[(rec.rank, rec.stream)].append(rec)
-    codes: dict[str, int] = {}
-    merged: list[OpRecord] = []
-    for lane in lanes.values():
-        start = np.fromiter((r.start for r in lane), float, len(lane))
-        op_id = np.fromiter((r.op_id for r in lane), float, len(lane))
-        order = np.lexsort((op_id, start))
-        lane = [lane[i] for i in order]
-        start = start[order]
-        end = np.fromiter((r.end for r in lane), float, len(lane))
-        if len(lane) > 1 and np.any(np.diff(end) < 0):  # overlapping ops: the plain rule
-            merged += coalesce_one_by_one(lane, resolution, narrower_than)
-            continue
-        category = np.fromiter(
-            (codes.setdefault(_display_category(r), len(codes)) for r in lane), int, len(lane)
-        )
-        for first, last, alone in _lane_runs(start, end, category, resolution, narrower_than):
-            merged.append(lane[first] if alone else _merge(lane[first:last]))
-    if len(_COALESCED) >= 4:
-        _COALESCED.clear()
-    _COALESCED[(id(records), len(records), resolution, narrower_than)] = (records, merged)
-    return merged
-
-
-#: The last few coalescings, by their input list's identity and the parameters: the
-#: timeline and the report fit the same trace, and ask for the same merges.
-_COALESCED: dict[tuple, tuple[list[OpRecord], list[OpRecord]]] = {}
-
-
-def _lane_runs(
-    start: np.ndarray,
-    end: np.ndarray,
-    category: np.ndarray,
-    resolution: float,
-    narrower_than: float | None,
-) -> list[tuple[int, int, bool]]:
-    """The bars of one lane sorted by start, whose ends never decrease: ``(first,
-    last + 1, alone)`` for each run of ops to merge, or each op kept alone. A run breaks
-    where the category changes, where the gap since the previous op exceeds
-    ``resolution``, and around an op kept alone (not narrower than
-    ``narrower_than``)."""
-    count = len(start)
-    alone = (
-        (end - start >= narrower_than) if narrower_than is not None else np.zeros(count, dtype=bool)
-    )
-    breaks = np.ones(count, dtype=bool)
-    if count > 1:
-        breaks[1:] = (
-            alone[1:]
-            | alone[:-1]
-            | (category[1:] != category[:-1])
-            | (start[1:] - end[:-1] > resolution)
-        )
-    firsts = np.flatnonzero(breaks)
-    lasts = np.append(firsts[1:], count)
-    return [
-        (int(a), int(b), bool(alone[a]))
-        for a, b in zip(firsts.tolist(), lasts.tolist(), strict=True)
-    ]
-
-
-def coalesce_one_by_one(
-    records: list[OpRecord], resolution: float, narrower_than: float | None = None
-) -> list[OpRecord]:
-    """:func:`coalesce`'s rule, op by op: for lanes whose ops overlap, and as the
-    reference the array version is tested against."""
-    lanes: dict[tuple[int, str], list[OpRecord]] = defaultdict(list)
-    for rec in records:
-        lanes[(rec.rank, rec.stream)].append(rec)
-    merged: list[OpRecord] = []
-    for lane in lanes.values():
-        lane.sort(key=lambda r: (r.start, r.op_id))
-        run: list[OpRecord] = []
-        end = 0.0
-        for rec in lane:
-            alone = narrower_than is not None and rec.end - rec.start >= narrower_than
-            if run and (
-                alone
-                or _display_category(rec) != _display_category(run[-1])
-                or rec.start - end > resolution
-            ):
-                merged.append(_merge(run))
-                run = []
-            if alone:
-                merged.append(rec)
-                continue
-            end = max(end, rec.end) if run else rec.end
-            run.append(rec)
-        if run:
-            merged.append(_merge(run))
-    return merged
-
-
-def _merge(run: list[OpRecord]) -> OpRecord:
-    if len(run) == 1:
-        return run[0]
-    first, last = run[0], run[-1]
-    shared = dict(first.tags)  # the tags every op of the run has, with first's values
-    for rec in run:
-        tags = rec.tags
-        if tags is not first.tags:
-            for key in [key for key, value in shared.items() if not tags.get(key) == value]:
-                del shared[key]
-            if not shared:
-                break
-    # how much of the merged span its ops were busy: drawn as the bar's opacity
-    shared["busy_s"] = sum([r.tags.get("busy_s", r.end - r.start) for r in run])
-    return OpRecord(
-        first.rank,
-        first.op_id,
-        first.stream,
-        first.op,
-        first.kind,
-        f"{len(run)} ops: {first.label} … {last.label}",
-        shared,
-        first.ready,
-        first.start,
-        max([r.end for r in run]),
-        sum([r.bytes for r in run]),
-        sum([r.flops for r in run]),
-        first.group,
-        first.peer,
-    )
 
 
 def _hover(rec: OpRecord, cat: str, lane: str) -> str:

@@ -1,0 +1,288 @@
+"""Merging ops that a chart could not tell apart into one bar.
+
+A timeline of hundreds of thousands of ops cannot draw each one: ops of one display
+category that follow each other in a lane (a rank's stream) less than a resolution
+apart look the same drawn as one bar. :func:`coalesce` finds those runs with arrays
+over the whole trace at once, sorted by lane and time, and builds only the merged bars
+one by one; :func:`coalesce_one_by_one` is the same rule written op by op, for lanes
+whose ops overlap and as the reference the array version is tested against.
+
+A chart asks for several merges of one trace (touching ops, then half a pixel, then
+two pixels, for ``timeline.html`` and again for ``report.html``), so the columns the
+arrays are made of (lane, start, end, op id, category) are read from the records once:
+each merge keeps its input's columns and derives its output's from them
+(:func:`_columns_of`), and the last few merges are kept whole.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
+
+from simulator.analysis.trace import OpRecord, category_of
+
+__all__ = ["CATEGORY_COLORS", "coalesce", "coalesce_one_by_one", "display_category"]
+
+#: The categories a chart draws, each in a fixed colour; the order is the legend order.
+#: Any other category is drawn as "other".
+CATEGORY_COLORS: dict[str, str] = {
+    "forward": "#4C78A8",
+    "backward": "#F58518",
+    "recompute": "#B279A2",
+    "optimizer": "#54A24B",
+    "comm:tp": "#E45756",
+    "comm:dp": "#72B7B2",
+    "comm:pp": "#EECA3B",
+    "comm:sp": "#FF9DA6",
+    "comm:ep": "#9D755D",
+    "comm:cp": "#D67195",
+    "other": "#BAB0AC",
+}
+
+
+def display_category(rec: OpRecord) -> str:
+    """The category a chart draws ``rec`` in (:func:`category_of`, or ``"other"``)."""
+    cat = category_of(rec)
+    return cat if cat in CATEGORY_COLORS else "other"
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The arrays a merge works on, one entry per record of a list, in its order:
+    its lane (by first appearance of ``(rank, stream)``), start, end, op id and display
+    category (a code into ``categories``)."""
+
+    lane: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    op_id: np.ndarray
+    category: np.ndarray
+    categories: list[str]
+
+
+_lane_key = attrgetter("rank", "stream")
+_start = attrgetter("start")
+_end = attrgetter("end")
+_op_id = attrgetter("op_id")
+
+
+def _read_columns(records: list[OpRecord], categories: list[str] | None = None) -> _Columns:
+    """The columns of ``records``, read record by record (categories coded in the
+    order of ``categories``, extended as new ones appear)."""
+    count = len(records)
+    keys = list(map(_lane_key, records))
+    lanes = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    categories = [] if categories is None else categories
+    codes = {name: i for i, name in enumerate(categories)}
+
+    def code(rec: OpRecord) -> int:
+        name = display_category(rec)
+        found = codes.get(name)
+        if found is None:
+            found = codes[name] = len(categories)
+            categories.append(name)
+        return found
+
+    return _Columns(
+        lane=np.fromiter(map(lanes.__getitem__, keys), np.intp, count),
+        start=np.fromiter(map(_start, records), float, count),
+        end=np.fromiter(map(_end, records), float, count),
+        op_id=np.fromiter(map(_op_id, records), float, count),
+        category=np.fromiter(map(code, records), np.intp, count),
+        categories=categories,
+    )
+
+
+#: Columns of the last few lists merged or made by a merge, by the list's identity
+#: (and length); the list is held so that no other takes its id.
+_COLUMNS: dict[tuple[int, int], tuple[list[OpRecord], _Columns]] = {}
+
+
+def _columns_of(records: list[OpRecord]) -> _Columns:
+    known = _COLUMNS.get((id(records), len(records)))
+    if known is not None and known[0] is records:
+        return known[1]
+    columns = _read_columns(records)
+    _remember_columns(records, columns)
+    return columns
+
+
+def _remember_columns(records: list[OpRecord], columns: _Columns) -> None:
+    if len(_COLUMNS) >= 8:
+        _COLUMNS.clear()
+    _COLUMNS[(id(records), len(records))] = (records, columns)
+
+
+#: The last few merges, by their input list's identity and the parameters: the
+#: timeline and the report fit the same trace, and ask for the same merges.
+_COALESCED: dict[tuple, tuple[list[OpRecord], list[OpRecord]]] = {}
+
+
+def coalesce(
+    records: list[OpRecord], resolution: float, narrower_than: float | None = None
+) -> list[OpRecord]:
+    """Merge ops that follow each other in one lane, in one category, less than
+    ``resolution`` seconds apart, into one bar: at a zoom where such gaps are below a
+    pixel the chart looks the same, with far fewer bars. With ``narrower_than``, only
+    ops shorter than that are merged (trains of ops too thin to draw one by one); wider
+    ops keep their own bar. A merged bar's label names its first and last op and how
+    many it holds, its ``busy_s`` tag how long its ops ran (drawn as its opacity);
+    bytes and FLOPs are summed. Bars come lane by lane (lanes in order of first
+    appearance), in order of start then op id within a lane.
+
+    The runs are found with arrays over every lane at once; only the merged bars are
+    built one by one. The same calls give the same bars as :func:`coalesce_one_by_one`,
+    the rule written op by op."""
+    key = (id(records), len(records), resolution, narrower_than)
+    cached = _COALESCED.get(key)
+    if cached is not None and cached[0] is records:
+        return cached[1]
+    merged, columns = _coalesce(records, resolution, narrower_than)
+    if len(_COALESCED) >= 4:
+        _COALESCED.clear()
+    _COALESCED[key] = (records, merged)
+    if columns is not None:
+        _remember_columns(merged, columns)
+    return merged
+
+
+def _coalesce(
+    records: list[OpRecord], resolution: float, narrower_than: float | None
+) -> tuple[list[OpRecord], _Columns | None]:
+    count = len(records)
+    if count == 0:
+        return [], None
+    columns = _columns_of(records)
+    order = np.lexsort((columns.op_id, columns.start, columns.lane))
+    lane = columns.lane[order]
+    start = columns.start[order]
+    end = columns.end[order]
+    category = columns.category[order]
+    same_lane = lane[1:] == lane[:-1]
+    overlapping = np.unique(lane[1:][same_lane & (end[1:] < end[:-1])])
+    if overlapping.size:  # lanes whose ops overlap: the plain rule, lane by lane
+        return _coalesce_lanes(records, order, lane, overlapping, resolution, narrower_than), None
+
+    alone = (end - start >= narrower_than) if narrower_than is not None else np.zeros(count, bool)
+    breaks = np.ones(count, dtype=bool)
+    breaks[1:] = (
+        ~same_lane
+        | alone[1:]
+        | alone[:-1]
+        | (category[1:] != category[:-1])
+        | (start[1:] - end[:-1] > resolution)
+    )
+    firsts = np.flatnonzero(breaks)
+    sizes = np.diff(np.append(firsts, count))
+    ordered = [records[i] for i in order.tolist()]
+    merged = [ordered[a] for a in firsts.tolist()]  # a run of one is its own op
+    run_category = category[firsts]
+    categories = columns.categories
+    for j in np.flatnonzero(sizes > 1).tolist():
+        a = int(firsts[j])
+        bar = merged[j] = _merge(ordered[a : a + int(sizes[j])])
+        name = display_category(bar)  # the tags the run shares may name another
+        if name != categories[run_category[j]]:
+            if name not in categories:
+                categories.append(name)
+            run_category[j] = categories.index(name)
+    out = _Columns(
+        lane=lane[firsts],
+        start=start[firsts],
+        end=np.maximum.reduceat(end, firsts),
+        op_id=columns.op_id[order][firsts],
+        category=run_category,
+        categories=categories,
+    )
+    return merged, out
+
+
+def _coalesce_lanes(
+    records: list[OpRecord],
+    order: np.ndarray,
+    lane: np.ndarray,
+    overlapping: np.ndarray,
+    resolution: float,
+    narrower_than: float | None,
+) -> list[OpRecord]:
+    """:func:`coalesce` where some lanes' ops overlap: lane by lane (``order`` sorts
+    the records by lane, ``lane`` is each sorted record's lane), those by the plain
+    rule and the others with arrays."""
+    plain = set(overlapping.tolist())
+    cuts = [0, *(np.flatnonzero(np.diff(lane)) + 1).tolist(), len(lane)]
+    merged: list[OpRecord] = []
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        lane_records = [records[i] for i in order[a:b].tolist()]
+        if int(lane[a]) in plain:
+            merged += coalesce_one_by_one(lane_records, resolution, narrower_than)
+        else:
+            merged += _coalesce(lane_records, resolution, narrower_than)[0]
+    return merged
+
+
+def coalesce_one_by_one(
+    records: list[OpRecord], resolution: float, narrower_than: float | None = None
+) -> list[OpRecord]:
+    """:func:`coalesce`'s rule, op by op: for lanes whose ops overlap, and as the
+    reference the array version is tested against."""
+    lanes: dict[tuple[int, str], list[OpRecord]] = defaultdict(list)
+    for rec in records:
+        lanes[(rec.rank, rec.stream)].append(rec)
+    merged: list[OpRecord] = []
+    for lane in lanes.values():
+        lane.sort(key=lambda r: (r.start, r.op_id))
+        run: list[OpRecord] = []
+        end = 0.0
+        for rec in lane:
+            alone = narrower_than is not None and rec.end - rec.start >= narrower_than
+            if run and (
+                alone
+                or display_category(rec) != display_category(run[-1])
+                or rec.start - end > resolution
+            ):
+                merged.append(_merge(run))
+                run = []
+            if alone:
+                merged.append(rec)
+                continue
+            end = max(end, rec.end) if run else rec.end
+            run.append(rec)
+        if run:
+            merged.append(_merge(run))
+    return merged
+
+
+def _merge(run: list[OpRecord]) -> OpRecord:
+    """One bar for the ops of ``run`` (in lane order)."""
+    if len(run) == 1:
+        return run[0]
+    first, last = run[0], run[-1]
+    shared = dict(first.tags)  # the tags every op of the run has, with first's values
+    for rec in run:
+        tags = rec.tags
+        if tags is not first.tags:
+            for key in [key for key, value in shared.items() if not tags.get(key) == value]:
+                del shared[key]
+            if not shared:
+                break
+    # how much of the merged span its ops were busy: drawn as the bar's opacity
+    shared["busy_s"] = sum([r.tags.get("busy_s", r.end - r.start) for r in run])
+    return OpRecord(
+        first.rank,
+        first.op_id,
+        first.stream,
+        first.op,
+        first.kind,
+        f"{len(run)} ops: {first.label} … {last.label}",
+        shared,
+        first.ready,
+        first.start,
+        max([r.end for r in run]),
+        sum([r.bytes for r in run]),
+        sum([r.flops for r in run]),
+        first.group,
+        first.peer,
+    )
