@@ -51,3 +51,28 @@ def test_as_a_decorator():
 
     assert inside() == YOUNG_THRESHOLD
     assert gc.get_threshold()[0] == 700
+
+
+def test_a_last_block_keeps_its_pace_only_in_a_process_that_ends_with_its_command(monkeypatch):
+    import os
+
+    from simulator.common import collector
+
+    gc.set_threshold(700, 10, 10)
+    with fewer_collections(last=True):  # nothing said: the thresholds come back
+        pass
+    assert gc.get_threshold() == (700, 10, 10)
+    monkeypatch.setattr(collector, "_ENDS_WITH_COMMAND", None)
+    collector.end_with_command()
+    assert collector._ENDS_WITH_COMMAND == os.getpid()
+    with fewer_collections():  # not the last block: they come back
+        pass
+    assert gc.get_threshold() == (700, 10, 10)
+    with fewer_collections(last=True):
+        pass
+    assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+    gc.set_threshold(700, 10, 10)
+    monkeypatch.setattr(collector, "_ENDS_WITH_COMMAND", os.getpid() + 1)  # a forked worker
+    with fewer_collections(last=True):
+        pass
+    assert gc.get_threshold() == (700, 10, 10)

@@ -8,7 +8,9 @@ When the command is done, every object left is frozen out of the garbage collect
 step's schedule, times and trace, and plotly's modules) only for the operating system
 to reclaim the memory anyway. That last walk took 1.3–1.8 s after a gpt3-175b run on
 128 GPUs in flow fidelity and 0.3 s after ``scenarios/small.yaml`` (2-core VM). Files
-are closed by then, and exit handlers still run."""
+are closed by then, and exit handlers still run. For the same reason, writing a run's
+files leaves the collector at its slower pace rather than walk, at the block's end,
+all that the step made (:func:`simulator.common.collector.end_with_command`)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         from simulator.cli.main import main as parasim
+        from simulator.common.collector import end_with_command
 
+        end_with_command()
         code = parasim()
         gc.freeze()  # nothing left needs collecting: the process ends here
         return code

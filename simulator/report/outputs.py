@@ -44,7 +44,7 @@ OUTPUTS: dict[str, str] = {
 }
 
 
-@fewer_collections()
+@fewer_collections(last=True)
 def write_run_outputs(
     run: Any,
     out: Path,
