@@ -104,6 +104,7 @@ from pydantic import ValidationError
 
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
+from simulator.common.collector import fewer_collections
 from simulator.common.errors import ParasimError, ScenarioError
 from simulator.common.vocabulary import (
     CP_KINDS,
@@ -716,10 +717,14 @@ def check_chunk(
     return [_check(raw, source, base_dir, overrides) for overrides in chunk]
 
 
+@fewer_collections()
 def simulate_overrides(
     raw: dict[str, Any], source: str, base_dir: str, overrides: list[str]
 ) -> dict[str, Any]:
-    """Simulate one candidate; the headline numbers of its ``result.json``."""
+    """Simulate one candidate; the headline numbers of its ``result.json``. The
+    collector's slower pace lasts until the candidate's schedule and times are dropped,
+    so the collection that follows finds little left to walk (run_scenario's own block,
+    which ends while its result is alive, is then inside this one)."""
     try:
         raw = apply_overrides(raw, overrides)
         scenario = scenario_from_dict(raw, source=source, base_dir=Path(base_dir))
