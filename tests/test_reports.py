@@ -234,34 +234,6 @@ def test_flow_matching_in_program_order_and_unmatched_counted():
     assert doc["otherData"]["unmatched_p2p"] == 1
 
 
-@pytest.mark.parametrize("fork_from", [10**9, 1])
-def test_the_written_file_matches_arrows_here_or_in_a_forked_process_alike(
-    tmp_path: Path, monkeypatch, fork_from
-):
-    """The writer matches sends to receives beside the op events (in a forked process
-    for a large trace); either way the file holds the dict form's document, its
-    unmatched count included, and reads the same byte for byte."""
-    from simulator.report import chrome_trace
-
-    monkeypatch.setattr(chrome_trace, "FORK_MATCHING_P2P", fork_from)
-    tags = {"phase": "fwd", "microbatch": 0, "axis": "pp"}
-    records = small_trace().records + [
-        rec(0, 90, "pp_send_fwd", "send", "send", "send.x", 1 * MS, 2 * MS, tags=tags, peer=1),
-        rec(1, 91, "pp_recv_fwd", "recv", "recv", "recv.x", 1 * MS, 2 * MS, tags=tags, peer=0),
-        rec(1, 92, "pp_send_fwd", "send", "send", "send.lost", 6 * MS, 7 * MS, tags=tags, peer=0),
-    ]
-    trace = Trace(records=records, step_time=7 * MS)
-    path = tmp_path / "trace.json"
-    write_chrome_trace(trace, path)
-    loaded = json.loads(path.read_text())
-    assert loaded == json.loads(json.dumps(chrome_trace_events(trace), default=str))
-    assert loaded["otherData"]["unmatched_p2p"] == 1
-    again = tmp_path / "again.json"
-    monkeypatch.setattr(chrome_trace, "FORK_MATCHING_P2P", 10**9 if fork_from == 1 else 1)
-    write_chrome_trace(trace, again)
-    assert again.read_bytes() == path.read_bytes()
-
-
 def test_chrome_trace_file_loads_and_is_deterministic(tmp_path: Path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     write_chrome_trace(small_trace(), a)

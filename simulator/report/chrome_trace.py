@@ -46,12 +46,11 @@ import itertools
 import json
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from simulator.analysis.trace import OpRecord, Trace, category_of
-from simulator.common.forked import start_forked
 
 __all__ = [
     "chrome_trace_events",
@@ -390,9 +389,7 @@ def _kept_records(
 class _Plan:
     """Everything the writer needs, computed in one pass before any op event is made."""
 
-    def __init__(self, trace: Trace, max_events: int | None, match: bool = True) -> None:
-        """With ``match`` false the send/recv arrows are left to the caller
-        (:meth:`other_data` then takes their unmatched count)."""
+    def __init__(self, trace: Trace, max_events: int | None) -> None:
         self.records, capped = _kept_records(trace, max_events)
         lanes: dict[int, set[str]] = defaultdict(set)
         for rec in self.records:
@@ -405,25 +402,19 @@ class _Plan:
         self.gpus_per_node = int(gpus_per_node) if gpus_per_node else None
         self.lanes = lanes
         self.metadata = _metadata_events(lanes, self.tids, self.gpus_per_node)
-        self.arrows, unmatched = _flow_arrows(self.records, self.tids) if match else ([], 0)
+        self.arrows, unmatched = _flow_arrows(self.records, self.tids)
         self.binds = _collective_binds(trace.records, self.records)
         self.ranks = sorted(lanes)
         self.world_size = _world_size(trace)
         self.distributed = _distributed_info(self.ranks[0] if self.ranks else 0, self.world_size)
-        self._meta, self._step_time, self._capped = trace.meta, trace.step_time, capped
-        self.other = self.other_data(unmatched)
-
-    def other_data(self, unmatched: int) -> dict[str, Any]:
-        """The document's ``otherData``: the trace's metadata, the ranks in the file,
-        the sends and receives left without a partner, and what a cap left out."""
-        other: dict[str, Any] = dict(self._meta)
-        other.setdefault("step_time_s", self._step_time)
+        other: dict[str, Any] = dict(trace.meta)
+        other.setdefault("step_time_s", trace.step_time)
         other["ranks_in_file"] = self.ranks
         if unmatched:
             other["unmatched_p2p"] = unmatched
-        if self._capped is not None:
-            other["capped"] = self._capped
-        return other
+        if capped is not None:
+            other["capped"] = capped
+        self.other = other
 
     def op_events(self) -> Iterator[dict[str, Any]]:
         tids, binds = self.tids, self.binds
@@ -633,17 +624,14 @@ class _SpillingSink:
 def _write_document(
     path: str | Path,
     distributed: dict[str, Any],
-    other: dict[str, Any] | Callable[[], dict[str, Any]],
+    other: dict[str, Any],
     events: Iterable[dict[str, Any] | str],
     gzip_over: int | None = None,
 ) -> bool:
     """Write one trace document, one event per line; past ``gzip_over`` characters,
     gzipped (:class:`_SpillingSink`). Returns whether it was. ``distributedInfo`` comes
     first, on its own line and with a space after each colon: HTA finds a file's rank
-    by searching the first lines for ``"rank": <n>`` before it parses anything.
-    ``otherData`` comes next, or, when ``other`` is a function (what it holds is known
-    only once the events are made), last. An event given as text may be several
-    events already joined by ``",\\n"``."""
+    by searching the first lines for ``"rank": <n>`` before it parses anything."""
     encode = _ENCODER.encode
     events = iter(events)
 
@@ -654,20 +642,16 @@ def _write_document(
     try:
         sink.write('{"distributedInfo": ')
         sink.write(json.dumps(distributed, sort_keys=True))
-        sink.write(',\n"displayTimeUnit":"ms",\n')
-        if not callable(other):
-            sink.write(f'"otherData":{encode(other)},\n')
-        sink.write('"traceEvents":[\n')
+        sink.write(',\n"displayTimeUnit":"ms",\n"otherData":')
+        sink.write(encode(other))
+        sink.write(',\n"traceEvents":[\n')
         first = True
         while chunk := list(itertools.islice(events, _CHUNK)):
             if not first:
                 sink.write(",\n")
             sink.write(",\n".join(map(text, chunk)))
             first = False
-        sink.write("\n]")
-        if callable(other):
-            sink.write(f',\n"otherData":{encode(other())}')
-        sink.write("}\n")
+        sink.write("\n]}\n")
     finally:
         sink.close()
     return sink.gzipped
@@ -685,38 +669,9 @@ def write_chrome_trace(
     instead (which Perfetto and chrome://tracing open as it is); the return value says
     whether it was.
     """
-    plan = _Plan(trace, max_events, match=False)
-    p2p = sum(1 for rec in plan.records if rec.peer is not None)
-    # the arrows are matched and encoded in a second process while this one encodes
-    # the ops, when there are enough of them to be worth the fork
-    matched = start_forked(
-        lambda: _flow_block(plan.records, plan.tids), fork=p2p >= FORK_MATCHING_P2P
-    )
-    unmatched = 0
-
-    def flows() -> Iterator[str]:
-        nonlocal unmatched
-        block, unmatched = matched.result()
-        if block:
-            yield block
-
-    events = itertools.chain(plan.metadata, plan.op_event_texts(), flows())
-    return _write_document(
-        path, plan.distributed, lambda: plan.other_data(unmatched), events, gzip_over
-    )
-
-
-#: A trace with at least this many sends and receives has its arrows matched in a
-#: forked process while the op events are encoded (about 0.7 s for the 129,000 of the
-#: 1T-parameter step, against 1.7 s for its 197,000 op events).
-FORK_MATCHING_P2P = 20_000
-
-
-def _flow_block(records: Sequence[OpRecord], tids: Mapping[str, int]) -> tuple[str, int]:
-    """The flow events of ``records``' send/recv arrows as one text, events joined by
-    ``",\\n"``, and the number of sends and receives left unmatched."""
-    arrows, unmatched = _flow_arrows(records, tids)
-    return ",\n".join(_flow_texts(arrows)), unmatched
+    plan = _Plan(trace, max_events)
+    events = itertools.chain(plan.metadata, plan.op_event_texts(), _flow_texts(plan.arrows))
+    return _write_document(path, plan.distributed, plan.other, events, gzip_over)
 
 
 def rank_trace_name(rank: int) -> str:
