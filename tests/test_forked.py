@@ -82,21 +82,3 @@ def test_an_interrupted_wait_stops_the_child_before_the_interruption_goes_on(tmp
         signal.signal(signal.SIGALRM, previous)
     time.sleep(2.0)
     assert not late.exists() and not late.parent.exists()
-
-
-@pytest.mark.skipif(not hasattr(os, "fork") or usable_cores() < 2, reason="needs fork, 2 cores")
-def test_a_child_still_ending_when_read_is_reaped_by_the_next_fork():
-    """``result`` returns once the child's message is read, without waiting for the
-    child to end; the next fork reaps it, so no finished child is left behind."""
-    from simulator.common import forked
-
-    handles = [start_forked(lambda: "done") for _ in range(3)]
-    pids = [handle._pid for handle in handles]
-    assert [handle.result() for handle in handles] == ["done"] * 3
-    time.sleep(0.2)  # they have all ended by now
-    assert start_forked(lambda: "next").result() == "next"
-    for pid in pids:
-        with pytest.raises(ChildProcessError):  # reaped: no such child of ours
-            os.waitpid(pid, os.WNOHANG)
-    forked._reap_leaving()
-    assert not forked._LEAVING

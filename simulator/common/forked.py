@@ -11,18 +11,10 @@ The child sends back the work's return value, or the exception it raised, throug
 pipe, and leaves with ``os._exit`` (no ``atexit`` handlers, no second flush of the
 parent's buffers). :meth:`Forked.result` waits for it and returns or raises as the work
 did; an interrupted child (Ctrl-C reaches the whole process group) raises there too.
-
-The child's end is not waited for once its message is read: unmapping the pages it
-copied from a large parent takes a few tenths of a second (0.25–0.37 s after writing
-the 1T-parameter step's trace), which the parent spends on its own work instead. Such a
-child is reaped by the next :func:`start_forked`, or by the system when this process
-ends. The child freezes the collector's view of what it inherited (``gc.freeze``), so
-that no collection walks, and so copies, every page of the parent's objects.
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import pickle
 import signal
@@ -81,31 +73,13 @@ class Forked(Generic[T]):
         with os.fdopen(read, "rb") as pipe:
             while chunk := pipe.read(1 << 16):
                 chunks.append(chunk)
-        pid, self._pid = self._pid, None
+        _, status = os.waitpid(self._pid, 0)
+        self._pid = None
         try:
-            message = pickle.loads(b"".join(chunks))
+            return pickle.loads(b"".join(chunks))
         except Exception:  # noqa: BLE001  (nothing, or a torn message: the child died)
-            _, status = os.waitpid(pid, 0)
             code = os.waitstatus_to_exitcode(status)
             return False, RuntimeError(f"a forked writer ended with status {code}")
-        if os.waitpid(pid, os.WNOHANG)[0] == 0:  # still leaving: reaped later
-            _LEAVING.add(pid)
-        return message
-
-
-#: Children whose message was read but that had not yet ended.
-_LEAVING: set[int] = set()
-
-
-def _reap_leaving() -> None:
-    """Wait for the children that were still ending when their message was read (by
-    now, long gone)."""
-    while _LEAVING:
-        pid = _LEAVING.pop()
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:  # reaped already (a SIGCHLD handler, a waitpid(-1))
-            pass
 
 
 def start_forked(work: Callable[[], T], fork: bool = True) -> Forked[T]:
@@ -116,14 +90,12 @@ def start_forked(work: Callable[[], T], fork: bool = True) -> Forked[T]:
             return Forked(None, None, (True, work()))
         except Exception as error:  # noqa: BLE001  (raised again by result())
             return Forked(None, None, (False, error))
-    _reap_leaving()
     read, write = os.pipe()
     pid = os.fork()
     if pid:  # the parent
         os.close(write)
         return Forked(pid, read, (False, None))
     os.close(read)  # the child: do the work, say how it went, leave
-    gc.freeze()
     code = 0
     try:
         try:
