@@ -524,13 +524,12 @@ def _encode_complete(
         cache = _TextCache()
     start = rec.start
     ts_text = _rounded_text(start * 1e6)
-    ts = float(ts_text) if ts_text[-1] != "y" else round(start * 1e6, 3)  # Infinity
+    ts = float(ts_text)  # the rounded float itself (JSON's names read back too)
     if rec.ready == start and ts - ts == 0.0:  # issued as it began (and finite): waited 0
         ready_text, wait_text = ts_text, "0.0"
     else:
-        ready = round(rec.ready * 1e6, 3)
-        ready_text = _number(ready)
-        wait_text = _rounded_text(ts - ready)
+        ready_text = _rounded_text(rec.ready * 1e6)
+        wait_text = _rounded_text(ts - float(ready_text))
     end = rec.end
     if end == start:
         duration_text = "0.0"
