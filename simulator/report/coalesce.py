@@ -69,14 +69,14 @@ _end = attrgetter("end")
 _op_id = attrgetter("op_id")
 
 
-def _read_columns(records: list[OpRecord], categories: list[str] | None = None) -> _Columns:
+def _read_columns(records: list[OpRecord]) -> _Columns:
     """The columns of ``records``, read record by record (categories coded in the
-    order of ``categories``, extended as new ones appear)."""
+    order they first appear)."""
     count = len(records)
     keys = list(map(_lane_key, records))
     lanes = {key: i for i, key in enumerate(dict.fromkeys(keys))}
-    categories = [] if categories is None else categories
-    codes = {name: i for i, name in enumerate(categories)}
+    categories: list[str] = []
+    codes: dict[str, int] = {}
 
     def code(rec: OpRecord) -> int:
         name = display_category(rec)
@@ -162,10 +162,6 @@ def _coalesce(
     end = columns.end[order]
     category = columns.category[order]
     same_lane = lane[1:] == lane[:-1]
-    overlapping = np.unique(lane[1:][same_lane & (end[1:] < end[:-1])])
-    if overlapping.size:  # lanes whose ops overlap: the plain rule, lane by lane
-        return _coalesce_lanes(records, order, lane, overlapping, resolution, narrower_than), None
-
     alone = (end - start >= narrower_than) if narrower_than is not None else np.zeros(count, bool)
     breaks = np.ones(count, dtype=bool)
     breaks[1:] = (
@@ -189,6 +185,12 @@ def _coalesce(
             if name not in categories:
                 categories.append(name)
             run_category[j] = categories.index(name)
+    overlapping = np.unique(lane[1:][same_lane & (end[1:] < end[:-1])])
+    if overlapping.size:  # lanes whose ops overlap: the plain rule for those
+        plain = set(overlapping.tolist())
+        return _with_plain_lanes(
+            ordered, lane, firsts, merged, plain, resolution, narrower_than
+        ), None
     out = _Columns(
         lane=lane[firsts],
         start=start[firsts],
@@ -200,27 +202,28 @@ def _coalesce(
     return merged, out
 
 
-def _coalesce_lanes(
-    records: list[OpRecord],
-    order: np.ndarray,
+def _with_plain_lanes(
+    ordered: list[OpRecord],
     lane: np.ndarray,
-    overlapping: np.ndarray,
+    firsts: np.ndarray,
+    merged: list[OpRecord],
+    plain: set[int],
     resolution: float,
     narrower_than: float | None,
 ) -> list[OpRecord]:
-    """:func:`coalesce` where some lanes' ops overlap: lane by lane (``order`` sorts
-    the records by lane, ``lane`` is each sorted record's lane), those by the plain
-    rule and the others with arrays."""
-    plain = set(overlapping.tolist())
-    cuts = [0, *(np.flatnonzero(np.diff(lane)) + 1).tolist(), len(lane)]
-    merged: list[OpRecord] = []
-    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-        lane_records = [records[i] for i in order[a:b].tolist()]
+    """``merged`` (the bars of ``ordered``, sorted by lane, whose runs start at
+    ``firsts``) with the bars of the lanes in ``plain``, whose ops overlap, made again
+    by the op-by-op rule; runs never cross lanes, so every other lane's bars stand."""
+    op_cuts = [0, *(np.flatnonzero(np.diff(lane)) + 1).tolist(), len(lane)]
+    run_lane = lane[firsts]
+    bar_cuts = [0, *(np.flatnonzero(np.diff(run_lane)) + 1).tolist(), len(run_lane)]
+    bars: list[OpRecord] = []
+    for a, b, c, d in zip(op_cuts, op_cuts[1:], bar_cuts, bar_cuts[1:], strict=False):
         if int(lane[a]) in plain:
-            merged += coalesce_one_by_one(lane_records, resolution, narrower_than)
+            bars += coalesce_one_by_one(ordered[a:b], resolution, narrower_than)
         else:
-            merged += _coalesce(lane_records, resolution, narrower_than)[0]
-    return merged
+            bars += merged[c:d]
+    return bars
 
 
 def coalesce_one_by_one(
