@@ -28,6 +28,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import statistics
+import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +114,8 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float, float]:
         a, b = 0.0, float(np.sum(xs / ys) / np.sum((xs / ys) ** 2))
     if b <= 0:
         raise HardwareError(
-            f"cannot fit a positive slope to {len(xs)} points (times do not grow with size)"
+            f"cannot fit a positive slope to {len(xs)} points (times do not grow with size: "
+            f"{', '.join(f'{t:.3g} s' for t in ys)} at {', '.join(f'{v:.3g}' for v in xs)})"
         )
     rms = float(np.sqrt(np.mean((ys - (a + b * xs)) ** 2)))
     return float(a), float(b), rms
@@ -226,6 +230,65 @@ def fit_profile(raw: dict, runtime: Runtime, peak: float, peak_source: str) -> d
     }
 
 
+#: How many times a collective's sweep is measured before a sweep that does not fit the
+#: ring model's line is an error.
+SWEEP_ATTEMPTS = 3
+
+
+def _collective_rows(
+    runtime: Runtime,
+    kind: str,
+    group_members: tuple[object, list[int]],
+    sizes: list[int],
+    uneven: list,
+    iters: int,
+) -> list[dict]:
+    """A collective's sweep on one group, and its uneven cases (all-to-alls) after."""
+    group, members = group_members
+    rows = collective_sweep(runtime, kind, group, members, sizes, iters)
+    if uneven:
+        rows += uneven_all_to_all_sweep(runtime, group, members, uneven, iters)
+    return rows
+
+
+def _until_it_fits(
+    measure: Callable[[], list[dict]],
+    what: str,
+    agree: Callable[[bool], bool] = bool,
+) -> list[dict]:
+    """The rows of ``measure()``, measured again (up to :data:`SWEEP_ATTEMPTS` times in
+    all) while their times give no positive slope with size: on a busy machine one
+    descheduled run can make the small sizes' mean slower than the large ones'.
+
+    Every rank that measures must take the same decision: a collective's rows are the
+    same on every member (each is the slowest member's time), so ``agree`` is the
+    identity there; a ping-pong's two ranks take the initiator's (:func:`_initiators`)."""
+    for attempt in range(1, SWEEP_ATTEMPTS + 1):
+        rows = measure()
+        try:
+            fit_line([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+            error = None
+        except HardwareError as failed:
+            error = failed
+        if agree(error is None):
+            return rows
+        if attempt == SWEEP_ATTEMPTS:
+            raise HardwareError(f"{what}: {error or 'the other rank could not fit its sweep'}")
+        if error is not None:
+            print(f"parasim: {what}: {error}; measuring again", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _initiators(runtime: Runtime, peer: int, initiator: bool, fits: bool) -> bool:
+    """The ping-pong initiator's ``fits``, on both ranks of the pair."""
+    flag = torch.tensor([1.0 if fits else 0.0], device=runtime.device)
+    if initiator:
+        dist.send(flag, peer)
+    else:
+        dist.recv(flag, peer)
+    return bool(flag.item())
+
+
 def _scope_groups(runtime: Runtime) -> dict[str, tuple[object, list[int]]]:
     """The groups this rank benchmarks in: its node, and one rank per node."""
     scopes: dict[str, tuple[object, list[int]]] = {}
@@ -258,17 +321,25 @@ def calibrate(args: argparse.Namespace) -> int:
     for scope, (group, members) in scopes.items():
         # the scenarios' own sizes join the sweep where their groups are this size
         extra = scenario_collective_sizes(schedules, len(members)) if scope == "intra_node" else {}
+        # the scenarios' uneven all-to-alls (MoE dispatch), with their own splits, join
+        # the all-to-all fit at the size the simulator prices them at
+        uneven = (
+            scenario_uneven_all_to_alls(schedules, len(members))
+            if scope == "intra_node" and schedules
+            else []
+        )
         for kind in KINDS:
             sizes = sorted({*sweep["comm"], *(int(b) for b in extra.get(kind, ()))})
-            rows = collective_sweep(runtime, kind, group, members, sizes, sweep["iters"])
-            raw["comm"][(kind, scope)] = rows
-        if scope == "intra_node" and schedules:
-            # the scenarios' uneven all-to-alls (MoE dispatch), with their own splits,
-            # join the all-to-all fit at the size the simulator prices them at
-            cases = scenario_uneven_all_to_alls(schedules, len(members))
-            raw["comm"][("all_to_all", scope)] += uneven_all_to_all_sweep(
-                runtime, group, members, cases, sweep["iters"]
+            measure = partial(
+                _collective_rows,
+                runtime,
+                kind,
+                (group, members),
+                sizes,
+                uneven if kind == "all_to_all" else [],
+                sweep["iters"],
             )
+            raw["comm"][(kind, scope)] = _until_it_fits(measure, f"{kind} on {len(members)} ranks")
     pairs = {
         "intra_node": (0, 1) if runtime.local_world > 1 else None,
         "inter_node": (0, runtime.local_world) if runtime.nodes > 1 else None,
@@ -277,8 +348,11 @@ def calibrate(args: argparse.Namespace) -> int:
         dist.barrier()
         if pair is not None and runtime.rank in pair:
             peer = pair[1] if runtime.rank == pair[0] else pair[0]
-            rows = p2p_sweep(
-                runtime, peer, sweep["comm"], sweep["iters"], initiator=runtime.rank == pair[0]
+            initiator = runtime.rank == pair[0]
+            rows = _until_it_fits(
+                partial(p2p_sweep, runtime, peer, sweep["comm"], sweep["iters"], initiator),
+                f"send/recv between ranks {pair[0]} and {pair[1]}",
+                partial(_initiators, runtime, peer, initiator),
             )
             for row in rows:
                 row["ranks"] = 2
