@@ -392,3 +392,32 @@ def test_sweep_html_holds_the_table_it_charts(tmp_path):
     assert table.count("<tr>") == 1 + 3  # the header and the three layouts charted
     for row in result["rows"][:3]:
         assert row["layout"] in table
+
+
+def test_candidates_of_one_grid_run_in_one_chunk_in_the_order_given():
+    """The placements of one grid go to one worker, one after another, so that it
+    relocates the grid's programs instead of lowering them again; the results still
+    come back in the order of the candidates."""
+    items = [
+        ["parallel.tp=1", "parallel.placement=[tp,dp,pp]", "training.micro_batch=1"],
+        ["parallel.tp=1", "parallel.placement=[tp,dp,pp]", "training.micro_batch=2"],
+        ["parallel.tp=2", "parallel.placement=[tp,dp,pp]", "training.micro_batch=1"],
+        ["parallel.tp=1", "parallel.placement=[tp,pp,dp]", "training.micro_batch=1"],
+        ["parallel.tp=1", "parallel.placement=[tp,pp,dp]", "training.micro_batch=2"],
+        ["parallel.tp=1", "parallel.placement=[dp,tp,pp]", "training.micro_batch=1"],
+    ]
+    chunks = sweep._chunks(items, workers=1, largest=4, together=sweep.same_grid)
+    assert chunks == [[0, 3, 5], [1, 4], [2]]
+    assert sorted(i for chunk in chunks for i in chunk) == list(range(len(items)))
+    assert sweep._chunks(items, workers=1, largest=2) == [[0, 1], [2, 3], [4, 5]]
+    # a grid with more placements than a chunk holds stays whole
+    assert sweep._chunks(items, workers=1, largest=2, together=sweep.same_grid)[0] == [0, 3, 5]
+    seen = []
+
+    def label(_, chunk):
+        seen.append([item[2] for item in chunk])
+        return [{"row": " ".join(item)} for item in chunk]
+
+    rows = sweep.run_chunked(label, (None,), items, None, 1, lambda n: None, 4, sweep.same_grid)
+    assert [row["row"] for row in rows] == [" ".join(item) for item in items]
+    assert [row for chunk in seen for row in chunk][:3] == ["training.micro_batch=1"] * 3

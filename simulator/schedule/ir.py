@@ -139,10 +139,12 @@ class Block:
 Op = Compute | Collective | Send | Recv | Block
 
 
-def retarget(op: Op, rank: int, layout: Layout) -> Op:
+def retarget(op: Op, rank: int, layout: Layout, source: Layout | None = None) -> Op:
     """``op`` as ``rank`` runs it, written for a rank in the same place on its own
     groups: the same compute (shared, not copied), collectives on ``rank``'s groups of
-    the same axes, sends and receives to ``rank``'s neighbours in the same stages."""
+    the same axes, sends and receives to ``rank``'s neighbours in the same stages.
+    ``source``: the layout ``op`` was written on, when not ``layout`` (the same grid,
+    placed otherwise)."""
     kind = type(op)
     if kind is Compute:
         return op
@@ -153,7 +155,8 @@ def retarget(op: Op, rank: int, layout: Layout) -> Op:
         )
     if kind is Block:
         raise TypeError("a block is retargeted through its body")
-    return replace(op, peer=layout.stage_rank(rank, layout.coords(op.peer)["pp"]))
+    stage = (source or layout).coords(op.peer)["pp"]
+    return replace(op, peer=layout.stage_rank(rank, stage))
 
 
 _OP_TYPES: dict[str, type] = {

@@ -26,8 +26,9 @@ from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec
 from simulator.request.orders import Action
 from simulator.request.recipe import Recipe
+from simulator.schedule import relocate
 from simulator.schedule.context import StepConfig
-from simulator.schedule.ir import Block, Collective, Op, Program, Schedule, retarget
+from simulator.schedule.ir import Block, Collective, Program, Schedule, retarget
 from simulator.schedule.layers import RankLowering
 
 __all__ = ["build_step", "STREAMS"]
@@ -62,7 +63,9 @@ def build_step(
     analytic fidelity prices together. With ``share_bodies`` (and ``blocks``), a block
     body is lowered once for every stage of its shape and each stage runs it on its own
     groups: the same times, but the stages' bodies keep the first one's layer and stage
-    numbers in their labels and tags, so such a schedule is for numbers, not traces.
+    numbers in their labels and tags, so such a schedule is for numbers, not traces;
+    and a grid lowered on one placement is relocated onto the others
+    (:mod:`simulator.schedule.relocate`).
     """
     config = StepConfig(recipe, model, moe, seed, gpus_per_node)
     if share_bodies and blocks:
@@ -81,11 +84,18 @@ def build_step(
         if images:
             _record_images(schedule, layout)
         return schedule
-    templates: dict[int, tuple[int, list[Op]]] = {}
-    for pipeline_rank in range(layout.pp):
-        rank = layout.rank_of(pp=pipeline_rank)
-        ops = RankLowering(rank, config).build(orders[pipeline_rank], blocks).ops
-        templates[pipeline_rank] = (rank, ops)
+    # a search's grid lowered on another placement: relocated, not lowered again
+    flags = (fold, blocks, images)
+    kept = config.shared_bodies is not None
+    templates = relocate.known_templates(config, flags) if kept else None
+    if templates is None:
+        templates = {}
+        for pipeline_rank in range(layout.pp):
+            rank = layout.rank_of(pp=pipeline_rank)
+            ops = RankLowering(rank, config).build(orders[pipeline_rank], blocks).ops
+            templates[pipeline_rank] = (rank, ops)
+        if kept:
+            relocate.keep_templates(config, flags, templates)
     programs = {}
     ranks = sorted(rank for rank, _ in templates.values()) if fold else range(layout.world)
     for rank in ranks:

@@ -93,7 +93,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -781,9 +781,25 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=workers, mp_context=context)
 
 
-def _chunks(items: list, workers: int, largest: int) -> list[list]:
+def _chunks(
+    items: list, workers: int, largest: int, together: Callable[[Any], Hashable] | None = None
+) -> list[list[int]]:
+    """Indices of ``items`` in chunks of at most ``largest`` (fewer, for four chunks a
+    worker at least); items of one ``together`` key go in one chunk, whole, in the
+    order their keys first appear, so that one worker runs them one after another."""
     size = max(1, min(largest, math.ceil(len(items) / (4 * workers))))
-    return [items[i : i + size] for i in range(0, len(items), size)]
+    if together is None:
+        return [list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size)]
+    runs: dict[Hashable, list[int]] = {}
+    for index, item in enumerate(items):
+        runs.setdefault(together(item), []).append(index)
+    chunks: list[list[int]] = []
+    for run in runs.values():
+        if chunks and len(chunks[-1]) + len(run) <= size:
+            chunks[-1].extend(run)
+        else:
+            chunks.append(list(run))
+    return chunks
 
 
 def run_chunked(
@@ -794,23 +810,32 @@ def run_chunked(
     workers: int,
     advance: Callable[[int], None],
     largest: int = 16,
+    together: Callable[[Any], Hashable] | None = None,
 ) -> list[dict]:
     """``function(*args, chunk)`` over chunks of ``items``, in the pool when there is one;
-    the results in the order of ``items``."""
+    the results in the order of ``items``. Items of one ``together`` key run in one
+    chunk (:func:`_chunks`), and so one after another in one process, which may reuse
+    what the first of them built."""
+    chunks = _chunks(items, workers if executor is not None else 1, largest, together)
     if executor is None:
-        results = []
-        for item in items:
-            results.extend(function(*args, [item]))
-            advance(1)
-        return results
-    chunks = _chunks(items, workers, largest)
-    futures = {executor.submit(function, *args, chunk): i for i, chunk in enumerate(chunks)}
-    done: dict[int, list[dict]] = {}
+        chunks = [[index] for chunk in chunks for index in chunk]
+    results: list[dict | None] = [None] * len(items)
+
+    def keep(chunk: list[int], rows: list[dict]) -> None:
+        for index, row in zip(chunk, rows, strict=True):
+            results[index] = row
+        advance(len(chunk))
+
+    if executor is None:
+        for chunk in chunks:
+            keep(chunk, function(*args, [items[i] for i in chunk]))
+        return results  # type: ignore[return-value]
+    futures = {
+        executor.submit(function, *args, [items[i] for i in chunk]): chunk for chunk in chunks
+    }
     for future in as_completed(futures):
-        index = futures[future]
-        done[index] = future.result()
-        advance(len(chunks[index]))
-    return [row for i in range(len(chunks)) for row in done[i]]
+        keep(futures[future], future.result())
+    return results  # type: ignore[return-value]
 
 
 def _executor(scheduler: str | None, workers: int, tasks: int) -> tuple[Executor | None, int]:
@@ -823,6 +848,12 @@ def _executor(scheduler: str | None, workers: int, tasks: int) -> tuple[Executor
     if workers > 1 and tasks > 1:
         return process_pool(workers), workers
     return None, workers
+
+
+def same_grid(overrides: list[str]) -> tuple[str, ...]:
+    """A candidate's overrides but its placement: the candidates that differ only in
+    placement lower the same programs (:mod:`simulator.schedule.relocate`)."""
+    return tuple(o for o in overrides if not o.startswith("parallel.placement="))
 
 
 def resolve_workers(workers: int | None) -> int:
@@ -946,7 +977,14 @@ def run_sweep(
                 base.base_dir,
                 [all_overrides[i] for i in chosen],
                 lambda items: run_chunked(
-                    simulate_chunk, args, items, executor, workers, advance, largest=4 * scale
+                    simulate_chunk,
+                    args,
+                    items,
+                    executor,
+                    workers,
+                    advance,
+                    largest=4 * scale,
+                    together=same_grid,
                 ),
                 advance,
             )

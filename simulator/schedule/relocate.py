@@ -1,0 +1,116 @@
+"""Programs lowered on one placement of a grid, moved onto another.
+
+A search tries each ``tp × pp × dp`` grid with every distinct placement (which axis is
+innermost), the rest of the recipe alike. The lowering passes write the same ops for
+every placement: placement only decides which GPUs a rank's groups and pipeline
+neighbours are, never what a rank computes or in which order it communicates. So the
+representative programs of one stage per pipeline rank (:func:`~simulator.schedule.
+step.build_step`'s templates) are lowered for the first placement a search meets, and
+each other placement gets them *relocated*: the same compute ops (shared), every
+collective on the rank's own group of the same axis, every send and receive to its own
+neighbour in the same stage, every block body relocated once. The programs are the same
+as lowering them anew would give (a test compares them op by op for every placement);
+relocating costs one object per communication op instead of the whole lowering.
+
+Only a search's numbers-only schedules (``share_bodies``) keep what they lowered here,
+and only the last few grids' (:data:`KEPT`): a run of one scenario has nothing to share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from simulator.request.layout import Layout
+from simulator.schedule.context import StepConfig
+from simulator.schedule.ir import Block, Op, retarget
+
+__all__ = ["KEPT", "forget", "keep_templates", "known_templates", "known_templates_count"]
+
+#: Grids whose lowering is kept (a search meets a grid's placements one after another).
+KEPT = 4
+
+# placement-free key -> (the layout lowered on, templates, body templates)
+_LOWERED: dict[tuple, tuple[Layout, dict[int, tuple[int, list[Op]]], dict]] = {}
+
+
+def _key(config: StepConfig, flags: tuple[bool, ...]) -> tuple:
+    """Everything the lowering reads but the placement: the recipe's other fields, the
+    grid's sizes, the model, the routing seed, the node size and the builder's flags."""
+    recipe, layout = config.recipe, config.layout
+    return (
+        tuple(getattr(recipe, f.name) for f in fields(recipe) if f.name != "layout"),
+        (layout.tp, layout.pp, layout.dp, layout.ep, layout.dp_shard, layout.cp),
+        config.model.model_dump_json(),
+        config.seed,
+        config.gpus_per_node,
+        flags,
+    )
+
+
+def keep_templates(
+    config: StepConfig, flags: tuple[bool, ...], templates: dict[int, tuple[int, list[Op]]]
+) -> None:
+    """Keep ``templates`` (pipeline rank -> (rank, ops)), lowered on ``config``'s layout,
+    and ``config``'s body templates, for the grid's other placements."""
+    if len(_LOWERED) >= KEPT:
+        _LOWERED.pop(next(iter(_LOWERED)))  # the oldest grid
+    _LOWERED[_key(config, flags)] = (config.layout, templates, dict(config.body_templates))
+
+
+def known_templates(
+    config: StepConfig, flags: tuple[bool, ...]
+) -> dict[int, tuple[int, list[Op]]] | None:
+    """The templates of ``config``'s grid relocated onto its layout, with its body
+    templates filled in to match; None when this grid was not lowered here."""
+    known = _LOWERED.get(_key(config, flags))
+    if known is None:
+        return None
+    source, templates, body_templates = known
+    target = config.layout
+
+    def moved(rank: int) -> int:
+        # a representative rank: pipeline coordinate only (tp, dp, cp all 0)
+        return target.rank_of(pp=source.coords(rank)["pp"])
+
+    bodies: dict[int, tuple] = {}
+
+    def body_of(body: tuple, rank: int) -> tuple:
+        new = bodies.get(id(body))
+        if new is None:
+            new = bodies[id(body)] = tuple(retarget(op, rank, target, source) for op in body)
+        return new
+
+    def relocated(op: Op, rank: int) -> Op:
+        if type(op) is Block:
+            return Block(
+                op.id,
+                op.stream,
+                body_of(op.body, rank),
+                op.flops,
+                op.bytes,
+                op.label,
+                op.deps,
+                op.tags,
+                op.body_microbatch,
+            )
+        return retarget(op, rank, target, source)
+
+    out: dict[int, tuple[int, list[Op]]] = {}
+    for pipeline_rank, (rank, ops) in templates.items():
+        new_rank = moved(rank)
+        out[pipeline_rank] = (new_rank, [relocated(op, new_rank) for op in ops])
+    for ops, base in body_templates.values():
+        new_ops, new_base = bodies.get(id(ops)), bodies.get(id(base))
+        if new_ops is not None and new_base is not None:  # a timing hint: kept where whole
+            config.body_templates[id(new_ops)] = (new_ops, new_base)
+    return out
+
+
+def known_templates_count() -> int:
+    """How many grids' lowering is kept."""
+    return len(_LOWERED)
+
+
+def forget() -> None:
+    """Drop every kept lowering."""
+    _LOWERED.clear()
