@@ -144,19 +144,21 @@ def retarget(op: Op, rank: int, layout: Layout, source: Layout | None = None) ->
     groups: the same compute (shared, not copied), collectives on ``rank``'s groups of
     the same axes, sends and receives to ``rank``'s neighbours in the same stages.
     ``source``: the layout ``op`` was written on, when not ``layout`` (the same grid,
-    placed otherwise)."""
+    placed otherwise). An op that would not change is returned itself."""
     kind = type(op)
     if kind is Compute:
         return op
     if kind is Collective:  # dataclasses.replace, spelled out: several times faster
         group = layout.group_name(layout.axis_of_group(op.group), rank)
+        if group == op.group:  # the same group: the same op
+            return op
         return Collective(
             op.id, op.stream, op.kind, group, op.bytes, op.label, op.deps, op.tags, op.splits
         )
     if kind is Block:
         raise TypeError("a block is retargeted through its body")
-    stage = (source or layout).coords(op.peer)["pp"]
-    return replace(op, peer=layout.stage_rank(rank, stage))
+    peer = layout.stage_rank(rank, (source or layout).coords(op.peer)["pp"])
+    return op if peer == op.peer else replace(op, peer=peer)
 
 
 _OP_TYPES: dict[str, type] = {

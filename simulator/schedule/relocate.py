@@ -18,19 +18,21 @@ and only the last few grids' (:data:`KEPT`): a run of one scenario has nothing t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields
 
 from simulator.request.layout import Layout
 from simulator.schedule.context import StepConfig
-from simulator.schedule.ir import Block, Op, retarget
+from simulator.schedule.ir import Block, Compute, Op, retarget
 
 __all__ = ["KEPT", "forget", "keep_templates", "known_templates", "known_templates_count"]
 
 #: Grids whose lowering is kept (a search meets a grid's placements one after another).
 KEPT = 4
 
-# placement-free key -> (the layout lowered on, templates, body templates)
-_LOWERED: dict[tuple, tuple[Layout, dict[int, tuple[int, list[Op]]], dict]] = {}
+# placement-free key -> (the layout lowered on, templates, body templates, where each
+# kept sequence of ops holds ops to relocate)
+_LOWERED: dict[tuple, tuple[Layout, dict[int, tuple[int, list[Op]]], dict, dict]] = {}
 
 
 def _key(config: StepConfig, flags: tuple[bool, ...]) -> tuple:
@@ -54,51 +56,69 @@ def keep_templates(
     and ``config``'s body templates, for the grid's other placements."""
     if len(_LOWERED) >= KEPT:
         _LOWERED.pop(next(iter(_LOWERED)))  # the oldest grid
-    _LOWERED[_key(config, flags)] = (config.layout, templates, dict(config.body_templates))
+    _LOWERED[_key(config, flags)] = (config.layout, templates, dict(config.body_templates), {})
+
+
+def _placed(ops: Sequence[Op], known: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+    """Where ``ops`` holds an op that names a group, a peer or a body: every op but
+    compute (memoised by the sequence, which the kept lowering keeps alive)."""
+    found = known.get(id(ops))
+    if found is None:
+        found = known[id(ops)] = tuple(i for i, op in enumerate(ops) if type(op) is not Compute)
+    return found
 
 
 def known_templates(
     config: StepConfig, flags: tuple[bool, ...]
 ) -> dict[int, tuple[int, list[Op]]] | None:
     """The templates of ``config``'s grid relocated onto its layout, with its body
-    templates filled in to match; None when this grid was not lowered here."""
+    templates filled in to match; None when this grid was not lowered here. Compute ops,
+    and block bodies of compute alone, are shared with the kept lowering."""
     known = _LOWERED.get(_key(config, flags))
     if known is None:
         return None
-    source, templates, body_templates = known
+    source, templates, body_templates, placed = known
     target = config.layout
-
-    def moved(rank: int) -> int:
-        # a representative rank: pipeline coordinate only (tp, dp, cp all 0)
-        return target.rank_of(pp=source.coords(rank)["pp"])
-
     bodies: dict[int, tuple] = {}
 
     def body_of(body: tuple, rank: int) -> tuple:
         new = bodies.get(id(body))
         if new is None:
-            new = bodies[id(body)] = tuple(retarget(op, rank, target, source) for op in body)
+            positions = _placed(body, placed)
+            ops = list(body)
+            for i in positions:
+                ops[i] = retarget(body[i], rank, target, source)
+            # a body whose groups keep their names on this placement stays as it was
+            new = body if all(ops[i] is body[i] for i in positions) else tuple(ops)
+            bodies[id(body)] = new
         return new
 
     def relocated(op: Op, rank: int) -> Op:
-        if type(op) is Block:
-            return Block(
-                op.id,
-                op.stream,
-                body_of(op.body, rank),
-                op.flops,
-                op.bytes,
-                op.label,
-                op.deps,
-                op.tags,
-                op.body_microbatch,
-            )
-        return retarget(op, rank, target, source)
+        if type(op) is not Block:
+            return retarget(op, rank, target, source)
+        body = body_of(op.body, rank)
+        if body is op.body:
+            return op
+        return Block(
+            op.id,
+            op.stream,
+            body,
+            op.flops,
+            op.bytes,
+            op.label,
+            op.deps,
+            op.tags,
+            op.body_microbatch,
+        )
 
     out: dict[int, tuple[int, list[Op]]] = {}
     for pipeline_rank, (rank, ops) in templates.items():
-        new_rank = moved(rank)
-        out[pipeline_rank] = (new_rank, [relocated(op, new_rank) for op in ops])
+        # a representative rank: pipeline coordinate only (tp, dp, cp all 0)
+        new_rank = target.rank_of(pp=source.coords(rank)["pp"])
+        new_ops = list(ops)
+        for i in _placed(ops, placed):
+            new_ops[i] = relocated(ops[i], new_rank)
+        out[pipeline_rank] = (new_rank, new_ops)
     for ops, base in body_templates.values():
         new_ops, new_base = bodies.get(id(ops)), bodies.get(id(base))
         if new_ops is not None and new_base is not None:  # a timing hint: kept where whole
