@@ -141,21 +141,19 @@ class Layout:
         group_of: dict[tuple[str, int], str],
     ) -> None:
         """Name the groups of ``block`` consecutive DP replicas (``inner``) and of the
-        replicas at the same position across those blocks (``outer``)."""
-        for axis, key in (
-            (inner, lambda i: (i // block, None)),
-            (outer, lambda i: (None, i % block)),
+        replicas at the same position across those blocks (``outer``), each axis's
+        groups indexed in the order of their lowest rank, like every other group."""
+        dp_groups = [m for name, m in groups.items() if self.axis_of_group(name) == "dp"]
+        for axis, split in (
+            (inner, lambda m: [m[j : j + block] for j in range(0, len(m), block)]),
+            (outer, lambda m: [m[r::block] for r in range(block)]),
         ):
-            seen: dict[tuple[int, ...], str] = {}
-            for rank in range(self.world):
-                dp_group = self._members("dp", rank)
-                mine = key(dp_group.index(rank))
-                members = tuple(m for i, m in enumerate(dp_group) if key(i) == mine)
-                name = seen.get(members)
-                if name is None:
-                    name = seen[members] = f"{axis}{len(seen)}"
-                    groups[name] = members
-                group_of[(axis, rank)] = name
+            found = [part for members in dp_groups for part in split(members)]
+            for index, members in enumerate(sorted(found, key=min)):
+                name = f"{axis}{index}"
+                groups[name] = members
+                for rank in members:
+                    group_of[(axis, rank)] = name
 
     @property
     def world(self) -> int:
