@@ -255,28 +255,38 @@ def _until_it_fits(
     measure: Callable[[], list[dict]],
     what: str,
     agree: Callable[[bool], bool] = bool,
+    size: str = "bytes",
 ) -> list[dict]:
     """The rows of ``measure()``, measured again (up to :data:`SWEEP_ATTEMPTS` times in
-    all) while their times give no positive slope with size: on a busy machine one
-    descheduled run can make the small sizes' mean slower than the large ones'.
+    all) while their times give no positive slope with their ``size`` field: on a busy
+    machine descheduled runs can make the small sizes' mean slower than the large ones'.
 
     Every rank that measures must take the same decision: a collective's rows are the
     same on every member (each is the slowest member's time), so ``agree`` is the
-    identity there; a ping-pong's two ranks take the initiator's (:func:`_initiators`)."""
+    identity there; a ping-pong's two ranks take the initiator's (:func:`_initiators`),
+    and every rank takes rank 0's for the GEMM and copy sweeps it fits
+    (:func:`_rank_zeros`)."""
     for attempt in range(1, SWEEP_ATTEMPTS + 1):
         rows = measure()
         try:
-            fit_line([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+            fit_line([r[size] for r in rows], [r["seconds"] for r in rows])
             error = None
         except HardwareError as failed:
             error = failed
         if agree(error is None):
             return rows
         if attempt == SWEEP_ATTEMPTS:
-            raise HardwareError(f"{what}: {error or 'the other rank could not fit its sweep'}")
+            raise HardwareError(f"{what}: {error or 'the deciding rank could not fit its sweep'}")
         if error is not None:
             print(f"parasim: {what}: {error}; measuring again", file=sys.stderr, flush=True)
     raise AssertionError("unreachable")
+
+
+def _rank_zeros(runtime: Runtime, fits: bool) -> bool:
+    """Rank 0's ``fits``, on every rank."""
+    flag = torch.tensor([1.0 if fits else 0.0], device=runtime.device)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
 
 
 def _initiators(runtime: Runtime, peer: int, initiator: bool, fits: bool) -> bool:
@@ -313,8 +323,18 @@ def calibrate(args: argparse.Namespace) -> int:
     schedules = scenario_schedules(args.scenario, []) if args.scenario else []
     raw: dict = {
         "probe_s": speed_probe(runtime),
-        "matmul": matmul_sweep(runtime, sweep["matmul"], sweep["iters"]),
-        "memcopy": memcopy_sweep(runtime, sweep["memcopy"], sweep["iters"]),
+        # rank 0's GEMM and copy rows are the ones fitted
+        "matmul": _until_it_fits(
+            partial(matmul_sweep, runtime, sweep["matmul"], sweep["iters"]),
+            "matmul",
+            partial(_rank_zeros, runtime),
+            size="flops",
+        ),
+        "memcopy": _until_it_fits(
+            partial(memcopy_sweep, runtime, sweep["memcopy"], sweep["iters"]),
+            "memory copy",
+            partial(_rank_zeros, runtime),
+        ),
         "comm": {},
     }
     scopes = _scope_groups(runtime)

@@ -46,6 +46,13 @@ def test_a_disturbed_sweep_is_measured_again(capsys):
     assert "all_reduce on 2 ranks" in err and "measuring again" in err
 
 
+def test_a_gemm_sweep_is_fitted_against_its_flops(capsys):
+    flops = [{"flops": s, "bytes": 1.0, "seconds": t} for s, t in zip(SIZES, CLEAN, strict=True)]
+    measured = iter([[{**r, "seconds": t} for r, t in zip(flops, DISTURBED, strict=True)], flops])
+    assert _until_it_fits(lambda: next(measured), "matmul", size="flops") == flops
+    assert "matmul" in capsys.readouterr().err
+
+
 def test_a_sweep_that_never_fits_is_an_error_naming_the_collective():
     calls = []
 
