@@ -140,20 +140,31 @@ def layer_activation_bytes(config: StepConfig, layer: int, recompute: str | None
     )
 
 
-def stage_activation_bytes(config: StepConfig, stage: int) -> float:
+def stage_activation_bytes(
+    config: StepConfig, stage: int, per_layer: dict[bool, float] | None = None
+) -> float:
     """Bytes one micro-batch leaves on a rank for global ``stage``: its layers', and
-    the embedding's (first stage) or the final norm's, logits' and loss's (last)."""
+    the embedding's (first stage) or the final norm's, logits' and loss's (last).
+    ``per_layer`` keeps a dense and an MoE layer's bytes, which every stage of the step
+    shares (a layer saves what its kind does, whatever its place)."""
     model, layout, b = config.local, config.layout, config.micro_batch
     layers = config.layers_of(stage)
     per = len(layers)
     moe = [layer for layer in layers if config.is_moe_layer(layer)]
+    known = {} if per_layer is None else per_layer
+
+    def saved(layer: int, is_moe: bool) -> float:
+        value = known.get(is_moe)
+        if value is None:
+            value = known[is_moe] = layer_activation_bytes(config, layer)
+        return value
+
     total = 0.0
     if len(moe) < per:  # dense layers all save the same
-        total += (per - len(moe)) * layer_activation_bytes(
-            config, next(layer for layer in layers if not config.is_moe_layer(layer))
-        )
+        dense = next(layer for layer in layers if not config.is_moe_layer(layer))
+        total += (per - len(moe)) * saved(dense, False)
     if moe:
-        total += len(moe) * layer_activation_bytes(config, moe[0])
+        total += len(moe) * saved(moe[0], True)
     shard = layout.tp if config.recipe.sequence_parallel else 1
     if stage == 0:
         total += embedding_op(model, b, layout.tp).saved_bytes
@@ -213,7 +224,10 @@ def memory_per_rank(
     communicators += (layout.pp > 1) + (layout.cp > 1 and layout.dp > 1)  # pp, dp × cp
     if layout.dp_shard and layout.dp_shard < layout.dp:
         communicators += 1 + (layout.dp_shard > 1)  # HSDP's replicate and shard groups
-    per_stage = {stage: stage_activation_bytes(config, stage) for stage in range(config.stages)}
+    per_layer: dict[bool, float] = {}
+    per_stage = {
+        stage: stage_activation_bytes(config, stage, per_layer) for stage in range(config.stages)
+    }
     sizes = dict(BYTES_PER_PARAM, gradients=config.grad_bytes)
     ranks = []
     for pipeline_rank in range(layout.pp):
