@@ -238,13 +238,13 @@ SWEEP_ATTEMPTS = 3
 def _collective_rows(
     runtime: Runtime,
     kind: str,
-    group_members: tuple[object, list[int]],
+    group: object,
+    members: list[int],
     sizes: list[int],
     uneven: list,
     iters: int,
 ) -> list[dict]:
     """A collective's sweep on one group, and its uneven cases (all-to-alls) after."""
-    group, members = group_members
     rows = collective_sweep(runtime, kind, group, members, sizes, iters)
     if uneven:
         rows += uneven_all_to_all_sweep(runtime, group, members, uneven, iters)
@@ -266,6 +266,7 @@ def _until_it_fits(
     identity there; a ping-pong's two ranks take the initiator's (:func:`_initiators`),
     and every rank takes rank 0's for the GEMM and copy sweeps it fits
     (:func:`_rank_zeros`)."""
+    error: HardwareError | None = None
     for attempt in range(1, SWEEP_ATTEMPTS + 1):
         rows = measure()
         try:
@@ -275,11 +276,9 @@ def _until_it_fits(
             error = failed
         if agree(error is None):
             return rows
-        if attempt == SWEEP_ATTEMPTS:
-            raise HardwareError(f"{what}: {error or 'the deciding rank could not fit its sweep'}")
-        if error is not None:
+        if error is not None and attempt < SWEEP_ATTEMPTS:
             print(f"parasim: {what}: {error}; measuring again", file=sys.stderr, flush=True)
-    raise AssertionError("unreachable")
+    raise HardwareError(f"{what}: {error or 'the deciding rank could not fit its sweep'}")
 
 
 def _rank_zeros(runtime: Runtime, fits: bool) -> bool:
@@ -354,7 +353,8 @@ def calibrate(args: argparse.Namespace) -> int:
                 _collective_rows,
                 runtime,
                 kind,
-                (group, members),
+                group,
+                members,
                 sizes,
                 uneven if kind == "all_to_all" else [],
                 sweep["iters"],

@@ -817,8 +817,6 @@ def run_chunked(
     chunk (:func:`_chunks`), and so one after another in one process, which may reuse
     what the first of them built."""
     chunks = _chunks(items, workers if executor is not None else 1, largest, together)
-    if executor is None:
-        chunks = [[index] for chunk in chunks for index in chunk]
     results: list[dict | None] = [None] * len(items)
 
     def keep(chunk: list[int], rows: list[dict]) -> None:
@@ -826,9 +824,9 @@ def run_chunked(
             results[index] = row
         advance(len(chunk))
 
-    if executor is None:
-        for chunk in chunks:
-            keep(chunk, function(*args, [items[i] for i in chunk]))
+    if executor is None:  # one at a time here, in the chunks' order
+        for index in (index for chunk in chunks for index in chunk):
+            keep([index], function(*args, [items[index]]))
         return results  # type: ignore[return-value]
     futures = {
         executor.submit(function, *args, [items[i] for i in chunk]): chunk for chunk in chunks
