@@ -421,3 +421,49 @@ def test_candidates_of_one_grid_run_in_one_chunk_in_the_order_given():
     rows = sweep.run_chunked(label, (None,), items, None, 1, lambda n: None, 4, sweep.same_grid)
     assert [row["row"] for row in rows] == [" ".join(item) for item in items]
     assert [row for chunk in seen for row in chunk][:3] == ["training.micro_batch=1"] * 3
+
+
+@pytest.mark.parametrize(
+    "scenario, overrides",
+    [
+        ("gpt3-175b.yaml", ["parallel.tp=4", "parallel.pp=8", "parallel.dp=4"]),
+        (
+            "mixtral-ep.yaml",
+            ["parallel.tp=2", "parallel.pp=2", "parallel.dp=4", "parallel.ep=4"],
+        ),
+        (
+            "llama3-70b-fsdp.yaml",
+            ["parallel.tp=2", "parallel.pp=2", "parallel.dp=64", "training.sharding=full"]
+            + ["parallel.dp_shard=8"],
+        ),
+        (
+            "llama3-8b-128k-cp.yaml",
+            ["cluster.nodes=4", "parallel.cp=4", "parallel.tp=2", "parallel.pp=2"]
+            + ["parallel.dp=2", "training.global_batch=8"],
+        ),
+    ],
+)
+def test_a_placement_moves_ranks_not_bytes(scenario, overrides):
+    """The sweep's check estimates the memory of one placement of a grid for all of
+    them (``check_chunk``): every placement of these grids (dense, MoE with experts,
+    HSDP, context parallel) holds the same bytes per rank, and a chunk's results are
+    those of checking each candidate alone."""
+    estimates = []
+    for placement in sweep.PLACEMENTS:
+        chosen = f"parallel.placement=[{','.join(placement)}]"
+        loaded = load_scenario(SCENARIOS / scenario, [*overrides, chosen])
+        capacity = loaded.cluster_spec.gpu.hbm_capacity
+        estimates.append(memory_per_rank(loaded.recipe, loaded.model, loaded.moe, capacity))
+    assert all(estimate == estimates[0] for estimate in estimates)
+    assert estimates[0].peak_bytes_per_gpu > 0
+
+    raw = sweep.read_raw(SCENARIOS / scenario)
+    items = [
+        [*overrides, f"parallel.placement=[{','.join(p)}]", f"training.micro_batch={m}"]
+        for m in (1, 2)
+        for p in sweep.PLACEMENTS
+    ]
+    args = (raw, str(SCENARIOS / scenario), str(SCENARIOS))
+    alone = [sweep._check(*args, item) for item in items]
+    assert sweep.check_chunk(*args, items) == alone
+    assert {row["status"] for row in alone} <= {"fits", "pruned"}

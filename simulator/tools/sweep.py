@@ -694,12 +694,26 @@ def _load(raw: dict[str, Any], source: str, base_dir: str, overrides: list[str])
     )
 
 
-def _check(raw: dict[str, Any], source: str, base_dir: str, overrides: list[str]) -> dict:
-    """Validate one candidate and estimate its memory."""
+def _check(
+    raw: dict[str, Any],
+    source: str,
+    base_dir: str,
+    overrides: list[str],
+    estimates: dict[tuple[str, ...], Any] | None = None,
+) -> dict:
+    """Validate one candidate and estimate its memory. ``estimates`` holds the memory
+    of the candidates already checked, by :func:`same_grid`: a placement decides which
+    ranks a group joins, not what a rank holds, so the candidates that differ only in
+    placement share one estimate (``tests/test_sweep.py`` holds them equal)."""
     try:
         scenario = _load(raw, source, base_dir, overrides)
-        capacity = scenario.cluster_spec.gpu.hbm_capacity
-        memory = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, capacity)
+        key = same_grid(overrides)
+        memory = None if estimates is None else estimates.get(key)
+        if memory is None:
+            capacity = scenario.cluster_spec.gpu.hbm_capacity
+            memory = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, capacity)
+            if estimates is not None:
+                estimates[key] = memory
     except ParasimError as exc:
         return {"status": "invalid", "reason": (str(exc).splitlines() or [""])[0]}
     return {
@@ -713,8 +727,10 @@ def _check(raw: dict[str, Any], source: str, base_dir: str, overrides: list[str]
 def check_chunk(
     raw: dict[str, Any], source: str, base_dir: str, chunk: list[list[str]]
 ) -> list[dict]:
-    """:func:`_check` of several candidates (one task of the process pool)."""
-    return [_check(raw, source, base_dir, overrides) for overrides in chunk]
+    """:func:`_check` of several candidates (one task of the process pool); those that
+    differ only in placement share one memory estimate."""
+    estimates: dict[tuple[str, ...], Any] = {}
+    return [_check(raw, source, base_dir, overrides, estimates) for overrides in chunk]
 
 
 @fewer_collections()
@@ -962,7 +978,14 @@ def run_sweep(
                 base.base_dir,
                 all_overrides,
                 lambda items: run_chunked(
-                    check_chunk, args, items, executor, workers, advance, largest=64 * scale
+                    check_chunk,
+                    args,
+                    items,
+                    executor,
+                    workers,
+                    advance,
+                    largest=64 * scale,
+                    together=same_grid,
                 ),
                 advance,
             )
