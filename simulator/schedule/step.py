@@ -124,10 +124,16 @@ def _record_images(schedule: Schedule, layout: Layout) -> None:
             continue
         axis = layout.axis_of_group(name)
         representative = next(m for m in members if m in simulated)
-        names = dict.fromkeys(
-            layout.group_name(axis, image) for image in schedule.rank_images[representative]
-        )
-        schedule.images[name] = tuple(tuple(layout.members(n)) for n in names)
+        # the groups of the images in order of first appearance: an image in a group
+        # already found adds nothing, and is passed over without naming its group
+        found: list[tuple[int, ...]] = []
+        covered: set[int] = set()
+        for image in schedule.rank_images[representative]:
+            if image not in covered:
+                group = layout.members(layout.group_name(axis, image))
+                found.append(tuple(group))
+                covered.update(group)
+        schedule.images[name] = tuple(found)
 
 
 def _moe_meta(config: StepConfig) -> dict[str, Any] | None:
