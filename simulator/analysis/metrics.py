@@ -31,15 +31,15 @@ __all__ = ["CATEGORIES", "account_rank", "account_step"]
 CATEGORIES = ("compute", "exposed_comm", "bubble", "imbalance_stall", "other")
 
 
-def _predecessors(ops: list) -> list[tuple[int, ...]]:
-    """Stream predecessor plus deps of every op."""
+def _stream_previous(ops: list) -> list[int]:
+    """The op before each op on its stream (-1 for the first of its stream)."""
     last_on_stream: dict[str, int] = {}
-    preds = []
+    previous = []
     for op in ops:
-        previous = last_on_stream.get(op.stream)
-        preds.append(op.deps if previous is None else (previous, *op.deps))
-        last_on_stream[op.stream] = op.id
-    return preds
+        stream = op.stream
+        previous.append(last_on_stream.get(stream, -1))
+        last_on_stream[stream] = op.id
+    return previous
 
 
 def account_rank(
@@ -67,13 +67,18 @@ def account_rank(
     totals = dict.fromkeys(CATEGORIES, 0.0)
     exposed: dict[str, float] = {}
     by_phase: dict[str, float] = {}
-    preds = _predecessors(ops)
+    previous = _stream_previous(ops)
 
     def binding(op_id: int) -> int | None:
-        candidates = preds[op_id]
-        if not candidates:
-            return None
-        return max(candidates, key=lambda p: (end[p], -p))
+        """Of the op's stream predecessor and deps, the one that finished last (the
+        first of them on a tie): ``max`` of them by ``(end, -id)``, spelled out."""
+        best = previous[op_id]
+        latest = end[best] if best >= 0 else None
+        for dep in ops[op_id].deps:
+            finished = end[dep]
+            if latest is None or finished > latest or (finished == latest and dep < best):
+                best, latest = dep, finished
+        return None if latest is None else best
 
     def explain(op_id: int | None, lo: float, hi: float) -> None:
         while op_id is not None and hi > lo:
@@ -119,9 +124,8 @@ def account_rank(
         phase = op.tags.get("phase", "fwd")
         by_phase[phase] = by_phase.get(phase, 0.0) + duration
     rank_end = max(end, default=0.0)
-    if rank_end > cursor:
-        last = max(range(len(ops)), key=lambda i: (end[i], -i))
-        explain(last, cursor, rank_end)
+    if rank_end > cursor:  # the first op to end last
+        explain(list(end).index(rank_end), cursor, rank_end)
     if step_time > rank_end:
         add("bubble" if pipelined else "imbalance_stall", rank_end, step_time)
     return {
