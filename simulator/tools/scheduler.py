@@ -36,7 +36,7 @@ SCHEDULER_ENV = "PARASIM_DASK_SCHEDULER"
 #: Dask settings of a ``LocalCluster``'s workers: no statistical profiler and no GIL
 #: monitor, and the event loop's watchdog tick (20 ms), the system monitor (0.5 s,
 #: the dashboard's CPU and memory plots) and the nannies' memory check (0.1 s) at a
-#: slower pace: on the two cores of a laptop they ran beside the workers and took
+#: slower pace: on a two-core machine they ran beside the workers and took
 #: about a tenth of a core from them (the sweep's own process, which holds the
 #: scheduler and the nannies, spent 0.59-0.79 s of CPU on 500 layouts with Dask's
 #: defaults against 0.21-0.24 s with these, ``benchmarks/RESULTS.md``). Workers
