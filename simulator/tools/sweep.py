@@ -707,13 +707,14 @@ def _check(
     placement share one estimate (``tests/test_sweep.py`` holds them equal)."""
     try:
         scenario = _load(raw, source, base_dir, overrides)
+        estimates = {} if estimates is None else estimates
         key = same_grid(overrides)
-        memory = None if estimates is None else estimates.get(key)
+        memory = estimates.get(key)
         if memory is None:
             capacity = scenario.cluster_spec.gpu.hbm_capacity
-            memory = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, capacity)
-            if estimates is not None:
-                estimates[key] = memory
+            memory = estimates[key] = memory_per_rank(
+                scenario.recipe, scenario.model, scenario.moe, capacity
+            )
     except ParasimError as exc:
         return {"status": "invalid", "reason": (str(exc).splitlines() or [""])[0]}
     return {
@@ -840,9 +841,9 @@ def run_chunked(
             results[index] = row
         advance(len(chunk))
 
-    if executor is None:  # one at a time here, in the chunks' order
-        for index in (index for chunk in chunks for index in chunk):
-            keep([index], function(*args, [items[index]]))
+    if executor is None:  # here, chunk by chunk in order, as a worker would run them
+        for chunk in chunks:
+            keep(chunk, function(*args, [items[i] for i in chunk]))
         return results  # type: ignore[return-value]
     futures = {
         executor.submit(function, *args, [items[i] for i in chunk]): chunk for chunk in chunks
