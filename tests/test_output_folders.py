@@ -139,11 +139,12 @@ def test_an_interrupted_run_never_mixes_two_runs_files(tmp_path):
     assert not all(outcomes), "some trial must have been interrupted before the swap"
 
 
-# what the console script runs, after a line that says Python itself is up (a SIGINT
-# before that interrupts the interpreter's own start-up, which no program can catch)
+# what the console script runs, after a line that says Python and the console script's
+# own module are up (a SIGINT before that interrupts the interpreter's start-up or the
+# few milliseconds of importing ``simulator.cli.entry``, which no program can catch)
 ENTRY = (
-    "import sys; sys.stderr.write('up\\n'); sys.stderr.flush(); "
-    "from simulator.cli.entry import main; sys.exit(main())"
+    "import sys; from simulator.cli.entry import main; "
+    "sys.stderr.write('up\\n'); sys.stderr.flush(); sys.exit(main())"
 )
 
 
@@ -174,6 +175,38 @@ def test_ctrl_c_while_the_command_starts_is_one_line_never_a_traceback(tmp_path)
         interrupted += 1
     assert interrupted >= 4  # most fall inside the start-up
     assert not (tmp_path / "run").exists()
+
+
+# a command whose Ctrl-C lands where Python cannot raise it, as a SIGINT inside the
+# import system's weak-reference callbacks does: it is swallowed, then the command
+# would run on for a minute if nothing passed the interruption on
+SWALLOWED = """
+import sys, time
+import simulator.cli.main
+from simulator.cli import entry
+
+class Finaliser:
+    def __del__(self):
+        raise KeyboardInterrupt
+
+def command():
+    Finaliser()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pass
+    return 0
+
+simulator.cli.main.main = command
+sys.exit(entry.main())
+"""
+
+
+def test_a_ctrl_c_python_could_not_raise_still_ends_the_command_in_one_line():
+    done = subprocess.run(
+        [sys.executable, "-c", SWALLOWED], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert done.stderr.strip().splitlines() == ["parasim: interrupted"], done.stderr
+    assert done.returncode == 130
 
 
 def test_the_console_script_leaves_its_objects_to_the_system_and_its_files_whole(tmp_path):

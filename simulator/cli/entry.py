@@ -1,7 +1,12 @@
 """The ``parasim`` console script. It catches Ctrl-C and SIGTERM from its first line,
 so an interruption while the command line's modules are still being imported (plotly,
 numpy, the model) ends with the same one line and exit status 130 as one during a
-command, never a Python traceback.
+command, never a Python traceback. A Ctrl-C that lands inside a callback Python cannot
+raise from (a weak reference's callback in the import system, a finaliser) would
+otherwise be printed as "Exception ignored" with a traceback and then lost: the
+console script's unraisable hook raises it again a moment later instead (a 20 ms
+``SIGALRM``, so that it lands outside the callback), where it ends the command like
+any other.
 
 When the command is done, every object left is frozen out of the garbage collector
 (``gc.freeze``): the interpreter's last collection at exit would walk them all (a
@@ -26,10 +31,36 @@ def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+# long enough for the hook and the callback that failed to have returned
+_REDELIVERY_DELAY_S = 0.02
+
+
+def _pass_on_interrupts(unraisable: Any) -> None:
+    """``sys.unraisablehook``: an interruption raised where it could not propagate is
+    raised again by a ``SIGALRM`` once the code that swallowed it has returned (a
+    signal handled at once, as ``_thread.interrupt_main`` is, would land in this hook
+    itself); anything else is reported as Python would."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        signal.setitimer(signal.ITIMER_REAL, _REDELIVERY_DELAY_S)
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def _stop_redelivery() -> None:
+    """After the one line is printed, no interruption still on its way may follow."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGALRM"):
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+
+
 def main() -> int:
     """Import the command line and run it (:func:`simulator.cli.main.main`)."""
-    signal.signal(signal.SIGTERM, _terminate)
     try:
+        signal.signal(signal.SIGTERM, _terminate)
+        if hasattr(signal, "SIGALRM"):  # POSIX: what the unraisable hook redelivers with
+            signal.signal(signal.SIGALRM, _terminate)
+            sys.unraisablehook = _pass_on_interrupts
         from simulator.cli.main import main as parasim
         from simulator.common.collector import end_with_command
 
@@ -38,7 +69,7 @@ def main() -> int:
         gc.freeze()  # nothing left needs collecting: the process ends here
         return code
     except KeyboardInterrupt:  # before the command's own handling took over
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # one line, however many Ctrl-Cs
+        _stop_redelivery()  # one line, however many Ctrl-Cs
         print("parasim: interrupted", file=sys.stderr)
         return 130
 
