@@ -31,3 +31,23 @@ def seconds_to_flops(cluster: Cluster, seconds: float) -> float:
     """FLOPs of a GEMM that takes ``seconds`` on the cluster's GPU (no launch overhead)."""
     gpu = cluster.spec.gpu
     return seconds * gpu.peak_flops * gpu.matmul_efficiency
+
+
+def same_numbers(a: Any, b: Any, path: str = "result") -> list[str]:
+    """Where two results differ beyond float rounding: every field equal, floats to one
+    part in 10¹² (a block's ops are timed from the block's start, op by op from the
+    step's: the same sums in another order). ``simulation.blocks`` (how many blocks
+    ran) is how the step was written, not a number of the step, and is left out."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = (a.keys() | b.keys()) - ({"blocks"} if path.endswith(".simulation") else set())
+        return [d for k in sorted(keys) for d in same_numbers(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in same_numbers(x, y, f"{path}[{i}]")
+        ]
+    if isinstance(a, float) and isinstance(b, float):
+        close = abs(a - b) <= 1e-12 * max(abs(a), abs(b)) + 1e-18
+        return [] if close else [f"{path}: {a!r} != {b!r}"]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]

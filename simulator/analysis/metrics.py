@@ -71,11 +71,16 @@ def account_rank(
 
     def binding(op_id: int) -> int | None:
         """Of the op's stream predecessor and deps, the one that finished last (the
-        first of them on a tie): ``max`` of them by ``(end, -id)``, spelled out."""
+        first of them on a tie): ``max`` of them by ``(end, -id)``, spelled out. A dep
+        on a point inside a block finished when that body op did."""
         best = previous[op_id]
         latest = end[best] if best >= 0 else None
-        for dep in ops[op_id].deps:
+        op = ops[op_id]
+        points = op.points
+        for index, dep in enumerate(op.deps):
             finished = end[dep]
+            if points and points[index] >= 0:
+                finished = _point_end(ops[dep], start[dep], finished, points[index], blocks)
             if latest is None or finished > latest or (finished == latest and dep < best):
                 best, latest = dep, finished
         return None if latest is None else best
@@ -134,6 +139,20 @@ def account_rank(
         "exposed_comm_by_axis": dict(sorted(exposed.items())),
         "compute_by_phase": dict(sorted(by_phase.items())),
     }
+
+
+def _point_end(
+    block: Block, begun: float, ended: float, point: int, blocks: BlockTimer | None
+) -> float:
+    """When op ``point`` of ``block``'s body ended, the block having run from ``begun``
+    to ``ended`` (stretched as a straggler's is, where it was)."""
+    if blocks is None:
+        raise ValueError("accounting a schedule with blocks needs their body times")
+    body = blocks(block)
+    seconds = body.end[point]
+    if begun + body.makespan != ended and body.makespan > 0:
+        seconds *= (ended - begun) / body.makespan
+    return begun + seconds
 
 
 def _body_breakdown(block: Block, blocks: BlockTimer | None, cache: dict) -> dict[str, Any]:

@@ -201,6 +201,12 @@ class _Engine:
                     return
                 if t > at:
                     at = t
+            if op.points:  # some deps are ops inside blocks: their ends, not the blocks'
+                at = clock
+                for dep, point in zip(op.deps, op.points, strict=True):
+                    t = end[dep] if point < 0 else self._point_end(rank, dep, point)
+                    if t > at:
+                        at = t
             op_id = op.id
             kind = type(op)
             if self.shared_cores and (kind is Compute or kind is Block):
@@ -330,6 +336,12 @@ class _Engine:
             rendezvous.size,
             rendezvous.splits,
         )
+
+    def _point_end(self, rank: int, block_id: int, point: int) -> float:
+        """When op ``point`` of a block's body ends, the block having run (stretched as
+        the block was)."""
+        body = self.blocks(self.schedule.programs[rank].ops[block_id])
+        return self.start[rank][block_id] + body.end[point] * self.factors.get(rank, 1.0)
 
     def _block_time(self, op: Block) -> float:
         self.blocks_run += 1

@@ -76,7 +76,8 @@ def build_schedule(scenario: Scenario, numbers_only: bool = False) -> Schedule:
     pipeline stage when :func:`folds` says so, and in blocks of whole pipeline actions
     in analytic fidelity. With ``numbers_only`` (a search, which writes no trace) the
     stages of one shape share their block bodies' lowering (``build_step``'s
-    ``share_bodies``)."""
+    ``share_bodies``), and the actions that hand gradients to data parallelism are
+    written in blocks of layers where bodies hold their times (``layer_blocks``)."""
     fold = folds(scenario)
     analytic = scenario.spec.simulation.fidelity == "analytic"
     return build_step(
@@ -89,7 +90,15 @@ def build_schedule(scenario: Scenario, numbers_only: bool = False) -> Schedule:
         blocks=fold and analytic,
         images=analytic,
         share_bodies=numbers_only,
+        layer_blocks=numbers_only and bodies_hold_times(scenario),
     )
+
+
+def bodies_hold_times(scenario: Scenario) -> bool:
+    """Whether a block body's times hold wherever it runs: a body does not hold its
+    pipeline action's host issue times, nor a rank's straggler factor or shared cores."""
+    gpu = scenario.cluster_spec.gpu
+    return gpu.host_overhead == 0 and gpu.jitter == 0 and gpu.devices_per_core == 1
 
 
 def per_rank_schedule(scenario: Scenario) -> Schedule:

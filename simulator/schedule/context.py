@@ -46,6 +46,11 @@ class StepConfig:
         # (:meth:`RankLowering._action`); None builds every stage's bodies
         self.shared_bodies: dict[tuple, tuple[tuple, int]] | None = None
         self.body_templates: dict[int, tuple[tuple, tuple]] = {}  # Schedule.body_templates
+        # with blocks, for a step whose numbers alone are wanted: a stage's last backward
+        # written in blocks of layers (RankLowering._layer_block)
+        self.layer_blocks = False
+        # (phase, deferred?) -> (a layer's body entry, the rank that lowered it)
+        self.layer_bodies: dict[tuple[str, bool], tuple[tuple | None, int]] = {}
 
     # the recipe's settings the builder and memory read
     @property

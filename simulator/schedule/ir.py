@@ -31,6 +31,13 @@ Five op types exist:
     analytic fidelity). Bodies are shared between the actions that run the same ops,
     so a step's millions of ops become a block per action over a few bodies per stage.
 
+Points
+    An op waits for the end of each of its ``deps``; where it waits for an op inside a
+    block's body instead (the gradient of one layer, in a stage's last backward written
+    in blocks of layers: :mod:`simulator.schedule.segments`), its ``points`` say which:
+    aligned with ``deps``, ``points[i]`` is the body op's id in block ``deps[i]``, or
+    -1 for the dep's own end. Empty (most ops): every dep's own end.
+
 ``tags`` carry ``layer``, ``microbatch``, ``stage``, ``phase`` and the parallel
 ``axis`` of a communication; metrics are computed from tags, never from labels.
 Schedules round-trip through JSON unchanged (:meth:`Schedule.to_json`,
@@ -81,6 +88,7 @@ class Compute:
     # action's first compute op: the host issues one op per host_overhead
     host_index: int = 0
     fp8: bool = False  # a GEMM on the GPU's FP8 tensor cores
+    points: tuple[int, ...] = ()  # see "Points" in the module docstring
     type = "compute"
 
 
@@ -95,6 +103,7 @@ class Collective:
     deps: tuple[int, ...] = ()
     tags: dict[str, Any] = field(default_factory=dict)
     splits: tuple[float, ...] | None = None
+    points: tuple[int, ...] = ()
     type = "collective"
 
 
@@ -108,6 +117,7 @@ class _PointToPoint:
     label: str = ""
     deps: tuple[int, ...] = ()
     tags: dict[str, Any] = field(default_factory=dict)
+    points: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -132,6 +142,7 @@ class Block:
     tags: dict[str, Any] = field(default_factory=dict)
     # the micro-batch the body's labels and tags name (a body serves every micro-batch)
     body_microbatch: int = 0
+    points: tuple[int, ...] = ()
     kind = "block"
     type = "block"
 
@@ -153,7 +164,16 @@ def retarget(op: Op, rank: int, layout: Layout, source: Layout | None = None) ->
         if group == op.group:  # the same group: the same op
             return op
         return Collective(
-            op.id, op.stream, op.kind, group, op.bytes, op.label, op.deps, op.tags, op.splits
+            op.id,
+            op.stream,
+            op.kind,
+            group,
+            op.bytes,
+            op.label,
+            op.deps,
+            op.tags,
+            op.splits,
+            op.points,
         )
     if kind is Block:
         raise TypeError("a block is retargeted through its body")
@@ -168,7 +188,7 @@ _OP_TYPES: dict[str, type] = {
     "recv": Recv,
     "block": Block,
 }
-_TUPLE_FIELDS = ("deps", "shape", "splits", "beside_comm")
+_TUPLE_FIELDS = ("deps", "shape", "splits", "beside_comm", "points")
 
 
 @dataclass
@@ -259,8 +279,12 @@ class Schedule:
 def _op_dict(op: Op) -> dict[str, Any]:
     if type(op) is Block:
         fields = {name: getattr(op, name) for name in Block.__slots__ if name != "body"}
-        return dict(fields, body=[_op_dict(inner) for inner in op.body], type=op.type)
-    return dict(asdict(op), type=op.type)
+        raw = dict(fields, body=[_op_dict(inner) for inner in op.body], type=op.type)
+    else:
+        raw = dict(asdict(op), type=op.type)
+    if not raw["points"]:  # most ops wait for their deps' own ends: said by omission
+        del raw["points"]
+    return raw
 
 
 def _op_from_dict(raw: dict[str, Any]) -> Op:

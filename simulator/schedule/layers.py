@@ -68,6 +68,19 @@ from simulator.schedule.writer import ProgramWriter
 __all__ = ["RankLowering"]
 
 
+class _GradientEvents:
+    """Stands in for the gradient pass while a layer's body is lowered: it records the
+    gradients the layer completes, which each block of the body hands on."""
+
+    def __init__(self) -> None:
+        self.ready: list[tuple[int, int, bool]] = []
+
+    def grad_ready(
+        self, params: int, producer: int, microbatch: int, final: bool, expert: bool = False
+    ) -> None:
+        self.ready.append((params, producer, expert))
+
+
 class RankLowering(ExpertLowering, ContextParallelLowering):
     """Lowers one rank's pipeline actions into its program (see the module docstring)."""
 
@@ -115,6 +128,9 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.neighbours: dict[int, int] = {}  # global stage -> rank holding it
         # (action kind, stage) -> (body, flops, bytes, micro-batch, deferred weight grads)
         self.bodies: dict[tuple[str, int], tuple] = {}
+        # (phase, deferred?) -> a layer's backward in a stage's last backward, as a body
+        # (:meth:`_layer_block`; None: written op by op)
+        self.layer_bodies: dict[tuple[str, bool], tuple | None] = {}
         self.moe = config.moe
         self.ep = layout.ep
         self.ep_group = layout.group_name("ep", rank) if self.ep > 1 else None
@@ -340,6 +356,9 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
 
     def _layer_forward(self, layer: int, mb: int, phase: str) -> None:
         self.gradients.before_layer(layer, mb, phase)
+        self._layer_forward_ops(layer, mb, phase)
+
+    def _layer_forward_ops(self, layer: int, mb: int, phase: str) -> None:
         tags = dict(layer=layer, microbatch=mb, phase=phase)
         moe = self.config.is_moe_layer(layer)
         for cost in self.fwd_ops:
@@ -474,11 +493,99 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             self.wait_for(op)
 
     def _layer_backward(self, layer: int, mb: int, final: bool, phase: str, defer: bool) -> None:
+        """A layer's backward (after its forward again, with full recompute), with what
+        the gradient pass puts around it; in a stage's last backward, as one block
+        where :meth:`_layer_block` can."""
+        if final and self.config.layer_blocks and not self.gathers:
+            if self._layer_block(layer, mb, final, phase, defer):
+                return
+        recompute = self.config.recipe.recompute
+        self.gradients.before_layer(layer, mb, "recompute" if recompute == "full" else phase)
+        self._layer_backward_ops(layer, mb, final, phase, defer)
+        self.gradients.after_layer_backward(layer, mb, final)
+
+    def _layer_block(self, layer: int, mb: int, final: bool, phase: str, defer: bool) -> bool:
+        """A layer's backward in a stage's last backward as one block, for a search's
+        numbers (``StepConfig.layer_blocks``): every layer of the stage runs the same ops,
+        so their body is lowered once (on one stage, retargeted to the others' groups,
+        as :meth:`_retargeted` does), and what the gradient pass does with the layer's
+        gradients (buckets, FSDP's gathers and reduce-scatters) stays in the program,
+        waiting for points inside the block. False where a block would not keep the
+        op-by-op times: the layer's first op is not compute, or an all-gather is still
+        in flight at its end (pipelined SP's, beside the next layer's first GEMM)."""
+        key = (phase, defer)
+        entry = self.layer_bodies.get(key, ())
+        if entry == ():
+            entry = self.layer_bodies[key] = self._layer_body(layer, mb, final, phase, defer)
+        if entry is None:
+            return False
+        body, flops, nbytes, last, events, deferred, exits = entry
+        recompute = self.config.recipe.recompute
+        self.gradients.before_layer(layer, mb, "recompute" if recompute == "full" else phase)
+        deps, self.waits = tuple(self.waits), []
+        self.w.refs = True
+        tags = self.w.tag_set(None, layer, mb, phase, self.stage)
+        block = self.w.block(body, flops, nbytes, f"L{layer}.{phase}.mb{mb}", deps, mb, tags)
+        self.last = (block, last)  # type: ignore[assignment]  # an op inside the block
+        for params, producer, expert in events:
+            self.gradients.grad_ready(params, (block, producer), mb, final, expert)
+        if deferred:
+            self.deferred.setdefault((self.stage, mb), []).extend(deferred)
+        self.gradients.after_layer_backward(layer, mb, final)
+        self.waits = [(block, op) for op in exits]  # type: ignore[misc]
+        return True
+
+    def _layer_body(self, layer: int, mb: int, final: bool, phase: str, defer: bool):
+        """``layer``'s backward ops as a body for :meth:`_layer_block`: ``(body, flops,
+        bytes, its last compute op, the gradients it completes as (parameters, op,
+        expert?), the weight gradients it defers, the ops the next op waits for)``; None
+        where a block would not keep the times."""
+        shared = self.config.layer_bodies
+        known = shared.get((phase, defer))
+        if known is not None and known[0] is not None and known[1] != self.rank:
+            body, *rest = known[0]
+            ops = tuple(retarget(op, self.rank, self.layout) for op in body)
+            if any(a is not b for a, b in zip(ops, body, strict=True)):
+                self.config.body_templates[id(ops)] = (ops, body)
+                body = ops
+            return (body, *rest)
+        if known is not None:
+            return known[0]
+        outer = self.w, self.last, self.waits, self.gradients
+        events = _GradientEvents()
+        deferred = self.deferred.setdefault((self.stage, mb), [])
+        before = len(deferred)
+        self.w, self.last, self.waits, self.gradients = ProgramWriter(self.rank), 0, [], events
+        try:
+            self._layer_backward_ops(layer, mb, final, phase, defer)
+            body, last, exits, gathers = (
+                tuple(self.w.ops),
+                self.last,
+                tuple(self.waits),
+                self.gathers,
+            )
+        finally:
+            self.w, self.last, self.waits, self.gradients = outer
+            self.gathers = []
+        deferred_here = tuple(deferred[before:])
+        del deferred[before:]  # the block's use of the body defers them, as every use does
+        first = body[0] if body else None
+        if gathers or type(first) is not Compute or first.deps:
+            entry = None
+        else:
+            flops = sum(op.flops for op in body if type(op) is Compute)
+            nbytes = sum(op.bytes for op in body if type(op) is Compute)
+            entry = (body, flops, nbytes, last, tuple(events.ready), deferred_here, exits)
+        shared[(phase, defer)] = (entry, self.rank)
+        return entry
+
+    def _layer_backward_ops(
+        self, layer: int, mb: int, final: bool, phase: str, defer: bool
+    ) -> None:
+        """A layer's backward ops (after its forward ops again, with full recompute)."""
         recompute = self.config.recipe.recompute
         if recompute == "full":
-            self._layer_forward(layer, mb, "recompute")
-        else:
-            self.gradients.before_layer(layer, mb, phase)
+            self._layer_forward_ops(layer, mb, "recompute")
         tags = dict(layer=layer, microbatch=mb, phase=phase)
         moe = self.config.is_moe_layer(layer)
         for cost, grads in self.bwd_ops:
@@ -502,7 +609,6 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                         if self.cp_group is not None:
                             self._cp_after(core, layer, mb, "recompute")
             self._grads(grads, f"L{layer}.", mb, final, tags, self.stage, defer)
-        self.gradients.after_layer_backward(layer, mb, final)
 
     def _weight_gradients(self, stage: int, mb: int, final: bool) -> None:
         for grad, label, params, expert in self.deferred.pop((stage, mb), []):
@@ -539,4 +645,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                 else:
                     self.backward(action.stage, action.microbatch, final, kind, blocked)
         self.gradients.end_step(order[-1].microbatch)
+        # the gradient pass refers back to this lowering: unlinked, the lowering and
+        # its ops go when the last reference does, not at the collector's next pass
+        self.gradients.lowering = None
         return Program(self.rank, self.w.ops)

@@ -109,6 +109,7 @@ def known_templates(
             op.deps,
             op.tags,
             op.body_microbatch,
+            op.points,
         )
 
     out: dict[int, tuple[int, list[Op]]] = {}

@@ -11,7 +11,8 @@
    to their process groups and neighbours, so each stage is lowered once and the other
    ranks share its compute ops; folded, only those representatives are simulated; in
    blocks, every pipeline action that hands no gradient to data parallelism becomes one
-   :class:`~simulator.schedule.ir.Block`.
+   :class:`~simulator.schedule.ir.Block`, and for a search's numbers the others become
+   one block per layer, data parallelism waiting for points inside them.
 
 :func:`build_step` runs them all; each pass can also be called on its own, and the
 action lists print as torch's CSV cells do.
@@ -47,6 +48,7 @@ def build_step(
     blocks: bool = False,
     images: bool = False,
     share_bodies: bool = False,
+    layer_blocks: bool = False,
 ) -> Schedule:
     """The Schedule of one training step of ``model`` run as ``recipe``, for every rank
     of its layout (``moe``: the model's experts, routed from ``seed``).
@@ -65,11 +67,14 @@ def build_step(
     groups: the same times, but the stages' bodies keep the first one's layer and stage
     numbers in their labels and tags, so such a schedule is for numbers, not traces;
     and a grid lowered on one placement is relocated onto the others
-    (:mod:`simulator.schedule.relocate`).
+    (:mod:`simulator.schedule.relocate`). With ``layer_blocks`` too, the actions that
+    hand gradients to data parallelism are written in blocks of layers, their data
+    parallelism waiting for points inside them (``RankLowering._layer_block``).
     """
     config = StepConfig(recipe, model, moe, seed, gpus_per_node)
     if share_bodies and blocks:
         config.shared_bodies = {}
+        config.layer_blocks = layer_blocks
     layout = config.layout
     orders = config.pipeline_orders()
     if config.moe is not None or layout.cp > 1:
@@ -85,7 +90,7 @@ def build_step(
             _record_images(schedule, layout)
         return schedule
     # a search's grid lowered on another placement: relocated, not lowered again
-    flags = (fold, blocks, images)
+    flags = (fold, blocks, images, config.layer_blocks)
     kept = config.shared_bodies is not None
     templates = relocate.known_templates(config, flags) if kept else None
     if templates is None:

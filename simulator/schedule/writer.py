@@ -5,6 +5,10 @@ shares one tag dict among the ops with the same tags (a program has millions of 
 and a few thousand tag sets), and counts the ops the host issued since the current
 pipeline action's first compute op (``host_index``, which the engine uses to hold an
 op until the host has issued it).
+
+Once a layer's ops are written as a block (:meth:`~simulator.schedule.layers.
+RankLowering._layer_block`), a dep may name an op inside it: ``(block id, body op
+id)``. The writer turns such deps into the op's ``deps`` and ``points``.
 """
 
 from __future__ import annotations
@@ -27,8 +31,17 @@ class ProgramWriter:
         self._tags: dict[tuple, dict[str, Any]] = {}
         self.issued = 0  # ops issued since the action's first compute op
         self.action_open = True  # the next compute op is its action's first
+        self.refs = False  # whether a dep may name an op inside a block (a layer's)
 
     _TAG_KEYS = ("stage", "layer", "microbatch", "phase", "axis")
+
+    @staticmethod
+    def _points(deps: tuple) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``deps`` that may name ops inside blocks, as an op's ``deps`` and ``points``."""
+        if not any(type(dep) is tuple for dep in deps):
+            return deps, ()
+        ids = tuple(dep[0] if type(dep) is tuple else dep for dep in deps)
+        return ids, tuple(dep[1] if type(dep) is tuple else -1 for dep in deps)
 
     def tags(self, **values: Any) -> dict[str, Any]:
         """One shared dict per distinct tag set (ops of a program share their tags)."""
@@ -60,13 +73,16 @@ class ProgramWriter:
         self,
         cost: OpCost,
         label: str,
-        deps: tuple[int, ...],
+        deps: tuple,
         tags: dict[str, Any],
         beside_comm: tuple[int, ...] = (),
     ) -> int:
         op_id = len(self.ops)
         if self.action_open:
             self.issued, self.action_open = 0, False
+        points = ()
+        if self.refs:
+            deps, points = self._points(deps)
         self.ops.append(
             Compute(
                 op_id,
@@ -82,6 +98,7 @@ class ProgramWriter:
                 beside_comm,
                 self.issued,
                 cost.fp8,
+                points,
             )
         )
         self.issued += 1
@@ -94,11 +111,16 @@ class ProgramWriter:
         size: float,
         stream: str,
         label: str,
-        deps: tuple[int, ...],
+        deps: tuple,
         tags: dict[str, Any],
     ) -> int:
         op_id = len(self.ops)
-        self.ops.append(Collective(op_id, stream, kind, group, size, label, deps, tags))
+        points = ()
+        if self.refs:
+            deps, points = self._points(deps)
+        self.ops.append(
+            Collective(op_id, stream, kind, group, size, label, deps, tags, None, points)
+        )
         self.issued += 1
         return op_id
 
@@ -108,13 +130,16 @@ class ProgramWriter:
         flops: float,
         nbytes: float,
         label: str,
-        deps: tuple[int, ...],
+        deps: tuple,
         body_microbatch: int,
         tags: dict[str, Any],
     ) -> int:
         op_id = len(self.ops)
+        points = ()
+        if self.refs:
+            deps, points = self._points(deps)
         self.ops.append(
-            Block(op_id, "compute", body, flops, nbytes, label, deps, tags, body_microbatch)
+            Block(op_id, "compute", body, flops, nbytes, label, deps, tags, body_microbatch, points)
         )
         return op_id
 
@@ -126,10 +151,13 @@ class ProgramWriter:
         size: float,
         tag: int,
         label: str,
-        deps: tuple[int, ...],
+        deps: tuple,
         tags: dict[str, Any],
     ) -> int:
         op_id = len(self.ops)
-        self.ops.append(op_type(op_id, stream, peer, size, tag, label, deps, tags))
+        points = ()
+        if self.refs:
+            deps, points = self._points(deps)
+        self.ops.append(op_type(op_id, stream, peer, size, tag, label, deps, tags, points))
         self.issued += 1
         return op_id
