@@ -52,6 +52,16 @@ class BlockTimer:
         self._cache: dict[int, tuple[tuple, BodyTimes]] = {}
         # a search's bodies retargeted from another stage's (Schedule.body_templates)
         self._templates = templates or {}
+        self._same: dict[tuple, bool] = {}
+
+    def _same_cost(self, op: Collective, base: Collective) -> bool:
+        """Whether ``op`` costs what ``base`` does, and runs the same algorithm (the
+        same call on another group: memoised per pair of groups)."""
+        key = (op.group, base.group, op.kind, op.bytes)
+        same = self._same.get(key)
+        if same is None:
+            same = self._same[key] = self._collective_time(op) == self._collective_time(base)
+        return same
 
     def __call__(self, block: Block) -> BodyTimes:
         return self._times(block.body)
@@ -66,9 +76,8 @@ class BlockTimer:
             # groups: where each of them costs what its counterpart does (the same
             # algorithm too), every op's times are the same
             times = self._times(template[1])
-            cost = self._collective_time
             if all(
-                cost(op) == cost(base)
+                self._same_cost(op, base)
                 for op, base in zip(body, template[1], strict=True)
                 if op is not base
             ):

@@ -47,6 +47,7 @@ Schedules round-trip through JSON unchanged (:meth:`Schedule.to_json`,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,7 @@ __all__ = [
     "Schedule",
     "COLLECTIVE_KINDS",
     "retarget",
+    "retargeter",
 ]
 
 
@@ -156,29 +158,46 @@ def retarget(op: Op, rank: int, layout: Layout, source: Layout | None = None) ->
     the same axes, sends and receives to ``rank``'s neighbours in the same stages.
     ``source``: the layout ``op`` was written on, when not ``layout`` (the same grid,
     placed otherwise). An op that would not change is returned itself."""
-    kind = type(op)
-    if kind is Compute:
-        return op
-    if kind is Collective:  # dataclasses.replace, spelled out: several times faster
-        group = layout.group_name(layout.axis_of_group(op.group), rank)
-        if group == op.group:  # the same group: the same op
+    return retargeter(rank, layout, source)(op)
+
+
+def retargeter(rank: int, layout: Layout, source: Layout | None = None) -> Callable[[Op], Op]:
+    """:func:`retarget` to ``rank``, for many ops: each group's and peer's new name is
+    worked out once (a body or a program names a few groups many times)."""
+    groups: dict[str, str] = {}
+    peers: dict[int, int] = {}
+    origin = source or layout
+
+    def move(op: Op) -> Op:
+        kind = type(op)
+        if kind is Compute:
             return op
-        return Collective(
-            op.id,
-            op.stream,
-            op.kind,
-            group,
-            op.bytes,
-            op.label,
-            op.deps,
-            op.tags,
-            op.splits,
-            op.points,
-        )
-    if kind is Block:
-        raise TypeError("a block is retargeted through its body")
-    peer = layout.stage_rank(rank, (source or layout).coords(op.peer)["pp"])
-    return op if peer == op.peer else replace(op, peer=peer)
+        if kind is Collective:
+            group = groups.get(op.group)
+            if group is None:
+                group = groups[op.group] = layout.group_name(layout.axis_of_group(op.group), rank)
+            if group == op.group:
+                return op
+            return Collective(
+                op.id,
+                op.stream,
+                op.kind,
+                group,
+                op.bytes,
+                op.label,
+                op.deps,
+                op.tags,
+                op.splits,
+                op.points,
+            )
+        if kind is Block:
+            raise TypeError("a block is retargeted through its body")
+        peer = peers.get(op.peer)
+        if peer is None:
+            peer = peers[op.peer] = layout.stage_rank(rank, origin.coords(op.peer)["pp"])
+        return op if peer == op.peer else replace(op, peer=peer)
+
+    return move
 
 
 _OP_TYPES: dict[str, type] = {

@@ -62,7 +62,7 @@ from simulator.schedule.context import StepConfig
 from simulator.schedule.context_parallel import ContextParallelLowering
 from simulator.schedule.experts import ExpertLowering
 from simulator.schedule.gradients import DataParallelGradients
-from simulator.schedule.ir import Compute, Program, Recv, Send, retarget
+from simulator.schedule.ir import Compute, Program, Recv, Send, retargeter
 from simulator.schedule.writer import ProgramWriter
 
 __all__ = ["RankLowering"]
@@ -131,6 +131,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         # (phase, deferred?) -> a layer's backward in a stage's last backward, as a body
         # (:meth:`_layer_block`; None: written op by op)
         self.layer_bodies: dict[tuple[str, bool], tuple | None] = {}
+        self._retarget = retargeter(rank, layout)  # another rank's ops, as this one runs them
         self.moe = config.moe
         self.ep = layout.ep
         self.ep_group = layout.group_name("ep", rank) if self.ep > 1 else None
@@ -337,12 +338,13 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         )
 
     def _retargeted(self, cached: tuple, rank: int) -> tuple:
-        """A body ``rank`` lowered, as this rank runs it (:func:`retarget`): the same
+        """A body ``rank`` lowered, as this rank runs it (:func:`~simulator.schedule.ir.
+        retarget`): the same
         compute ops, its collectives on this rank's groups of the same axes."""
         body, flops, nbytes, mb, deferred = cached
         if rank == self.rank:
             return cached
-        ops = tuple(retarget(op, self.rank, self.layout) for op in body)
+        ops = tuple(map(self._retarget, body))
         self.config.body_templates[id(ops)] = (ops, body)
         return (ops, flops, nbytes, mb, deferred)
 
@@ -544,7 +546,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         known = shared.get((phase, defer))
         if known is not None and known[0] is not None and known[1] != self.rank:
             body, *rest = known[0]
-            ops = tuple(retarget(op, self.rank, self.layout) for op in body)
+            ops = tuple(map(self._retarget, body))
             if any(a is not b for a, b in zip(ops, body, strict=True)):
                 self.config.body_templates[id(ops)] = (ops, body)
                 body = ops

@@ -23,7 +23,7 @@ from dataclasses import fields
 
 from simulator.request.layout import Layout
 from simulator.schedule.context import StepConfig
-from simulator.schedule.ir import Block, Compute, Op, retarget
+from simulator.schedule.ir import Block, Compute, Op, retargeter
 
 __all__ = ["KEPT", "forget", "keep_templates", "known_templates", "known_templates_count"]
 
@@ -81,22 +81,22 @@ def known_templates(
     target = config.layout
     bodies: dict[int, tuple] = {}
 
-    def body_of(body: tuple, rank: int) -> tuple:
+    def body_of(body: tuple, move) -> tuple:
         new = bodies.get(id(body))
         if new is None:
             positions = _placed(body, placed)
             ops = list(body)
             for i in positions:
-                ops[i] = retarget(body[i], rank, target, source)
+                ops[i] = move(body[i])
             # a body whose groups keep their names on this placement stays as it was
             new = body if all(ops[i] is body[i] for i in positions) else tuple(ops)
             bodies[id(body)] = new
         return new
 
-    def relocated(op: Op, rank: int) -> Op:
+    def relocated(op: Op, move) -> Op:
         if type(op) is not Block:
-            return retarget(op, rank, target, source)
-        body = body_of(op.body, rank)
+            return move(op)
+        body = body_of(op.body, move)
         if body is op.body:
             return op
         return Block(
@@ -116,9 +116,10 @@ def known_templates(
     for pipeline_rank, (rank, ops) in templates.items():
         # a representative rank: pipeline coordinate only (tp, dp, cp all 0)
         new_rank = target.rank_of(pp=source.coords(rank)["pp"])
+        move = retargeter(new_rank, target, source)
         new_ops = list(ops)
         for i in _placed(ops, placed):
-            new_ops[i] = relocated(ops[i], new_rank)
+            new_ops[i] = relocated(ops[i], move)
         out[pipeline_rank] = (new_rank, new_ops)
     for ops, base in body_templates.values():
         new_ops, new_base = bodies.get(id(ops)), bodies.get(id(base))

@@ -29,7 +29,7 @@ from simulator.request.orders import Action
 from simulator.request.recipe import Recipe
 from simulator.schedule import relocate
 from simulator.schedule.context import StepConfig
-from simulator.schedule.ir import Block, Collective, Program, Schedule, retarget
+from simulator.schedule.ir import Block, Collective, Program, Schedule, retargeter
 from simulator.schedule.layers import RankLowering
 
 __all__ = ["build_step", "STREAMS"]
@@ -108,7 +108,7 @@ def build_step(
         if rank == template_rank:
             programs[rank] = Program(rank, ops)
         else:
-            programs[rank] = Program(rank, [retarget(op, rank, layout) for op in ops])
+            programs[rank] = Program(rank, list(map(retargeter(rank, layout), ops)))
     schedule = _schedule(config, programs, orders)
     if fold or images:
         _record_images(schedule, layout)
