@@ -49,8 +49,8 @@ class StepConfig:
         # with blocks, for a step whose numbers alone are wanted: a stage's last backward
         # written in blocks of layers (RankLowering._layer_block)
         self.layer_blocks = False
-        # (phase, deferred?) -> (a layer's body entry, the rank that lowered it)
-        self.layer_bodies: dict[tuple[str, bool], tuple[tuple | None, int]] = {}
+        # (phase, deferred?, MoE?) -> (a layer's body entry, the rank that lowered it)
+        self.layer_bodies: dict[tuple[str, bool, bool], tuple[tuple | None, int]] = {}
 
     # the recipe's settings the builder and memory read
     @property

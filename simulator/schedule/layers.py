@@ -128,7 +128,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.neighbours: dict[int, int] = {}  # global stage -> rank holding it
         # (action kind, stage) -> (body, flops, bytes, micro-batch, deferred weight grads)
         self.bodies: dict[tuple[str, int], tuple] = {}
-        # (phase, deferred?) -> a layer's backward in a stage's last backward, as a body
+        # (phase, deferred?, MoE?) -> a layer's backward in a stage's last backward, as a body
         # (:meth:`_layer_block`; None: written op by op)
         self.layer_bodies: dict[tuple[str, bool], tuple | None] = {}
         self._retarget = retargeter(rank, layout)  # another rank's ops, as this one runs them
@@ -515,7 +515,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         waiting for points inside the block. False where a block would not keep the
         op-by-op times: the layer's first op is not compute, or an all-gather is still
         in flight at its end (pipelined SP's, beside the next layer's first GEMM)."""
-        key = (phase, defer)
+        key = (phase, defer, self.config.is_moe_layer(layer))
         entry = self.layer_bodies.get(key, ())
         if entry == ():
             entry = self.layer_bodies[key] = self._layer_body(layer, mb, final, phase, defer)
@@ -543,7 +543,8 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         expert?), the weight gradients it defers, the ops the next op waits for)``; None
         where a block would not keep the times."""
         shared = self.config.layer_bodies
-        known = shared.get((phase, defer))
+        key = (phase, defer, self.config.is_moe_layer(layer))
+        known = shared.get(key)
         if known is not None and known[0] is not None and known[1] != self.rank:
             body, *rest = known[0]
             ops = tuple(map(self._retarget, body))
@@ -578,7 +579,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             flops = sum(op.flops for op in body if type(op) is Compute)
             nbytes = sum(op.bytes for op in body if type(op) is Compute)
             entry = (body, flops, nbytes, last, tuple(events.ready), deferred_here, exits)
-        shared[(phase, defer)] = (entry, self.rank)
+        shared[key] = (entry, self.rank)
         return entry
 
     def _layer_backward_ops(
