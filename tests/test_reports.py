@@ -493,3 +493,23 @@ def test_the_timeline_s_unvalidated_bars_draw_the_validated_figure(scenario):
         for v in (True, False)
     ]
     assert pages[0] == pages[1]
+
+
+def test_charts_of_one_trace_share_their_common_steps_and_draw_what_they_would_alone():
+    """``timeline.html`` and ``report.html`` fit one trace to their own budgets and
+    reuse what the two have in common (``Trace.derived``): each chart is the one its
+    trace alone, drawn first, gives, whichever goes first."""
+
+    def fresh() -> Trace:
+        return big_trace(ranks=16, ops=200, meta={"representative_ranks": [0, 5, 15]})
+
+    alone = {
+        bars: timeline_figure(fresh(), title="t", max_bars=bars, zoom_detail=True)[0].to_json()
+        for bars in (300, 800, 5000)
+    }
+    for order in ((300, 800, 5000), (5000, 800, 300)):
+        shared = fresh()
+        for bars in order:
+            fig, _ = timeline_figure(shared, title="t", max_bars=bars, zoom_detail=True)
+            assert fig.to_json() == alone[bars]
+        assert shared.derived  # the steps were kept, for the next chart

@@ -68,6 +68,10 @@ class Trace:
     records: list[OpRecord]
     step_time: float
     meta: dict[str, Any] = field(default_factory=dict)
+    #: what the charts of this trace worked out from its records, by the list they came
+    #: from and how (``timeline.html`` and ``report.html`` fit the same trace to their
+    #: own bar budgets, and share the steps those have in common)
+    derived: dict[tuple, tuple[list, list]] = field(default_factory=dict, repr=False, compare=False)
 
     def ranks(self) -> list[int]:
         return sorted({r.rank for r in self.records})

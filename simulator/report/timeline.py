@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -156,17 +157,29 @@ def fit_trace(trace: Trace, max_bars: int) -> tuple[Trace, dict[str, Any]]:
     if set(reps) == set(counts) and ranks_total == len(counts):
         reps = []
     step = trace.step_time
+
+    def derived(how: tuple, source: list[OpRecord], make: Callable[[], list[OpRecord]]):
+        """``make()``, once per trace for the same ``source`` list and ``how``."""
+        key = (id(source), *how)
+        known = trace.derived.get(key)
+        if known is None or known[0] is not source:
+            known = trace.derived[key] = (source, make())
+        return known[1]
+
     records, gap, narrow = trace.records, 0.0, False
     if total > max_bars and step > 0:
-        records = coalesce(records, step * 1e-9)
+        touching = records
+        records = derived(("touching",), touching, lambda: coalesce(touching, step * 1e-9))
         gap = step * 1e-9 if len(records) < total else 0.0
     if len(records) > max_bars and reps and len(reps) < len(counts):
-        keep = set(reps)
-        records = [rec for rec in records if rec.rank in keep]
+        keep, every = set(reps), records
+        records = derived(("reps",), every, lambda: [r for r in every if r.rank in keep])
     exact = records
     if step > 0:
         pixel = step / PIXEL_DIVISIONS
-        records = coalesce(exact, pixel, narrower_than=pixel)
+        records = derived(
+            ("narrow", pixel), exact, lambda: coalesce(exact, pixel, narrower_than=pixel)
+        )
         if len(records) < len(exact):
             gap, narrow = pixel, True
         else:
@@ -388,7 +401,7 @@ def timeline_figure(
     idle = _idle_bars(shown, lane_of)
     if not zoom_detail or not exact:
         exact = []
-    exact.sort(key=lambda r: (lane_of[(r.rank, r.stream)], r.start))
+    exact = sorted(exact, key=lambda r: (lane_of[(r.rank, r.stream)], r.start))
     exact_bars = _op_columns(exact, lane_of, lane_names, compact=True) if exact else {}
     exact_idle = _idle_bars(trace, lane_of, compact=True) if exact else {}
     # the bars are built unvalidated (``validate``): plotly's checks of their long

@@ -313,9 +313,16 @@ def trace_ranks(run: RunResult) -> tuple[list[int] | None, str | None]:
     note = (
         f"trace.json and timeline.html show {len(ranks)} representative ranks of "
         f"{run.scenario.layout.world} (one per pipeline stage and the critical rank); "
-        f"the step has {run.schedule.expanded_ops} ops"
+        f"the step has {_expanded_ops(run)} ops"
     )
     return ranks, note
+
+
+def _expanded_ops(run: RunResult) -> int:
+    """The step's ops, a block's body op by op: as the engine counted them where it did
+    (every engine and a measured replay count them so), else by walking the schedule."""
+    counted = run.times.stats.get("ops")
+    return int(counted) if counted is not None else run.schedule.expanded_ops
 
 
 def executed_flops_per_step(schedule: Schedule) -> float:
