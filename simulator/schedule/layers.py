@@ -130,7 +130,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.bodies: dict[tuple[str, int], tuple] = {}
         # (phase, deferred?, MoE?) -> a layer's backward in a stage's last backward, as a body
         # (:meth:`_layer_block`; None: written op by op)
-        self.layer_bodies: dict[tuple[str, bool], tuple | None] = {}
+        self.layer_bodies: dict[tuple[str, bool, bool], tuple | None] = {}
         self._retarget = retargeter(rank, layout)  # another rank's ops, as this one runs them
         self.moe = config.moe
         self.ep = layout.ep
@@ -338,9 +338,8 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         )
 
     def _retargeted(self, cached: tuple, rank: int) -> tuple:
-        """A body ``rank`` lowered, as this rank runs it (:func:`~simulator.schedule.ir.
-        retarget`): the same
-        compute ops, its collectives on this rank's groups of the same axes."""
+        """A body ``rank`` lowered, as this rank runs it (``retarget``): the same compute
+        ops, its collectives on this rank's groups of the same axes."""
         body, flops, nbytes, mb, deferred = cached
         if rank == self.rank:
             return cached

@@ -6,9 +6,9 @@ and a few thousand tag sets), and counts the ops the host issued since the curre
 pipeline action's first compute op (``host_index``, which the engine uses to hold an
 op until the host has issued it).
 
-Once a layer's ops are written as a block (:meth:`~simulator.schedule.layers.
-RankLowering._layer_block`), a dep may name an op inside it: ``(block id, body op
-id)``. The writer turns such deps into the op's ``deps`` and ``points``.
+Once a layer's ops are written as a block (``RankLowering._layer_block`` in
+:mod:`simulator.schedule.layers`), a dep may name an op inside it: ``(block id, body
+op id)``. The writer turns such deps into the op's ``deps`` and ``points``.
 """
 
 from __future__ import annotations
