@@ -197,13 +197,16 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
         <= FULL_TRACE_OP_LIMIT
     )
     records = []
+    retagged: dict[tuple[int, Any], dict[str, Any]] = {}
     for rank in chosen:
         ready, start, end = times.ready[rank], times.start[rank], times.end[rank]
         first = len(records)  # expanded bodies renumber the rank's ops in program order
         for op in schedule.programs[rank].ops:
             kind_of_op = type(op)
             if expand and kind_of_op is Block:
-                body = _body_records(rank, op, start[op.id], times.blocks(op), len(records) - first)
+                body = _body_records(
+                    rank, op, start[op.id], times.blocks(op), len(records) - first, retagged
+                )
                 records += body
                 continue
             i = op.id
@@ -274,9 +277,19 @@ def idle_intervals(run: RunResult, ranks: list[int]) -> dict[str, list[list]]:
     return idle
 
 
-def _body_records(rank: int, block: Block, at: float, times, first_id: int) -> list[OpRecord]:
+def _body_records(
+    rank: int,
+    block: Block,
+    at: float,
+    times,
+    first_id: int,
+    retagged: dict[tuple[int, Any], dict[str, Any]],
+) -> list[OpRecord]:
     """A block's body ops as records of ``rank``, starting at ``at``, their labels and
-    micro-batch tags naming the block's micro-batch."""
+    micro-batch tags naming the block's micro-batch. ``retagged`` holds the tags already
+    renamed for a micro-batch, by the body's tags and that micro-batch: the records of
+    one op in every micro-batch share them, as the schedule's ops share theirs (the
+    trace's writer encodes each tags dict once)."""
     microbatch = block.tags.get("microbatch")
     old, new = f".mb{block.body_microbatch}", f".mb{microbatch}"
     records = []
@@ -284,7 +297,10 @@ def _body_records(rank: int, block: Block, at: float, times, first_id: int) -> l
         label = op.label[: -len(old)] + new if op.label.endswith(old) else op.label
         tags = op.tags
         if tags.get("microbatch") is not None and tags["microbatch"] != microbatch:
-            tags = dict(tags, microbatch=microbatch)
+            key = (id(op.tags), microbatch)  # the body's ops keep their tags alive
+            tags = retagged.get(key)
+            if tags is None:
+                tags = retagged[key] = dict(op.tags, microbatch=microbatch)
         records.append(
             OpRecord(
                 rank=rank,
