@@ -27,7 +27,7 @@ from collections import deque
 
 from simulator.common.errors import DeadlockError, ScenarioError
 from simulator.engine.alone import AloneTimes
-from simulator.engine.blocks import BlockTimer
+from simulator.engine.blocks import BlockTimer, BodyTimes
 from simulator.engine.compute import ComputeModel
 from simulator.schedule.ir import Block, Collective, Compute, Schedule, Send
 from topologies import Cluster
@@ -80,18 +80,22 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
     makespans: dict[int, float] = {}  # id(body) -> its makespan
     runs: dict[int, list] = {}  # id(body) -> [body, times it ran]
 
+    body_times: dict[int, BodyTimes] = {}  # id(body) -> its times
+
     def block_time(op: Block) -> float:
         key = id(op.body)
         seconds = makespans.get(key)
         if seconds is None:
-            seconds = makespans[key] = block_times(op).makespan
+            times = body_times[key] = block_times(op)
+            seconds = makespans[key] = times.makespan
             runs[key] = [op, 0]
         runs[key][1] += 1
         return seconds
 
     def point_end(rank: int, block_id: int, point: int) -> float:
-        """When op ``point`` of a block's body ends, the block having run."""
-        body = block_times(schedule.programs[rank].ops[block_id])
+        """When op ``point`` of a block's body ends, the block having run (and so been
+        timed: ``block_time``)."""
+        body = body_times[id(schedule.programs[rank].ops[block_id].body)]
         scale = factors.get(rank, 1.0) if factors else 1.0  # the block ran stretched
         return start[rank][block_id] + body.end[point] * scale
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from simulator.common.vocabulary import COLLECTIVE_KINDS
@@ -195,7 +195,10 @@ def retargeter(rank: int, layout: Layout, source: Layout | None = None) -> Calla
         peer = peers.get(op.peer)
         if peer is None:
             peer = peers[op.peer] = layout.stage_rank(rank, origin.coords(op.peer)["pp"])
-        return op if peer == op.peer else replace(op, peer=peer)
+        if peer == op.peer:
+            return op
+        # dataclasses.replace, spelled out: several times faster
+        return kind(op.id, op.stream, peer, op.bytes, op.tag, op.label, op.deps, op.tags, op.points)
 
     return move
 
