@@ -34,7 +34,7 @@ Five op types exist:
 Points
     An op waits for the end of each of its ``deps``; where it waits for an op inside a
     block's body instead (the gradient of one layer, in a stage's last backward written
-    in blocks of layers: :mod:`simulator.schedule.segments`), its ``points`` say which:
+    in blocks of layers: ``RankLowering._layer_block``), its ``points`` say which:
     aligned with ``deps``, ``points[i]`` is the body op's id in block ``deps[i]``, or
     -1 for the dep's own end. Empty (most ops): every dep's own end.
 

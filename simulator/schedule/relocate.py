@@ -18,7 +18,7 @@ and only the last few grids' (:data:`KEPT`): a run of one scenario has nothing t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 
 from simulator.request.layout import Layout
@@ -81,7 +81,7 @@ def known_templates(
     target = config.layout
     bodies: dict[int, tuple] = {}
 
-    def body_of(body: tuple, move) -> tuple:
+    def body_of(body: tuple, move: Callable[[Op], Op]) -> tuple:
         new = bodies.get(id(body))
         if new is None:
             positions = _placed(body, placed)
@@ -93,7 +93,7 @@ def known_templates(
             bodies[id(body)] = new
         return new
 
-    def relocated(op: Op, move) -> Op:
+    def relocated(op: Op, move: Callable[[Op], Op]) -> Op:
         if type(op) is not Block:
             return move(op)
         body = body_of(op.body, move)
