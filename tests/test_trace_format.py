@@ -376,6 +376,44 @@ def test_tags_equal_in_python_but_not_in_json_are_encoded_apart():
         assert _encode_complete(rec, 1, None, cache) == _ENCODER.encode(_complete_event(rec, 1))
 
 
+def test_ops_of_one_shape_share_their_fixed_text_and_still_encode_as_json_does():
+    """One writer's cache keeps the text around each shape of op (rank, thread, op,
+    kind, bytes, FLOPs, group, peer) and each tags dict's category: ops of one shape
+    with other labels, ops without a label, and ops of two types sharing one tags dict
+    each read as ``json`` writes their dicts."""
+    from simulator.analysis.trace import OpRecord
+    from simulator.report.chrome_trace import (
+        _ENCODER,
+        _complete_event,
+        _encode_complete,
+        _TextCache,
+    )
+
+    shared = {"axis": "pp", "phase": "bwd", "microbatch": 3}
+    records = [
+        OpRecord(0, 1, "compute", "compute", "gemm", "fc1.mb3", shared, 0.0, 0.0, 1e-3, 8.0, 9.0),
+        OpRecord(0, 2, "compute", "compute", "gemm", "fc2.mb3", shared, 1e-3, 1e-3, 2e-3, 8.0, 9.0),
+        OpRecord(0, 3, "compute", "compute", "gemm", "", shared, 2e-3, 2e-3, 3e-3, 8.0, 9.0),
+        OpRecord(0, 4, "pp", "send", "send", 'act"q\u00e9', shared, 3e-3, 4e-3, 5e-3, 64.0, peer=5),
+        OpRecord(0, 5, "pp", "send", "send", "", shared, 5e-3, 5e-3, 6e-3, 64.0, peer=5),
+        OpRecord(
+            0, 6, "tp", "collective", "all_reduce", "", {}, 6e-3, 6e-3, 7e-3, 32.0, group="tp0"
+        ),
+        OpRecord(
+            0, 7, "tp", "collective", "all_reduce", "ar", {}, 7e-3, 7e-3, 8e-3, 32.0, group="tp0"
+        ),
+        OpRecord(
+            2, 7, "tp", "collective", "all_reduce", "ar", {}, 7e-3, 7e-3, 8e-3, 32.0, group="tp0"
+        ),
+    ]
+    cache = _TextCache()
+    for tid in (1, 2):
+        for rec in records:
+            expected = _ENCODER.encode(_complete_event(rec, tid))
+            assert _encode_complete(rec, tid, None, cache) == expected
+    assert len(cache.ops) == 2 * 4  # two threads; gemm, send, rank 0's and 2's all-reduce
+
+
 def test_the_written_file_is_the_event_dicts_and_arrows_encode_as_json_does(tmp_path):
     """The writer's direct encoding of the send/recv arrows reads exactly as ``json``
     would write their dicts, and the whole file holds the dict form's document."""

@@ -40,13 +40,14 @@ more, a representative subset of ranks is kept (see :func:`select_ranks`) and
 
 from __future__ import annotations
 
+import collections
 import gzip
-import io
 import itertools
 import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -226,56 +227,68 @@ _Flow = tuple[str, int, int, float, int, int, float]
 def _flow_arrows(records: Sequence[OpRecord], tids: Mapping[str, int]) -> tuple[list[_Flow], int]:
     """Flow arrows from each send to its matching recv, and the number left unmatched.
 
-    A send and a recv match on their two ranks, micro-batch and phase (the tags compared
-    by their ``repr``, so that any values sort); where a key has more than one of
-    either, they pair in program order (``op_id``, then position). Arrows are listed in
-    key order: by the two ranks, then by micro-batch and phase, whose reprs are joined
-    by a NUL (which no ``repr`` holds) into one string that sorts as the pair would,
-    since sorting strings is many times faster than sorting tuples."""
-    links: dict[tuple[Any, Any], dict[str, tuple[list[int], list[int]]]] = defaultdict(dict)
+    A send and a recv match on their two ranks, micro-batch and phase; where a key has
+    more than one of either, they pair in program order (``op_id``, then position).
+    Arrows are listed in key order: by the two ranks, then by micro-batch and phase
+    compared by their ``repr`` (so that any values sort), joined by a NUL (which no
+    ``repr`` holds) into one string that sorts as the pair would. A key's sends and
+    recvs are one position each as a rule, a list only where there are more."""
+    sends: dict[tuple[Any, Any, Any, Any], Any] = {}
+    recvs: dict[tuple[Any, Any, Any, Any], Any] = {}
     for i, rec in enumerate(records):
         peer = rec.peer
         if peer is None:
             continue
         op = rec.op
         if op == "send":
-            pair, side = (rec.rank, peer), 0
+            ends, src, dst = sends, rec.rank, peer
         elif op == "recv":
-            pair, side = (peer, rec.rank), 1
+            ends, src, dst = recvs, peer, rec.rank
         else:
             continue
         tags = rec.tags
-        key = f"{tags.get('microbatch')!r}\x00{tags.get('phase')!r}"
-        ends = links[pair].get(key)
-        if ends is None:
-            ends = links[pair][key] = ([], [])
-        ends[side].append(i)
+        key = (src, dst, tags.get("microbatch"), tags.get("phase"))
+        found = ends.get(key)
+        if found is None:
+            ends[key] = i
+        elif type(found) is int:
+            ends[key] = [found, i]
+        else:
+            found.append(i)
 
-    def in_order(found: list[int]) -> list[int]:
-        return found if len(found) < 2 else sorted(found, key=lambda i: (records[i].op_id, i))
+    def in_order(found: Any) -> list[int]:
+        if found is None:
+            return []
+        if type(found) is int:
+            return [found]
+        return sorted(found, key=lambda i: (records[i].op_id, i))
+
+    def order(key: tuple[Any, Any, Any, Any]) -> tuple[Any, Any, str]:
+        return key[0], key[1], f"{key[2]!r}\x00{key[3]!r}"
 
     arrows: list[_Flow] = []
     unmatched = 0
-    for pair in sorted(links):
-        keys = links[pair]
-        for key in sorted(keys):
-            out, inc = keys[key]
-            if len(out) != 1 or len(inc) != 1:  # one of each is the rule: nothing to order
-                out, inc = in_order(out), in_order(inc)
-                unmatched += abs(len(out) - len(inc))
-            for s, r in zip(out, inc, strict=False):
-                snd, rcv = records[s], records[r]
-                arrows.append(
-                    (
-                        category_of(snd),
-                        int(snd.rank),
-                        tids[snd.stream],
-                        _mid_us(snd),
-                        int(rcv.rank),
-                        tids[rcv.stream],
-                        _mid_us(rcv),
-                    )
+    for key in sorted(sends.keys() | recvs.keys(), key=order):
+        out, inc = sends.get(key), recvs.get(key)
+        if type(out) is int and type(inc) is int:  # one of each, the rule
+            pairs: Iterable[tuple[int, int]] = ((out, inc),)
+        else:
+            out, inc = in_order(out), in_order(inc)
+            unmatched += abs(len(out) - len(inc))
+            pairs = zip(out, inc, strict=False)
+        for s, r in pairs:
+            snd, rcv = records[s], records[r]
+            arrows.append(
+                (
+                    category_of(snd),
+                    int(snd.rank),
+                    tids[snd.stream],
+                    round((snd.start + snd.end) / 2 * 1e6, 3),  # _mid_us
+                    int(rcv.rank),
+                    tids[rcv.stream],
+                    round((rcv.start + rcv.end) / 2 * 1e6, 3),
                 )
+            )
     return arrows, unmatched
 
 
@@ -502,15 +515,41 @@ def _tags_text(tags: dict[str, Any], shapes: dict[tuple[Any, ...], Any] | None =
 
 
 class _TextCache:
-    """What one writer has already encoded: each tags dict (by identity, kept alive
-    here so that no other dict takes its id) and each byte or FLOP count."""
+    """What one writer has already encoded: each tags dict, and its category for the
+    op type first seen with it (by identity, kept alive here so that no other dict
+    takes its id), and the fixed text
+    around each shape of op (:func:`_op_shape`)."""
 
-    __slots__ = ("tags", "numbers", "shapes")
+    __slots__ = ("tags", "shapes", "ops")
 
     def __init__(self) -> None:
-        self.tags: dict[int, tuple[dict[str, Any], str]] = {}
-        self.numbers: dict[float, str] = {}
+        self.tags: dict[int, tuple[dict[str, Any], str, str, str]] = {}
         self.shapes: dict[tuple[Any, ...], Any] = {}
+        self.ops: dict[tuple[Any, ...], tuple[str, str, str, str, str]] = {}
+
+
+def _op_shape(rec: OpRecord, tid: int) -> tuple[str, str, str, str, str]:
+    """The text an op event holds around what changes from op to op (label, op id,
+    instants, tags), for every op of the same shape: rank, thread, op, kind, bytes,
+    FLOPs, group and peer. In order: up to the label, from it to the op id, from there
+    to ``ready_us``, the name's opening (before the label), and from ``"ph"`` to
+    ``"ts"``."""
+    head = f'{{"args":{{"bytes":{_number(float(rec.bytes))},"flops":{_number(float(rec.flops))}'
+    if rec.group is not None:
+        head += f',"group":{_ENCODER.encode(rec.group)}'
+    head += f',"kind":{_string(rec.kind)},"label":'
+    middle = f',"op":{_string(rec.op)},"op_id":'
+    peer = rec.peer
+    ready = ""
+    if peer is not None:
+        ready = f',"peer":{int.__repr__(peer) if type(peer) is int else _ENCODER.encode(peer)}'
+    ready += ',"ready_us":'
+    # the name is the label, or the kind without one; a communication op's has an
+    # "nccl:<kind> " before it: its JSON string is that text, then the label's own
+    # string without its opening quote (neither part escapes across the join)
+    name = _string(f"nccl:{rec.kind} ")[:-1] if rec.op in _COMM_OPS else '"'
+    tail = f',"ph":"X","pid":{int(rec.rank)},"tid":{int(tid)},"ts":'
+    return head, middle, ready, name, tail
 
 
 def _encode_complete(
@@ -539,41 +578,39 @@ def _encode_complete(
             duration_text = "0.0"
     tags = rec.tags
     known = cache.tags.get(id(tags))
-    if known is not None and known[0] is tags:
-        tags_text = known[1]
+    if known is None or known[0] is not tags:
+        known = cache.tags[id(tags)] = (
+            tags,
+            _tags_text(tags, cache.shapes),
+            rec.op,
+            _string(category_of(rec)),
+        )
+    # the category follows the tags and the op type (ops of two types may share tags)
+    cat_text = known[3] if known[2] == rec.op else _string(category_of(rec))
+    shape = (rec.rank, tid, rec.op, rec.kind, rec.bytes, rec.flops, rec.group, rec.peer)
+    parts = cache.ops.get(shape)
+    if parts is None:
+        parts = cache.ops[shape] = _op_shape(rec, tid)
+    head, middle, ready, name, tail = parts
+    label = rec.label
+    if label:
+        label_text = _string(label)
+        name_text = name + label_text[1:]
     else:
-        tags_text = _tags_text(tags, cache.shapes)
-        cache.tags[id(tags)] = (tags, tags_text)
-    numbers = cache.numbers
-    size_text = numbers.get(rec.bytes)
-    if size_text is None:
-        size_text = numbers[rec.bytes] = _number(float(rec.bytes))
-    flops_text = numbers.get(rec.flops)
-    if flops_text is None:
-        flops_text = numbers[rec.flops] = _number(float(rec.flops))
-    args = f'{{"args":{{"bytes":{size_text},"flops":{flops_text}'
-    if rec.group is not None:
-        args += f',"group":{_ENCODER.encode(rec.group)}'
-    args += (
-        f',"kind":{_string(rec.kind)},"label":{_string(rec.label)},"op":{_string(rec.op)}'
-        f',"op_id":{int(rec.op_id)}'
+        label_text = '""'
+        name_text = name[:-1] + '"' if name != '"' else _string(rec.kind)
+    text = (
+        f"{head}{label_text}{middle}{int(rec.op_id)}{ready}{ready_text}"
+        f',"tags":{known[1]},"wait_us":{wait_text}}}'
     )
-    peer = rec.peer
-    if peer is not None:
-        args += f',"peer":{int.__repr__(peer) if type(peer) is int else _ENCODER.encode(peer)}'
-    args += f',"ready_us":{ready_text},"tags":{tags_text},"wait_us":{wait_text}}}'
-    if bind is not None:
-        args += f',"bind_id":{int(bind["bind_id"])}'
-    args += f',"cat":{_string(category_of(rec))},"dur":{duration_text}'
-    if bind is not None:
-        if bind.get("flow_in"):
-            args += ',"flow_in":true'
-        if bind.get("flow_out"):
-            args += ',"flow_out":true'
-    return (
-        f'{args},"name":{_string(_op_name(rec))},"ph":"X","pid":{int(rec.rank)},'
-        f'"tid":{int(tid)},"ts":{ts_text}}}'
-    )
+    if bind is None:
+        return f'{text},"cat":{cat_text},"dur":{duration_text},"name":{name_text}{tail}{ts_text}}}'
+    text += f',"bind_id":{int(bind["bind_id"])},"cat":{cat_text},"dur":{duration_text}'
+    if bind.get("flow_in"):
+        text += ',"flow_in":true'
+    if bind.get("flow_out"):
+        text += ',"flow_out":true'
+    return f'{text},"name":{name_text}{tail}{ts_text}}}'
 
 
 _CHUNK = 20000
@@ -583,7 +620,11 @@ class _SpillingSink:
     """The text of one file, written plain unless it grows past ``limit`` characters:
     then the rest streams through gzip (level 1: fast, and event JSON compresses about
     tenfold; no time stamp in the header, so equal traces give equal bytes). Until the
-    limit is passed the text is held in memory, so at most ``limit`` characters are."""
+    limit is passed the text is held in memory, so at most ``limit`` characters are.
+
+    Gzip compresses on a thread of its own, a chunk at a time and in order, while the
+    caller encodes the next chunk: zlib lets go of the interpreter while it works, so
+    the two share a second core where there is one. At most two chunks wait."""
 
     def __init__(self, path: str | Path, limit: int | None) -> None:
         self.path, self.limit = Path(path), limit
@@ -591,12 +632,17 @@ class _SpillingSink:
         self.size = 0
         self.file: Any = open(self.path, "w", encoding="utf-8") if limit is None else None
         self.raw: Any = None
+        self.zipper: ThreadPoolExecutor | None = None
+        self.pending: collections.deque[Future[Any]] = collections.deque()
 
     @property
     def gzipped(self) -> bool:
         return self.raw is not None
 
     def write(self, text: str) -> None:
+        if self.zipper is not None:
+            self._compress(text)
+            return
         if self.file is not None:
             self.file.write(text)
             return
@@ -604,20 +650,33 @@ class _SpillingSink:
         self.size += len(text)
         if self.limit is not None and self.size > self.limit:
             self.raw = open(self.path, "wb")
-            zipped = gzip.GzipFile(
+            self.file = gzip.GzipFile(
                 filename="", mode="wb", fileobj=self.raw, compresslevel=1, mtime=0
             )
-            self.file = io.TextIOWrapper(zipped, encoding="utf-8")
-            self.file.write("".join(self.held))
+            self.zipper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace-gzip")
+            self._compress("".join(self.held))
             self.held = []
+
+    def _compress(self, text: str) -> None:
+        while len(self.pending) >= 2:
+            self.pending.popleft().result()
+        self.pending.append(self.zipper.submit(self.file.write, text.encode("utf-8")))
 
     def close(self) -> None:
         if self.file is None:  # under the limit: written plain, in one go
             self.path.write_text("".join(self.held), encoding="utf-8")
             return
-        self.file.close()
-        if self.raw is not None:
-            self.raw.close()
+        try:
+            if self.zipper is not None:
+                try:
+                    while self.pending:
+                        self.pending.popleft().result()
+                finally:
+                    self.zipper.shutdown(wait=True, cancel_futures=True)
+        finally:
+            self.file.close()
+            if self.raw is not None:
+                self.raw.close()
 
 
 def _write_document(

@@ -44,7 +44,7 @@ from simulator.report.style import (
     PLOT_CONFIG,
     base_layout,
 )
-from simulator.report.timeline import timeline_figure
+from simulator.report.timeline import timeline_spec
 from simulator.run.simulate import RunResult, make_trace, trace_ranks
 from topologies.units import format_bandwidth, format_bytes, format_time
 
@@ -448,9 +448,12 @@ def link_heatmap(run: RunResult, top: int = LINK_ROWS, bins: int = LINK_BINS) ->
 # --- the page --------------------------------------------------------------------------------
 
 
-def _div(fig: go.Figure, div_id: str) -> str:
+def _div(fig: go.Figure | dict[str, Any], div_id: str) -> str:
+    """A chart's ``<div>``; a plain dict (:func:`~simulator.report.timeline.timeline_spec`)
+    is drawn as it is, unvalidated."""
     return pio.to_html(
         fig,
+        validate=not isinstance(fig, dict),
         include_plotlyjs=False,
         full_html=False,
         div_id=div_id,
@@ -700,7 +703,7 @@ def run_report_html(
             _section("links", "Link utilisation over the step", link_caption, _note(line))
         )
 
-    timeline, timeline_info = timeline_figure(trace, title, max_bars=REPORT_MAX_BARS)
+    timeline, timeline_info = timeline_spec(trace, title, max_bars=REPORT_MAX_BARS)
     gap = timeline_info.get("merge_gap_s")
     fewer = []
     if len(timeline_info["ranks_shown"]) < len({rec.rank for rec in trace.records}):

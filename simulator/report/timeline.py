@@ -27,6 +27,7 @@ plotly.js, so it opens offline.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter, defaultdict
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from simulator.analysis.trace import OpRecord, Trace
 from simulator.report.chrome_trace import select_ranks, stream_order
@@ -44,7 +46,13 @@ from simulator.report.coalesce import display_category as _display_category
 from simulator.report.plotly_bundle import PLOTLY_JS, write_plotly_js
 from topologies.units import format_bytes, format_flops, format_time
 
-__all__ = ["CATEGORY_COLORS", "IDLE_COLORS", "timeline_figure", "write_timeline_html"]
+__all__ = [
+    "CATEGORY_COLORS",
+    "IDLE_COLORS",
+    "timeline_figure",
+    "timeline_spec",
+    "write_timeline_html",
+]
 
 #: Idle stretches of a compute lane, by the time accounting's category: the colours of
 #: the breakdown charts, hatched so they never read as work.
@@ -66,10 +74,12 @@ _DIV_ID = "parasim-timeline"
 _MARGIN = {"l": 110, "r": 150, "t": 130, "b": 56}
 
 
+@functools.lru_cache(maxsize=4096)  # a trace's ops move a few sizes, many times over
 def _human_bytes(n: float) -> str:
     return format_bytes(n)
 
 
+@functools.lru_cache(maxsize=4096)
 def _human_flops(n: float) -> str:
     return format_flops(n).replace("FLOP/s", "FLOP")
 
@@ -374,7 +384,27 @@ def timeline_figure(
     ``detail`` holds the drawn ranks' ops one by one (per trace: start and length in
     ms, lane and label, sorted by lane and time) for a page script to draw when zoomed
     in (:func:`write_timeline_html`). With ``validate``, plotly checks the bars too
-    (the same figure, several times slower for a large trace)."""
+    (the same figure, several times slower for a large trace). The figure is
+    :func:`timeline_spec`'s, as a plotly object."""
+    spec, info = timeline_spec(trace, title, max_bars=max_bars, zoom_detail=zoom_detail)
+    return go.Figure(spec, _validate=validate), info
+
+
+@functools.cache
+def _template(name: str) -> dict[str, Any]:
+    """A plotly template as the plain dict a figure's JSON carries (shared: not to be
+    changed)."""
+    return pio.templates[name].to_plotly_json()
+
+
+def timeline_spec(
+    trace: Trace, title: str, max_bars: int = 30000, zoom_detail: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`timeline_figure`'s chart as the plain ``{"data": ..., "layout": ...}``
+    dict plotly.js draws, and its summary. The pages draw this dict as it is
+    (``plotly.io.to_html(spec, validate=False)``): building a plotly object of tens of
+    thousands of bars costs more than drawing them, and a validated figure made from
+    it is the same (``tests/test_reports.py`` holds them equal)."""
     shown, info = fit_trace(trace, max_bars)
     records = shown.records
     exact = info.pop("exact")
@@ -404,72 +434,69 @@ def timeline_figure(
     exact = sorted(exact, key=lambda r: (lane_of[(r.rank, r.stream)], r.start))
     exact_bars = _op_columns(exact, lane_of, lane_names, compact=True) if exact else {}
     exact_idle = _idle_bars(trace, lane_of, compact=True) if exact else {}
-    # the bars are built unvalidated (``validate``): plotly's checks of their long
-    # arrays cost more than drawing them, and the page is the same either way
-    # (tests/test_reports.py holds them equal)
-    fig = go.Figure()
+    data: list[dict[str, Any]] = []
     categories = [cat for cat in CATEGORY_COLORS if cat in bars or cat in exact_bars]
     detail: list[dict[str, Any]] = []
     for cat in categories:
         col = bars.get(cat) or _empty_columns()
         if cat in exact_bars:
-            detail.append({"trace": len(fig.data), "name": cat, **exact_bars[cat]})
-        fig.add_trace(
-            go.Bar(
-                name=cat,
-                orientation="h",
-                base=col["base"],
-                x=col["x"],
-                y=col["y"],
-                width=0.78,
+            detail.append({"trace": len(data), "name": cat, **exact_bars[cat]})
+        data.append(
+            {
+                "type": "bar",
+                "name": cat,
+                "orientation": "h",
+                "base": col["base"],
+                "x": col["x"],
+                "y": col["y"],
+                "width": 0.78,
                 # no outline: on narrow bars a white outline washes the colour out
                 # merged bars are as opaque as their ops were busy over the span
-                marker={
+                "marker": {
                     "color": CATEGORY_COLORS[cat],
                     "line": {"width": 0},
                     "opacity": col["opacity"],
                 },
-                hovertext=col["text"],
-                hovertemplate="%{hovertext}<extra></extra>",
-                _validate=validate,
-            )
+                "hovertext": col["text"],
+                "hovertemplate": "%{hovertext}<extra></extra>",
+            }
         )
     idle_categories = [cat for cat in IDLE_COLORS if cat in idle or cat in exact_idle]
     for cat in idle_categories:
         col = idle.get(cat) or _empty_columns()
         if cat in exact_idle:
             detail.append(
-                {"trace": len(fig.data), "name": _IDLE_NAMES[cat], "idle": True, **exact_idle[cat]}
+                {"trace": len(data), "name": _IDLE_NAMES[cat], "idle": True, **exact_idle[cat]}
             )
-        fig.add_trace(
-            go.Bar(
-                name=_IDLE_NAMES[cat],
-                orientation="h",
-                base=col["base"],
-                x=col["x"],
-                y=col["y"],
-                width=0.78,
-                marker={
+        data.append(
+            {
+                "type": "bar",
+                "name": _IDLE_NAMES[cat],
+                "orientation": "h",
+                "base": col["base"],
+                "x": col["x"],
+                "y": col["y"],
+                "width": 0.78,
+                "marker": {
                     "color": "rgba(255,255,255,0)",
                     "line": {"width": 0},
                     "pattern": {"shape": "/", "fgcolor": IDLE_COLORS[cat], "solidity": 0.35},
                 },
-                hovertext=col["text"],
-                hovertemplate="%{hovertext}<extra></extra>",
-                _validate=validate,
-            )
+                "hovertext": col["text"],
+                "hovertemplate": "%{hovertext}<extra></extra>",
+            }
         )
     # an axis at the bottom too: an empty trace on a second x axis that follows the first
-    fig.add_trace(
-        go.Scatter(
-            x=[None],
-            y=[None],
-            xaxis="x2",
-            showlegend=False,
-            hoverinfo="skip",
-            name="axis",
-            _validate=validate,
-        )
+    data.append(
+        {
+            "type": "scatter",
+            "x": [None],
+            "y": [None],
+            "xaxis": "x2",
+            "showlegend": False,
+            "hoverinfo": "skip",
+            "name": "axis",
+        }
     )
     if detail:
         info["detail"] = {
@@ -577,7 +604,7 @@ def timeline_figure(
 
     annotations += group_labels  # after the note, which reads first
 
-    fig.update_layout(
+    layout = dict(
         title={
             "text": title_text,
             "x": 0.01,
@@ -587,7 +614,7 @@ def timeline_figure(
             "yanchor": "top",
             "pad": {"t": 14},
         },
-        template="plotly_white",
+        template=_template("plotly_white"),
         font={"family": _FONT, "size": 12, "color": "#222"},
         barmode="overlay",
         bargap=0.1,
@@ -611,7 +638,7 @@ def timeline_figure(
         xaxis={
             "side": "top",
             "ticksuffix": " ms",
-            "range": [0, step_ms * 1.01] if step_ms > 0 else None,
+            **({"range": [0, step_ms * 1.01]} if step_ms > 0 else {}),
             "rangemode": "tozero",
             "showgrid": True,
             "gridcolor": "#E6E8EB",
@@ -648,12 +675,14 @@ def timeline_figure(
             "linecolor": "#999",
             "mirror": True,
         },
-        shapes=shapes,
-        annotations=annotations,
+    )
+    # as a validated figure writes them: an empty list is no list
+    layout.update(
+        {key: items for key, items in (("shapes", shapes), ("annotations", annotations)) if items}
     )
     info["lanes"] = n_lanes
     info["categories"] = categories
-    return fig, info
+    return {"data": data, "layout": layout}, info
 
 
 #: Redraws the ops of the zoomed window from the page's op-by-op data, merging only
@@ -742,12 +771,14 @@ def write_timeline_html(
     in view. The file depends only on the trace, the title, ``max_bars`` and
     ``below``, not on ``path``.
     """
-    fig, info = timeline_figure(trace, title, max_bars=max_bars, zoom_detail=True)
+    spec, info = timeline_spec(trace, title, max_bars=max_bars, zoom_detail=True)
     detail = info.pop("detail", None)
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(trace.meta.get("scenario") or "parasim"))
     # "</" cannot end the script early: labels are the scenario's own strings
     data = json.dumps(detail, separators=(",", ":")).replace("</", "<\\/")
-    page = fig.to_html(
+    page = pio.to_html(
+        spec,
+        validate=False,
         include_plotlyjs=PLOTLY_JS,
         full_html=True,
         div_id=_DIV_ID,
