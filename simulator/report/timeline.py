@@ -397,6 +397,22 @@ def _template(name: str) -> dict[str, Any]:
     return pio.templates[name].to_plotly_json()
 
 
+def _bar(name: str, col: dict[str, list[Any]], marker: dict[str, Any]) -> dict[str, Any]:
+    """One legend entry's horizontal bars (a plotly ``bar`` trace, as a dict)."""
+    return {
+        "type": "bar",
+        "name": name,
+        "orientation": "h",
+        "base": col["base"],
+        "x": col["x"],
+        "y": col["y"],
+        "width": 0.78,
+        "marker": marker,
+        "hovertext": col["text"],
+        "hovertemplate": "%{hovertext}<extra></extra>",
+    }
+
+
 def timeline_spec(
     trace: Trace, title: str, max_bars: int = 30000, zoom_detail: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -441,26 +457,10 @@ def timeline_spec(
         col = bars.get(cat) or _empty_columns()
         if cat in exact_bars:
             detail.append({"trace": len(data), "name": cat, **exact_bars[cat]})
-        data.append(
-            {
-                "type": "bar",
-                "name": cat,
-                "orientation": "h",
-                "base": col["base"],
-                "x": col["x"],
-                "y": col["y"],
-                "width": 0.78,
-                # no outline: on narrow bars a white outline washes the colour out
-                # merged bars are as opaque as their ops were busy over the span
-                "marker": {
-                    "color": CATEGORY_COLORS[cat],
-                    "line": {"width": 0},
-                    "opacity": col["opacity"],
-                },
-                "hovertext": col["text"],
-                "hovertemplate": "%{hovertext}<extra></extra>",
-            }
-        )
+        # no outline: on narrow bars a white outline washes the colour out; merged bars
+        # are as opaque as their ops were busy over the span
+        marker = {"color": CATEGORY_COLORS[cat], "line": {"width": 0}, "opacity": col["opacity"]}
+        data.append(_bar(cat, col, marker))
     idle_categories = [cat for cat in IDLE_COLORS if cat in idle or cat in exact_idle]
     for cat in idle_categories:
         col = idle.get(cat) or _empty_columns()
@@ -468,24 +468,9 @@ def timeline_spec(
             detail.append(
                 {"trace": len(data), "name": _IDLE_NAMES[cat], "idle": True, **exact_idle[cat]}
             )
-        data.append(
-            {
-                "type": "bar",
-                "name": _IDLE_NAMES[cat],
-                "orientation": "h",
-                "base": col["base"],
-                "x": col["x"],
-                "y": col["y"],
-                "width": 0.78,
-                "marker": {
-                    "color": "rgba(255,255,255,0)",
-                    "line": {"width": 0},
-                    "pattern": {"shape": "/", "fgcolor": IDLE_COLORS[cat], "solidity": 0.35},
-                },
-                "hovertext": col["text"],
-                "hovertemplate": "%{hovertext}<extra></extra>",
-            }
-        )
+        pattern = {"shape": "/", "fgcolor": IDLE_COLORS[cat], "solidity": 0.35}
+        marker = {"color": "rgba(255,255,255,0)", "line": {"width": 0}, "pattern": pattern}
+        data.append(_bar(_IDLE_NAMES[cat], col, marker))
     # an axis at the bottom too: an empty trace on a second x axis that follows the first
     data.append(
         {
