@@ -323,3 +323,26 @@ def test_large_traces_are_drawn_with_representative_ranks(flow_run):
 def test_timeline_caption_says_what_is_left_out(flow_page):
     assert "only 3 representative ranks are drawn" in flow_page
     assert "timeline.html beside it draws more" in flow_page
+
+
+def test_the_page_draws_each_chart_as_the_styled_figure_would(flow_run):
+    """report.html builds its charts without a template object and adds the
+    template's JSON when it draws them: the same JSON a styled figure writes."""
+    import json
+
+    import plotly.io as pio
+
+    from simulator.report.style import page_figure
+
+    result = flow_run.result
+    pairs = [
+        (breakdown_figure(result), breakdown_figure(result, with_template=False)),
+        (exposed_comm_figure(result), exposed_comm_figure(result, with_template=False)),
+        (memory_figure(result.memory), memory_figure(result.memory, with_template=False)),
+        (link_heatmap(flow_run), link_heatmap(flow_run, with_template=False)),
+    ]
+    for styled, bare in pairs:
+        assert "plot_bgcolor" not in bare.layout.template.to_plotly_json().get("layout", {})
+        drawn = json.loads(pio.to_json(page_figure(bare), validate=False))
+        assert drawn == json.loads(styled.to_json())
+        assert drawn["layout"]["template"]["layout"]["plot_bgcolor"] == "white"

@@ -48,6 +48,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="also write hta/, one trace file per rank for Holistic Trace Analysis",
     )
     parser.add_argument(
+        "--full-trace",
+        action="store_true",
+        help="trace.json and timeline.html show every simulated rank (by default a large "
+        "step keeps representative ranks, and a deep pipeline 16 of its stages)",
+    )
+    parser.add_argument(
         "--image",
         choices=["png", "svg"],
         help="also write the report's charts as static images (needs kaleido and Chromium; "
@@ -89,6 +95,7 @@ def command(args: argparse.Namespace) -> int:
                 image_format=args.image,
                 hta=args.hta,
                 outputs=args.outputs,
+                full_trace=args.full_trace,
             )
     paths = [out / path.relative_to(stage) for path in written]
     if args.json:

@@ -52,6 +52,7 @@ def write_run_outputs(
     image_format: str | None = None,
     hta: bool = False,
     outputs: Collection[str] = tuple(OUTPUTS),
+    full_trace: bool = False,
 ) -> list[Path]:
     """Write ``result.json``, ``trace.json``, ``timeline.html`` and ``report.html`` of a
     run to ``out`` (those of them ``outputs`` names, by their :data:`OUTPUTS` names),
@@ -64,14 +65,16 @@ def write_run_outputs(
     (``"png"`` or ``"svg"``) the report's charts are also written as static images
     (:func:`write_run_images`), after everything else, and their paths follow. With
     ``hta`` the folder ``hta/`` gets one trace file per rank for Holistic Trace Analysis
-    (``TraceAnalysis(trace_dir=out / "hta")``), replacing any earlier one whole.
+    (``TraceAnalysis(trace_dir=out / "hta")``), replacing any earlier one whole. The
+    trace keeps the ranks :func:`~simulator.run.simulate.trace_ranks` picks; with
+    ``full_trace``, every simulated rank.
     """
 
     wanted = set(outputs)
     traced = wanted - {"result"} or hta or image_format is not None
     trace = None
     if traced:
-        ranks, note = trace_ranks(run)
+        ranks, note = trace_ranks(run, full=full_trace)
         if note and note not in run.result.warnings:
             run.result.warnings.append(note)
         trace = make_trace(run, ranks)
@@ -95,28 +98,43 @@ def write_run_outputs(
         "timeline": page(lambda tmp: write_timeline_html(trace, tmp, title=title)),
         "report": page(lambda tmp: write_run_report(run, tmp, title=title, trace=trace)),
     }
-    # one file is written by a second process, on a second core, while this one writes
-    # the others: the trace when it is large (the largest file), else the report (the
-    # slower page); start_forked writes it here first where it cannot fork
+    # some files are written by a second process, on a second core, while this one
+    # writes the others (:func:`_aside`); start_forked writes them here first where it
+    # cannot fork
     large = trace is not None and len(trace.records) >= FORK_TRACE_RECORDS
-    aside_name = "trace" if large or "report" not in wanted else "report"
+    aside_names = _aside(wanted, large)
+    if wanted & {"timeline", "report"}:
+        # every page is written by plotly.io's JSON writer, whose first import takes a
+        # few tenths of a second: taken here once, before the fork, not in each process
+        import plotly.io.json  # noqa: F401
+
+    def write_aside() -> list[Path]:
+        """The files aside, each tried even when one before it failed (so, as here,
+        one failure leaves the others written); the first failure is raised."""
+        paths, failure = [], None
+        for name in aside_names:
+            try:
+                paths.append(writers[name](out / OUTPUTS[name]))
+            except Exception as error:  # noqa: BLE001  (raised below, once all are tried)
+                failure = failure or error
+        if failure is not None:
+            raise failure
+        return paths
+
     aside = None
-    if aside_name in wanted:
+    if aside_names:
         aside = start_forked(
-            lambda: writers[aside_name](out / OUTPUTS[aside_name]),
-            fork=large or (trace is not None and "timeline" in wanted),
+            write_aside, fork=large or (trace is not None and "timeline" in wanted)
         )
-    paths = []
+    written: dict[str, Path] = {}
     try:
         for name, file_name in OUTPUTS.items():
-            if name in wanted:  # the file aside stands in its place until it is written
-                paths.append(
-                    out / file_name if name == aside_name else writers[name](out / file_name)
-                )
+            if name in wanted and name not in aside_names:
+                written[name] = writers[name](out / file_name)
     finally:
         if aside is not None:  # waited for even when another file failed
-            aside_path = aside.result()
-            paths = [aside_path if p == out / OUTPUTS[aside_name] else p for p in paths]
+            written.update(zip(aside_names, aside.result(), strict=True))
+    paths = [written[name] for name in OUTPUTS if name in wanted]
     if wanted & {"timeline", "report"}:
         paths.append(out / PLOTLY_JS)
     if hta:
@@ -129,6 +147,19 @@ def write_run_outputs(
 #: A trace of at least this many op records is written in a forked process beside the
 #: other files (a smaller one is written here, and the report aside instead).
 FORK_TRACE_RECORDS = 20_000
+
+
+def _aside(wanted: set[str], large: bool) -> list[str]:
+    """The files a second process writes, so that the two take about as long: a large
+    trace (the longest to write, about 8 µs an op), with the report when the timeline
+    stays here (each page spends most of its time drawing at most 30,000 or 8,000
+    bars, whatever the trace's size); a small trace when there is no report; else the
+    report, the slower page."""
+    if "trace" in wanted and (large or "report" not in wanted):
+        both_pages = {"timeline", "report"} <= wanted
+        return ["trace", "report"] if large and both_pages else ["trace"]
+    return ["report"] if "report" in wanted else []
+
 
 #: A trace file larger than this is written gzipped (``trace.json.gz``, which Perfetto
 #: and chrome://tracing open as it is): 20 MB, so that no output is larger by default.

@@ -43,6 +43,7 @@ from simulator.report.style import (
     PAGE_CSS,
     PLOT_CONFIG,
     base_layout,
+    page_figure,
 )
 from simulator.report.timeline import timeline_spec
 from simulator.run.simulate import RunResult, make_trace, trace_ranks
@@ -158,12 +159,20 @@ def breakdown_rows(result: StepResult) -> tuple[list[dict[str, Any]], str]:
     return rows, "stage"
 
 
+def _figure(with_template: bool) -> go.Figure:
+    """An empty chart; without ``with_template`` it holds an empty template from the
+    start, so that plotly builds not even its default one (the page adds the
+    template's JSON: :func:`~simulator.report.style.page_figure`)."""
+    return go.Figure() if with_template else go.Figure(layout={"template": {}})
+
+
 def _rows_layout(
-    rows: list[dict[str, Any]], step: float | None, **overrides: Any
+    rows: list[dict[str, Any]], step: float | None, with_template: bool, **overrides: Any
 ) -> dict[str, Any]:
     """Layout of a horizontal stacked bar chart with one bar per row, first row on top,
     with a dotted line at the step time unless ``step`` is None."""
     return base_layout(
+        with_template,
         barmode="stack",
         bargap=0.25,
         height=110 + max(4, len(rows)) * (22 if len(rows) <= 40 else 14),
@@ -198,13 +207,15 @@ def _rows_layout(
     )
 
 
-def breakdown_figure(result: StepResult) -> go.Figure:
+def breakdown_figure(result: StepResult, with_template: bool = True) -> go.Figure:
     """One horizontal stacked bar per row of :func:`breakdown_rows`, one trace per
-    category (every category, so the legend is the same for every run)."""
+    category (every category, so the legend is the same for every run). Each chart of
+    this module takes ``with_template`` as :func:`~simulator.report.style.base_layout`
+    does: the page builds its charts without (:func:`~simulator.report.style.page_figure`)."""
     rows, _ = breakdown_rows(result)
     step = result.step_time_s
     labels = [row["label"] for row in rows]
-    fig = go.Figure()
+    fig = _figure(with_template)
     for category in CATEGORIES:
         seconds = [row["breakdown"].get(category, 0.0) for row in rows]
         fig.add_trace(
@@ -224,7 +235,7 @@ def breakdown_figure(result: StepResult) -> go.Figure:
                 ),
             )
         )
-    fig.update_layout(**_rows_layout(rows, step, showlegend=True))
+    fig.update_layout(**_rows_layout(rows, step, with_template, showlegend=True))
     fig.update_layout(legend={"title": {"text": "category"}, "traceorder": "normal"})
     return fig
 
@@ -234,7 +245,7 @@ def _axes(rows: list[dict[str, Any]]) -> list[str]:
     return [a for a in AXIS_COLORS if a in present] + sorted(present - set(AXIS_COLORS))
 
 
-def exposed_comm_figure(result: StepResult) -> go.Figure | None:
+def exposed_comm_figure(result: StepResult, with_template: bool = True) -> go.Figure | None:
     """The exposed communication of each row split by parallel axis (one trace per axis
     that has any), or None when no communication was exposed."""
     rows, _ = breakdown_rows(result)
@@ -242,7 +253,7 @@ def exposed_comm_figure(result: StepResult) -> go.Figure | None:
     if not axes:
         return None
     step = result.step_time_s
-    fig = go.Figure()
+    fig = _figure(with_template)
     for axis in axes:
         seconds = [row["exposed_comm_by_axis"].get(axis, 0.0) for row in rows]
         fig.add_trace(
@@ -259,7 +270,7 @@ def exposed_comm_figure(result: StepResult) -> go.Figure | None:
                 ),
             )
         )
-    fig.update_layout(**_rows_layout(rows, None, showlegend=True))
+    fig.update_layout(**_rows_layout(rows, None, with_template, showlegend=True))
     fig.update_layout(legend={"title": {"text": "axis"}, "traceorder": "normal"})
     fig.update_xaxes(title_text="exposed communication (ms)")
     return fig
@@ -268,7 +279,7 @@ def exposed_comm_figure(result: StepResult) -> go.Figure | None:
 # --- memory ----------------------------------------------------------------------------------
 
 
-def memory_figure(memory: MemoryEstimate) -> go.Figure:
+def memory_figure(memory: MemoryEstimate, with_template: bool = True) -> go.Figure:
     """Peak memory per GPU of each pipeline stage stacked by term, the GPU capacity as a
     dashed line (its own trace, named ``capacity …``) and, when out of memory, a red
     capacity line and a note over the chart."""
@@ -279,7 +290,7 @@ def memory_figure(memory: MemoryEstimate) -> go.Figure:
         terms += [t for t in stage.terms_bytes if t not in terms]
     terms = [t for t in MEMORY_COLORS if t in terms] + [t for t in terms if t not in MEMORY_COLORS]
     x = list(range(len(stages)))
-    fig = go.Figure()
+    fig = _figure(with_template)
     for term in terms:
         values = [stage.terms_bytes.get(term, 0.0) for stage in stages]
         fig.add_trace(
@@ -345,6 +356,7 @@ def memory_figure(memory: MemoryEstimate) -> go.Figure:
         )
     fig.update_layout(
         **base_layout(
+            with_template,
             barmode="stack",
             bargap=0.3 if len(stages) > 1 else 0.6,
             height=420,
@@ -375,7 +387,9 @@ def memory_figure(memory: MemoryEstimate) -> go.Figure:
 # --- links ----------------------------------------------------------------------------------
 
 
-def link_heatmap(run: RunResult, top: int = LINK_ROWS, bins: int = LINK_BINS) -> go.Figure | None:
+def link_heatmap(
+    run: RunResult, top: int = LINK_ROWS, bins: int = LINK_BINS, with_template: bool = True
+) -> go.Figure | None:
     """Utilisation (0..1) of the ``top`` links that carried the most bytes, in ``bins``
     slices of the step, busiest link on top; None when no link carried anything (every
     fidelity but flow)."""
@@ -411,7 +425,8 @@ def link_heatmap(run: RunResult, top: int = LINK_ROWS, bins: int = LINK_BINS) ->
         labels.append(name if seen[name] == 1 else f"{name} (link {link_id})")
     width = step / bins
     centres = [round((b + 0.5) * width * _MS, 6) for b in range(bins)]
-    fig = go.Figure(
+    fig = _figure(with_template)
+    fig.add_trace(
         go.Heatmap(
             z=[[round(min(1.0, v), 4) for v in row[4]] for row in rows],
             x=centres,
@@ -433,6 +448,7 @@ def link_heatmap(run: RunResult, top: int = LINK_ROWS, bins: int = LINK_BINS) ->
     )
     fig.update_layout(
         **base_layout(
+            with_template,
             height=110 + 20 * len(rows),
             margin={"l": 40, "r": 40, "t": 20, "b": 50},
             xaxis={"title": {"text": "time in the step (ms)"}, "range": [0, step * _MS]},
@@ -449,11 +465,11 @@ def link_heatmap(run: RunResult, top: int = LINK_ROWS, bins: int = LINK_BINS) ->
 
 
 def _div(fig: go.Figure | dict[str, Any], div_id: str) -> str:
-    """A chart's ``<div>``; a plain dict (:func:`~simulator.report.timeline.timeline_spec`)
-    is drawn as it is, unvalidated."""
+    """A chart's ``<div>``, drawn from its plain dict (:func:`page_figure`): the page's
+    charts are built without a template object, or as dicts, and drawn unvalidated."""
     return pio.to_html(
-        fig,
-        validate=not isinstance(fig, dict),
+        page_figure(fig),
+        validate=False,
         include_plotlyjs=False,
         full_html=False,
         div_id=div_id,
@@ -623,12 +639,12 @@ def run_report_html(
             f"compute), pipeline bubble, waiting for slower peers (imbalance stall) and other "
             f"time; {_esc(by_what)}. ★ marks the critical rank, whose end sets the step time "
             f"(dotted line). Long non-compute segments are the time to win back.",
-            _div(breakdown_figure(result), "breakdown"),
+            _div(breakdown_figure(result, with_template=False), "breakdown"),
         )
     )
     charts.append("breakdown")
 
-    comm = exposed_comm_figure(result)
+    comm = exposed_comm_figure(result, with_template=False)
     comm_caption = (
         "The exposed communication of the same bars split by parallel axis: which "
         "collective or transfer the ranks wait for. Large tp usually means tensor parallelism "
@@ -667,12 +683,12 @@ def run_report_html(
             "the GPU's capacity (dashed line). A bar above the line does not fit: shard the "
             "optimizer state, recompute activations or split the model further. Allocator "
             "fragmentation and the CUDA context are not counted, so leave some headroom.",
-            _div(memory_figure(memory), "memory"),
+            _div(memory_figure(memory, with_template=False), "memory"),
         )
     )
     charts.append("memory")
 
-    heatmap = link_heatmap(run)
+    heatmap = link_heatmap(run, with_template=False)
     link_caption = (
         f"Each row is a link, the {LINK_ROWS} that carried the most bytes with the busiest "
         f"on top; colour is the share of its bandwidth in use in each of {LINK_BINS} slices "
@@ -712,7 +728,7 @@ def run_report_html(
         fewer.append(f"ops of one kind less than {format_time(gap)} apart are drawn as one bar")
     more = (
         f" To keep this page small, {' and '.join(fewer)}; timeline.html beside it draws "
-        "more, and trace.json holds every op for https://ui.perfetto.dev."
+        "more, and trace.json holds every op of its ranks for https://ui.perfetto.dev."
         if fewer
         else " trace.json holds the same ops for https://ui.perfetto.dev."
     )

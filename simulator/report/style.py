@@ -18,7 +18,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from simulator.common.vocabulary import COMM_AXES
-from simulator.report.timeline import _FONT, CATEGORY_COLORS
+from simulator.report.timeline import _FONT, CATEGORY_COLORS, template_json
 
 __all__ = [
     "FONT",
@@ -28,8 +28,10 @@ __all__ = [
     "OTHER_COLOR",
     "PLOT_CONFIG",
     "PAGE_CSS",
+    "TEMPLATE",
     "base_layout",
     "breakdown_bar",
+    "page_figure",
 ]
 
 #: The timeline's font, for every chart and the page around them.
@@ -68,10 +70,17 @@ PLOT_CONFIG: dict[str, Any] = {
 }
 
 
-def base_layout(**overrides: Any) -> dict[str, Any]:
-    """The plotly layout every report chart starts from, updated with ``overrides``."""
+#: The plotly template of every chart.
+TEMPLATE = "plotly_white"
+
+
+def base_layout(with_template: bool = True, **overrides: Any) -> dict[str, Any]:
+    """The plotly layout every report chart starts from, updated with ``overrides``.
+    Without ``with_template`` the layout holds an empty template, and plotly builds no
+    template object: a page then draws the chart with :data:`TEMPLATE`'s JSON in its
+    place (:func:`page_figure`)."""
     layout: dict[str, Any] = {
-        "template": "plotly_white",
+        "template": TEMPLATE if with_template else {},
         "font": {"family": FONT, "size": 12, "color": "#222"},
         "hoverlabel": {"font": {"family": FONT, "size": 12}, "align": "left"},
         "margin": {"l": 150, "r": 40, "t": 30, "b": 50},
@@ -81,6 +90,15 @@ def base_layout(**overrides: Any) -> dict[str, Any]:
     }
     layout.update(overrides)
     return layout
+
+
+def page_figure(figure: go.Figure | dict[str, Any]) -> dict[str, Any]:
+    """A chart as the plain dict a page draws (``plotly.io.to_html(..., validate=False)``),
+    with :data:`TEMPLATE`'s JSON as its template: a figure built without a template
+    object (``base_layout(with_template=False)``) then draws as one built with it."""
+    spec = figure if isinstance(figure, dict) else figure.to_dict()
+    spec.setdefault("layout", {})["template"] = template_json(TEMPLATE)
+    return spec
 
 
 PAGE_CSS = f"""

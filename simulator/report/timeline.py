@@ -33,9 +33,11 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
@@ -50,6 +52,7 @@ __all__ = [
     "CATEGORY_COLORS",
     "IDLE_COLORS",
     "timeline_figure",
+    "template_json",
     "timeline_spec",
     "write_timeline_html",
 ]
@@ -68,6 +71,9 @@ _IDLE_NAMES = {
     "exposed_comm": "idle: exposed comm",
     "other": "idle: other",
 }
+
+_lane_key = attrgetter("rank", "stream")
+_start_of = attrgetter("start")
 
 _FONT = "Inter, 'Helvetica Neue', Helvetica, Arial, sans-serif"
 _DIV_ID = "parasim-timeline"
@@ -88,36 +94,35 @@ def _human_time(seconds: float) -> str:
     return format_time(seconds)
 
 
+@functools.lru_cache(maxsize=4096)
+def _size_line(size: float, flops: float) -> str:
+    return f"{_human_bytes(size)} · {_human_flops(flops)}" if flops else _human_bytes(size)
+
+
 def _hover(rec: OpRecord, cat: str, lane: str) -> str:
     tags = rec.tags
-    lines = [f"<b>{rec.label or rec.kind}</b>", f"{cat} · {rec.kind} · {lane}"]
-    where = []
-    if tags.get("layer") is not None:
-        where.append(f"layer {tags['layer']}")
-    if tags.get("microbatch") is not None:
-        where.append(f"micro-batch {tags['microbatch']}")
-    if tags.get("stage") is not None:
-        where.append(f"stage {tags['stage']}")
+    text = f"<b>{rec.label or rec.kind}</b><br>{cat} · {rec.kind} · {lane}"
+    where = [
+        f"{name} {tags[key]}"
+        for key, name in (("layer", "layer"), ("microbatch", "micro-batch"), ("stage", "stage"))
+        if tags.get(key) is not None
+    ]
     if tags.get("phase") is not None:
         where.append(str(tags["phase"]))
     if where:
-        lines.append(" · ".join(where))
-    lines.append(
-        f"start {rec.start * 1e3:.4f} ms · duration {_human_time(max(0.0, rec.end - rec.start))}"
-    )
+        text += "<br>" + " · ".join(where)
+    start, end, ready = rec.start, rec.end, rec.ready
+    text += f"<br>start {start * 1e3:.4f} ms · duration {_human_time(max(0.0, end - start))}"
     if tags.get("busy_s") is not None:
-        lines.append(f"busy {_human_time(tags['busy_s'])} of that span")
-    if rec.start > rec.ready:
-        lines.append(f"waited {_human_time(rec.start - rec.ready)} before starting")
-    size = [_human_bytes(rec.bytes)]
-    if rec.flops:
-        size.append(_human_flops(rec.flops))
-    lines.append(" · ".join(size))
+        text += f"<br>busy {_human_time(tags['busy_s'])} of that span"
+    if start > ready:
+        text += f"<br>waited {_human_time(start - ready)} before starting"
+    text += "<br>" + _size_line(rec.bytes, rec.flops)
     if rec.group is not None:
-        lines.append(f"group {rec.group}")
+        text += f"<br>group {rec.group}"
     if rec.peer is not None:
-        lines.append(f"peer r{rec.peer}")
-    return "<br>".join(lines)
+        text += f"<br>peer r{rec.peer}"
+    return text
 
 
 #: The time resolution of a full-width chart, as a fraction of the step: half a pixel of
@@ -314,17 +319,22 @@ def _op_columns(
     were busy over its span) or, ``compact``, only each op's label, rounded to the
     nanosecond for the page's zoom-in data."""
     bars: dict[str, dict[str, list[Any]]] = {}
+    if compact:
+        for rec in records:
+            cat = _display_category(rec)
+            col = bars.get(cat)
+            if col is None:
+                col = bars[cat] = {"base": [], "x": [], "y": [], "label": []}
+            start = rec.start
+            col["base"].append(round(start * 1e3, 6))
+            col["x"].append(round(max(0.0, rec.end - start) * 1e3, 6))
+            col["y"].append(lane_of[(rec.rank, rec.stream)])
+            col["label"].append(rec.label or rec.kind)
+        return bars
     for rec in records:
         cat = _display_category(rec)
         lane = lane_of[(rec.rank, rec.stream)]
         span = max(0.0, rec.end - rec.start)
-        if compact:
-            col = bars.setdefault(cat, {"base": [], "x": [], "y": [], "label": []})
-            col["base"].append(round(rec.start * 1e3, 6))
-            col["x"].append(round(span * 1e3, 6))
-            col["y"].append(lane)
-            col["label"].append(rec.label or rec.kind)
-            continue
         col = bars.setdefault(cat, _empty_columns())
         busy = rec.tags.get("busy_s")
         col["opacity"].append(
@@ -391,10 +401,15 @@ def timeline_figure(
 
 
 @functools.cache
-def _template(name: str) -> dict[str, Any]:
-    """A plotly template as the plain dict a figure's JSON carries (shared: not to be
-    changed)."""
-    return pio.templates[name].to_plotly_json()
+def template_json(name: str) -> dict[str, Any]:
+    """A plotly template as the plain dict a figure's JSON carries, read from the file
+    plotly ships it in: what ``plotly.io.templates[name]`` builds its object from (the
+    object, checked against every trace type, takes a quarter of a second the first
+    time in a process: more than drawing a chart). Shared, not to be changed."""
+    from importlib.resources import files
+
+    text = (files("plotly") / "package_data" / "templates" / f"{name}.json").read_text()
+    return json.loads(text)
 
 
 def _bar(name: str, col: dict[str, list[Any]], marker: dict[str, Any]) -> dict[str, Any]:
@@ -447,7 +462,10 @@ def timeline_spec(
     idle = _idle_bars(shown, lane_of)
     if not zoom_detail or not exact:
         exact = []
-    exact = sorted(exact, key=lambda r: (lane_of[(r.rank, r.stream)], r.start))
+    if exact:  # by lane, then start; ties keep their order (a stable sort)
+        lanes = np.fromiter(map(lane_of.__getitem__, map(_lane_key, exact)), np.intp, len(exact))
+        starts = np.fromiter(map(_start_of, exact), float, len(exact))
+        exact = [exact[i] for i in np.lexsort((starts, lanes)).tolist()]
     exact_bars = _op_columns(exact, lane_of, lane_names, compact=True) if exact else {}
     exact_idle = _idle_bars(trace, lane_of, compact=True) if exact else {}
     data: list[dict[str, Any]] = []
@@ -599,7 +617,7 @@ def timeline_spec(
             "yanchor": "top",
             "pad": {"t": 14},
         },
-        template=_template("plotly_white"),
+        template=template_json("plotly_white"),
         font={"family": _FONT, "size": 12, "color": "#222"},
         barmode="overlay",
         bargap=0.1,

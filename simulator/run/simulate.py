@@ -55,6 +55,13 @@ __all__ = [
 
 # Above this many ops, trace.json and the timeline keep a representative set of ranks.
 FULL_TRACE_OP_LIMIT = 300_000
+# A trace of more than this many ops over more than MAX_TRACE_STAGES pipeline stages
+# keeps the ranks of that many stages, evenly spaced: a deep pipeline's middle stages
+# run alike, and each op costs its files about ten microseconds to write (1T-parameter
+# GPT on 3,072 GPUs, pp=64: 197,255 ops, about 2 s of trace.json alone; see
+# benchmarks/RESULTS.md). --full-trace keeps every one.
+STAGE_CAP_OPS = 100_000
+MAX_TRACE_STAGES = 16
 # Flow fidelity folds symmetric ranks by default above this many ranks: every rank of a
 # 512-GPU step in flow takes minutes, and a dense model's ranks of one stage run alike.
 FLOW_FOLD_WORLD = 512
@@ -181,6 +188,21 @@ def representative_ranks(scenario: Scenario, critical_rank: int) -> list[int]:
 _KINDED = frozenset({"compute", "collective", "block"})
 
 
+def _trace_size(run: RunResult, ranks: list[int]) -> tuple[int, bool]:
+    """How many records :func:`make_trace` makes of ``ranks``, and whether it shows
+    blocks op by op (when that keeps the trace within ``FULL_TRACE_OP_LIMIT`` ops)."""
+    programs = run.schedule.programs
+    plain = sum(len(programs[rank].ops) for rank in ranks)
+    if run.times.blocks is None:
+        return plain, False
+    expanded = sum(
+        len(op.body) if type(op) is Block else 1 for rank in ranks for op in programs[rank].ops
+    )
+    if expanded <= FULL_TRACE_OP_LIMIT:
+        return expanded, True
+    return plain, False
+
+
 @fewer_collections()
 def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
     """The Trace of the simulated step, for ``ranks`` (all when None). Blocks are shown
@@ -188,14 +210,7 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
     bar per pipeline action otherwise."""
     schedule, times = run.schedule, run.times
     chosen = sorted(schedule.programs) if ranks is None else ranks
-    expand = times.blocks is not None and (
-        sum(
-            len(op.body) if type(op) is Block else 1
-            for rank in chosen
-            for op in schedule.programs[rank].ops
-        )
-        <= FULL_TRACE_OP_LIMIT
-    )
+    expand = _trace_size(run, chosen)[1]
     records = []
     retagged: dict[tuple[int, Any], dict[str, Any]] = {}
     for rank in chosen:
@@ -321,17 +336,43 @@ def _body_records(
     return records
 
 
-def trace_ranks(run: RunResult) -> tuple[list[int] | None, str | None]:
-    """Which ranks the trace outputs keep, and a note when they leave some out."""
-    if run.schedule.num_ops <= FULL_TRACE_OP_LIMIT:
+def trace_ranks(run: RunResult, full: bool = False) -> tuple[list[int] | None, str | None]:
+    """Which ranks the trace outputs keep (None: every simulated rank), and a note when
+    they leave some out. A step of more than ``FULL_TRACE_OP_LIMIT`` ops keeps its
+    representative ranks; a trace that would still hold more than ``STAGE_CAP_OPS``
+    ops over more than ``MAX_TRACE_STAGES`` pipeline stages keeps the ranks of that many
+    stages, evenly spaced, the first, the last and the critical rank's among them.
+    ``full`` keeps every simulated rank."""
+    if full:
         return None, None
-    ranks = representative_ranks(run.scenario, run.result.breakdown.critical_rank)
-    note = (
+    scenario, critical = run.scenario, run.result.breakdown.critical_rank
+    layout = scenario.layout
+    representative = run.schedule.num_ops > FULL_TRACE_OP_LIMIT
+    ranks = (
+        representative_ranks(scenario, critical)
+        if representative
+        else sorted(run.schedule.programs)
+    )
+    stage_of = {rank: layout.coords(rank)["pp"] for rank in ranks}
+    stages = sorted(set(stage_of.values()))
+    if len(stages) > MAX_TRACE_STAGES and _trace_size(run, ranks)[0] > STAGE_CAP_OPS:
+        last = len(stages) - 1
+        kept = {stages[round(i * last / (MAX_TRACE_STAGES - 1))] for i in range(MAX_TRACE_STAGES)}
+        kept.add(layout.coords(critical)["pp"])
+        ranks = [rank for rank in ranks if stage_of[rank] in kept]
+        return ranks, (
+            f"trace.json and timeline.html show {len(ranks)} ranks of {layout.world}, those "
+            f"of {len(kept)} of the {len(stages)} pipeline stages (evenly spaced, with the "
+            f"first, the last and the critical rank's); the step has {_expanded_ops(run)} "
+            "ops (--full-trace shows every simulated rank)"
+        )
+    if not representative:
+        return None, None
+    return ranks, (
         f"trace.json and timeline.html show {len(ranks)} representative ranks of "
-        f"{run.scenario.layout.world} (one per pipeline stage and the critical rank); "
+        f"{layout.world} (one per pipeline stage and the critical rank); "
         f"the step has {_expanded_ops(run)} ops"
     )
-    return ranks, note
 
 
 def _expanded_ops(run: RunResult) -> int:
