@@ -90,6 +90,7 @@ def _human_flops(n: float) -> str:
     return format_flops(n).replace("FLOP/s", "FLOP")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # an analytic step's ops repeat their durations
 def _human_time(seconds: float) -> str:
     return format_time(seconds)
 
