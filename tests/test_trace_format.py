@@ -458,3 +458,30 @@ def test_a_duration_the_encoder_cannot_name_is_zero_as_json_writes_it():
     for start, end in ((1e-3, float("nan")), (1e-3, 1e-3 - 1e-13), (1e-3, float("-inf"))):
         rec = OpRecord(0, 1, "compute", "compute", "gemm", "x", {}, 0.0, start, end)
         assert _encode_complete(rec, 1, None) == _ENCODER.encode(_complete_event(rec, 1))
+
+
+def test_sends_and_receives_pair_by_ranks_micro_batch_and_phase_as_their_reprs_read():
+    """A send and a receive pair when their ranks, micro-batch and phase match, the tags
+    read as their ``repr``s (1, 1.0 and True are three micro-batches); arrows come in
+    key order, micro-batches by ``repr`` (10 before 2), and ends left without a match
+    are counted."""
+    from simulator.analysis.trace import OpRecord
+    from simulator.report.chrome_trace import _flow_arrows
+
+    def p2p(rank, op, peer, microbatch, start):
+        tags = {"axis": "pp", "microbatch": microbatch, "phase": "fwd"}
+        return OpRecord(
+            rank, 0, "pp", op, op, f"{op}{microbatch}", tags, start, start, start + 1e-3, peer=peer
+        )
+
+    records = [
+        p2p(0, "send", 1, 2, 0.0),
+        p2p(0, "send", 1, 10, 1e-3),
+        p2p(0, "send", 1, 1, 2e-3),
+        p2p(1, "recv", 0, 10, 3e-3),
+        p2p(1, "recv", 0, 2, 4e-3),
+        p2p(1, "recv", 0, 1.0, 5e-3),
+    ]
+    arrows, unmatched = _flow_arrows(records, {"pp": 2})
+    assert unmatched == 2  # micro-batch 1 sent, 1.0 received: no pair
+    assert [(arrow[3], arrow[6]) for arrow in arrows] == [(1500.0, 3500.0), (500.0, 4500.0)]

@@ -233,8 +233,8 @@ def _flow_arrows(records: Sequence[OpRecord], tids: Mapping[str, int]) -> tuple[
     compared by their ``repr`` (so that any values sort), joined by a NUL (which no
     ``repr`` holds) into one string that sorts as the pair would. A key's sends and
     recvs are one position each as a rule, a list only where there are more."""
-    sends: dict[tuple[Any, Any, Any, Any], Any] = {}
-    recvs: dict[tuple[Any, Any, Any, Any], Any] = {}
+    sends: dict[tuple[Any, ...], Any] = {}
+    recvs: dict[tuple[Any, ...], Any] = {}
     for i, rec in enumerate(records):
         peer = rec.peer
         if peer is None:
@@ -247,7 +247,9 @@ def _flow_arrows(records: Sequence[OpRecord], tids: Mapping[str, int]) -> tuple[
         else:
             continue
         tags = rec.tags
-        key = (src, dst, tags.get("microbatch"), tags.get("phase"))
+        microbatch, phase = tags.get("microbatch"), tags.get("phase")
+        # typed, as their reprs would be: 1, 1.0 and True are three micro-batches
+        key = (src, dst, type(microbatch), microbatch, type(phase), phase)
         found = ends.get(key)
         if found is None:
             ends[key] = i
@@ -263,8 +265,8 @@ def _flow_arrows(records: Sequence[OpRecord], tids: Mapping[str, int]) -> tuple[
             return [found]
         return sorted(found, key=lambda i: (records[i].op_id, i))
 
-    def order(key: tuple[Any, Any, Any, Any]) -> tuple[Any, Any, str]:
-        return key[0], key[1], f"{key[2]!r}\x00{key[3]!r}"
+    def order(key: tuple[Any, ...]) -> tuple[Any, Any, str]:
+        return key[0], key[1], f"{key[3]!r}\x00{key[5]!r}"
 
     arrows: list[_Flow] = []
     unmatched = 0

@@ -10,7 +10,7 @@ warnings), then draws, each with a caption saying what to read from it:
 * ``exposed-comm``: the exposed communication of the same rows split by parallel axis;
 * ``memory``: peak memory per pipeline stage stacked by term, against the GPU capacity;
 * ``links``: utilisation of the busiest links over the step, in flow fidelity only;
-* ``timeline``: the Gantt chart of :func:`simulator.report.timeline.timeline_figure`,
+* ``timeline``: the Gantt chart of :func:`simulator.report.timeline.timeline_spec`,
   from the same trace as ``timeline.html`` but held to ``REPORT_MAX_BARS`` bars so the
   page stays a few MB: the ranks and merged bars follow the rule of
   :func:`simulator.report.timeline.fit_trace`, so with too many ops both pages draw the
@@ -613,7 +613,7 @@ def run_report_html(
 ) -> tuple[str, dict[str, Any]]:
     """The HTML text of ``report.html`` for ``run`` (a :class:`simulator.run.simulate.RunResult`)
     and a summary: ``charts`` (the div ids drawn, in page order) and ``timeline`` (what
-    :func:`~simulator.report.timeline.timeline_figure` says it drew). ``trace`` is the
+    :func:`~simulator.report.timeline.timeline_spec` says it drew). ``trace`` is the
     trace ``timeline.html`` draws; it is made here the same way when not given."""
     if trace is None:
         trace = make_trace(run, trace_ranks(run)[0])

@@ -21,8 +21,10 @@ when the ops still do not fit, touching ops merge, then only the ranks in
 ``trace.meta["representative_ranks"]`` are kept, then wider merges and fewer ranks
 follow. A note above the chart says what was merged and which ranks are shown.
 ``timeline.html`` also carries the drawn ranks' ops one by one, and a zoom that leaves
-few enough in view redraws them so (:func:`write_timeline_html`). The file embeds
-plotly.js, so it opens offline.
+few enough in view redraws them so (:func:`write_timeline_html`). The chart is built
+as the plain dict plotly.js draws (:func:`timeline_spec`); :func:`timeline_figure` gives
+it as a plotly object. The page loads plotly.js from the one ``plotly.min.js`` beside
+it, so it opens offline.
 """
 
 from __future__ import annotations
