@@ -82,3 +82,52 @@ def test_an_interrupted_wait_stops_the_child_before_the_interruption_goes_on(tmp
         signal.signal(signal.SIGALRM, previous)
     time.sleep(2.0)
     assert not late.exists() and not late.parent.exists()
+
+
+def test_an_interrupted_wait_for_several_writers_stops_every_one(tmp_path):
+    """The run's files aside are written by a process each: Ctrl-C while the first is
+    waited for stops the others too, and nothing lands in the folder afterwards."""
+    from simulator.report.outputs import _collect
+
+    if not hasattr(os, "fork") or usable_cores() < 2:
+        pytest.skip("no second core to fork onto")
+
+    def slow_write(name: str):
+        def write() -> None:
+            time.sleep(1.5)
+            (tmp_path / name).write_text("written after the parent gave up")
+
+        return write
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        asides = [(name, start_forked(slow_write(name))) for name in ("a", "b")]
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            _collect(asides)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    time.sleep(2.0)
+    assert not list(tmp_path.iterdir())
+
+
+def test_every_writer_aside_is_waited_for_and_the_first_failure_raised(tmp_path):
+    from simulator.report.outputs import _collect
+
+    def fails():
+        raise OSError("disk full")
+
+    def writes():
+        time.sleep(0.3)
+        path = tmp_path / "b.txt"
+        path.write_text("b")
+        return path
+
+    with pytest.raises(OSError, match="disk full"):
+        _collect([("a", start_forked(fails)), ("b", start_forked(writes))])
+    assert (tmp_path / "b.txt").read_text() == "b"  # the other finished first
+    assert _collect([("b", start_forked(writes))]) == {"b": tmp_path / "b.txt"}

@@ -48,15 +48,15 @@ class Forked(Generic[T]):
             try:
                 self._done = self._collect()
             except BaseException:
-                self._stop()
+                self.stop()
                 raise
         ok, value = self._done
         if not ok:
             raise value
         return value
 
-    def _stop(self) -> None:
-        """Kill the child, if it still runs, and reap it."""
+    def stop(self) -> None:
+        """Kill the child, if it still runs, and reap it (its work is then lost)."""
         pid, self._pid = self._pid, None
         if pid is None:
             return

@@ -4,6 +4,7 @@ written atomically (:mod:`simulator.common.files`)."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from collections.abc import Callable, Collection
@@ -98,42 +99,27 @@ def write_run_outputs(
         "timeline": page(lambda tmp: write_timeline_html(trace, tmp, title=title)),
         "report": page(lambda tmp: write_run_report(run, tmp, title=title, trace=trace)),
     }
-    # some files are written by a second process, on a second core, while this one
-    # writes the others (:func:`_aside`); start_forked writes them here first where it
+    # some files are written by processes of their own, on the other cores, while this
+    # one writes the rest (:func:`_aside`); start_forked writes them here first where it
     # cannot fork
     large = trace is not None and len(trace.records) >= FORK_TRACE_RECORDS
     aside_names = _aside(wanted, large)
     if wanted & {"timeline", "report"}:
         # every page is written by plotly.io's JSON writer, whose first import takes a
-        # few tenths of a second: taken here once, before the fork, not in each process
+        # few tenths of a second: taken here once, before the forks, not in each process
         import plotly.io.json  # noqa: F401
-
-    def write_aside() -> list[Path]:
-        """The files aside, each tried even when one before it failed (so, as here,
-        one failure leaves the others written); the first failure is raised."""
-        paths, failure = [], None
-        for name in aside_names:
-            try:
-                paths.append(writers[name](out / OUTPUTS[name]))
-            except Exception as error:  # noqa: BLE001  (raised below, once all are tried)
-                failure = failure or error
-        if failure is not None:
-            raise failure
-        return paths
-
-    aside = None
-    if aside_names:
-        aside = start_forked(
-            write_aside, fork=large or (trace is not None and "timeline" in wanted)
-        )
+    fork = large or (trace is not None and "timeline" in wanted)
+    asides = [
+        (name, start_forked(functools.partial(writers[name], out / OUTPUTS[name]), fork=fork))
+        for name in aside_names
+    ]
     written: dict[str, Path] = {}
     try:
         for name, file_name in OUTPUTS.items():
             if name in wanted and name not in aside_names:
                 written[name] = writers[name](out / file_name)
-    finally:
-        if aside is not None:  # waited for even when another file failed
-            written.update(zip(aside_names, aside.result(), strict=True))
+    finally:  # the files aside are waited for even when another file failed
+        written.update(_collect(asides))
     paths = [written[name] for name in OUTPUTS if name in wanted]
     if wanted & {"timeline", "report"}:
         paths.append(out / PLOTLY_JS)
@@ -150,15 +136,34 @@ FORK_TRACE_RECORDS = 20_000
 
 
 def _aside(wanted: set[str], large: bool) -> list[str]:
-    """The files a second process writes, so that the two take about as long: a large
-    trace (the longest to write, about 8 µs an op), with the report when the timeline
-    stays here (each page spends most of its time drawing at most 30,000 or 8,000
-    bars, whatever the trace's size); a small trace when there is no report; else the
-    report, the slower page."""
+    """The files written by processes of their own, each in one: a large trace (the
+    longest to write, about 8 µs an op) and, beside it, the report, while this process
+    draws the timeline (each page spends most of its time drawing at most 30,000 or
+    8,000 bars, whatever the trace's size; on two cores the three share them, so that
+    neither core waits for the other at the end); a small trace when there is no
+    report; else the report, the slower page."""
     if "trace" in wanted and (large or "report" not in wanted):
         both_pages = {"timeline", "report"} <= wanted
         return ["trace", "report"] if large and both_pages else ["trace"]
     return ["report"] if "report" in wanted else []
+
+
+def _collect(asides: list[tuple[str, Any]]) -> dict[str, Path]:
+    """The paths the processes aside wrote, by output name, once every one has ended;
+    the first failure is raised then, and an interruption stops the others at once."""
+    written, failure = {}, None
+    for i, (name, forked) in enumerate(asides):
+        try:
+            written[name] = forked.result()
+        except Exception as error:  # noqa: BLE001  (raised once all have ended)
+            failure = failure or error
+        except BaseException:
+            for _, other in asides[i + 1 :]:
+                other.stop()
+            raise
+    if failure is not None:
+        raise failure
+    return written
 
 
 #: A trace file larger than this is written gzipped (``trace.json.gz``, which Perfetto
