@@ -1,9 +1,9 @@
 """Run a piece of work in a forked child process while this one goes on.
 
-A run's output files are independent once its trace is built: the largest of them,
-``trace.json``, can be written by a child process (which sees the trace through the
-fork, copied only where written) while the parent writes the timeline and the report
-on another core. :func:`start_forked` forks only where that helps and is safe: on a
+A run's output files are independent once its trace is built: ``trace.json`` and
+``report.html`` can each be written by a child process (which sees the trace through
+the fork, copied only where written) while the parent draws the timeline, the three
+sharing the cores. :func:`start_forked` forks only where that helps and is safe: on a
 POSIX system with more than one usable core; elsewhere it runs the work at once, in
 this process, so callers need no second path.
 

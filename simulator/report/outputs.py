@@ -99,7 +99,7 @@ def write_run_outputs(
         "timeline": page(lambda tmp: write_timeline_html(trace, tmp, title=title)),
         "report": page(lambda tmp: write_run_report(run, tmp, title=title, trace=trace)),
     }
-    # some files are written by processes of their own, on the other cores, while this
+    # some files are written by processes of their own, on other cores, while this
     # one writes the rest (:func:`_aside`); start_forked writes them here first where it
     # cannot fork
     large = trace is not None and len(trace.records) >= FORK_TRACE_RECORDS
