@@ -553,3 +553,32 @@ def test_zooming_in_draws_merged_ops_one_by_one(driver, tmp_path):
     assert out["bars"] == before["bars"]
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def test_a_zoom_redraws_the_merged_categories_and_keeps_the_others(driver, tmp_path):
+    """Only the forward train was merged: zoomed in, its ops are drawn one by one and
+    the five TP all-reduces, drawn op by op from the start, stay as they were."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from simulator.report.timeline import write_timeline_html
+
+    from .test_reports import thin_train_and_wide_ops
+
+    trace = thin_train_and_wide_ops()
+    path = tmp_path / "timeline.html"
+    info = write_timeline_html(trace, path, title="zoom", max_bars=50)
+    assert info["zoom_detail"]
+    open_report(driver, path, tmp_path / "before.png")
+    before = driver.execute_script(TIMELINE_VIEW)
+    driver.execute_script(
+        "Plotly.relayout('parasim-timeline', {'xaxis.range': arguments[0]});", [0.0, 0.004]
+    )
+    WebDriverWait(driver, RENDER_TIMEOUT_S, poll_frequency=0.1).until(
+        lambda d: d.execute_script(TIMELINE_VIEW)["view"] == "ops"
+    )
+    zoomed = driver.execute_script(TIMELINE_VIEW)
+    inside = [r for r in trace.records if r.op == "compute" and r.start * 1e3 <= 0.004]
+    assert zoomed["bars"][0] == len(inside) > before["bars"][0]  # forward, op by op
+    assert zoomed["bars"][1] == before["bars"][1] == 5  # comm:tp, as drawn
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors

@@ -111,6 +111,22 @@ def big_trace(ranks: int = 64, ops: int = 100, meta: dict[str, Any] | None = Non
     return Trace(records=records, step_time=ops * MS, meta=dict(meta or {}))
 
 
+def thin_train_and_wide_ops() -> Trace:
+    """Rank 0: a forward train of 300 ops 0.1 µs long and 0.1 µs apart (thinner than a
+    pixel: merged to fit a small chart), and five TP all-reduces 0.1 ms long (never)."""
+    fwd = {"phase": "fwd", "microbatch": 0}
+    records = [
+        rec(0, i, "compute", "compute", "gemm", f"f{i}", i * 2e-7, i * 2e-7 + 1e-7, tags=fwd)
+        for i in range(300)
+    ]
+    records += [
+        rec(0, 300 + i, "tp", "collective", "all_reduce", f"ar{i}", 1e-4 + i * 2e-4,
+            2e-4 + i * 2e-4, tags={**fwd, "axis": "tp"}, group="tp0")
+        for i in range(5)
+    ]  # fmt: skip
+    return Trace(records=records, step_time=1.2e-3)
+
+
 # --------------------------------------------------------------------------- chrome trace
 
 
@@ -531,3 +547,19 @@ def test_charts_of_one_trace_share_their_common_steps_and_draw_what_they_would_a
             fig, _ = timeline_figure(shared, title="t", max_bars=bars, zoom_detail=True)
             assert fig.to_json() == alone[bars]
         assert shared.derived  # the steps were kept, for the next chart
+
+
+def test_the_zoom_carries_only_the_categories_whose_ops_were_merged():
+    """A forward train of thin ops merges to fit; five wide TP all-reduces do not: the
+    page's zoom data holds the forward ops alone, and its bar budget leaves room for the
+    all-reduces it keeps drawing."""
+    from simulator.report.timeline import timeline_spec
+
+    trace = thin_train_and_wide_ops()
+    spec, info = timeline_spec(trace, "t", max_bars=50, zoom_detail=True)
+    detail = info["detail"]
+    assert [entry["name"] for entry in detail["traces"]] == ["forward"]
+    assert len(detail["traces"][0]["x"]) == 300
+    drawn = {bar["name"]: len(bar["x"]) for bar in spec["data"] if bar["type"] == "bar"}
+    assert drawn["comm:tp"] == 5 and drawn["forward"] < 300
+    assert detail["max_bars"] == 50 - 5

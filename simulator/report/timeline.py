@@ -20,8 +20,9 @@ what is drawn: trains of such thin ops become one bar as opaque as they were bus
 when the ops still do not fit, touching ops merge, then only the ranks in
 ``trace.meta["representative_ranks"]`` are kept, then wider merges and fewer ranks
 follow. A note above the chart says what was merged and which ranks are shown.
-``timeline.html`` also carries the drawn ranks' ops one by one, and a zoom that leaves
-few enough in view redraws them so (:func:`write_timeline_html`). The chart is built
+``timeline.html`` also carries the drawn ranks' ops one by one, in the categories where
+some were merged, and a zoom that leaves few enough in view redraws them so
+(:func:`write_timeline_html`). The chart is built
 as the plain dict plotly.js draws (:func:`timeline_spec`); :func:`timeline_figure` gives
 it as a plotly object. The page loads plotly.js from the one ``plotly.min.js`` beside
 it, so it opens offline.
@@ -394,10 +395,12 @@ def timeline_figure(
     ``selection`` (how the ranks shown were chosen), as :func:`fit_trace` chose them.
 
     With ``zoom_detail``, when more than touching ops were merged, the summary's
-    ``detail`` holds the drawn ranks' ops one by one (per trace: start and length in
-    ms, lane and label, sorted by lane and time) for a page script to draw when zoomed
-    in (:func:`write_timeline_html`). With ``validate``, plotly checks the bars too
-    (the same figure, several times slower for a large trace). The figure is
+    ``detail`` holds the drawn ranks' ops one by one, for each legend entry where some
+    were merged (per trace: start and length in ms, lane and label, sorted by lane and
+    time), for a page script to draw when zoomed in (:func:`write_timeline_html`); its
+    ``max_bars`` is what the other entries' bars leave of the chart's. With
+    ``validate``, plotly checks the bars too (the same figure, several times slower for
+    a large trace). The figure is
     :func:`timeline_spec`'s, as a plotly object."""
     spec, info = timeline_spec(trace, title, max_bars=max_bars, zoom_detail=zoom_detail)
     return go.Figure(spec, _validate=validate), info
@@ -413,6 +416,16 @@ def template_json(name: str) -> dict[str, Any]:
 
     text = (files("plotly") / "package_data" / "templates" / f"{name}.json").read_text()
     return json.loads(text)
+
+
+def _merged_categories_only(drawn: list[OpRecord], exact: list[OpRecord]) -> list[OpRecord]:
+    """The ops of ``exact`` in the display categories where ``drawn`` merged some: a
+    zoom redraws only those; the others are drawn op by op already. A merged bar is a
+    record of its own, not one of ``exact``'s; its category and its ops' count."""
+    drawn_ids, exact_ids = set(map(id, drawn)), set(map(id, exact))
+    merged = {_display_category(rec) for rec in drawn if id(rec) not in exact_ids}
+    merged |= {_display_category(rec) for rec in exact if id(rec) not in drawn_ids}
+    return [rec for rec in exact if _display_category(rec) in merged]
 
 
 def _bar(name: str, col: dict[str, list[Any]], marker: dict[str, Any]) -> dict[str, Any]:
@@ -465,12 +478,19 @@ def timeline_spec(
     idle = _idle_bars(shown, lane_of)
     if not zoom_detail or not exact:
         exact = []
+    if exact:
+        exact = _merged_categories_only(records, exact)
     if exact:  # by lane, then start; ties keep their order (a stable sort)
         lanes = np.fromiter(map(lane_of.__getitem__, map(_lane_key, exact)), np.intp, len(exact))
         starts = np.fromiter(map(_start_of, exact), float, len(exact))
         exact = [exact[i] for i in np.lexsort((starts, lanes)).tolist()]
     exact_bars = _op_columns(exact, lane_of, lane_names, compact=True) if exact else {}
     exact_idle = _idle_bars(trace, lane_of, compact=True) if exact else {}
+    exact_idle = {  # idle stretches the merge left out, as for the ops
+        cat: col
+        for cat, col in exact_idle.items()
+        if len(col["x"]) != len(idle.get(cat, {}).get("x", ()))
+    }
     data: list[dict[str, Any]] = []
     categories = [cat for cat in CATEGORY_COLORS if cat in bars or cat in exact_bars]
     detail: list[dict[str, Any]] = []
@@ -505,8 +525,15 @@ def timeline_spec(
         }
     )
     if detail:
+        zoomed = {entry["trace"] for entry in detail}
         info["detail"] = {
-            "max_bars": max_bars,
+            # the bars of the legend entries drawn op by op already stay as they are
+            "max_bars": max_bars
+            - sum(
+                len(bar["x"])
+                for i, bar in enumerate(data)
+                if bar["type"] == "bar" and i not in zoomed
+            ),
             "step_ms": step_ms,
             "lanes": lane_names,
             "traces": detail,
@@ -773,9 +800,9 @@ def write_timeline_html(
     Returns the summary of :func:`timeline_figure` plus ``path``: which ranks are
     shown, how many bars were drawn, and whether the chart was capped. When ops were
     merged to fit ``max_bars``, the page also carries the drawn ranks' ops one by one
-    and draws them instead of the merged bars once a zoom leaves at most ``max_bars``
-    in view. The file depends only on the trace, the title, ``max_bars`` and
-    ``below``, not on ``path``.
+    (in the categories where some were merged) and draws them instead of the merged
+    bars once a zoom leaves at most ``max_bars`` in view, all bars counted. The file
+    depends only on the trace, the title, ``max_bars`` and ``below``, not on ``path``.
     """
     spec, info = timeline_spec(trace, title, max_bars=max_bars, zoom_detail=True)
     detail = info.pop("detail", None)
