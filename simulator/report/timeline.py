@@ -421,7 +421,8 @@ def template_json(name: str) -> dict[str, Any]:
 def _merged_categories_only(drawn: list[OpRecord], exact: list[OpRecord]) -> list[OpRecord]:
     """The ops of ``exact`` in the display categories where ``drawn`` merged some: a
     zoom redraws only those; the others are drawn op by op already. A merged bar is a
-    record of its own, not one of ``exact``'s; its category and its ops' count."""
+    record of its own, not one of ``exact``'s: its category and its ops' categories
+    all count as merged."""
     drawn_ids, exact_ids = set(map(id, drawn)), set(map(id, exact))
     merged = {_display_category(rec) for rec in drawn if id(rec) not in exact_ids}
     merged |= {_display_category(rec) for rec in exact if id(rec) not in drawn_ids}
