@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from simulator.common.forked import start_forked, usable_cores
+from simulator.common.forked import start_forked, usable_cores, wait_all
 
 
 def _pid() -> int:
@@ -87,8 +87,6 @@ def test_an_interrupted_wait_stops_the_child_before_the_interruption_goes_on(tmp
 def test_an_interrupted_wait_for_several_writers_stops_every_one(tmp_path):
     """The run's files aside are written by a process each: Ctrl-C while the first is
     waited for stops the others too, and nothing lands in the folder afterwards."""
-    from simulator.report.outputs import _collect
-
     if not hasattr(os, "fork") or usable_cores() < 2:
         pytest.skip("no second core to fork onto")
 
@@ -107,7 +105,7 @@ def test_an_interrupted_wait_for_several_writers_stops_every_one(tmp_path):
         asides = [(name, start_forked(slow_write(name))) for name in ("a", "b")]
         signal.setitimer(signal.ITIMER_REAL, 0.3)
         with pytest.raises(KeyboardInterrupt):
-            _collect(asides)
+            wait_all(asides)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -116,8 +114,6 @@ def test_an_interrupted_wait_for_several_writers_stops_every_one(tmp_path):
 
 
 def test_every_writer_aside_is_waited_for_and_the_first_failure_raised(tmp_path):
-    from simulator.report.outputs import _collect
-
     def fails():
         raise OSError("disk full")
 
@@ -128,6 +124,6 @@ def test_every_writer_aside_is_waited_for_and_the_first_failure_raised(tmp_path)
         return path
 
     with pytest.raises(OSError, match="disk full"):
-        _collect([("a", start_forked(fails)), ("b", start_forked(writes))])
+        wait_all([("a", start_forked(fails)), ("b", start_forked(writes))])
     assert (tmp_path / "b.txt").read_text() == "b"  # the other finished first
-    assert _collect([("b", start_forked(writes))]) == {"b": tmp_path / "b.txt"}
+    assert wait_all([("b", start_forked(writes))]) == {"b": tmp_path / "b.txt"}

@@ -11,6 +11,7 @@ The child sends back the work's return value, or the exception it raised, throug
 pipe, and leaves with ``os._exit`` (no ``atexit`` handlers, no second flush of the
 parent's buffers). :meth:`Forked.result` waits for it and returns or raises as the work
 did; an interrupted child (Ctrl-C reaches the whole process group) raises there too.
+:func:`wait_all` waits for several, and stops the rest when interrupted.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import signal
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Forked", "start_forked", "usable_cores"]
+__all__ = ["Forked", "start_forked", "usable_cores", "wait_all"]
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 
 def usable_cores() -> int:
@@ -110,3 +112,23 @@ def start_forked(work: Callable[[], T], fork: bool = True) -> Forked[T]:
             pipe.write(message)
     finally:
         os._exit(code)
+
+
+def wait_all(started: list[tuple[K, Forked[T]]]) -> dict[K, T]:
+    """The values of several pieces of work, by name, once every one has ended; the
+    first failure is raised then (so one failure leaves the others' work done), and an
+    interruption while waiting stops the ones not yet waited for at once."""
+    values: dict[K, T] = {}
+    failure: Exception | None = None
+    for i, (name, forked) in enumerate(started):
+        try:
+            values[name] = forked.result()
+        except Exception as error:  # noqa: BLE001  (raised once all have ended)
+            failure = failure or error
+        except BaseException:
+            for _, other in started[i + 1 :]:
+                other.stop()
+            raise
+    if failure is not None:
+        raise failure
+    return values

@@ -285,10 +285,10 @@ def _flow_arrows(records: Sequence[OpRecord], tids: Mapping[str, int]) -> tuple[
                     category_of(snd),
                     int(snd.rank),
                     tids[snd.stream],
-                    round((snd.start + snd.end) / 2 * 1e6, 3),  # _mid_us
+                    _mid_us(snd),
                     int(rcv.rank),
                     tids[rcv.stream],
-                    round((rcv.start + rcv.end) / 2 * 1e6, 3),
+                    _mid_us(rcv),
                 )
             )
     return arrows, unmatched
@@ -517,10 +517,9 @@ def _tags_text(tags: dict[str, Any], shapes: dict[tuple[Any, ...], Any] | None =
 
 
 class _TextCache:
-    """What one writer has already encoded: each tags dict, and its category for the
+    """What one writer has already encoded: each tags dict with its category for the
     op type first seen with it (by identity, kept alive here so that no other dict
-    takes its id), and the fixed text
-    around each shape of op (:func:`_op_shape`)."""
+    takes its id), and the fixed text around each shape of op (:func:`_op_shape`)."""
 
     __slots__ = ("tags", "shapes", "ops")
 

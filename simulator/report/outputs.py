@@ -13,7 +13,7 @@ from typing import Any
 
 from simulator.common.collector import fewer_collections
 from simulator.common.files import write_atomically, write_json
-from simulator.common.forked import start_forked
+from simulator.common.forked import start_forked, wait_all
 from simulator.report import write_chrome_trace, write_run_report, write_timeline_html
 from simulator.report.chrome_trace import write_rank_traces
 from simulator.report.images import export_figures
@@ -119,7 +119,7 @@ def write_run_outputs(
             if name in wanted and name not in aside_names:
                 written[name] = writers[name](out / file_name)
     finally:  # the files aside are waited for even when another file failed
-        written.update(_collect(asides))
+        written.update(wait_all(asides))
     paths = [written[name] for name in OUTPUTS if name in wanted]
     if wanted & {"timeline", "report"}:
         paths.append(out / PLOTLY_JS)
@@ -146,24 +146,6 @@ def _aside(wanted: set[str], large: bool) -> list[str]:
         both_pages = {"timeline", "report"} <= wanted
         return ["trace", "report"] if large and both_pages else ["trace"]
     return ["report"] if "report" in wanted else []
-
-
-def _collect(asides: list[tuple[str, Any]]) -> dict[str, Path]:
-    """The paths the processes aside wrote, by output name, once every one has ended;
-    the first failure is raised then, and an interruption stops the others at once."""
-    written, failure = {}, None
-    for i, (name, forked) in enumerate(asides):
-        try:
-            written[name] = forked.result()
-        except Exception as error:  # noqa: BLE001  (raised once all have ended)
-            failure = failure or error
-        except BaseException:
-            for _, other in asides[i + 1 :]:
-                other.stop()
-            raise
-    if failure is not None:
-        raise failure
-    return written
 
 
 #: A trace file larger than this is written gzipped (``trace.json.gz``, which Perfetto

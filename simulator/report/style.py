@@ -18,7 +18,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from simulator.common.vocabulary import COMM_AXES
-from simulator.report.timeline import _FONT, CATEGORY_COLORS, template_json
+from simulator.report.timeline import _FONT, CATEGORY_COLORS, TEMPLATE, template_json
 
 __all__ = [
     "FONT",
@@ -68,10 +68,6 @@ PLOT_CONFIG: dict[str, Any] = {
     "responsive": True,
     "modeBarButtonsToRemove": ["lasso2d", "select2d"],
 }
-
-
-#: The plotly template of every chart.
-TEMPLATE = "plotly_white"
 
 
 def base_layout(with_template: bool = True, **overrides: Any) -> dict[str, Any]:

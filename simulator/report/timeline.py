@@ -53,6 +53,7 @@ from topologies.units import format_bytes, format_flops, format_time
 
 __all__ = [
     "CATEGORY_COLORS",
+    "TEMPLATE",
     "IDLE_COLORS",
     "timeline_figure",
     "template_json",
@@ -400,10 +401,13 @@ def timeline_figure(
     time), for a page script to draw when zoomed in (:func:`write_timeline_html`); its
     ``max_bars`` is what the other entries' bars leave of the chart's. With
     ``validate``, plotly checks the bars too (the same figure, several times slower for
-    a large trace). The figure is
-    :func:`timeline_spec`'s, as a plotly object."""
+    a large trace). The figure is :func:`timeline_spec`'s, as a plotly object."""
     spec, info = timeline_spec(trace, title, max_bars=max_bars, zoom_detail=zoom_detail)
     return go.Figure(spec, _validate=validate), info
+
+
+#: The plotly template of every chart parasim draws.
+TEMPLATE = "plotly_white"
 
 
 @functools.cache
@@ -648,7 +652,7 @@ def timeline_spec(
             "yanchor": "top",
             "pad": {"t": 14},
         },
-        template=template_json("plotly_white"),
+        template=template_json(TEMPLATE),
         font={"family": _FONT, "size": 12, "color": "#222"},
         barmode="overlay",
         bargap=0.1,
