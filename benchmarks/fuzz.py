@@ -341,7 +341,19 @@ def main(argv: list[str] | None = None) -> int:
         "--limit", type=float, default=20.0, help="seconds per case before a timeout (20)"
     )
     parser.add_argument("--examples", type=int, default=3, help="examples per failure kind")
+    parser.add_argument(
+        "--family",
+        choices=("schema", "text"),
+        default="schema",
+        help="schema: fields of parsed scenarios (default); text: the files' bytes, the "
+        "files they name and the output folder (benchmarks.fuzz_text)",
+    )
     args = parser.parse_args(argv)
+    if args.family == "text":
+        from benchmarks.fuzz_text import run_family
+
+        limit = args.limit if args.limit != 20.0 else None
+        return run_family(args.cases, args.seed, args.examples, limit)
     rng = random.Random(args.seed)
     leaves = schema_leaves()
     counts: Counter[str] = Counter()
