@@ -3,13 +3,14 @@
 ``--set`` overrides scenario fields, ``--fidelity`` picks the simulation fidelity and
 ``--workers`` the processes of a search; each command passes its own help where the
 wording differs. :func:`output_folder` and :func:`write_whole` give every command the
-same output folder rules (:mod:`simulator.common.folders`).
+same output folder rules (:mod:`simulator.common.folders`): parasim writes only its own
+files, and refuses a folder where a name it writes is the user's.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from simulator.common.folders import check_folder, default_folder, staged_folder
@@ -82,24 +83,29 @@ def add_outputs_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def output_folder(args: argparse.Namespace, suffix: str = "") -> Path:
+def output_folder(
+    args: argparse.Namespace, suffix: str = "", names: Collection[str] = ()
+) -> Path:
     """``--out``, or the default folder of the scenario's name (``out/<name><suffix>``,
-    with a hash of the ``--set`` overrides), checked before any work is done."""
+    with a hash of the ``--set`` overrides), checked before any work is done: it can be
+    written, and none of ``names`` (what the command writes there) is the user's."""
     if args.out is not None:
-        return check_folder(args.out)
+        return check_folder(args.out, names=names)
     from simulator.request.scenario import apply_overrides, read_scenario_file
 
     raw = apply_overrides(read_scenario_file(args.scenario), args.overrides)
     name = raw.get("name") if isinstance(raw, dict) else None
     if not isinstance(name, str) or not name:
         name = Path(args.scenario).stem
-    return check_folder(default_folder(name, suffix, args.overrides))
+    return check_folder(default_folder(name, suffix, args.overrides), names=names)
 
 
-def write_whole(out: Path, write: Callable[[Path], list[Path]], command: str) -> list[Path]:
-    """Call ``write(folder)`` on a fresh staging folder that then replaces ``out`` as a
-    whole (:func:`simulator.common.folders.staged_folder`); the paths as written to
-    ``out``."""
-    with staged_folder(out, command) as stage:
+def write_whole(
+    out: Path, write: Callable[[Path], list[Path]], command: str, names: Collection[str] = ()
+) -> list[Path]:
+    """Call ``write(folder)`` on a fresh staging folder whose files then move into
+    ``out``, beside whatever else is there (:func:`simulator.common.folders.staged_folder`);
+    the paths as written to ``out``."""
+    with staged_folder(out, command, names) as stage:
         written = write(stage)
     return [out / path.relative_to(stage) for path in written]

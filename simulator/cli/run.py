@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from simulator.cli.options import add_fidelity_option, add_outputs_option, add_set_option
+from simulator.common.folders import folder_argument
 
-__all__ = ["add_parser", "command"]
+__all__ = ["add_parser", "command", "EXIT_OOM"]
+
+#: The exit status of a run whose step does not fit in memory (2 is bad input).
+EXIT_OOM = 3
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -32,7 +35,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="simulation fidelity, as --set simulation.fidelity=... (default: the scenario's)",
     )
-    parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario name>)")
+    parser.add_argument(
+        "--out", type=folder_argument, help="output folder (default: out/<scenario name>)"
+    )
     add_outputs_option(parser)
     parser.add_argument(
         "--json", action="store_true", help="print result.json on stdout instead of the summary"
@@ -41,6 +46,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="simulate a step even when it looks too large for this machine's memory",
+    )
+    parser.add_argument(
+        "--allow-oom",
+        action="store_true",
+        help=f"exit 0 when the step does not fit in the GPUs' memory (by default the files "
+        f"are written, the summary leads with it and the exit status is {EXIT_OOM})",
     )
     parser.add_argument(
         "--hta",
@@ -69,9 +80,9 @@ def command(args: argparse.Namespace) -> int:
     from simulator.common.files import dumps_result
     from simulator.common.folders import check_folder, default_folder, staged_folder
     from simulator.report.images import check_requirements
-    from simulator.report.outputs import write_run_outputs
+    from simulator.report.outputs import run_output_names, write_run_outputs
     from simulator.report.progress import Status, interactive
-    from simulator.report.summary import print_summary
+    from simulator.report.summary import out_of_memory_line, print_summary
     from simulator.request.scenario import load_scenario
     from simulator.run.simulate import run_scenario
 
@@ -81,13 +92,14 @@ def command(args: argparse.Namespace) -> int:
         args.overrides = [*args.overrides, f"simulation.fidelity={args.fidelity}"]
     scenario = load_scenario(args.scenario, args.overrides)
     out = args.out if args.out is not None else default_folder(scenario.name, "", args.overrides)
-    check_folder(out)  # before the simulation, not after it
+    names = run_output_names(args.outputs, args.hta, args.image)
+    check_folder(out, names=names)  # before the simulation, not after it
     fidelity = scenario.spec.simulation.fidelity
     with Status(f"simulating {scenario.name} ({fidelity})", interactive(args.json)) as status:
         run = run_scenario(scenario, force=args.force)
         run.result.overrides = list(args.overrides)
         status.update(f"writing {', '.join(args.outputs)}")
-        with staged_folder(out, "parasim run") as stage:
+        with staged_folder(out, "parasim run", names) as stage:
             written = write_run_outputs(
                 run,
                 stage,
@@ -102,4 +114,8 @@ def command(args: argparse.Namespace) -> int:
         sys.stdout.write(dumps_result(run.result.to_json()))
     else:
         print_summary(run.result, Console(), [str(p) for p in paths])
+    oom = out_of_memory_line(run.result)
+    if oom is not None and not args.allow_oom:
+        print(f"parasim: {oom} (--allow-oom to exit 0)", file=sys.stderr)
+        return EXIT_OOM
     return 0

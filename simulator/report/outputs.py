@@ -5,8 +5,6 @@ written atomically (:mod:`simulator.common.files`)."""
 from __future__ import annotations
 
 import functools
-import shutil
-import tempfile
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -66,7 +64,7 @@ def write_run_outputs(
     (``"png"`` or ``"svg"``) the report's charts are also written as static images
     (:func:`write_run_images`), after everything else, and their paths follow. With
     ``hta`` the folder ``hta/`` gets one trace file per rank for Holistic Trace Analysis
-    (``TraceAnalysis(trace_dir=out / "hta")``), replacing any earlier one whole. The
+    (``TraceAnalysis(trace_dir=out / "hta")``). The
     trace keeps the ranks :func:`~simulator.run.simulate.trace_ranks` picks; with
     ``full_trace``, every simulated rank.
     """
@@ -156,32 +154,44 @@ TRACE_GZIP_BYTES = 20_000_000
 def write_trace(trace: Any, path: Path) -> Path:
     """Write the Chrome trace of ``trace`` at ``path``, atomically; when it is larger
     than :data:`TRACE_GZIP_BYTES`, as ``<path>.gz`` instead, compressed as it is
-    written. The other of the two files, left by an earlier run, is removed. Returns
-    the path written."""
+    written. Returns the path written. (An earlier run's file under the other name is
+    removed when the files move into the output folder, if it is still parasim's.)"""
     zipped = path.with_name(path.name + ".gz")
-    written = write_atomically(
+    return write_atomically(
         path,
         lambda tmp: zipped if write_chrome_trace(trace, tmp, gzip_over=TRACE_GZIP_BYTES) else path,
         final=lambda chosen: chosen,
     )
-    (path if written == zipped else zipped).unlink(missing_ok=True)
-    return written
 
 
 def write_rank_folder(trace: Any, folder: Path) -> Path:
     """Per-rank trace files (:func:`~simulator.report.chrome_trace.write_rank_traces`)
-    written into a fresh folder beside ``folder``, which then replaces it whole."""
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
-        write_rank_traces(trace, fresh)
-        if folder.exists():
-            shutil.rmtree(folder)
-        fresh.rename(folder)
-    finally:
-        shutil.rmtree(fresh, ignore_errors=True)
+    written into ``folder``, a new folder of the command's staging folder (whose files
+    then move into the output folder: :mod:`simulator.common.folders`)."""
+    folder.mkdir(parents=True, exist_ok=True)  # normal permissions, as the umask says
+    write_rank_traces(trace, folder)
     return folder
+
+
+#: The charts ``--image`` draws, by file stem (:func:`write_run_images`).
+IMAGE_CHARTS = ("timeline", "breakdown", "memory", "links")
+
+
+def run_output_names(
+    outputs: Collection[str], hta: bool = False, image_format: str | None = None
+) -> list[str]:
+    """The names ``parasim run`` may write in its folder with these options (the trace
+    under either of its two names), for the folder to be checked before simulating."""
+    names = [OUTPUTS[name] for name in OUTPUTS if name in outputs]
+    if "trace" in outputs:
+        names.append(OUTPUTS["trace"] + ".gz")
+    if {"timeline", "report"} & set(outputs):
+        names.append(PLOTLY_JS)
+    if hta:
+        names.append("hta")
+    if image_format is not None:
+        names += [f"{chart}.{image_format}" for chart in IMAGE_CHARTS]
+    return names
 
 
 def write_run_images(run: Any, trace: Any, out: Path, title: str, image_format: str) -> list[Path]:
@@ -189,11 +199,15 @@ def write_run_images(run: Any, trace: Any, out: Path, title: str, image_format: 
     (timeline, breakdown, memory, and link utilisation in flow fidelity), drawn by
     kaleido with the system Chromium (:mod:`simulator.report.images`)."""
 
-    figures = [
-        ("timeline", timeline_figure(trace, title, max_bars=REPORT_MAX_BARS)[0]),
-        ("breakdown", breakdown_figure(run.result)),
-        ("memory", memory_figure(run.result.memory)),
-        ("links", link_heatmap(run)),
+    figures = {
+        "timeline": timeline_figure(trace, title, max_bars=REPORT_MAX_BARS)[0],
+        "breakdown": breakdown_figure(run.result),
+        "memory": memory_figure(run.result.memory),
+        "links": link_heatmap(run),
+    }
+    jobs = [
+        (figures[name], out / f"{name}.{image_format}")
+        for name in IMAGE_CHARTS
+        if figures[name] is not None
     ]
-    jobs = [(fig, out / f"{name}.{image_format}") for name, fig in figures if fig is not None]
     return export_figures(jobs, image_format)

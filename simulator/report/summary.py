@@ -10,7 +10,7 @@ from simulator.analysis.metrics import CATEGORIES
 from simulator.analysis.result import StepResult
 from topologies.units import format_bytes, format_flops, format_time
 
-__all__ = ["print_summary"]
+__all__ = ["print_summary", "out_of_memory_line"]
 
 
 def _parameters(count: float) -> str:
@@ -21,10 +21,25 @@ def _share(part: float, whole: float) -> str:
     return f"{100 * part / whole:5.1f}%" if whole > 0 else "-"
 
 
+def out_of_memory_line(result: StepResult) -> str | None:
+    """One line saying that the step does not fit in the GPUs' memory, or None."""
+    memory = result.memory
+    if not memory.oom:
+        return None
+    return (
+        f"the step does not fit in memory: {format_bytes(memory.peak_bytes_per_gpu)} of "
+        f"{format_bytes(memory.capacity_bytes)} per GPU (stage {memory.peak_stage}, mostly "
+        f"{memory.dominant_term}); its times are what it would take with enough memory"
+    )
+
+
 def print_summary(result: StepResult, console: Console, outputs: list[str]) -> None:
     layout = result.layout
     cluster = result.cluster
     step = result.step_time_s
+    oom = out_of_memory_line(result)
+    if oom is not None:  # before anything else: no number below holds for a real run
+        console.print(f"[bold red]OUT OF MEMORY[/]: {escape(oom)}")
     head = Table(title=f"parasim · {result.scenario}", show_header=False, title_justify="left")
     head.add_column(style="bold")
     head.add_column()
@@ -46,7 +61,8 @@ def print_summary(result: StepResult, console: Console, outputs: list[str]) -> N
     head.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")
     head.add_row(
         "per GPU",
-        f"{format_flops(result.tflops_per_gpu * 1e12)} (model FLOPs) · MFU {100 * result.mfu:.1f}%",
+        f"{format_flops(result.tflops_per_gpu * 1e12)} (model FLOPs) · MFU {100 * result.mfu:.1f}%"
+        + (" (if it fit)" if oom is not None else ""),
     )
     memory = result.memory
     verdict = "[bold red]OUT OF MEMORY[/]" if memory.oom else "fits"
