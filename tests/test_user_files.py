@@ -236,3 +236,15 @@ def test_a_folder_of_another_command_keeps_that_command_s_files(tmp_path):
     )
     after = {p.name for p in second.iterdir()}
     assert before | {"compare.json", "compare.html"} == after
+
+
+def test_calibrate_never_writes_over_a_file_that_is_not_a_profile(tmp_path):
+    pytest.importorskip("torch")
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "data"}')
+    link = tmp_path / "link.json"
+    link.symlink_to(mine)
+    for out in (mine, link, tmp_path):
+        code, err = _cli(["calibrate", "--nproc", "1", "--backend", "gloo", "--out", str(out)])
+        assert code == 2 and err.count("\n") == 1 and str(out) in err, err
+    assert mine.read_text() == '{"my": "data"}' and link.is_symlink()

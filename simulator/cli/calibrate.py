@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cli.launch import add_launch_options, backend, launcher
-from simulator.common.errors import ParasimError
 
 __all__ = ["add_parser", "command"]
 
@@ -42,15 +41,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _is_profile(path: Path) -> bool:
+    """Whether ``path`` holds a calibration profile (which calibrate may write anew)."""
+    import json
+
+    from topologies.files import read_config_text
+    from topologies.profile import PROFILE_FORMAT
+
+    try:
+        payload = json.loads(read_config_text(path))
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(payload, dict) and payload.get("format") == PROFILE_FORMAT
+
+
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim calibrate``: start :mod:`hardware.calibrate` on ``--nproc`` ranks."""
-    from simulator.common.folders import check_folder
+    from simulator.common.folders import check_own_file
     from simulator.request.scenario import load_scenario
 
     launch = launcher("calibrating")
-    if args.out.is_dir():
-        raise ParasimError(f"--out: {args.out} is a folder; calibrate writes one profile file")
-    check_folder(args.out.parent)
+    check_own_file(args.out, "--out", _is_profile, "a parasim calibration profile")
     forwarded = ["--out", str(args.out.resolve())]
     if args.quick:
         forwarded.append("--quick")

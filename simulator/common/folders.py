@@ -44,7 +44,7 @@ import signal
 import stat
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +60,7 @@ __all__ = [
     "folder_argument",
     "check_folder",
     "staged_folder",
+    "check_own_file",
     "Manifest",
 ]
 
@@ -270,6 +271,21 @@ def check_folder(path: Path, flag: str = "--out", names: Iterable[str] = ()) -> 
             _clash(target, manifest, MARKER, flag, path)
         for name in names:
             _clash(target, manifest, name, flag, path)
+    return path
+
+
+def check_own_file(path: Path, flag: str, is_own: Callable[[Path], bool], what: str) -> Path:
+    """``path``, a file a command writes (a profile), after checking that its folder can
+    be written and that nothing of the user's is there: no folder, symlink or other
+    kind of file, and no regular file that ``is_own`` does not recognise as ``what``."""
+    if os.path.lexists(path):
+        if path.is_symlink():
+            raise _fail(flag, path, "is a symlink; parasim writes only its own files")
+        if path.is_dir():
+            raise _fail(flag, path, f"is a folder; {what} is one file")
+        if _stamp(path) is None or not is_own(path):
+            raise _fail(flag, path, f"exists and is not {what}; parasim writes only its own files")
+    check_folder(path.parent if str(path.parent) else Path("."), flag)
     return path
 
 
