@@ -264,3 +264,26 @@ def test_the_console_script_leaves_its_objects_to_the_system_and_its_files_whole
         timeout=120,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_two_commands_finishing_at_once_keep_each_other_s_files(tmp_path):
+    """Commits into one folder take turns: the manifest lists both commands' files."""
+    import threading
+
+    out = tmp_path / "shared"
+    out.mkdir()
+    barrier = threading.Barrier(8)
+
+    def command(i: int) -> None:
+        with staged_folder(out, f"command {i}") as stage:
+            (stage / f"file{i}.json").write_text(str(i))
+            barrier.wait()
+
+    threads = [threading.Thread(target=command, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    manifest = json.loads((out / MARKER).read_text())
+    assert sorted(manifest["files"]) == [f"command {i}" for i in range(8)]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER] + [f"file{i}.json" for i in range(8)]

@@ -371,8 +371,31 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """The folder to this process alone (``flock`` on the folder itself, where the
+    system has it): two commands that finish at once into one folder take turns, so
+    neither loses the other's entries of the manifest."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)
+
+
 def _commit(stage: Path, folder: Path, command: str, flag: str, shown: Path) -> None:
-    """Move the staged files into ``folder`` (module docs)."""
+    """Move the staged files into ``folder`` (module docs), holding its lock."""
+    with _locked(folder):
+        _commit_locked(stage, folder, command, flag, shown)
+
+
+def _commit_locked(stage: Path, folder: Path, command: str, flag: str, shown: Path) -> None:
     manifest = Manifest.read(folder)
     files, folders = _staged_paths(stage)
     for relative in [MARKER, *folders, *files]:
