@@ -388,7 +388,8 @@ def test_timeline_prefers_representative_ranks():
 
 
 def test_timeline_truncates_a_single_huge_rank():
-    # alternating categories: merging cannot shrink it, so the cap must cut it
+    # alternating categories, each op wider than two pixels (1.2 ms of a 600 ms step):
+    # merging cannot shrink it, so the cap must cut it
     records = [
         rec(
             0,
@@ -397,17 +398,17 @@ def test_timeline_truncates_a_single_huge_rank():
             "compute",
             "gemm",
             f"L{i}",
-            i * MS,
-            (i + 0.9) * MS,
+            3 * i * MS,
+            (3 * i + 2.7) * MS,
             tags={"phase": "fwd" if i % 2 else "bwd"},
         )
-        for i in range(500)
+        for i in range(200)
     ]
-    trace = Trace(records=records, step_time=500 * MS, meta={})
+    trace = Trace(records=records, step_time=600 * MS, meta={})
     fig, info = timeline_figure(trace, title="one", max_bars=100)
     assert info["truncated"] and info["bars"] == 100
     assert sum(len(t.x) for t in fig.data if t.type == "bar") == 100
-    assert "first 100 of 500 ops" in fig.layout.annotations[0].text
+    assert "first 100 of 200 ops" in fig.layout.annotations[0].text
 
 
 def test_timeline_merges_ops_before_dropping_any():
