@@ -50,9 +50,9 @@ CASES = [
             "--set",
             "parallel.dp=1",
             "--set",
-            "model.layers=12",
+            "model.layers=4",
         ],
-        "layers(12) is not divisible by pp(8)",
+        "layers(4) over pp(8) stages: every stage needs at least one layer",
     ),
     (
         ["--set", "training.global_batch=10"],

@@ -7,6 +7,7 @@ import pytest
 
 from simulator.arithmetic.counts import parameter_count, pipeline_rank_parameters
 from simulator.common.errors import ScenarioError
+from simulator.request.layout import balanced_stages
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import build_schedule, run_scenario
 from simulator.schedule.ir import Compute
@@ -73,11 +74,35 @@ def test_bad_stage_layers_are_refused(split, message):
         load_scenario(PIPE, [*FOUR, f"parallel.stage_layers={split}"])
 
 
-def test_uneven_layers_without_a_split_name_the_field():
-    with pytest.raises(
-        ScenarioError, match=r"layers\(30\) is not divisible by pp\(4\).*stage_layers"
-    ):
-        load_scenario(PIPE, [*FOUR, "model.layers=30"])
+def test_uneven_layers_without_a_split_are_split_as_sweep_splits_them():
+    """126 layers on 16 stages (Llama 3 405B) run as sweep would split them, the heavier
+    stages in the middle, and the result says how; a split given still wins."""
+    from simulator.tools import sweep
+
+    assert sweep.balanced_stages is balanced_stages  # one rule for run and sweep
+    scenario = load_scenario(SCENARIOS / "llama3-405b.yaml", ["parallel.stage_layers=null"])
+    assert scenario.recipe.stage_layers == (7, *[8] * 14, 7)
+    assert any("126 layers do not divide over pp(16) stages; split 7/8×14/7" in w
+               for w in scenario.warnings)  # fmt: skip
+    uneven = load_scenario(PIPE, [*FOUR, "model.layers=30"])
+    assert uneven.recipe.stage_layers == balanced_stages(30, 4) == (7, 8, 8, 7)
     assert all(type(op) is not Compute or op.flops >= 0 for op in build_schedule(
-        load_scenario(PIPE, [*FOUR, "model.layers=30", "parallel.stage_layers=[7, 8, 8, 7]"])
+        uneven
     ).programs[0].ops)  # fmt: skip
+    given = load_scenario(PIPE, [*FOUR, "model.layers=30", "parallel.stage_layers=[8, 7, 7, 8]"])
+    assert given.recipe.stage_layers == (8, 7, 7, 8)
+    assert not any("do not divide" in w for w in given.warnings)
+    even = load_scenario(PIPE, FOUR)
+    assert not any("do not divide" in w for w in even.warnings)
+
+
+def test_uneven_layers_split_over_virtual_stages():
+    overrides = [*FOUR, "model.layers=30", "parallel.schedule=interleaved-1f1b"]
+    scenario = load_scenario(PIPE, [*overrides, "parallel.virtual_stages=2"])
+    assert scenario.recipe.stage_layers == balanced_stages(30, 8) == (3, 4, 4, 4, 4, 4, 4, 3)
+    assert any("pp(4) * virtual_stages(2) = 8 stages" in w for w in scenario.warnings)
+
+
+def test_fewer_layers_than_stages_are_refused():
+    with pytest.raises(ScenarioError, match=r"layers\(3\) over pp\(4\) stages: every stage"):
+        load_scenario(PIPE, [*FOUR, "model.layers=3"])

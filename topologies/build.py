@@ -36,10 +36,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from .cluster import Cluster
+from .config_text import ConfigTextError, read_yaml
 from .custom import read_topology
 from .dimensions import DimensionCluster
 from .errors import TopologyError
@@ -47,7 +47,7 @@ from .fattree import FatTreeCluster
 from .graph import GraphCluster
 from .profile import load_profile, profile_overrides
 from .spec import ClusterSpec, check_cluster_spec
-from .validation import nearest_key_hint, validation_message
+from .validation import nearest_key_hint, shown, unknown_key_hint, validation_message
 
 __all__ = ["preset_names", "load_preset", "load_cluster_spec", "build_cluster"]
 
@@ -64,15 +64,18 @@ def load_preset(name: str) -> dict[str, Any]:
     names = preset_names()
     if name not in names:
         hint = nearest_key_hint(str(name), names)
-        raise TopologyError(f"unknown preset {name!r}{hint}; presets: {', '.join(names)}")
+        raise TopologyError(f"unknown preset {shown(name)}{hint}; presets: {', '.join(names)}")
     return copy.deepcopy(_read_preset(name))
 
 
 @functools.cache
 def _read_preset(name: str) -> dict[str, Any]:
     """A preset's parsed YAML, read once per process (sweeps load thousands of scenarios)."""
-    with open(PRESET_DIR / f"{name}.yaml", encoding="utf-8") as f:
-        data = yaml.safe_load(f)
+    path = PRESET_DIR / f"{name}.yaml"
+    try:
+        data = read_yaml(path.read_text(encoding="utf-8"), source=path.name)
+    except ConfigTextError as exc:
+        raise TopologyError(f"preset {name!r}: {exc}") from None
     if not isinstance(data, dict):
         raise TopologyError(f"preset {name!r}: expected a mapping at the top of {name}.yaml")
     return data
@@ -97,12 +100,13 @@ def load_cluster_spec(
     first (the scenario's folder)."""
     if not isinstance(config, Mapping):
         raise TopologyError(
-            f"{prefix}: expected a mapping such as {{preset: dgx-a100, nodes: 2}} (got {config!r})"
+            f"{prefix}: expected a mapping such as {{preset: dgx-a100, nodes: 2}} "
+            f"(got {shown(config)})"
         )
     valid = ["preset", "profile", *ClusterSpec.model_fields]
     for key in config:
         if key not in valid:
-            hint = nearest_key_hint(str(key), valid)
+            hint = unknown_key_hint(str(key), valid)
             raise TopologyError(
                 f"{prefix}.{key}: unknown key{hint}; valid keys: {', '.join(sorted(valid))}"
             )
@@ -110,9 +114,8 @@ def load_cluster_spec(
         return _load_custom(config, prefix, base_dir)
     # a preset with overrides reads no file of the user's: the same mapping is the same
     # (frozen) spec, which a search asks for once per candidate
-    key = None
-    if config.get("profile") is None:
-        key = (prefix, json.dumps(config, sort_keys=True, default=repr))
+    key = _spec_key(config, prefix) if config.get("profile") is None else None
+    if key is not None:
         known = _PRESET_SPECS.get(key)
         if known is not None:
             return known
@@ -133,6 +136,15 @@ def load_cluster_spec(
 
 #: The specs of preset clusters already validated, by prefix and mapping (as JSON).
 _PRESET_SPECS: dict[tuple[str, str], ClusterSpec] = {}
+
+
+def _spec_key(config: Mapping[str, Any], prefix: str) -> tuple[str, str] | None:
+    """The cache key of a preset cluster's mapping; None when it has keys JSON cannot
+    sort (a number beside a name: validation says what is wrong with it)."""
+    try:
+        return prefix, json.dumps(config, sort_keys=True, default=repr)
+    except (TypeError, ValueError):
+        return None
 
 
 def _validate(
@@ -171,7 +183,7 @@ def _load_custom(
         given = config.get(key)
         if given is not None and given != derived:
             raise TopologyError(
-                f"{prefix}.{key}: {key}({given}) does not match the topology, which has "
+                f"{prefix}.{key}: {key}({shown(given)}) does not match the topology, which has "
                 f"{gpus} GPUs on {custom.nodes} nodes of {custom.gpus_per_node}"
             )
     gpu: dict[str, Any] = {}

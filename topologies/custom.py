@@ -64,13 +64,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from .config_text import ConfigTextError, read_yaml
 from .errors import TopologyError
 from .files import ConfigFileError, read_config_text
 from .spec import DeviceSpec, DimensionSpec, GraphLinkSpec, TopologySpec, check_topology
-from .validation import nearest_key_hint, validation_message
+from .validation import shown, unknown_key_hint, validation_message
 
 __all__ = ["TOPOLOGY_KEYS", "CustomTopology", "find_topology_file", "read_topology"]
 
@@ -125,17 +125,15 @@ def _read_yaml(source: str | Path, prefix: str, base_dir: str | Path | None) -> 
             str(p) for p in ([Path(base_dir)] if base_dir is not None else []) + [Path.cwd()]
         )
         raise TopologyError(
-            f"{prefix}: cannot find topology file {str(source)!r} (looked in {where} "
+            f"{prefix}: cannot find topology file {shown(str(source))} (looked in {where} "
             f"and {PACKAGE_DIR})"
         )
     try:
-        return yaml.safe_load(read_config_text(path)), path
+        return read_yaml(read_config_text(path), prefix, path.name), path
     except ConfigFileError as exc:
         raise TopologyError(f"{prefix}: cannot read {path} ({exc.reason})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" (line {mark.line + 1})" if mark is not None else ""
-        raise TopologyError(f"{prefix}: {path} is not valid YAML{line}") from None
+    except ConfigTextError as exc:
+        raise TopologyError(str(exc)) from None
 
 
 def _items(
@@ -151,13 +149,14 @@ def _items(
     for i, entry in enumerate(entries):
         where = f"{prefix}.{key}[{i}]"
         if not isinstance(entry, dict):
-            raise TopologyError(f"{where}: expected a mapping (got {entry!r})")
+            raise TopologyError(f"{where}: expected a mapping (got {shown(entry)})")
         try:
             items.append(model.model_validate(entry))
         except ValidationError as exc:
             message = validation_message(exc, model, where)
             if model is GraphLinkSpec:
-                message += f" on link {entry.get('a')} <-> {entry.get('b')}"
+                ends = (shown(str(entry.get(end)), 40)[1:-1] for end in ("a", "b"))
+                message += " on link {} <-> {}".format(*ends)
             raise TopologyError(message) from None
     return tuple(items)
 
@@ -167,7 +166,7 @@ def _whole(raw: dict[str, Any], key: str, prefix: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TopologyError(f"{prefix}.{key}: must be a whole number >= 1 (got {value!r})")
+        raise TopologyError(f"{prefix}.{key}: must be a whole number >= 1 (got {shown(value)})")
     return value
 
 
@@ -184,13 +183,13 @@ def read_topology(
         raw, path = _read_yaml(source, prefix, base_dir)
     else:
         raise TopologyError(
-            f"{prefix}: expected the path of a topology file or a mapping (got {source!r})"
+            f"{prefix}: expected the path of a topology file or a mapping (got {shown(source)})"
         )
     if not isinstance(raw, dict):
         raise TopologyError(f"{prefix}: expected a mapping at the top of {path or 'topology'}")
     for key in raw:
         if key not in TOPOLOGY_KEYS:
-            hint = nearest_key_hint(str(key), TOPOLOGY_KEYS)
+            hint = unknown_key_hint(str(key), TOPOLOGY_KEYS)
             raise TopologyError(
                 f"{prefix}.{key}: unknown key{hint}; valid keys: {', '.join(TOPOLOGY_KEYS)}"
             )
@@ -245,9 +244,9 @@ def read_topology(
     check_topology(topology, per_node, nodes, prefix)
     gpu = raw.get("gpu") or {}
     if not isinstance(gpu, dict):
-        raise TopologyError(f"{prefix}.gpu: expected a mapping of GPU fields (got {gpu!r})")
+        raise TopologyError(f"{prefix}.gpu: expected a mapping of GPU fields (got {shown(gpu)})")
     preset = raw.get("gpu_preset")
     if preset is not None and not isinstance(preset, str):
-        raise TopologyError(f"{prefix}.gpu_preset: expected a preset name (got {preset!r})")
+        raise TopologyError(f"{prefix}.gpu_preset: expected a preset name (got {shown(preset)})")
     name = raw.get("name", path.stem if path else "custom")
     return CustomTopology(str(name), per_node, nodes, gpu, preset, topology)

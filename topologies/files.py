@@ -2,21 +2,25 @@
 calibration profiles, custom pipeline orders.
 
 :func:`read_config_text` reads one only when it is a regular file of at most
-:data:`LARGEST_CONFIG` bytes in UTF-8, so a path that names a device (``/dev/zero``),
-a folder or a huge file is refused at once instead of hanging or filling memory. Its
-one-line :class:`ConfigFileError` names the path and what is wrong, never the file's
-content; each caller prefixes the field that named the file.
+:data:`LARGEST_CONFIG` bytes (a scenario: :data:`LARGEST_SCENARIO`) in UTF-8, so a path
+that names a device (``/dev/zero``), a folder or a huge file is refused at once instead
+of hanging or filling memory. Its one-line :class:`ConfigFileError` names the path and
+what is wrong, never the file's content; each caller prefixes the field that named the
+file. What the text may hold is bounded next, by :mod:`topologies.config_text`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ConfigFileError", "LARGEST_CONFIG", "read_config_text"]
+__all__ = ["ConfigFileError", "LARGEST_CONFIG", "LARGEST_SCENARIO", "read_config_text"]
 
-#: The largest configuration file read: far above any scenario, topology, profile or
-#: order file (a 1,024-rank custom order is about 1 MB).
+#: The largest configuration file read: far above any topology, profile or order file
+#: (a 1,024-rank custom order is about 1 MB).
 LARGEST_CONFIG = 16 * 2**20
+#: The largest scenario file read: a scenario is a few KB, and one holding a custom
+#: topology inline, a graph of 1,024 GPUs, about 300 KB.
+LARGEST_SCENARIO = 2**20
 
 
 class ConfigFileError(ValueError):
@@ -28,8 +32,8 @@ class ConfigFileError(ValueError):
         self.reason = reason
 
 
-def read_config_text(path: str | Path) -> str:
-    """The text of ``path``, a regular UTF-8 file of at most :data:`LARGEST_CONFIG`."""
+def read_config_text(path: str | Path, largest: int = LARGEST_CONFIG) -> str:
+    """The text of ``path``, a regular UTF-8 file of at most ``largest`` bytes."""
     path = Path(path)
     try:
         if not path.exists():
@@ -39,9 +43,10 @@ def read_config_text(path: str | Path) -> str:
         if not path.is_file():
             raise ConfigFileError(path, "not a regular file (a device, a pipe or a socket)")
         size = path.stat().st_size
-        if size > LARGEST_CONFIG:
+        if size > largest:
             raise ConfigFileError(
-                path, f"{size} bytes, more than any configuration file ({LARGEST_CONFIG} at most)"
+                path,
+                f"{size} bytes, more than any configuration file of its kind ({largest} at most)",
             )
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:

@@ -21,10 +21,14 @@ Format (``format: parasim-calibration``, ``version: 1``)::
       "matmul": [...], "memcopy": [...]          # the raw measurements
     }
 
-A profile is refused, with one line saying why, when it is not JSON, has another
-format or version, or lacks a field. One measured on nodes of another size than the
-cluster's (``device.per_node != gpus_per_node``, e.g. one GPU of an 8-GPU node) applies
-what it measured, and the result says what it could not (:func:`profile_overrides`).
+A profile is read within the bounds of :func:`topologies.config_text.read_json` (its
+nesting, values, strings and numbers; no ``NaN``, no key given twice) and its fields
+are checked as strictly as a scenario's cluster: the same units, plausible ranges and
+measured-table rows. A profile is refused, with one line saying why, when it is not a
+JSON object, has another format or version, or lacks a field. One measured on nodes of
+another size than the cluster's (``device.per_node != gpus_per_node``, e.g. one GPU of
+an 8-GPU node) applies what it measured, and the result says what it could not
+(:func:`profile_overrides`).
 
 Calibrated at a scenario's shapes (``parasim calibrate --scenario``), ``gpu`` also holds
 ``op_table`` (each compute op's measured time, by kind, FLOPs, bytes, shape, batch and
@@ -36,16 +40,28 @@ collective, already added to the fits.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
+from .config_text import ConfigTextError, read_json
 from .errors import TopologyError
 from .files import ConfigFileError, read_config_text
-from .spec import MeasuredCall, MeasuredOp
-from .validation import ConfigModel, validation_message
+from .spec import (
+    COMM_KINDS,
+    COMM_SCOPES,
+    LARGEST_TABLE,
+    Count,
+    Fraction,
+    GemmRow,
+    MeasuredCall,
+    MeasuredOp,
+    PositiveBandwidth,
+    PositiveFlopRate,
+)
+from .units import Seconds
+from .validation import ConfigModel, shown, validation_message
 
 __all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "Profile", "load_profile", "profile_overrides"]
 
@@ -57,12 +73,18 @@ class _Open(ConfigModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
+def _at_least_two(value: int) -> int:
+    if value < 2:
+        raise ValueError("a fit needs at least 2 points")
+    return value
+
+
 class ProfileDevice(_Open):
     name: str
     type: str
-    count: int = Field(ge=1)
-    per_node: int = Field(ge=1)
-    nodes: int = Field(ge=1)
+    count: Count
+    per_node: Count
+    nodes: Count
 
 
 class ProfileSoftware(_Open):
@@ -72,26 +94,31 @@ class ProfileSoftware(_Open):
 
 
 class ProfileGPU(ConfigModel):
-    peak_flops: float = Field(gt=0)
-    matmul_efficiency: float = Field(gt=0, le=1)
-    attention_efficiency: float = Field(gt=0, le=1)
-    kernel_launch_overhead: float = Field(ge=0)
-    hbm_bandwidth: float = Field(gt=0)
+    """The device's fitted figures, in the types (units, ranges) of
+    :class:`topologies.spec.GPUSpec`'s fields of the same names."""
+
+    peak_flops: PositiveFlopRate
+    matmul_efficiency: Fraction
+    attention_efficiency: Fraction
+    kernel_launch_overhead: Seconds
+    hbm_bandwidth: PositiveBandwidth
     # measured GEMMs: (m, n, k, efficiency) rows the simulator's GEMM model anchors on
-    gemm_table: list[tuple[int, int, int, float]] = []
+    gemm_table: list[GemmRow] = Field(default=[], max_length=LARGEST_TABLE)
     # measured compute ops at a scenario's shapes (calibrate --scenario), and the ranks'
     # spread of compute time (topologies.spec.GPUSpec's op_table and jitter)
-    op_table: list[MeasuredOp] = []
+    op_table: list[MeasuredOp] = Field(default=[], max_length=LARGEST_TABLE)
     jitter: float = Field(default=0.0, ge=0, le=0.5)
 
 
 class ProfileFit(_Open):
-    alpha: float = Field(ge=0)
-    bandwidth: float = Field(gt=0)
-    rms_residual_s: float = Field(ge=0)
-    points: int = Field(ge=2)
+    """One fit, in the types of :class:`topologies.spec.CommFit`."""
+
+    alpha: Seconds
+    bandwidth: PositiveBandwidth
+    rms_residual_s: Seconds
+    points: Annotated[Count, AfterValidator(_at_least_two)]
     # calls measured in a scenario's own step (calibrate --scenario)
-    table: list[MeasuredCall] = []
+    table: list[MeasuredCall] = Field(default=[], max_length=LARGEST_TABLE)
 
 
 class Profile(_Open):
@@ -101,29 +128,35 @@ class Profile(_Open):
     device: ProfileDevice
     software: ProfileSoftware
     gpu: ProfileGPU
-    comm: dict[str, dict[str, ProfileFit]] = {}
+    comm: dict[Literal[COMM_KINDS], dict[Literal[COMM_SCOPES], ProfileFit]] = {}
 
 
 def load_profile(path: str | Path, prefix: str = "cluster.profile") -> Profile:
     """Read and check a profile; every problem is one :class:`TopologyError` line."""
     path = Path(path)
+    where = f"{prefix} ({path.name})"
     try:
-        payload: Any = json.loads(read_config_text(path))
+        payload: Any = read_json(read_config_text(path), where, str(path))
     except ConfigFileError as exc:
         raise TopologyError(f"{prefix}: cannot read {path} ({exc.reason})") from None
-    except json.JSONDecodeError as exc:
-        raise TopologyError(f"{prefix}: {path} is not JSON (line {exc.lineno})") from None
-    if not isinstance(payload, dict) or payload.get("format") != PROFILE_FORMAT:
+    except ConfigTextError as exc:
+        raise TopologyError(str(exc)) from None
+    if not isinstance(payload, dict):
+        kind = "null" if payload is None else f"a JSON {type(payload).__name__}"
+        raise TopologyError(
+            f"{prefix}: {path} is not a parasim calibration profile ({kind}, not an object)"
+        )
+    if payload.get("format") != PROFILE_FORMAT:
         raise TopologyError(f"{prefix}: {path} is not a parasim calibration profile")
     if payload.get("version") != PROFILE_VERSION:
         raise TopologyError(
-            f"{prefix}: {path} has profile version {payload.get('version')!r}; this parasim "
-            f"reads version {PROFILE_VERSION}"
+            f"{prefix}: {path} has profile version {shown(payload.get('version'))}; this "
+            f"parasim reads version {PROFILE_VERSION}"
         )
     try:
         return Profile.model_validate(payload)
     except ValidationError as exc:
-        raise TopologyError(validation_message(exc, Profile, f"{prefix} ({path.name})")) from None
+        raise TopologyError(validation_message(exc, Profile, where)) from None
 
 
 def profile_overrides(

@@ -23,7 +23,11 @@ A cluster built from groups gives ``nic``, ``network`` and exactly one of
 :func:`check_cluster_spec` enforces this and the other checks that span groups.
 
 Fields take human units (``"450 GB/s"``) and hold SI floats. Unknown keys are
-errors, and so is a bandwidth, capacity or FLOP rate that is zero or negative.
+errors, and so is a bandwidth, capacity or FLOP rate that is zero or negative or beyond
+what a device has (:data:`~topologies.units.PLAUSIBLE`). The measured tables a
+calibration profile brings (``gemm_table``, ``op_table``, a fit's ``table``) hold at most
+:data:`LARGEST_TABLE` rows of whole, positive dimensions, efficiencies in (0, 1] and
+times a device can take.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
 from .errors import TopologyError
 from .units import Bandwidth, Bytes, FlopRate, Seconds
-from .validation import ConfigModel, nearest_key_hint
+from .validation import LARGEST_COUNT, ConfigModel, nearest_key_hint, shown
 
 __all__ = [
     "GPUSpec",
@@ -56,7 +60,37 @@ __all__ = [
     "CalibrationSpec",
     "check_cluster_spec",
     "check_topology",
+    "COMM_KINDS",
+    "COMM_SCOPES",
+    "LARGEST_TABLE",
+    "GemmRow",
 ]
+
+#: The most rows a measured table holds (``gemm_table``, ``op_table``, a fit's
+#: ``table``): a calibration measures hundreds to a few thousand shapes or calls.
+LARGEST_TABLE = 10_000
+#: The most FLOPs one measured op may count: the largest GEMM of a trillion-parameter
+#: model's step is about 1e16 FLOPs, so this is far above any real op.
+LARGEST_OP_FLOPS = 1e21
+#: The most bytes one measured op or call may move: an EiB, as the largest size.
+LARGEST_OP_BYTES = 2.0**60
+#: The range of a measured op's or call's time, seconds: a nanosecond (nothing a
+#: device runs completes sooner) to an hour (a CPU's slowest op takes seconds).
+SHORTEST_MEASURED, LONGEST_MEASURED = 1e-9, 3600.0
+#: The communication kinds a calibration fits: the collectives the Schedule IR names
+#: (``simulator.common.vocabulary.COLLECTIVE_KINDS``, which ``topologies`` may not
+#: import; a test keeps the two equal) and point-to-point transfers.
+COMM_KINDS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "barrier",
+    "p2p",
+)
+#: The scopes a fit is measured in.
+COMM_SCOPES = ("intra_node", "inter_node")
 
 
 def _positive(value: float) -> float:
@@ -83,12 +117,23 @@ def _at_least_one(value: int) -> int:
     return value
 
 
+def _gemm_dimension(value: float) -> float:
+    if not (value.is_integer() and 1 <= value <= LARGEST_COUNT):
+        raise ValueError(f"a GEMM dimension is a whole number from 1 to {LARGEST_COUNT}")
+    return value
+
+
 PositiveBandwidth = Annotated[Bandwidth, AfterValidator(_positive)]
 PositiveBytes = Annotated[Bytes, AfterValidator(_positive)]
 PositiveFlopRate = Annotated[FlopRate, AfterValidator(_positive)]
 PositiveRatio = Annotated[float, AfterValidator(_positive)]
 Fraction = Annotated[float, AfterValidator(_fraction)]
 Count = Annotated[int, BeforeValidator(_not_bool), AfterValidator(_at_least_one)]
+GemmDimension = Annotated[float, BeforeValidator(_not_bool), AfterValidator(_gemm_dimension)]
+GemmRow = tuple[GemmDimension, GemmDimension, GemmDimension, Fraction]
+"""A measured GEMM: ``(m, n, k, efficiency)``, whole positive dimensions and the
+fraction of peak it reached."""
+MeasuredSeconds = Annotated[float, Field(ge=SHORTEST_MEASURED, le=LONGEST_MEASURED)]
 
 
 class _Spec(ConfigModel):
@@ -99,13 +144,13 @@ class MeasuredOp(_Spec):
     """A compute op's measured time (``parasim calibrate --scenario``), keyed by what
     decides an op's time in the model: its kind, FLOPs, bytes, shape, batch and FP8."""
 
-    kind: str
-    flops: float = Field(ge=0)
-    bytes: float = Field(ge=0)
+    kind: str = Field(min_length=1, max_length=64)
+    flops: float = Field(ge=0, le=LARGEST_OP_FLOPS)
+    bytes: float = Field(ge=0, le=LARGEST_OP_BYTES)
     shape: tuple[Count, Count, Count] | None = None
     batch: Count = 1
     fp8: bool = False
-    seconds: float = Field(gt=0)
+    seconds: MeasuredSeconds
     """Its median time on the calibrated device, seconds, per-op costs included."""
 
     @property
@@ -139,7 +184,7 @@ class GPUSpec(_Spec):
     """The largest CTA tile ``(m, n)`` cuBLAS runs bf16 GEMMs with on this GPU."""
     gemm_k_overhead: PositiveRatio = 256.0
     """A GEMM tile's prologue and epilogue, in elements of ``k`` (the short-k penalty)."""
-    gemm_table: tuple[tuple[float, float, float, float], ...] = ()
+    gemm_table: tuple[GemmRow, ...] = Field(default=(), max_length=LARGEST_TABLE)
     """Measured GEMM efficiencies by shape, ``(m, n, k, efficiency)`` rows (a profile's)."""
     host_overhead: Seconds = 0.0
     """Host time to issue one op (framework, autograd, kernel launches), seconds."""
@@ -148,7 +193,7 @@ class GPUSpec(_Spec):
     turns instead of overlapping: gloo's threads on a CPU rank's own core (true in the
     cpu-localhost preset; a profile sets it from the cores each rank had). A GPU's
     collectives run on SMs beside compute (see the interference of overlapped ops)."""
-    op_table: tuple[MeasuredOp, ...] = ()
+    op_table: tuple[MeasuredOp, ...] = Field(default=(), max_length=LARGEST_TABLE)
     """Measured compute ops (a profile calibrated at a scenario's shapes): an op that
     matches one takes its measured time instead of the model's."""
     jitter: float = Field(default=0.0, ge=0, le=0.5)
@@ -309,8 +354,8 @@ class MeasuredCall(_Spec):
     even one its busiest member stands for)."""
 
     ranks: Count
-    bytes: float = Field(ge=0)
-    seconds: float = Field(gt=0)
+    bytes: float = Field(ge=0, le=LARGEST_OP_BYTES)
+    seconds: MeasuredSeconds
 
 
 class CommFit(_Spec):
@@ -321,7 +366,7 @@ class CommFit(_Spec):
     """Latency per algorithm step, seconds."""
     bandwidth: PositiveBandwidth
     """Effective (bus) bandwidth per link, bytes/s."""
-    table: tuple[MeasuredCall, ...] = ()
+    table: tuple[MeasuredCall, ...] = Field(default=(), max_length=LARGEST_TABLE)
     """Calls measured in a scenario's step; a call of the same members and bytes takes
     the measured time."""
 
@@ -348,7 +393,7 @@ class CalibrationSpec(_Spec):
     """
 
     source: str = ""
-    comm: dict[str, ScopedFits] = {}
+    comm: dict[Literal[COMM_KINDS], ScopedFits] = {}
     note: str = ""
     """What the profile could not measure for this cluster (said in the result)."""
 
@@ -471,7 +516,7 @@ def _check_graph(
     for i, device in enumerate(devices):
         if device.name in first:
             raise TopologyError(
-                f"{prefix}.devices[{i}].name: duplicate device name {device.name!r} "
+                f"{prefix}.devices[{i}].name: duplicate device name {shown(device.name)} "
                 f"(first at devices[{first[device.name]}])"
             )
         first[device.name] = i
@@ -491,11 +536,11 @@ def _check_graph(
             if name not in first:
                 hint = nearest_key_hint(name, list(first))
                 raise TopologyError(
-                    f"{prefix}.links[{i}].{end}: unknown device {name!r}{hint} "
+                    f"{prefix}.links[{i}].{end}: unknown device {shown(name)}{hint} "
                     f"(link {link.a} <-> {link.b})"
                 )
         if link.a == link.b:
-            raise TopologyError(f"{prefix}.links[{i}]: link from {link.a!r} to itself")
+            raise TopologyError(f"{prefix}.links[{i}]: link from {shown(link.a)} to itself")
         pairs = [(link.a, link.b), (link.b, link.a)] if link.bidirectional else [(link.a, link.b)]
         for pair in pairs:
             if pair in seen:
@@ -521,6 +566,6 @@ def _check_connected(graph: nx.DiGraph, gpu_names: list[str], prefix: str) -> No
             continue
         src, dst = (0, index) if not nx.has_path(graph, gpu_names[0], name) else (index, 0)
         raise TopologyError(
-            f"{prefix}.links: no route from GPU {src} ({gpu_names[src]!r}) to GPU {dst} "
-            f"({gpu_names[dst]!r}); every GPU must reach every other"
+            f"{prefix}.links: no route from GPU {src} ({shown(gpu_names[src])}) to GPU {dst} "
+            f"({shown(gpu_names[dst])}); every GPU must reach every other"
         )

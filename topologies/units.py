@@ -13,6 +13,9 @@ Rules, the same for every quantity:
   1 MB/s, a FLOP rate under 1 GFLOP/s or a time of one second or more is refused with a
   request for a unit (``--set cluster.nic.bandwidth=450`` would otherwise be 450
   bytes/s and a 46-hour step). Zero passes.
+- In those fields every value, bare or with a unit, must also lie in the range a real
+  device has (:data:`PLAUSIBLE`): ``1e-300 TFLOP/s`` would give steps of 1e300 s and
+  ``1e30 s`` of latency as many, so both are refused naming the value. Zero passes.
 - Decimal prefixes ``k M G T P E`` are powers of 1000; binary prefixes
   ``Ki Mi Gi Ti Pi Ei`` are powers of 1024.
 - In a bandwidth an upper-case ``B`` is a byte and a lower-case ``b`` is a bit:
@@ -35,6 +38,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
+from .validation import shown
+
 __all__ = [
     "UnitError",
     "parse_bytes",
@@ -49,6 +54,7 @@ __all__ = [
     "format_bandwidth",
     "format_time",
     "format_flops",
+    "PLAUSIBLE",
 ]
 
 
@@ -68,6 +74,9 @@ _BINARY = {
 }
 
 _NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+#: The longest text a quantity is written in (``"989.4 TFLOP/s"``, with room to spare);
+#: a longer one is not read, so the pattern below never scans a megabyte.
+_LONGEST_QUANTITY = 64
 _QUANTITY = re.compile(rf"^\s*(?P<number>{_NUMBER})\s*(?P<unit>[^\s\d.+-].*?)?\s*$")
 
 
@@ -113,23 +122,27 @@ def _parse(
     if isinstance(value, bool):
         raise UnitError(f"cannot read {value!r} as {what} (expected e.g. {example})")
     if isinstance(value, (int, float)):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond a float's range
+            number = math.inf
     elif isinstance(value, str):
-        match = _QUANTITY.match(value)
+        match = _QUANTITY.match(value) if len(value) <= _LONGEST_QUANTITY else None
         unit = (match.group("unit") or "") if match else None
         if unit is not None and fold_case:
             unit = unit.lower()
         if match is None or unit not in units:
-            raise UnitError(f"cannot read {value!r} as {what} (expected e.g. {example})")
+            raise UnitError(f"cannot read {shown(value)} as {what} (expected e.g. {example})")
         number = float(match.group("number")) * units[unit]
     else:
         raise UnitError(
-            f"cannot read {value!r} ({type(value).__name__}) as {what} (expected e.g. {example})"
+            f"cannot read {shown(value)} ({type(value).__name__}) as {what} "
+            f"(expected e.g. {example})"
         )
     if not math.isfinite(number):
-        raise UnitError(f"{value!r} is not a finite {what.removeprefix('a ')}")
+        raise UnitError(f"{shown(value)} is not a finite {what.removeprefix('a ')}")
     if number < 0:
-        raise UnitError(f"{value!r} is negative; {what} must be >= 0")
+        raise UnitError(f"{shown(value)} is negative; {what} must be >= 0")
     return number
 
 
@@ -139,19 +152,46 @@ def _unitless(value: Any) -> bool:
     return isinstance(value, str) and re.fullmatch(rf"\s*{_NUMBER}\s*", value) is not None
 
 
+#: The range of each quantity a device, link or cost can have, in SI units, and in
+#: words; a field's value outside it (zero aside) is refused. Sizes: a byte to an EiB
+#: (a GPU holds at most a few hundred GB). Bandwidths: 1 kB/s to 1 PB/s (a B200's HBM
+#: moves 8 TB/s, an NVLink 5 port 900 GB/s). FLOP rates: 1 MFLOP/s to 1 EFLOP/s (a B200
+#: reaches about 10 PFLOP/s in FP4). Times: a picosecond to a minute (latencies and
+#: per-op costs are nanoseconds to milliseconds).
+PLAUSIBLE: dict[str, tuple[float, float, str]] = {
+    "size": (1.0, 2.0**60, "1 B to 1 EiB"),
+    "bandwidth": (1e3, 1e15, "1 kB/s to 1 PB/s"),
+    "FLOP rate": (1e6, 1e18, "1 MFLOP/s to 1 EFLOP/s"),
+    "time": (1e-12, 60.0, "1 ps to 60 s"),
+}
+
+
 def _field(
-    parse: Callable[[Any], float], what: str, example: str, low: float, high: float
+    parse: Callable[[Any], float],
+    what: str,
+    example: str,
+    low: float,
+    high: float,
+    quantity: str,
 ) -> Callable[[Any], float]:
     """``parse`` for a scenario field: a bare number outside ``[low, high)`` (zero
-    aside) asks for a unit."""
+    aside) asks for a unit, and any value outside the ``quantity``'s
+    :data:`PLAUSIBLE` range (zero aside) is refused."""
 
     def check(value: Any) -> float:
+        smallest, largest, span = PLAUSIBLE[quantity]
         number = parse(value)
-        if _unitless(value) and number != 0 and not low <= number < high:
+        if number == 0:
+            return number
+        if _unitless(value) and not low <= number < high:
             raise UnitError(
                 f"a bare number is read in {what}, and {number:g} {what} is implausible "
                 f"here; give a unit, e.g. {example}"
             )
+        if not smallest <= number <= largest:
+            read = f"{number:g} {what}"
+            subject = read if _unitless(value) else f"{shown(value)} ({read})"
+            raise UnitError(f"{subject} is not a plausible {quantity}: parasim reads {span}, or 0")
         return number
 
     return check
@@ -179,22 +219,29 @@ def parse_flops(value: Any) -> float:
     )
 
 
-Bytes = Annotated[float, BeforeValidator(_field(parse_bytes, "bytes", "'80 GiB'", 1e6, math.inf))]
+Bytes = Annotated[
+    float,
+    BeforeValidator(_field(parse_bytes, "bytes", "'80 GiB'", 1e6, math.inf, "size")),
+]
 """A size in bytes; accepts ``"80 GiB"``-style text (a bare number: 1 MB or more)."""
 
 Bandwidth = Annotated[
     float,
-    BeforeValidator(_field(parse_bandwidth, "bytes/s", "'450 GB/s' or '400 Gb/s'", 1e6, math.inf)),
+    BeforeValidator(
+        _field(parse_bandwidth, "bytes/s", "'450 GB/s' or '400 Gb/s'", 1e6, math.inf, "bandwidth")
+    ),
 ]
 """A rate in bytes/s; accepts ``"450 GB/s"`` and ``"200 Gb/s"``-style text (a bare
 number: 1 MB/s or more)."""
 
-Seconds = Annotated[float, BeforeValidator(_field(parse_time, "s", "'1.5 us' or '2 ms'", 0.0, 1.0))]
+Seconds = Annotated[
+    float, BeforeValidator(_field(parse_time, "s", "'1.5 us' or '2 ms'", 0.0, 1.0, "time"))
+]
 """A duration in seconds; accepts ``"1.5 us"``-style text (a bare number: under 1 s)."""
 
 FlopRate = Annotated[
     float,
-    BeforeValidator(_field(parse_flops, "FLOP/s", "'989 TFLOP/s'", 1e9, math.inf)),
+    BeforeValidator(_field(parse_flops, "FLOP/s", "'989 TFLOP/s'", 1e9, math.inf, "FLOP rate")),
 ]
 """A compute rate in FLOP/s; accepts ``"312 TFLOP/s"``-style text (a bare number: 1
 GFLOP/s or more)."""

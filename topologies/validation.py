@@ -2,7 +2,12 @@
 
 A user who writes ``parallel: {tpp: 8}`` must read
 ``parallel.tpp: unknown key (did you mean 'tp'?)`` — one line that names the field
-and what was wrong with it, never a pydantic dump or a traceback.
+and what was wrong with it, never a pydantic dump or a traceback. A key that another
+framework uses for one of parasim's fields (Megatron-LM's ``tensor_model_parallel_size``,
+torchtitan's ``data_parallel_shard_degree``, DeepSpeed's ``zero_stage``, a Hugging Face
+config's ``num_hidden_layers``) is answered with the field, wherever it is written:
+``tensor_model_parallel_size: unknown key (did you mean 'parallel.tp'? ...)``.
+A value a message quotes is cut to :data:`LONGEST_SHOWN` characters (:func:`shown`).
 """
 
 from __future__ import annotations
@@ -17,16 +22,142 @@ from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, fie
 __all__ = [
     "validation_message",
     "nearest_key_hint",
+    "unknown_key_hint",
+    "FOREIGN_NAMES",
+    "shown",
+    "LONGEST_SHOWN",
     "numbers_are_numbers",
     "LARGEST_COUNT",
     "ConfigModel",
 ]
 
 
+#: The most characters of a value a message quotes: enough to recognise it.
+LONGEST_SHOWN = 80
+#: The longest key compared with the valid ones for a close spelling (no key is longer).
+_LONGEST_NAME = 64
+
+
+def shown(value: Any, limit: int = LONGEST_SHOWN) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters with the count
+    of those left out (a 1 MB value is quoted by its start)."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}… ({len(value) - limit} more characters)"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 def nearest_key_hint(key: str, valid: list[str]) -> str:
     """`` (did you mean 'x'?)`` for the valid key closest to ``key``, or ''."""
+    if len(key) > _LONGEST_NAME:
+        return ""
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _foreign(project: str, names: str, field: str) -> dict[str, tuple[str, str]]:
+    return {name: (field, project) for name in names.split()}
+
+
+#: Keys of other frameworks' configurations, each mapped to parasim's field and the
+#: framework it comes from: Megatron-LM's arguments and Megatron-Core's
+#: ModelParallelConfig and TransformerConfig, torchtitan's JobConfig, DeepSpeed's
+#: config JSON, Hugging Face's model configs and TrainingArguments (and nanoGPT's).
+FOREIGN_NAMES: dict[str, tuple[str, str]] = {
+    **_foreign("Megatron-LM", "tensor_model_parallel_size", "parallel.tp"),
+    **_foreign("Megatron-LM", "pipeline_model_parallel_size", "parallel.pp"),
+    **_foreign(
+        "Megatron-LM",
+        "virtual_pipeline_model_parallel_size num_layers_per_virtual_pipeline_stage",
+        "parallel.virtual_stages",
+    ),
+    **_foreign("Megatron-LM", "context_parallel_size", "parallel.cp"),
+    **_foreign("Megatron-LM", "expert_model_parallel_size", "parallel.ep"),
+    **_foreign("Megatron-LM", "sequence_parallel", "parallel.sp"),
+    **_foreign(
+        "Megatron-LM",
+        "decoder_first_pipeline_num_layers decoder_last_pipeline_num_layers "
+        "num_layers_in_first_pipeline_stage num_layers_in_last_pipeline_stage",
+        "parallel.stage_layers",
+    ),
+    **_foreign("Megatron-LM", "micro_batch_size", "training.micro_batch"),
+    **_foreign("Megatron-LM", "global_batch_size", "training.global_batch"),
+    **_foreign("Megatron-LM", "recompute_granularity", "training.recompute"),
+    **_foreign("Megatron-LM", "use_distributed_optimizer", "training.sharding"),
+    **_foreign("Megatron-LM", "overlap_grad_reduce", "training.grad_reduce_overlap"),
+    **_foreign("Megatron-LM", "overlap_param_gather", "training.param_gather_overlap"),
+    **_foreign("Megatron-LM", "accumulate_allreduce_grads_in_fp32", "training.grad_reduce_dtype"),
+    **_foreign("Megatron-LM", "ddp_bucket_size", "training.grad_bucket_bytes"),
+    **_foreign("Megatron-LM", "use_flash_attn", "training.attention"),
+    **_foreign("Megatron-LM", "bf16 fp16 fp8 fp8_format", "training.dtype"),
+    **_foreign("Megatron-LM", "seq_length", "model.seq_len"),
+    **_foreign("Megatron-LM", "num_layers", "model.layers"),
+    **_foreign("Megatron-LM", "num_attention_heads", "model.heads"),
+    **_foreign("Megatron-LM", "num_query_groups", "model.kv_heads"),
+    **_foreign("Megatron-LM", "kv_channels", "model.head_dim"),
+    **_foreign("Megatron-LM", "padded_vocab_size", "model.vocab"),
+    **_foreign("Megatron-LM", "swiglu gated_linear_unit", "model.mlp"),
+    **_foreign("Megatron-LM", "normalization", "model.norm"),
+    **_foreign("Megatron-LM", "position_embedding_type", "model.position"),
+    **_foreign("Megatron-LM", "add_bias_linear", "model.bias"),
+    **_foreign("Megatron-LM", "untie_embeddings_and_output_weights", "model.tie_embeddings"),
+    **_foreign("Megatron-LM", "attention_dropout hidden_dropout", "model.dropout"),
+    **_foreign("Megatron-LM", "num_experts num_moe_experts", "model.moe.experts"),
+    **_foreign("Megatron-LM", "moe_router_topk", "model.moe.top_k"),
+    **_foreign("Megatron-LM", "moe_expert_capacity_factor", "model.moe.capacity_factor"),
+    **_foreign("Megatron-LM", "moe_ffn_hidden_size", "model.moe.expert_ffn_hidden"),
+    **_foreign("Megatron-LM", "moe_layer_freq", "model.moe.every"),
+    **_foreign("Megatron-LM", "seed", "simulation.seed"),
+    **_foreign("torchtitan", "parallelism", "parallel"),
+    **_foreign("torchtitan", "tensor_parallel_degree", "parallel.tp"),
+    **_foreign("torchtitan", "pipeline_parallel_degree", "parallel.pp"),
+    **_foreign("torchtitan", "context_parallel_degree", "parallel.cp"),
+    **_foreign("torchtitan", "expert_parallel_degree", "parallel.ep"),
+    **_foreign("torchtitan", "data_parallel_shard_degree", "parallel.dp_shard"),
+    **_foreign("torchtitan", "data_parallel_replicate_degree", "parallel.dp_replicate"),
+    **_foreign("torchtitan", "pipeline_parallel_schedule", "parallel.schedule"),
+    **_foreign("torchtitan", "pipeline_parallel_schedule_csv", "parallel.schedule_file"),
+    **_foreign("torchtitan", "pipeline_parallel_microbatch_size", "training.micro_batch"),
+    **_foreign("torchtitan", "local_batch_size", "training.micro_batch"),
+    **_foreign("torchtitan", "fsdp_reshard_after_forward", "training.reshard_after_forward"),
+    **_foreign("torchtitan", "enable_async_tensor_parallel", "training.tp_comm_overlap"),
+    **_foreign("torchtitan", "mixed_precision_param", "training.dtype"),
+    **_foreign("torchtitan", "mixed_precision_reduce", "training.grad_reduce_dtype"),
+    **_foreign("torchtitan", "activation_checkpoint", "training.recompute"),
+    **_foreign("DeepSpeed", "zero_optimization zero_stage", "training.sharding"),
+    **_foreign("DeepSpeed", "train_batch_size", "training.global_batch"),
+    **_foreign("DeepSpeed", "train_micro_batch_size_per_gpu", "training.micro_batch"),
+    **_foreign("DeepSpeed", "activation_checkpointing", "training.recompute"),
+    **_foreign("Hugging Face", "num_hidden_layers n_layer", "model.layers"),
+    **_foreign("Hugging Face", "hidden_size n_embd d_model", "model.hidden"),
+    **_foreign("Hugging Face", "n_head", "model.heads"),
+    **_foreign("Hugging Face", "num_key_value_heads", "model.kv_heads"),
+    **_foreign("Hugging Face", "intermediate_size ffn_dim", "model.ffn_hidden"),
+    **_foreign("Hugging Face", "vocab_size", "model.vocab"),
+    **_foreign("Hugging Face", "max_position_embeddings n_positions", "model.seq_len"),
+    **_foreign("Hugging Face", "tie_word_embeddings", "model.tie_embeddings"),
+    **_foreign("Hugging Face", "hidden_act", "model.mlp"),
+    **_foreign("Hugging Face", "num_local_experts n_routed_experts", "model.moe.experts"),
+    **_foreign("Hugging Face", "num_experts_per_tok", "model.moe.top_k"),
+    **_foreign("Hugging Face", "moe_intermediate_size", "model.moe.expert_ffn_hidden"),
+    **_foreign("Hugging Face", "n_shared_experts", "model.moe.shared_experts"),
+    **_foreign("Hugging Face", "per_device_train_batch_size", "training.micro_batch"),
+    **_foreign("Hugging Face", "gradient_checkpointing", "training.recompute"),
+}
+
+
+def unknown_key_hint(key: str, valid: list[str]) -> str:
+    """The hint for an unknown ``key``: the parasim field a foreign framework's name
+    stands for (:data:`FOREIGN_NAMES`, written with dashes or underscores), else the
+    valid key closest in spelling, else ''."""
+    name = key.strip().lstrip("-").replace("-", "_")
+    foreign = FOREIGN_NAMES.get(name) if len(name) <= _LONGEST_NAME else None
+    if foreign is not None:
+        field, project = foreign
+        return f" (did you mean {field!r}? {key!r} is {project}'s name)"
+    return nearest_key_hint(key, valid)
 
 
 def _submodel(annotation: Any) -> type[BaseModel] | None:
@@ -48,15 +179,26 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
     return current
 
 
+def _path(prefix: str, loc: tuple[Any, ...]) -> str:
+    """``prefix`` and pydantic's location as a key path: ``cluster.gpu.gemm_table[3][0]``."""
+    path = prefix
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part != "":
+            path = f"{path}.{part}" if path else str(part)
+    return path or "<root>"
+
+
 def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
     """Turn the first error of ``exc`` (raised validating ``model``) into one line."""
     error = exc.errors()[0]
     loc = tuple(error["loc"])
-    path = ".".join(str(p) for p in (prefix, *loc) if p != "") or prefix or "<root>"
+    path = _path(prefix, loc)
     if error["type"] == "extra_forbidden":
         parent = _model_at(model, loc[:-1])
         valid = sorted(parent.model_fields) if parent is not None else []
-        hint = nearest_key_hint(str(loc[-1]), valid)
+        hint = unknown_key_hint(str(loc[-1]), valid)
         listing = f"; valid keys: {', '.join(valid)}" if valid else ""
         return f"{path}: unknown key{hint}{listing}"
     message = error["msg"]
@@ -65,9 +207,9 @@ def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str
     if error["type"] == "missing":
         return f"{path}: required field is missing"
     value = error.get("input")
-    if isinstance(value, (dict, list)) or (isinstance(value, str) and repr(value) in message):
+    if isinstance(value, (dict, list)) or (isinstance(value, str) and shown(value) in message):
         return f"{path}: {message}"
-    return f"{path}: {message} (got {value!r})"
+    return f"{path}: {message} (got {shown(value)})"
 
 
 #: The largest whole number a count field takes (a C ``int``): no layer count, width,
@@ -103,8 +245,17 @@ def numbers_are_numbers(cls: type[BaseModel], value: Any, info: Any) -> Any:
     if isinstance(value, bool) and kinds & {int, float}:
         raise ValueError(f"expected a number, not {str(value).lower()}")
     if int in kinds and isinstance(value, (int, float)) and abs(value) > LARGEST_COUNT:
-        raise ValueError(f"{value:g} is too large (at most {LARGEST_COUNT})")
+        raise ValueError(f"{_number(value)} is too large (at most {LARGEST_COUNT})")
     return value
+
+
+def _number(value: int | float) -> str:
+    """A number for a message: ``1e+200``, or an integer too large for a float by its
+    digits."""
+    try:
+        return f"{value:g}"
+    except OverflowError:
+        return f"an integer of {len(str(abs(value)))} digits"
 
 
 class ConfigModel(BaseModel):

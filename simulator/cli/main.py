@@ -17,12 +17,15 @@
 Each command is a module of this package with ``add_parser(subparsers)`` and
 ``command(args) -> int``. Bad input ends with one line on stderr naming the field and
 the numbers, and exit status 2; a failed distributed run says which rank failed and
-how.
+how. That line goes through :func:`error_line`, so a scenario can never write control
+characters to the terminal (retitle it, clear it, turn its text around) nor flood it
+with a megabyte value.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import threading
@@ -34,7 +37,15 @@ from simulator.common.errors import ParasimError
 from simulator.common.version import __version__
 from topologies import TopologyError
 
-__all__ = ["main"]
+__all__ = ["main", "error_line", "LONGEST_ERROR_LINE"]
+
+#: The most characters an error line holds after ``parasim: error: ``: enough for the
+#: field, the numbers and the start of a value, short enough for one terminal line or
+#: two.
+LONGEST_ERROR_LINE = 480
+#: The longest run of characters without a space an error line keeps whole: a key path
+#: or a quoted value; a longer one (a 1 MB value) is cut in its middle.
+LONGEST_RUN = 160
 
 # each command's module, in the order ``parasim --help`` lists them
 COMMANDS: dict[str, ModuleType] = {
@@ -61,6 +72,49 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Characters a terminal would act on or hide: C0 controls and DEL, C1 controls (\x9b is
+# a one-byte CSI on some terminals), and every other non-printable one (bidirectional
+# overrides such as U+202E, zero-width and line-separator characters).
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f]|[^\x00-\x7e]")
+_RUN = re.compile(rf"\S{{{LONGEST_RUN + 1},}}")
+
+
+def _quoted(char: str) -> str:
+    """A character as Python escapes it: ``\x1b``, ``\u202e``."""
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _visible(match: re.Match[str]) -> str:
+    char = match.group()
+    if char.isprintable() and char != "\x9b" and not ("\x7f" <= char <= "\x9f"):
+        return char  # printable text beyond ASCII (a name in another script) stays
+    return _quoted(char)
+
+
+def _cut(text: str, keep: int) -> str:
+    """``text`` cut to at most ``keep`` characters: its start and end, and between them
+    an ellipsis with the count of characters left out."""
+    room = keep - len(f"……[{len(text)} characters left out]")
+    head, tail = room * 3 // 4, room // 4
+    left = len(text) - head - tail
+    return f"{text[:head]}…[{left} characters left out]…{text[len(text) - tail :]}"
+
+
+def error_line(exc: BaseException) -> str:
+    """The message of ``exc`` as ``parasim`` prints it after ``parasim: error: ``: one
+    line, every control or invisible character quoted (``\x1b``, ``\u202e``), each
+    over-long run without a space cut in its middle, and the whole at most
+    :data:`LONGEST_ERROR_LINE` characters."""
+    text = _UNSAFE.sub(_visible, str(exc))
+    text = _RUN.sub(lambda match: _cut(match.group(), LONGEST_RUN), text)
+    if len(text) > LONGEST_ERROR_LINE:
+        text = _cut(text, LONGEST_ERROR_LINE)
+    return text
+
+
 def _terminate(signum: int, frame: Any) -> None:
     """SIGTERM unwinds like Ctrl-C, so staged folders and temporary files are removed."""
     raise KeyboardInterrupt
@@ -76,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command].command(args)
     except (ParasimError, TopologyError) as exc:
-        print(f"parasim: error: {exc}", file=sys.stderr)
+        print(f"parasim: error: {error_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("parasim: interrupted", file=sys.stderr)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import GRID_AXES, PLACEMENT_AXES
 
-__all__ = ["Layout"]
+__all__ = ["Layout", "balanced_stages"]
 
 # grid → (groups, group_of), shared by equal layouts; never mutated after building
 _GROUPS: dict[tuple, tuple[dict, dict]] = {}
@@ -237,3 +237,13 @@ class Layout:
     def describe(self) -> str:
         order = "·".join(f"{axis}{self.size(axis)}" for axis in self.placement)
         return f"tp={self.tp} pp={self.pp} dp={self.dp} (placement {order}, innermost first)"
+
+
+def balanced_stages(layers: int, pp: int) -> tuple[int, ...]:
+    """``layers`` over ``pp`` stages as evenly as they go, the heavier stages in the
+    middle (the first holds the embedding, the last the output layer): 61 layers over 8
+    stages are 7/8/8/8/8/8/7/7, as DeepSeek-V3 splits them, and Llama 3 405B's 126 over
+    16 are 7/8/.../8/7. ``parasim run`` and ``parasim sweep`` split an uneven model so."""
+    base, heavier = divmod(layers, pp)
+    first = (pp - heavier) // 2
+    return tuple(base + (first <= stage < first + heavier) for stage in range(pp))

@@ -2,11 +2,15 @@
 
 A scenario (DESIGN.md, "Scenario file (v1)") names a cluster, a model, the training
 recipe, the parallel layout and the simulation settings. :func:`load_scenario` reads
-the YAML, applies ``--set key.path=value`` overrides, validates every section with
-pydantic (unknown keys are errors with the nearest valid key suggested) and resolves
-presets, giving a :class:`Scenario` whose layout is known to be possible. Every
-problem becomes a :class:`~simulator.common.errors.ScenarioError` with one line naming the
-field and the numbers.
+the YAML (at most :data:`~topologies.files.LARGEST_SCENARIO` bytes, within the bounds of
+:func:`topologies.config_text.read_yaml`: no key given twice, no runaway nesting, value
+count, length or number), applies ``--set key.path=value`` overrides, validates every
+section with pydantic (unknown keys are errors with the nearest valid key suggested, or
+the field another framework's name stands for) and resolves presets, giving a
+:class:`Scenario` whose layout is known to be possible. Layers that do not divide over
+the pipeline's stages are split as evenly as they go (:func:`balanced_stages`) and the
+result says so. Every problem becomes a :class:`~simulator.common.errors.ScenarioError`
+with one line naming the field and the numbers.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError
 
 from simulator.common.errors import ScenarioError
@@ -40,15 +43,16 @@ from simulator.common.vocabulary import (
     TP_COMM_OVERLAP,
     TRAINING_DTYPES,
 )
-from simulator.request.layout import Layout
+from simulator.request.layout import Layout, balanced_stages
 from simulator.request.model import MODEL_PRESETS, ModelSpec
 from simulator.request.moe import MoESpec, check_expert_parallel
 from simulator.request.orders import Action, load_csv_order, validate_order
 from simulator.request.recipe import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, Recipe
 from topologies import Cluster, ClusterSpec, TopologyError, build_cluster, load_cluster_spec
-from topologies.files import ConfigFileError, read_config_text
+from topologies.config_text import LONGEST_NUMBER, ConfigTextError, read_yaml
+from topologies.files import LARGEST_SCENARIO, ConfigFileError, read_config_text
 from topologies.units import Bytes
-from topologies.validation import ConfigModel, nearest_key_hint, validation_message
+from topologies.validation import ConfigModel, nearest_key_hint, shown, validation_message
 
 __all__ = [
     "TrainingSpec",
@@ -229,8 +233,9 @@ _PLAIN_LIST = re.compile(r"\[\s*([A-Za-z0-9_-]+(\s*,\s*[A-Za-z0-9_-]+)*)?\s*\]")
 
 def _read_plain(text: str) -> Any:
     """A plain integer, word, boolean or null as YAML reads it; ``_read_plain`` (the
-    marker) when it is none of those."""
-    if _PLAIN_INT.fullmatch(text):
+    marker) when it is none of those (an integer too long for any field included, which
+    the YAML reader refuses)."""
+    if len(text) <= LONGEST_NUMBER and _PLAIN_INT.fullmatch(text):
         return int(text)
     if text in _YAML_WORDS:
         return _YAML_WORDS[text]
@@ -239,9 +244,9 @@ def _read_plain(text: str) -> Any:
     return _read_plain
 
 
-def _read_value(text: str) -> Any:
+def _read_value(text: str, key: str = "") -> Any:
     """An override's value as YAML reads it (``tests/test_overrides.py`` holds the fast
-    paths to ``yaml.safe_load``)."""
+    paths to ``yaml.safe_load``); ``key`` names it in a refusal."""
     if not text.strip():
         return ""
     value = _read_plain(text)
@@ -254,7 +259,7 @@ def _read_value(text: str) -> Any:
         items = [_read_plain(item.strip()) for item in inner.split(",")]
         if all(item is not _read_plain for item in items):
             return items
-    return yaml.safe_load(text)
+    return read_yaml(text, key)
 
 
 def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
@@ -262,21 +267,21 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, An
     result = copy.deepcopy(raw)
     for assignment in assignments:
         if "=" not in assignment:
-            raise ScenarioError(f"--set {assignment!r}: expected key.path=value")
+            raise ScenarioError(f"--set {shown(assignment)}: expected key.path=value")
         path, text = assignment.split("=", 1)
         keys = [k for k in path.strip().split(".") if k]
         if not keys:
-            raise ScenarioError(f"--set {assignment!r}: empty key path")
+            raise ScenarioError(f"--set {shown(assignment)}: empty key path")
         try:
-            value = _read_value(text)
-        except yaml.YAMLError as exc:
-            raise ScenarioError(f"--set {path}: cannot read value {text!r}: {exc}") from None
+            value = _read_value(text, ".".join(keys))
+        except ConfigTextError as exc:
+            raise ScenarioError(f"--set {exc}") from None
         node = result
         for depth, key in enumerate(keys[:-1]):
             child = node.setdefault(key, {})
             if not isinstance(child, dict):
                 where = ".".join(keys[: depth + 1])
-                raise ScenarioError(f"--set {path}: {where} is {child!r}, not a section")
+                raise ScenarioError(f"--set {path}: {where} is {shown(child)}, not a section")
             node = child
         node[keys[-1]] = value
     return result
@@ -297,7 +302,7 @@ def _resolve_model(section: ModelSection) -> tuple[ModelSpec, MoESpec | None]:
         if preset not in MODEL_PRESETS:
             hint = nearest_key_hint(preset, sorted(MODEL_PRESETS))
             raise ScenarioError(
-                f"model.preset: unknown model {preset!r}{hint}; "
+                f"model.preset: unknown model {shown(preset)}{hint}; "
                 f"presets: {', '.join(sorted(MODEL_PRESETS))}"
             )
         base = dict(MODEL_PRESETS[preset], name=preset)
@@ -313,10 +318,10 @@ def _resolve_model(section: ModelSection) -> tuple[ModelSpec, MoESpec | None]:
     return model, moe
 
 
-def _check_divisibility(
-    model: ModelSpec, training: TrainingSpec, layout: Layout, stage_layers: list[int] | None
-) -> None:
-    tp, pp, dp = layout.tp, layout.pp, layout.dp
+def _check_divisibility(model: ModelSpec, training: TrainingSpec, layout: Layout) -> None:
+    """What the model's shape and the batch need of the layout (layers that do not
+    divide over the pipeline are split unevenly instead: :func:`_even_split`)."""
+    tp, dp = layout.tp, layout.dp
     checks = [
         (model.heads % tp, f"parallel.tp: heads({model.heads}) is not divisible by tp({tp})"),
         (
@@ -326,11 +331,6 @@ def _check_divisibility(
         ),
         (model.ffn % tp, f"parallel.tp: ffn_hidden({model.ffn}) is not divisible by tp({tp})"),
         (model.vocab % tp, f"parallel.tp: vocab({model.vocab}) is not divisible by tp({tp})"),
-        (
-            model.layers % pp and stage_layers is None,
-            f"parallel.pp: layers({model.layers}) is not divisible by pp({pp}); give "
-            "parallel.stage_layers for an uneven split",
-        ),
         (
             training.global_batch % (dp * training.micro_batch),
             f"training.global_batch: global_batch({training.global_batch}) is not divisible "
@@ -368,12 +368,6 @@ def _check_schedule(
         if pp < 2:
             raise ScenarioError(
                 f"parallel.schedule: interleaved-1f1b needs a pipeline (pp >= 2, got pp({pp}))"
-            )
-        if model.layers % (pp * v) and parallel.stage_layers is None:
-            raise ScenarioError(
-                f"parallel.virtual_stages: layers({model.layers}) is not divisible by "
-                f"pp({pp}) * virtual_stages({v}) = {pp * v}; give parallel.stage_layers "
-                "for an uneven split"
             )
         if microbatches % pp:
             raise ScenarioError(
@@ -441,12 +435,7 @@ def _recipe(
     stages = layout.pp * virtual
     split = parallel.stage_layers
     if split is None:
-        if model.layers % stages:
-            raise ScenarioError(
-                f"parallel.schedule_file: layers({model.layers}) is not divisible by "
-                f"the order's {stages} stages"
-            )
-        split = [model.layers // stages] * stages
+        split = list(_even_split(model.layers, stages, _stage_count(parallel, layout, stages)))
     elif parallel.schedule == "custom":
         check_stage_layers(split, stages, model.layers, "the order's stage count")
     return Recipe(
@@ -472,6 +461,51 @@ def _recipe(
         first_grad_bucket_bytes=training.first_grad_bucket_bytes,
         orders=orders,
     )
+
+
+def _stage_count(parallel: ParallelSpec, layout: Layout, stages: int) -> str:
+    """Where the pipeline's ``stages`` come from, for a message."""
+    if parallel.schedule == "custom":
+        return f"the order's {stages} stages"
+    if parallel.virtual_stages > 1:
+        return f"pp({layout.pp}) * virtual_stages({parallel.virtual_stages}) = {stages} stages"
+    return f"pp({layout.pp}) stages"
+
+
+def _even_split(layers: int, stages: int, what: str) -> tuple[int, ...]:
+    """``layers`` over ``stages`` as :func:`balanced_stages` splits them (as ``parasim
+    sweep`` does), each stage given at least one."""
+    if layers < stages:
+        raise ScenarioError(
+            f"parallel.pp: layers({layers}) over {what}: every stage needs at least one "
+            "layer; use fewer stages"
+        )
+    return balanced_stages(layers, stages)
+
+
+def _split_text(split: tuple[int, ...] | list[int]) -> str:
+    """``7/8×14/7``: each run of equal stages once, with its length."""
+    runs: list[list[int]] = []
+    for layers in split:
+        if runs and runs[-1][0] == layers:
+            runs[-1][1] += 1
+        else:
+            runs.append([layers, 1])
+    return "/".join(f"{layers}×{count}" if count > 1 else str(layers) for layers, count in runs)
+
+
+def _split_warnings(spec: ScenarioSpec, model: ModelSpec, recipe: Recipe) -> list[str]:
+    """The result's note that the layers did not divide over the stages and how they
+    were split, where the scenario gave no ``parallel.stage_layers``."""
+    split = recipe.stage_layers
+    if spec.parallel.stage_layers is not None or len(set(split)) == 1:
+        return []
+    what = _stage_count(spec.parallel, recipe.layout, len(split))
+    return [
+        f"model.layers: {model.layers} layers do not divide over {what}; split "
+        f"{_split_text(split)} as evenly as they go, the heavier stages in the middle "
+        "(as parasim sweep splits them; give parallel.stage_layers to choose)"
+    ]
 
 
 def _check_fp8(spec: ScenarioSpec, cluster_spec: ClusterSpec) -> None:
@@ -671,17 +705,18 @@ def scenario_from_dict(
         dp_shard=_dp_shard(spec, dp),
         cp=cp,
     )
-    _check_divisibility(model, spec.training, layout, parallel.stage_layers)
+    _check_divisibility(model, spec.training, layout)
     _check_schedule(
         spec, model, layout, spec.training.global_batch // (dp * spec.training.micro_batch)
     )
+    recipe = _recipe(spec, model, layout, None if base_dir is None else Path(base_dir))
     return Scenario(
         spec=spec,
         model=model,
         cluster_spec=cluster_spec,
         layout=layout,
-        recipe=_recipe(spec, model, layout, None if base_dir is None else Path(base_dir)),
-        warnings=_layout_warnings(layout, cluster_spec),
+        recipe=recipe,
+        warnings=_layout_warnings(layout, cluster_spec) + _split_warnings(spec, model, recipe),
         moe_spec=moe,
     )
 
@@ -690,15 +725,13 @@ def read_scenario_file(path: str | Path) -> dict[str, Any]:
     """The parsed YAML mapping of a scenario file; a missing file or bad YAML is one line."""
     path = Path(path)
     try:
-        text = read_config_text(path)
+        text = read_config_text(path, LARGEST_SCENARIO)
     except ConfigFileError as exc:
         raise ScenarioError(f"{path}: cannot read scenario ({exc.reason})") from None
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ScenarioError(f"{path}: not valid YAML{where}") from None
+        raw = read_yaml(text, "", str(path))
+    except ConfigTextError as exc:
+        raise ScenarioError(str(exc)) from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

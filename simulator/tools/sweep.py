@@ -99,7 +99,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from simulator.analysis.memory import memory_per_rank
@@ -114,6 +113,7 @@ from simulator.common.vocabulary import (
     SHARDING_LEVELS,
     SWEEP_FIX_KEYS,
 )
+from simulator.request.layout import balanced_stages
 from simulator.request.recipe import LAYOUT_KNOBS, Recipe, knob_overrides, layout_label
 from simulator.request.scenario import (
     ScenarioSpec,
@@ -126,6 +126,7 @@ from simulator.tools.cache import ResultCache
 from simulator.tools.progress import Progress, Silent
 from simulator.tools.scheduler import open_dask
 from topologies import TopologyError, load_cluster_spec
+from topologies.config_text import ConfigTextError, read_yaml
 from topologies.validation import nearest_key_hint, validation_message
 
 __all__ = [
@@ -349,9 +350,9 @@ def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
             raise ParasimError(f"--fix {item!r}: expected KEY=VALUE, e.g. --fix tp=8")
         key, text = item.split("=", 1)
         try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
-            raise ParasimError(f"--fix {key}: cannot read value {text!r}") from None
+            value = read_yaml(text, f"--fix {key.strip()}") if text.strip() else None
+        except ConfigTextError as exc:
+            raise ParasimError(str(exc)) from None
         fixed[key.strip()] = value
     return check_fixed(fixed)
 
@@ -495,14 +496,6 @@ def enumerate_layouts(
                             )
                         )
     return candidates
-
-
-def balanced_stages(layers: int, pp: int) -> tuple[int, ...]:
-    """``layers`` over ``pp`` stages as evenly as they go, the heavier stages in the
-    middle (the first holds the embedding, the last the output layer)."""
-    base, heavier = divmod(layers, pp)
-    first = (pp - heavier) // 2
-    return tuple(base + (first <= stage < first + heavier) for stage in range(pp))
 
 
 def _replicas_in_node(
