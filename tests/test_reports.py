@@ -564,3 +564,33 @@ def test_the_zoom_carries_only_the_categories_whose_ops_were_merged():
     drawn = {bar["name"]: len(bar["x"]) for bar in spec["data"] if bar["type"] == "bar"}
     assert drawn["comm:tp"] == 5 and drawn["forward"] < 300
     assert detail["max_bars"] == 50 - 5
+
+
+def test_an_moe_summary_has_a_routing_line_and_a_dense_one_none():
+    from rich.console import Console
+
+    from simulator.report.summary import print_summary, routing_line
+    from simulator.request.scenario import load_scenario
+    from simulator.run.simulate import run_scenario
+
+    from .conftest import SCENARIOS
+
+    skewed = "model.moe={experts: 4, top_k: 2, routing: {kind: zipf, exponent: 1.2}}"
+    overrides = ["parallel.tp=1", "parallel.dp=2", "parallel.ep=2", skewed]
+    result = run_scenario(load_scenario(SCENARIOS / "cpu-tiny.yaml", overrides)).result
+    moe, step = result.moe, result.step_time_s
+    stall = result.breakdown.mean["imbalance_stall"]
+    assert moe is not None and moe.imbalance_mean > 1 and stall > 0
+    line = routing_line(result)
+    assert line.startswith("zipf router, 4 experts top-2 over ep 2: the busiest EP rank takes")
+    assert f"{moe.imbalance_mean:.2f}× the mean load (at worst {moe.imbalance_max:.2f}×)" in line
+    assert f"for it on average ({100 * stall / step:.1f}% of the step)" in line
+    console = Console(width=300, record=True)
+    print_summary(result, console, [])
+    (row,) = [text for text in console.export_text().splitlines() if "routing" in text]
+    assert line in row
+    dense = run_scenario(load_scenario(SCENARIOS / "cpu-tiny.yaml", [])).result
+    assert routing_line(dense) is None
+    console = Console(width=300, record=True)
+    print_summary(dense, console, [])
+    assert "routing" not in console.export_text()

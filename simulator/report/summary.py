@@ -33,6 +33,26 @@ def out_of_memory_line(result: StepResult) -> str | None:
     )
 
 
+def routing_line(result: StepResult) -> str | None:
+    """One line on an MoE step's token routing: the router, how much more than the mean
+    the busiest expert (or EP rank, when a rank holds several) receives, on average over
+    the step's MoE layers and micro-batches and at worst, how long the ranks wait for it
+    (``imbalance_stall``, the mean over ranks: the busiest rank itself waits least), and
+    the share of assignments dropped over capacity; None for a dense model."""
+    moe = result.moe
+    if moe is None:
+        return None
+    holder = "expert" if moe.experts == moe.ep else "EP rank"
+    stall = result.breakdown.mean["imbalance_stall"]
+    share = _share(stall, result.step_time_s).strip()
+    return (
+        f"{moe.routing} router, {moe.experts} experts top-{moe.top_k} over ep {moe.ep}: the "
+        f"busiest {holder} takes {moe.imbalance_mean:.2f}× the mean load (at worst "
+        f"{moe.imbalance_max:.2f}×); ranks wait {format_time(stall)} for it on average "
+        f"({share} of the step); {100 * moe.dropped_fraction:.1f}% of assignments dropped"
+    )
+
+
 def print_summary(result: StepResult, console: Console, outputs: list[str]) -> None:
     layout = result.layout
     cluster = result.cluster
@@ -71,6 +91,9 @@ def print_summary(result: StepResult, console: Console, outputs: list[str]) -> N
         f"{format_bytes(memory.peak_bytes_per_gpu)} of {format_bytes(memory.capacity_bytes)} "
         f"per GPU (stage {memory.peak_stage}, mostly {memory.dominant_term}) — {verdict}",
     )
+    routing = routing_line(result)
+    if routing is not None:
+        head.add_row("routing", escape(routing))
     console.print(head)
 
     breakdown = result.breakdown
