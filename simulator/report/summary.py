@@ -10,7 +10,7 @@ from simulator.analysis.metrics import CATEGORIES
 from simulator.analysis.result import StepResult
 from topologies.units import format_bytes, format_flops, format_time
 
-__all__ = ["print_summary", "out_of_memory_line"]
+__all__ = ["print_summary", "out_of_memory_line", "routing_line"]
 
 
 def _parameters(count: float) -> str:
