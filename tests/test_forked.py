@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from simulator.common.forked import start_forked, usable_cores, wait_all
+
+from .conftest import ROOT
 
 
 def _pid() -> int:
@@ -127,3 +133,79 @@ def test_every_writer_aside_is_waited_for_and_the_first_failure_raised(tmp_path)
         wait_all([("a", start_forked(fails)), ("b", start_forked(writes))])
     assert (tmp_path / "b.txt").read_text() == "b"  # the other finished first
     assert wait_all([("b", start_forked(writes))]) == {"b": tmp_path / "b.txt"}
+
+
+#: A parent process for the tests below: it starts a child that writes its pid to
+#: argv[1] and then works for good, from the main thread or from a thread of its own,
+#: and waits for the child's result.
+PARENT = """
+import os, sys, threading, time
+from simulator.common.forked import start_forked
+
+def work():
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(10**6)
+
+def start_and_wait():
+    start_forked(work).result()
+
+if sys.argv[2] == "main":
+    start_and_wait()
+else:
+    threading.Thread(target=start_and_wait).start()
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not Path("/proc/self/stat").exists() or usable_cores() < 2, reason="needs /proc, 2 cores"
+)
+@pytest.mark.parametrize("forked_from", ["main", "thread"])
+def test_a_child_ends_when_its_parent_is_killed_with_sigkill(tmp_path, forked_from):
+    """SIGKILL gives the parent no chance to stop its child: the child ends by itself
+    (the kernel kills it, or its watch of the parent sees it gone), long before the
+    work it was given (a million seconds) would have ended."""
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_file), forked_from], cwd=ROOT)
+    try:
+        while not pid_file.exists():
+            assert parent.poll() is None, "the parent ended before its child started"
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert _alive(child)
+    finally:
+        parent.kill()
+        parent.wait()
+    # a generous bound: the child would work for good; ending takes a kernel signal or
+    # one look of its watch, 0.1 s apart
+    deadline = time.monotonic() + 60
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the forked child outlived its parent"
+
+
+def test_a_child_forked_from_a_thread_outlives_that_thread(tmp_path):
+    """Linux's parent-death signal follows the forking *thread*: a child forked from a
+    thread that ends while the process goes on must keep working."""
+    if not hasattr(os, "fork") or usable_cores() < 2:
+        pytest.skip("no second core to fork onto")
+
+    def work() -> str:
+        time.sleep(0.5)  # the thread that forked has ended by then
+        return "done"
+
+    started = []
+    thread = threading.Thread(target=lambda: started.append(start_forked(work)))
+    thread.start()
+    thread.join()
+    assert started[0].result() == "done"

@@ -12,13 +12,21 @@ pipe, and leaves with ``os._exit`` (no ``atexit`` handlers, no second flush of t
 parent's buffers). :meth:`Forked.result` waits for it and returns or raises as the work
 did; an interrupted child (Ctrl-C reaches the whole process group) raises there too.
 :func:`wait_all` waits for several, and stops the rest when interrupted.
+
+A child never outlives its parent: killed with SIGKILL, the parent can stop nothing,
+so the child asks Linux to kill it as the parent ends (``PR_SET_PDEATHSIG``), and
+elsewhere watches its parent from a thread (:func:`_end_with_parent`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import signal
+import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -84,14 +92,58 @@ class Forked(Generic[T]):
             return False, RuntimeError(f"a forked writer ended with status {code}")
 
 
+#: ``prctl``'s option that names the signal a process gets when its parent ends
+#: (``<linux/prctl.h>``).
+PR_SET_PDEATHSIG = 1
+#: How often a child checks that its parent is alive where the kernel cannot tell it.
+PARENT_CHECK_S = 0.1
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` on Linux (looked up once, in the parent), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # here: a run that never forks does not pay its import
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _end_with_parent(parent: int, by_kernel: bool) -> None:
+    """In a forked child: end at once when ``parent`` does, whatever kills it. With
+    ``by_kernel`` (the fork was made by the parent's main thread, which lives as long as
+    the parent: Linux signals the death of the forking *thread*), the kernel sends
+    SIGKILL; otherwise a daemon thread looks every :data:`PARENT_CHECK_S` seconds. A
+    parent that died before this ran is caught by the first look."""
+    prctl = _prctl() if by_kernel else None
+    if prctl is not None and prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGKILL)
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(128 + signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def start_forked(work: Callable[[], T], fork: bool = True) -> Forked[T]:
     """Start ``work`` in a forked child and return at once; with ``fork`` false, on a
-    single core or where the system cannot fork, run it here first."""
+    single core or where the system cannot fork, run it here first. The child ends
+    with this process, even one killed by SIGKILL (:func:`_end_with_parent`)."""
     if not fork or not hasattr(os, "fork") or usable_cores() < 2:
         try:
             return Forked(None, None, (True, work()))
         except Exception as error:  # noqa: BLE001  (raised again by result())
             return Forked(None, None, (False, error))
+    parent, by_kernel = os.getpid(), threading.current_thread() is threading.main_thread()
+    if by_kernel:
+        _prctl()  # looked up here, so that the child only calls it
     read, write = os.pipe()
     pid = os.fork()
     if pid:  # the parent
@@ -100,6 +152,7 @@ def start_forked(work: Callable[[], T], fork: bool = True) -> Forked[T]:
     os.close(read)  # the child: do the work, say how it went, leave
     code = 0
     try:
+        _end_with_parent(parent, by_kernel)
         try:
             message = pickle.dumps((True, work()))
         except BaseException as error:  # noqa: BLE001  (the parent raises it)
