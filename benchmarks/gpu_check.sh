@@ -3,10 +3,11 @@
 #
 #   bash benchmarks/gpu_check.sh --wheels DIR [--device auto|cuda|cpu] [--out DIR]
 #
-#   1. makes a virtual environment in OUT that sees the machine's own torch (and numpy)
-#      and installs into it, with pip --no-index (nothing from the network), the
-#      pure-Python dependencies from the wheel folder DIR and then parasim from this
-#      checkout with --no-deps;
+#   1. makes a virtual environment in OUT that sees the packages of the Python that runs
+#      the script (PYTHON, default python3: a venv's, a conda environment's or the
+#      system's, whichever holds the machine's own torch and numpy) and installs into it,
+#      with pip --no-index (nothing from the network), the pure-Python dependencies from
+#      the wheel folder DIR and then parasim from this checkout with --no-deps;
 #   2. calibrates one device at the shapes of scenarios/single-gpu.yaml
 #      (parasim calibrate --scenario), 3. predicts the scenario with that profile,
 #   4. replays it on the device and 5. compares; every file lands in OUT, with a
@@ -40,11 +41,30 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 started=$(date +%s)
 
-# 1. the environment: the machine's torch, everything else from the wheel folder
-"$PY" -m venv --system-site-packages "$OUT/venv"
+# 1. the environment: PY's torch and numpy, everything else from the wheel folder
+"$PY" -c 'import torch, numpy' || {
+  echo "gpu_check: $PY has no torch (and numpy); name the Python that has, e.g. PYTHON=..." >&2
+  exit 2
+}
+# A venv made with --system-site-packages sees the base interpreter's packages, not
+# those of the venv (or conda environment) PY may belong to: instead, a .pth file in
+# the new venv adds every site folder PY reads, after the venv's own, as PY's site
+# module would (its .pth files included). What the steps below install shadows them.
+"$PY" -m venv "$OUT/venv"
 VPY="$OUT/venv/bin/python"
+"$PY" - "$("$VPY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" <<'PY'
+import site
+import sys
+from pathlib import Path
+
+folders = site.getsitepackages()
+if site.ENABLE_USER_SITE:
+    folders.append(site.getusersitepackages())
+lines = [f"import site; site.addsitedir({folder!r})" for folder in folders]
+(Path(sys.argv[1]) / "_gpu_check_outer.pth").write_text("\n".join(lines) + "\n")
+PY
 "$VPY" -c 'import torch, numpy' || {
-  echo "gpu_check: this Python has no torch (and numpy); use the machine's own, e.g. PYTHON=..." >&2
+  echo "gpu_check: the check's environment in $OUT/venv cannot import $PY's torch" >&2
   exit 2
 }
 "$VPY" -m pip install --quiet --no-index --find-links "$WHEELS" --ignore-installed \

@@ -1,13 +1,15 @@
 """``benchmarks/gpu_check.sh --device cpu`` runs the whole one-device loop from a wheel
 folder with ``pip --no-index``: the script a GPU node without network runs, checked
 every step of the way on a CPU (the wheel folder made with ``benchmarks/gpu_wheels.sh``,
-which needs PyPI or pip's cache)."""
+which needs PyPI or pip's cache). Both scripts run with the Python running the tests
+(``PYTHON``), a venv's or the system's, and the check's environment uses its torch."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -17,13 +19,15 @@ pytestmark = pytest.mark.hardware  # and so slow: see tests/conftest.py
 
 
 def test_gpu_check_runs_on_a_cpu_from_a_wheel_folder(tmp_path):
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
+    env = dict(os.environ, PYTHON=sys.executable)  # python3 on PATH may be another one
     wheels = tmp_path / "wheels"
     made = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), str(wheels)],
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     if made.returncode != 0:
         if os.environ.get("CI"):
@@ -43,6 +47,7 @@ def test_gpu_check_runs_on_a_cpu_from_a_wheel_folder(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
+        env=env,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     summary = (out / "gpu_check.txt").read_text()
@@ -53,3 +58,11 @@ def test_gpu_check_runs_on_a_cpu_from_a_wheel_folder(tmp_path):
     # parasim came from the checkout into the script's own environment
     site = list((out / "venv").glob("lib/python*/site-packages/simulator"))
     assert site, "parasim is not installed in the check's environment"
+    # and its torch is the one of the Python that ran the script
+    seen = subprocess.run(
+        [str(out / "venv" / "bin" / "python"), "-c", "import torch; print(torch.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert seen.stdout.strip() == torch.__file__
