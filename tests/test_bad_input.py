@@ -50,9 +50,9 @@ CASES = [
             "--set",
             "parallel.dp=1",
             "--set",
-            "model.layers=4",
+            "model.layers=12",
         ],
-        "layers(4) over pp(8) stages: every stage needs at least one layer",
+        "layers(12) do not divide over pp(8) stages, and an uneven split needs at least 2",
     ),
     (
         ["--set", "training.global_batch=10"],

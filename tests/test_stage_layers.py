@@ -103,6 +103,10 @@ def test_uneven_layers_split_over_virtual_stages():
     assert any("pp(4) * virtual_stages(2) = 8 stages" in w for w in scenario.warnings)
 
 
-def test_fewer_layers_than_stages_are_refused():
-    with pytest.raises(ScenarioError, match=r"layers\(3\) over pp\(4\) stages: every stage"):
-        load_scenario(PIPE, [*FOUR, "model.layers=3"])
+def test_too_few_layers_for_an_uneven_split_are_refused():
+    """As sweep never splits unevenly below two layers a stage, run refuses to."""
+    with pytest.raises(
+        ScenarioError, match=r"layers\(7\) do not divide over pp\(4\) stages.*at least 2"
+    ):
+        load_scenario(PIPE, [*FOUR, "model.layers=7"])
+    assert load_scenario(PIPE, [*FOUR, "model.layers=4"]).recipe.stage_layers == (1, 1, 1, 1)

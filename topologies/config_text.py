@@ -431,23 +431,23 @@ def _walk_json(value: Any, prefix: str) -> None:
         if isinstance(node, str):
             if len(node) > LONGEST_SCALAR:
                 raise ConfigTextError(
-                    f"{path or '<top>'}: a value of {len(node)} characters; parasim reads "
-                    f"at most {LONGEST_SCALAR}"
+                    f"{_short(path) or '<top>'}: a value of {len(node)} characters; "
+                    f"parasim reads at most {LONGEST_SCALAR}"
                 )
             continue
         if not isinstance(node, (dict, list)):
             continue
         if level + 1 > DEEPEST_NESTING:
             raise ConfigTextError(
-                f"{path or '<top>'}: nested more than {DEEPEST_NESTING} levels deep; no "
-                "field nests so"
+                f"{_short(path) or '<top>'}: nested more than {DEEPEST_NESTING} levels deep; "
+                "no field nests so"
             )
         if isinstance(node, dict):
             for key, child in node.items():
                 if len(key) > LONGEST_SCALAR:
                     raise ConfigTextError(
-                        f"{path or '<top>'}: a key of {len(key)} characters; parasim reads "
-                        f"at most {LONGEST_SCALAR}"
+                        f"{_short(path) or '<top>'}: a key of {len(key)} characters; "
+                        f"parasim reads at most {LONGEST_SCALAR}"
                     )
                 stack.append((child, _child(path, key), level + 1))
         else:
@@ -456,14 +456,13 @@ def _walk_json(value: Any, prefix: str) -> None:
 
 def read_json(text: str, prefix: str = "", source: str = "the text") -> Any:
     """The value of JSON ``text`` within the bounds (see the module docstring).
-    ``prefix`` starts the key paths a message names (``cluster.profile (prof.json)``)
-    and every other message; ``source`` names the text where it is not JSON."""
-    lead = f"{prefix}: " if prefix else ""
+    ``prefix`` (``cluster.profile (prof.json)``) starts the key paths a message names
+    and, else ``source``, every other message."""
+    lead = prefix or source
     values = _json_values(text)
     if values > MOST_VALUES:
         raise ConfigTextError(
-            f"{lead}{source}: more than {MOST_VALUES} values ({values}); no configuration "
-            "needs that many"
+            f"{lead}: more than {MOST_VALUES} values ({values}); no configuration needs that many"
         )
     try:
         value = json.loads(
@@ -474,14 +473,12 @@ def read_json(text: str, prefix: str = "", source: str = "the text") -> Any:
             object_pairs_hook=_json_object,
         )
     except ConfigTextError as exc:
-        raise ConfigTextError(f"{lead}{source}: {exc}") from None
+        raise ConfigTextError(f"{lead}: {exc}") from None
     except json.JSONDecodeError as exc:
-        raise ConfigTextError(
-            f"{lead}{source} is not JSON (line {exc.lineno}: {exc.msg})"
-        ) from None
+        raise ConfigTextError(f"{lead} is not JSON (line {exc.lineno}: {exc.msg})") from None
     except RecursionError:
         raise ConfigTextError(
-            f"{lead}{source}: nested more than {DEEPEST_NESTING} levels deep; no field nests so"
+            f"{lead}: nested more than {DEEPEST_NESTING} levels deep; no field nests so"
         ) from None
     _walk_json(value, prefix)
     return value

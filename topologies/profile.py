@@ -136,7 +136,7 @@ def load_profile(path: str | Path, prefix: str = "cluster.profile") -> Profile:
     path = Path(path)
     where = f"{prefix} ({path.name})"
     try:
-        payload: Any = read_json(read_config_text(path), where, str(path))
+        payload: Any = read_json(read_config_text(path), where)
     except ConfigFileError as exc:
         raise TopologyError(f"{prefix}: cannot read {path} ({exc.reason})") from None
     except ConfigTextError as exc:

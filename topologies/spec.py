@@ -77,6 +77,14 @@ LARGEST_OP_BYTES = 2.0**60
 #: The range of a measured op's or call's time, seconds: a nanosecond (nothing a
 #: device runs completes sooner) to an hour (a CPU's slowest op takes seconds).
 SHORTEST_MEASURED, LONGEST_MEASURED = 1e-9, 3600.0
+#: The smallest fraction of peak an efficiency may be: a millionth, below any kernel or
+#: link (the smallest GEMMs a calibration times reach about 1e-4 of a GPU's peak).
+SMALLEST_FRACTION = 1e-6
+#: The largest oversubscription, either way: a 1024:1 leaf has never been built.
+LARGEST_RATIO = 1024.0
+#: The largest GEMM prologue and epilogue, in elements of ``k``: a few hundred in
+#: practice (the default 256), 65,536 (a whole hidden size) far beyond.
+LARGEST_K_OVERHEAD = 65_536.0
 #: The communication kinds a calibration fits: the collectives the Schedule IR names
 #: (``simulator.common.vocabulary.COLLECTIVE_KINDS``, which ``topologies`` may not
 #: import; a test keeps the two equal) and point-to-point transfers.
@@ -100,8 +108,15 @@ def _positive(value: float) -> float:
 
 
 def _fraction(value: float) -> float:
-    if not 0 < value <= 1:
-        raise ValueError("must be a fraction of peak in (0, 1]")
+    if not SMALLEST_FRACTION <= value <= 1:
+        raise ValueError(f"must be a fraction of peak in [{SMALLEST_FRACTION:g}, 1]")
+    return value
+
+
+def _ratio(value: float) -> float:
+    _positive(value)
+    if not 1 / LARGEST_RATIO <= value <= LARGEST_RATIO:
+        raise ValueError(f"must be a ratio from 1/{LARGEST_RATIO:g} to {LARGEST_RATIO:g}")
     return value
 
 
@@ -126,7 +141,7 @@ def _gemm_dimension(value: float) -> float:
 PositiveBandwidth = Annotated[Bandwidth, AfterValidator(_positive)]
 PositiveBytes = Annotated[Bytes, AfterValidator(_positive)]
 PositiveFlopRate = Annotated[FlopRate, AfterValidator(_positive)]
-PositiveRatio = Annotated[float, AfterValidator(_positive)]
+Ratio = Annotated[float, AfterValidator(_ratio)]
 Fraction = Annotated[float, AfterValidator(_fraction)]
 Count = Annotated[int, BeforeValidator(_not_bool), AfterValidator(_at_least_one)]
 GemmDimension = Annotated[float, BeforeValidator(_not_bool), AfterValidator(_gemm_dimension)]
@@ -182,7 +197,7 @@ class GPUSpec(_Spec):
     """Streaming multiprocessors: the GEMM model's wave size (None: no shape model)."""
     gemm_tile: tuple[Count, Count] | None = None
     """The largest CTA tile ``(m, n)`` cuBLAS runs bf16 GEMMs with on this GPU."""
-    gemm_k_overhead: PositiveRatio = 256.0
+    gemm_k_overhead: float = Field(default=256.0, gt=0, le=LARGEST_K_OVERHEAD)
     """A GEMM tile's prologue and epilogue, in elements of ``k`` (the short-k penalty)."""
     gemm_table: tuple[GemmRow, ...] = Field(default=(), max_length=LARGEST_TABLE)
     """Measured GEMM efficiencies by shape, ``(m, n, k, efficiency)`` rows (a profile's)."""
@@ -279,11 +294,11 @@ class NetworkSpec(_Spec):
 
     switch_latency: Seconds
     """Port-to-port latency of one switch (leaf, spine or core), seconds."""
-    oversubscription: PositiveRatio
+    oversubscription: Ratio
     """Leaf downlink : uplink bandwidth; 1 is non-blocking, 2 halves the uplinks."""
     pod_size: Count | None = None
     """Nodes per pod; default: every node in one pod (no core)."""
-    core_oversubscription: PositiveRatio = 1.0
+    core_oversubscription: Ratio = 1.0
     """A pod's leaf uplinks : its spine's uplink to the core; 1 is non-blocking."""
 
 

@@ -72,15 +72,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Characters a terminal would act on or hide: C0 controls and DEL, C1 controls (\x9b is
-# a one-byte CSI on some terminals), and every other non-printable one (bidirectional
-# overrides such as U+202E, zero-width and line-separator characters).
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f]|[^\x00-\x7e]")
+# Every character beyond printable ASCII is looked at, and those a terminal would act on
+# or hide are quoted: C0 controls and DEL, C1 controls (\x9b is a one-byte CSI on some
+# terminals), and every other non-printable one (bidirectional overrides such as
+# U+202E, zero-width and line-separator characters).
+_UNSAFE = re.compile(r"[^\x20-\x7e]")
 _RUN = re.compile(rf"\S{{{LONGEST_RUN + 1},}}")
 
 
 def _quoted(char: str) -> str:
-    """A character as Python escapes it: ``\x1b``, ``\u202e``."""
+    r"""A character as Python escapes it: ``\x1b``, ``\u202e``."""
     code = ord(char)
     if code < 0x100:
         return f"\\x{code:02x}"
@@ -89,7 +90,7 @@ def _quoted(char: str) -> str:
 
 def _visible(match: re.Match[str]) -> str:
     char = match.group()
-    if char.isprintable() and char != "\x9b" and not ("\x7f" <= char <= "\x9f"):
+    if char.isprintable():
         return char  # printable text beyond ASCII (a name in another script) stays
     return _quoted(char)
 
@@ -104,7 +105,7 @@ def _cut(text: str, keep: int) -> str:
 
 
 def error_line(exc: BaseException) -> str:
-    """The message of ``exc`` as ``parasim`` prints it after ``parasim: error: ``: one
+    r"""The message of ``exc`` as ``parasim`` prints it after ``parasim: error: ``: one
     line, every control or invisible character quoted (``\x1b``, ``\u202e``), each
     over-long run without a space cut in its middle, and the whole at most
     :data:`LONGEST_ERROR_LINE` characters."""

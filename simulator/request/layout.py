@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import GRID_AXES, PLACEMENT_AXES
 
-__all__ = ["Layout", "balanced_stages"]
+__all__ = ["Layout", "balanced_stages", "FEWEST_UNEVEN_LAYERS"]
 
 # grid → (groups, group_of), shared by equal layouts; never mutated after building
 _GROUPS: dict[tuple, tuple[dict, dict]] = {}
@@ -237,6 +237,13 @@ class Layout:
     def describe(self) -> str:
         order = "·".join(f"{axis}{self.size(axis)}" for axis in self.placement)
         return f"tp={self.tp} pp={self.pp} dp={self.dp} (placement {order}, innermost first)"
+
+
+#: The fewest layers a pipeline stage holds where the layers do not divide over the
+#: stages: ``parasim sweep`` tries such pipelines and ``parasim run`` splits them only
+#: from this many a stage (a one-layer stage beside the embedding's or the output
+#: layer's would make a pipeline of mostly imbalance).
+FEWEST_UNEVEN_LAYERS = 2
 
 
 def balanced_stages(layers: int, pp: int) -> tuple[int, ...]:

@@ -43,7 +43,7 @@ from simulator.common.vocabulary import (
     TP_COMM_OVERLAP,
     TRAINING_DTYPES,
 )
-from simulator.request.layout import Layout, balanced_stages
+from simulator.request.layout import FEWEST_UNEVEN_LAYERS, Layout, balanced_stages
 from simulator.request.model import MODEL_PRESETS, ModelSpec
 from simulator.request.moe import MoESpec, check_expert_parallel
 from simulator.request.orders import Action, load_csv_order, validate_order
@@ -63,6 +63,7 @@ __all__ = [
     "load_scenario",
     "read_scenario_file",
     "scenario_from_dict",
+    "scenario_model",
     "apply_overrides",
     "check_stage_layers",
 ]
@@ -292,6 +293,12 @@ def preset_model(name: str) -> tuple[ModelSpec, MoESpec | None]:
     return _resolve_model(ModelSection(preset=name))
 
 
+def scenario_model(spec: ScenarioSpec) -> tuple[ModelSpec, MoESpec | None]:
+    """The shape and mixture of experts of a scenario's model, resolved without laying
+    out its ranks (which costs O(world)): what a guard or a search needs first."""
+    return _resolve_model(spec.model)
+
+
 def _resolve_model(section: ModelSection) -> tuple[ModelSpec, MoESpec | None]:
     """The model's shape and its mixture of experts (the section's, else the preset's)."""
     fields = section.model_dump(exclude_none=True)
@@ -473,12 +480,16 @@ def _stage_count(parallel: ParallelSpec, layout: Layout, stages: int) -> str:
 
 
 def _even_split(layers: int, stages: int, what: str) -> tuple[int, ...]:
-    """``layers`` over ``stages`` as :func:`balanced_stages` splits them (as ``parasim
-    sweep`` does), each stage given at least one."""
-    if layers < stages:
+    """``layers`` over ``stages``: the same number each where they divide, else as
+    ``parasim sweep`` splits them (:func:`balanced_stages`, where every stage gets at
+    least :data:`FEWEST_UNEVEN_LAYERS`)."""
+    if layers % stages == 0:
+        return (layers // stages,) * stages
+    if layers < FEWEST_UNEVEN_LAYERS * stages:
         raise ScenarioError(
-            f"parallel.pp: layers({layers}) over {what}: every stage needs at least one "
-            "layer; use fewer stages"
+            f"parallel.pp: layers({layers}) do not divide over {what}, and an uneven split "
+            f"needs at least {FEWEST_UNEVEN_LAYERS} layers a stage "
+            f"({FEWEST_UNEVEN_LAYERS * stages}); give parallel.stage_layers to choose one"
         )
     return balanced_stages(layers, stages)
 

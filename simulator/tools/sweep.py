@@ -113,7 +113,7 @@ from simulator.common.vocabulary import (
     SHARDING_LEVELS,
     SWEEP_FIX_KEYS,
 )
-from simulator.request.layout import balanced_stages
+from simulator.request.layout import FEWEST_UNEVEN_LAYERS, balanced_stages
 from simulator.request.recipe import LAYOUT_KNOBS, Recipe, knob_overrides, layout_label
 from simulator.request.scenario import (
     ScenarioSpec,
@@ -448,7 +448,7 @@ def enumerate_layouts(
     for tp, extra in pairs:
         cp = extra["cp"]
         grid = _divisors(world // (tp * cp)) if world % (tp * cp) == 0 else []
-        uneven = [p for p in grid if layers % p and layers >= 2 * p]
+        uneven = [p for p in grid if layers % p and layers >= FEWEST_UNEVEN_LAYERS * p]
         for pp in pick("pp", sorted(_divisors(layers) + uneven)):
             if world % (tp * cp * pp):
                 continue
