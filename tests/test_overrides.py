@@ -75,3 +75,17 @@ def test_overrides_set_nested_keys_on_a_copy():
     assert raw == {"parallel": {"tp": 1}, "model": {"name": "m"}}
     with pytest.raises(ScenarioError, match="expected key.path=value"):
         apply_overrides(raw, ["parallel.tp"])
+
+
+def test_a_value_of_many_digits_is_refused_not_converted():
+    """The plain-integer fast path leaves a number longer than any field to the YAML
+    reader, which refuses it in one line (Python's int() would raise on 4,301 digits)."""
+    assert _read_value("1" * 40) == int("1" * 40)
+    for digits in (41, 4301):
+        with pytest.raises(ScenarioError, match=rf"^--set parallel.tp: a number of {digits} "):
+            apply_overrides({}, ["parallel.tp=" + "1" * digits])
+
+
+def test_an_unreadable_value_names_its_key():
+    with pytest.raises(ScenarioError, match=r"^--set parallel.placement: not valid YAML \("):
+        apply_overrides({}, ["parallel.placement=[tp, dp"])

@@ -225,3 +225,31 @@ def test_plausible_bare_numbers_and_zero_pass():
     assert scenario.cluster_spec.nic.bandwidth == 50e9
     assert scenario.cluster_spec.gpu.kernel_launch_overhead == 0
     assert parse_bandwidth(450) == 450  # the parser itself takes any number (CLI sizes)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("cluster.gpu.peak_flops", "1e-300 TFLOP/s", "'1e-300 TFLOP/s' (1e-288 FLOP/s) is not a "
+         "plausible FLOP rate: parasim reads 1 MFLOP/s to 1 EFLOP/s, or 0"),
+        ("cluster.nic.bandwidth", "1e400 GB/s", "'1e400 GB/s' is not a finite bandwidth"),
+        ("cluster.nic.bandwidth", "-5 GB/s", "'-5 GB/s' is negative; a bandwidth must be >= 0"),
+        ("cluster.nic.bandwidth", "nan GB/s", "cannot read 'nan GB/s' as a bandwidth"),
+        ("cluster.nvswitch.bandwidth", "1e300", "1e+300 bytes/s is not a plausible bandwidth"),
+        ("cluster.nvswitch.bandwidth", "5000 PB/s", "(5e+18 bytes/s) is not a plausible"),
+        ("cluster.nic.latency", "1e30 s", "'1e30 s' (1e+30 s) is not a plausible time"),
+        ("cluster.nic.latency", "1e-30 us", "(1e-36 s) is not a plausible time"),
+        ("cluster.gpu.hbm_capacity", "0.000001 B", "(1e-06 bytes) is not a plausible size"),
+        ("cluster.gpu.hbm_capacity", "2 ZB", "cannot read '2 ZB' as a size in bytes"),
+    ],
+)  # fmt: skip
+def test_a_value_with_a_unit_is_as_plausible_as_a_bare_number(field, value, message):
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(SCENARIOS / "small.yaml", [f"{field}={value}"])
+    text = str(info.value)
+    assert text.startswith(f"{field}: ") and message in text
+
+
+def test_plausible_values_with_units_and_zero_pass():
+    fields = _Fields(size="512 KiB", rate="1 kB/s", delay="0 us", compute="1 EFLOP/s")
+    assert (fields.size, fields.rate, fields.delay, fields.compute) == (2.0**19, 1e3, 0, 1e18)

@@ -121,6 +121,7 @@ FOREIGN_NAMES: dict[str, tuple[str, str]] = {
     **_foreign("torchtitan", "pipeline_parallel_schedule_csv", "parallel.schedule_file"),
     **_foreign("torchtitan", "pipeline_parallel_microbatch_size", "training.micro_batch"),
     **_foreign("torchtitan", "local_batch_size", "training.micro_batch"),
+    **_foreign("torchtitan", "seq_len", "model.seq_len"),
     **_foreign("torchtitan", "fsdp_reshard_after_forward", "training.reshard_after_forward"),
     **_foreign("torchtitan", "enable_async_tensor_parallel", "training.tp_comm_overlap"),
     **_foreign("torchtitan", "mixed_precision_param", "training.dtype"),
