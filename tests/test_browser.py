@@ -419,7 +419,7 @@ def test_compare_report_renders(driver, workdir, run_dir):
     out = workdir / "compare"
     _parasim("compare", run_dir, measured, "--out", out)
     page = check_report(driver, out / "compare.html", workdir)
-    overlay = overlay_trace(load_run_dir(run_dir)[1], load_run_dir(measured)[1])
+    overlay = overlay_trace(load_run_dir(run_dir)[1], load_run_dir(measured)[1], ("A", "B"))
     check_lanes(page, overlay, "compare.html")
 
 

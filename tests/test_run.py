@@ -221,5 +221,5 @@ def test_compare_of_two_predictions_is_a_what_if(tmp_path, capsys):
     table = page[page.index("<table id='parasim-compare-table'>") :]
     assert "<th>A against B</th>" in table and "<th>error</th>" not in table
     cells = re.findall(r"<tr><td>([^<]+)</td>", table)
-    assert cells[0] == "step time"
-    assert cells[1:] == [row["class"] for row in report["op_classes"]]
+    assert cells[:2] == ["step time", "peak memory per GPU"]
+    assert cells[2:] == [row["class"] for row in report["op_classes"]]

@@ -45,6 +45,7 @@ import gzip
 import itertools
 import json
 import math
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from simulator.analysis.trace import OpRecord, Trace, category_of
+from simulator.common.errors import ParasimError
+from simulator.common.machine import machine_memory
 
 __all__ = [
     "chrome_trace_events",
@@ -59,6 +62,14 @@ __all__ = [
     "write_rank_traces",
     "rank_trace_name",
     "trace_from_chrome",
+    "read_trace_file",
+    "read_bounded",
+    "parse_json",
+    "json_kind",
+    "find_trace_file",
+    "largest_trace_text",
+    "TraceFileError",
+    "TRACE_NAMES",
     "select_ranks",
     "stream_order",
 ]
@@ -818,36 +829,338 @@ def write_rank_traces(
     return paths
 
 
-def trace_from_chrome(document: dict[str, Any]) -> Trace:
-    """Read back a Trace written by :func:`write_chrome_trace` (op records only)."""
-    thread_names: dict[tuple[int, int], str] = {}
-    for event in document.get("traceEvents", []):
-        if event.get("ph") == "M" and event.get("name") == "thread_name":
-            thread_names[(event["pid"], event["tid"])] = event["args"]["name"]
-    records = []
-    for event in document.get("traceEvents", []):
-        if event.get("ph") != "X":
-            continue
-        args = event["args"]
-        start = event["ts"] / 1e6
-        records.append(
-            OpRecord(
-                rank=event["pid"],
-                op_id=args["op_id"],
-                stream=thread_names.get((event["pid"], event["tid"]), str(event["tid"])),
-                op=args["op"],
-                kind=args["kind"],
-                label=args.get("label", event["name"]),
-                tags=args.get("tags", {}),
-                ready=args.get("ready_us", event["ts"]) / 1e6,
-                start=start,
-                end=start + event["dur"] / 1e6,
-                bytes=args.get("bytes", 0.0),
-                flops=args.get("flops", 0.0),
-                group=args.get("group"),
-                peer=args.get("peer"),
-            )
+# ------------------------------------------------------------------------- reading back
+
+
+class TraceFileError(ParasimError):
+    """A trace file that cannot be read back: missing, not JSON, too large, or not the
+    Chrome trace parasim writes (one line naming the file, the event and the field)."""
+
+
+#: Python holds a parsed trace in about 5 bytes of memory per byte of its text (4 for
+#: the JSON objects and 1 for the op records, measured on gpt3-175b's 42 MB trace), plus
+#: the text itself: 6 in all. ``parasim compare`` reads two traces, in at most half the
+#: machine's memory (as :func:`~simulator.run.simulate.check_size` allows a run).
+TRACE_READ_BYTES_PER_BYTE = 6
+#: The largest trace text read where the machine's memory is unknown: 1 GB (a
+#: 3,072-GPU step's representative ranks write about 80 MB).
+TRACE_TEXT_FALLBACK = 1_000_000_000
+#: The longest time a trace may hold, in microseconds: about 31 years. Far above any
+#: step, and low enough that sums of millions of durations stay finite.
+LONGEST_TRACE_US = 1e15
+#: The highest rank (a Chrome trace's ``pid``) read back.
+HIGHEST_RANK = 2**31 - 1
+#: The names of parasim's trace files, plain and gzipped (:func:`find_trace_file`).
+TRACE_NAMES = ("trace.json", "trace.json.gz")
+
+
+def largest_trace_text() -> int:
+    """The most characters of trace text :func:`read_trace_file` reads: what two traces
+    take to read in half the machine's memory (:data:`TRACE_READ_BYTES_PER_BYTE`)."""
+    available = machine_memory()
+    if available is None:
+        return TRACE_TEXT_FALLBACK
+    return int(available / 2 / (2 * TRACE_READ_BYTES_PER_BYTE))
+
+
+def find_trace_file(folder: Path) -> Path | None:
+    """The trace file of a run folder: ``trace.json``, or ``trace.json.gz`` (a large
+    trace); the newer where both are there; None where neither is."""
+    found = [folder / name for name in TRACE_NAMES if (folder / name).exists()]
+    if not found:
+        return None
+    return max(found, key=lambda path: path.stat().st_mtime)
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of the file ``path`` (decompressed when its name ends in ``.gz``),
+    refused past ``limit`` bytes before more are read, as it is when it is not a file
+    (a folder, a device, a pipe that would never end) or cannot be read: a
+    :class:`TraceFileError` in one line."""
+    try:
+        if not path.is_file():
+            raise TraceFileError(f"{path}: not a file")
+        size = path.stat().st_size
+        if path.suffix != ".gz":
+            if size > limit:
+                raise TraceFileError(f"{path}: {size:,} bytes; parasim reads at most {limit:,}")
+            with open(path, "rb") as handle:
+                data = handle.read(limit + 1)
+        else:
+            with gzip.open(path, "rb") as handle:
+                data = handle.read(limit + 1)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceFileError(f"{path}: not a readable gzip file ({exc})") from None
+    except OSError as exc:
+        raise TraceFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise TraceFileError(f"{path}: more than {limit:,} bytes; parasim reads at most that")
+    return data
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON has")
+
+
+def parse_json(data: bytes, source: str) -> Any:
+    """The JSON value of ``data``, the bytes of a file parasim wrote (a trace, a result)
+    read back strictly: anything that is not UTF-8 JSON (``NaN`` and ``Infinity``
+    included, and integers of thousands of digits) or nests deeper than Python parses is
+    a :class:`TraceFileError` naming ``source``, in one line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceFileError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise TraceFileError(f"{source}: not JSON (line {exc.lineno}: {exc.msg})") from None
+    except ValueError as exc:  # NaN, Infinity, an integer of thousands of digits
+        raise TraceFileError(f"{source}: not JSON parasim reads ({exc})") from None
+    except RecursionError:
+        raise TraceFileError(f"{source}: JSON nested deeper than parasim reads") from None
+
+
+def read_trace_file(path: Path, limit: int | None = None) -> Trace:
+    """The Trace of the Chrome trace file at ``path`` (``.gz``: gzipped), as
+    :func:`trace_from_chrome` reads it. Anything it cannot read is a
+    :class:`TraceFileError` in one line: a file that is not there or not a file, more
+    than ``limit`` bytes of text (default :func:`largest_trace_text`), not gzip, not
+    UTF-8, not JSON (``NaN`` and ``Infinity`` included), nested deeper than Python
+    parses, or not a trace."""
+    data = read_bounded(Path(path), largest_trace_text() if limit is None else limit)
+    return trace_from_chrome(parse_json(data, str(path)), str(path))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _time_us(value: Any, where: str, field: str, lowest: float = -LONGEST_TRACE_US) -> float:
+    """``value`` as a time in microseconds within the trace's bounds, or the error."""
+    if not _is_number(value):
+        raise TraceFileError(f"{where}: {field} is {_shown(value)}, not a number")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not (lowest <= number <= LONGEST_TRACE_US):
+        raise TraceFileError(
+            f"{where}: {field} is {_shown(value)}, not a time between {lowest:g} and "
+            f"{LONGEST_TRACE_US:g} µs"
         )
-    other = dict(document.get("otherData", {}))
-    other.pop("ranks_in_file", None)
-    return Trace(records=records, step_time=float(other.pop("step_time_s", 0.0)), meta=other)
+    return number
+
+
+def _count(value: Any, where: str, field: str) -> float:
+    """A byte or FLOP count: a finite number of at least 0."""
+    if not _is_number(value):
+        raise TraceFileError(f"{where}: {field} is {_shown(value)}, not a number")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not (0 <= number < math.inf):
+        raise TraceFileError(f"{where}: {field} is {_shown(value)}, not a finite count")
+    return number
+
+
+def _integer(value: Any, where: str, field: str, highest: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= highest:
+        raise TraceFileError(
+            f"{where}: {field} is {_shown(value)}, not an integer from 0 to {highest}"
+        )
+    return value
+
+
+def _text(value: Any, where: str, field: str) -> str:
+    if not isinstance(value, str):
+        raise TraceFileError(f"{where}: {field} is {_shown(value)}, not a string")
+    return value
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words: ``an object``, ``null``, ``a string``..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    names = {dict: "an object", list: "an array", str: "a string"}
+    return names.get(type(value), "a number")
+
+
+def _shown(value: Any) -> str:
+    """A value of a file, short, for a message."""
+    text = "null" if value is None else repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+#: The tags the reports compute with, beside the names and numbers they only show: the
+#: category's (:func:`~simulator.analysis.trace.category_of`) and a merged bar's busy time.
+_NAME_TAGS = ("phase", "axis")
+
+
+def _tags(value: Any, where: str) -> dict[str, Any]:
+    """``args.tags``: an object of plain values (parasim's tags are names and numbers),
+    ``phase`` and ``axis`` names, ``busy_s`` a count."""
+    if not isinstance(value, dict):
+        raise TraceFileError(f"{where}: args.tags is {_shown(value)}, not an object")
+    for key, item in value.items():
+        if not isinstance(item, _SCALARS) or (isinstance(item, float) and not math.isfinite(item)):
+            raise TraceFileError(f"{where}: args.tags.{key} is {_shown(item)}, not a plain value")
+        if key in _NAME_TAGS:
+            _text(item, where, f"args.tags.{key}")
+    if "busy_s" in value:
+        _count(value["busy_s"], where, "args.tags.busy_s")
+    return value
+
+
+def _record(
+    event: dict[str, Any], where: str, thread_names: dict[tuple[int, Any], str]
+) -> OpRecord:
+    """The op record of one complete (``"ph": "X"``) event."""
+    rank = _integer(event.get("pid"), where, "pid (the rank)", HIGHEST_RANK)
+    tid = event.get("tid")
+    if not (isinstance(tid, str) or (isinstance(tid, int) and not isinstance(tid, bool))):
+        raise TraceFileError(f"{where}: tid is {_shown(tid)}, not a thread id")
+    ts = _time_us(event.get("ts"), where, "ts")
+    dur = _time_us(event.get("dur"), where, "dur", lowest=0.0)
+    args = event.get("args")
+    if not isinstance(args, dict):
+        raise TraceFileError(
+            f"{where}: args is {_shown(args)}, not an object (not a parasim trace)"
+        )
+    name = event.get("name", "")
+    label = _text(args.get("label", name if isinstance(name, str) else ""), where, "args.label")
+    group, peer = args.get("group"), args.get("peer")
+    return OpRecord(
+        rank=rank,
+        op_id=_integer(args.get("op_id"), where, "args.op_id", 2**63 - 1),
+        stream=thread_names.get((rank, tid), str(tid)),
+        op=_text(args.get("op"), where, "args.op"),
+        kind=_text(args.get("kind"), where, "args.kind"),
+        label=label,
+        tags=_tags(args.get("tags", {}), where),
+        ready=_time_us(args.get("ready_us", ts), where, "args.ready_us") / 1e6,
+        start=ts / 1e6,
+        end=(ts + dur) / 1e6,
+        bytes=_count(args.get("bytes", 0.0), where, "args.bytes"),
+        flops=_count(args.get("flops", 0.0), where, "args.flops"),
+        group=None if group is None else _text(group, where, "args.group"),
+        peer=None if peer is None else _integer(peer, where, "args.peer", HIGHEST_RANK),
+    )
+
+
+def _thread_names(events: list[Any]) -> dict[tuple[int, Any], str]:
+    """The stream of each (pid, tid), from the ``thread_name`` metadata events that are
+    well formed (a malformed one only loses a lane its name)."""
+    names: dict[tuple[int, Any], str] = {}
+    for event in events:
+        if not isinstance(event, dict) or event.get("ph") != "M":
+            continue
+        args = event.get("args")
+        if event.get("name") == "thread_name" and isinstance(args, dict):
+            pid, tid, name = event.get("pid"), event.get("tid"), args.get("name")
+            if isinstance(pid, int) and isinstance(tid, int | str) and isinstance(name, str):
+                names[(pid, tid)] = name
+    return names
+
+
+def _meta(other: Any) -> dict[str, Any]:
+    """``otherData`` as a Trace's metadata, the fields the charts read kept only where
+    they have the types parasim writes (``idle``, ``stage_of_rank``...)."""
+    if not isinstance(other, dict):
+        return {}
+    meta = dict(other)
+    meta.pop("ranks_in_file", None)
+    meta.pop("step_time_s", None)
+    for key in ("scenario", "fidelity"):
+        if key in meta and not isinstance(meta[key], str):
+            del meta[key]
+    for key in ("world", "gpus_per_node"):
+        value = meta.get(key)
+        if key in meta and not (
+            isinstance(value, int) and not isinstance(value, bool) and 0 < value <= HIGHEST_RANK + 1
+        ):
+            del meta[key]
+    ranks = meta.get("representative_ranks")
+    if "representative_ranks" in meta and not (
+        isinstance(ranks, list)
+        and all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)
+    ):
+        del meta["representative_ranks"]
+    stages = meta.get("stage_of_rank")
+    if "stage_of_rank" in meta and not (
+        isinstance(stages, dict)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in stages.values())
+    ):
+        del meta["stage_of_rank"]
+    if "idle" in meta and not _idle_ok(meta["idle"]):
+        del meta["idle"]
+    return meta
+
+
+def _idle_ok(idle: Any) -> bool:
+    """Whether ``otherData.idle`` is as parasim writes it: by rank (a number as text),
+    lists of ``[category, from, to]`` in seconds."""
+    if not isinstance(idle, dict):
+        return False
+    for rank, intervals in idle.items():
+        if not rank.isdigit() or not isinstance(intervals, list):
+            return False
+        for item in intervals:
+            if not (
+                isinstance(item, list)
+                and len(item) == 3
+                and isinstance(item[0], str)
+                and all(_is_number(x) and abs(float(x)) <= LONGEST_TRACE_US for x in item[1:])
+            ):
+                return False
+    return True
+
+
+def trace_from_chrome(document: Any, source: str = "the trace") -> Trace:
+    """Read back a Trace written by :func:`write_chrome_trace` (op records only).
+
+    ``document`` is the JSON object form (``traceEvents`` and ``otherData``) or the bare
+    array of events, which the Chrome trace format allows too. Complete events
+    (``"ph": "X"``) become records; metadata names the streams; other events (flows,
+    instants, counters) are passed over. An event that is not the complete event
+    parasim writes (a missing or null ``args.op``, a string ``ts``, a negative ``dur``,
+    a time beyond :data:`LONGEST_TRACE_US`) is a :class:`TraceFileError` naming
+    ``source``, the event and the field. The step time is ``otherData.step_time_s``,
+    else the end of the last op."""
+    if isinstance(document, list):
+        events, other = document, {}
+    elif isinstance(document, dict) and isinstance(document.get("traceEvents"), list):
+        events, other = document["traceEvents"], document.get("otherData", {})
+    else:
+        kind = (
+            "an object without a traceEvents list"
+            if isinstance(document, dict)
+            else json_kind(document)
+        )
+        raise TraceFileError(
+            f"{source}: {kind}; a Chrome trace is an object with traceEvents or an array of events"
+        )
+    thread_names = _thread_names(events)
+    records = []
+    for index, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise TraceFileError(f"{source}: event {index} is {_shown(event)}, not an object")
+        if event.get("ph") == "X":
+            records.append(_record(event, f"{source}: event {index}", thread_names))
+    if not records:
+        raise TraceFileError(
+            f'{source}: no op events (complete events, "ph": "X"), so no op to compare'
+        )
+    meta = _meta(other)
+    step = other.get("step_time_s") if isinstance(other, dict) else None
+    if _is_number(step) and 0 <= float(step) <= LONGEST_TRACE_US / 1e6:
+        step_time = float(step)
+    else:
+        step_time = max(0.0, max(rec.end for rec in records))
+    return Trace(records=records, step_time=step_time, meta=meta)
