@@ -402,3 +402,26 @@ def test_every_foreign_name_maps_to_a_real_field():
             load_scenario(SMALL, overrides)
         except ScenarioError as exc:
             assert "unknown key" not in str(exc), (name, field, str(exc))
+
+
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ('name="\\e]0;PWNED\\a"', "name"),
+        ('model.name="a\\u202eb"', "model.name"),
+        ('description="\\e[2J"', "description"),
+        ('cluster.gpu.name="\\x9b31m"', "cluster.gpu.name"),
+    ],
+)
+def test_a_name_the_summary_prints_holds_no_control_character(override, field):
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(SMALL, [override])
+    assert str(info.value).startswith(f"{field}: holds the control character ")
+    assert "\x1b" not in str(info.value) and "\u202e" not in str(info.value)
+
+
+def test_a_description_may_hold_lines_and_a_name_is_bounded():
+    scenario = load_scenario(SMALL, ['description="two\\n\\tlines"'])
+    assert scenario.spec.description == "two\n\tlines"
+    with pytest.raises(ScenarioError, match=r"^name: 300 characters; at most 256"):
+        load_scenario(SMALL, ["name=" + "x" * 300])

@@ -47,11 +47,19 @@ from .fattree import FatTreeCluster
 from .graph import GraphCluster
 from .profile import load_profile, profile_overrides
 from .spec import ClusterSpec, check_cluster_spec
-from .validation import nearest_key_hint, shown, unknown_key_hint, validation_message
+from .validation import (
+    nearest_key_hint,
+    printable,
+    shown,
+    unknown_key_hint,
+    validation_message,
+)
 
 __all__ = ["preset_names", "load_preset", "load_cluster_spec", "build_cluster"]
 
 PRESET_DIR = Path(__file__).parent / "presets"
+#: The longest path a profile is named by (Linux's PATH_MAX).
+LONGEST_PATH = 4096
 
 
 def preset_names() -> list[str]:
@@ -153,6 +161,10 @@ def _validate(
     """Merge a calibration profile and the overrides into ``base``, validate, check."""
     if profile_source is not None:
         source = str(profile_source)
+        try:
+            printable(source, LONGEST_PATH)  # the result's note names it
+        except ValueError as exc:
+            raise TopologyError(f"{prefix}.profile: {exc}") from None
         profile = load_profile(source, f"{prefix}.profile")
         per_node = overrides.get("gpus_per_node", base.get("gpus_per_node"))
         base = _deep_merge(base, profile_overrides(profile, per_node, source, f"{prefix}.profile"))

@@ -61,7 +61,7 @@ from .spec import (
     PositiveFlopRate,
 )
 from .units import Seconds
-from .validation import ConfigModel, shown, validation_message
+from .validation import ConfigModel, Name, shown, validation_message
 
 __all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "Profile", "load_profile", "profile_overrides"]
 
@@ -80,17 +80,17 @@ def _at_least_two(value: int) -> int:
 
 
 class ProfileDevice(_Open):
-    name: str
-    type: str
+    name: Name
+    type: Name
     count: Count
     per_node: Count
     nodes: Count
 
 
 class ProfileSoftware(_Open):
-    torch: str
-    backend: str
-    backend_version: str = ""
+    torch: Name
+    backend: Name
+    backend_version: Name = ""
 
 
 class ProfileGPU(ConfigModel):
@@ -124,7 +124,7 @@ class ProfileFit(_Open):
 class Profile(_Open):
     format: str
     version: int
-    created: str
+    created: Name
     device: ProfileDevice
     software: ProfileSoftware
     gpu: ProfileGPU

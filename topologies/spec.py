@@ -40,7 +40,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
 from .errors import TopologyError
 from .units import Bandwidth, Bytes, FlopRate, Seconds
-from .validation import LARGEST_COUNT, ConfigModel, nearest_key_hint, shown
+from .validation import LARGEST_COUNT, ConfigModel, Name, nearest_key_hint, shown
 
 __all__ = [
     "GPUSpec",
@@ -176,7 +176,7 @@ class MeasuredOp(_Spec):
 class GPUSpec(_Spec):
     """One GPU: compute roofline and memory."""
 
-    name: str
+    name: Name
     peak_flops: PositiveFlopRate
     """Dense bf16 tensor-core peak, FLOP/s."""
     fp8_peak_flops: PositiveFlopRate | None = None
@@ -319,15 +319,15 @@ class DimensionSpec(_Spec):
 class DeviceSpec(_Spec):
     """One vertex of an explicit-graph custom topology."""
 
-    name: str
+    name: Name
     kind: Literal["gpu", "switch", "nic"]
 
 
 class GraphLinkSpec(_Spec):
     """One link of an explicit-graph custom topology."""
 
-    a: str
-    b: str
+    a: Name
+    b: Name
     bandwidth: PositiveBandwidth
     """Per direction, bytes/s."""
     latency: Seconds
@@ -416,7 +416,7 @@ class CalibrationSpec(_Spec):
 class ClusterSpec(_Spec):
     """A whole cluster: ``nodes`` identical nodes of ``gpus_per_node`` GPUs."""
 
-    name: str
+    name: Name
     gpus_per_node: Count
     nodes: Count
     gpu: GPUSpec

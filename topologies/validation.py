@@ -15,9 +15,16 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 __all__ = [
     "validation_message",
@@ -26,6 +33,11 @@ __all__ = [
     "FOREIGN_NAMES",
     "shown",
     "LONGEST_SHOWN",
+    "Name",
+    "Description",
+    "printable",
+    "LONGEST_NAME",
+    "LONGEST_DESCRIPTION",
     "numbers_are_numbers",
     "LARGEST_COUNT",
     "ConfigModel",
@@ -36,6 +48,33 @@ __all__ = [
 LONGEST_SHOWN = 80
 #: The longest key compared with the valid ones for a close spelling (no key is longer).
 _LONGEST_NAME = 64
+#: The longest name (a scenario's, a model's, a cluster's, a GPU's, a device's): the
+#: summary prints it in one line, and the shipped ones are under 30 characters.
+LONGEST_NAME = 256
+#: The longest description: a paragraph (the shipped ones are under 150 characters).
+LONGEST_DESCRIPTION = 4096
+
+
+def printable(value: str, limit: int, allowed: str = "") -> str:
+    """``value`` if it is at most ``limit`` characters of printable text (and the
+    characters of ``allowed``): the summary prints it to the terminal."""
+    if len(value) > limit:
+        raise ValueError(f"{len(value)} characters; at most {limit}")
+    for index, char in enumerate(value):
+        if not char.isprintable() and char not in allowed:
+            raise ValueError(
+                f"holds the control character {char!r} at {index}; it is printed on the "
+                "terminal, so it must be printable text"
+            )
+    return value
+
+
+Name = Annotated[str, AfterValidator(lambda value: printable(value, LONGEST_NAME))]
+"""A name the summary prints: printable text of at most :data:`LONGEST_NAME` characters."""
+Description = Annotated[
+    str, AfterValidator(lambda value: printable(value, LONGEST_DESCRIPTION, "\n\t"))
+]
+"""A description: printable text (lines and tabs allowed) of a paragraph at most."""
 
 
 def shown(value: Any, limit: int = LONGEST_SHOWN) -> str:

@@ -52,7 +52,14 @@ from topologies import Cluster, ClusterSpec, TopologyError, build_cluster, load_
 from topologies.config_text import LONGEST_NUMBER, ConfigTextError, read_yaml
 from topologies.files import LARGEST_SCENARIO, ConfigFileError, read_config_text
 from topologies.units import Bytes
-from topologies.validation import ConfigModel, nearest_key_hint, shown, validation_message
+from topologies.validation import (
+    ConfigModel,
+    Description,
+    Name,
+    nearest_key_hint,
+    shown,
+    validation_message,
+)
 
 __all__ = [
     "TrainingSpec",
@@ -147,7 +154,7 @@ class SimulationSpec(_Strict):
 
 class ModelSection(_Strict):
     preset: str | None = None
-    name: str | None = None
+    name: Name | None = None
     layers: int | None = Field(default=None, gt=0)
     hidden: int | None = Field(default=None, gt=0)
     heads: int | None = Field(default=None, gt=0)
@@ -166,8 +173,8 @@ class ModelSection(_Strict):
 
 
 class ScenarioSpec(_Strict):
-    name: str
-    description: str = ""
+    name: Name
+    description: Description = ""
     cluster: dict[str, Any]
     model: ModelSection
     training: TrainingSpec
