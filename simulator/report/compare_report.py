@@ -283,7 +283,7 @@ def print_compare(report: Comparison, console: Console, outputs: Iterable[str] =
         f"{gap} {_percent(step.difference)}"
     )
     table = Table(
-        title="step time, peak memory per GPU and time per rank by op class (ranks in both runs)",
+        title="step time, memory and time per rank by op class",
         title_justify="left",
     )
     for column in ("", first, second, gap):
