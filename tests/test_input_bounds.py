@@ -89,9 +89,9 @@ def test_nesting_up_to_the_bound_is_read():
 
 def test_too_many_values_are_refused_where_the_bound_is_reached():
     message = refusal("junk: [" + ", ".join(["0"] * (MOST_VALUES + 10)) + "]\n")
-    # the walk stops at the bound (the mapping, its key and the list count too), not at
-    # the end of the list
-    assert message.startswith(f"junk[{MOST_VALUES - 3}]")
+    # the walk stops at the bound (the mapping and the list count too, not the key that
+    # names the list), not at the end of the list
+    assert message.startswith(f"junk[{MOST_VALUES - 2}]")
     assert f"more than {MOST_VALUES} values" in message
 
 

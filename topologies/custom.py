@@ -68,7 +68,7 @@ from pydantic import BaseModel, ValidationError
 
 from .config_text import ConfigTextError, read_yaml
 from .errors import TopologyError
-from .files import ConfigFileError, read_config_text
+from .files import LARGEST_TOPOLOGY, ConfigFileError, read_config_text
 from .spec import DeviceSpec, DimensionSpec, GraphLinkSpec, TopologySpec, check_topology
 from .validation import shown, unknown_key_hint, validation_message
 
@@ -129,7 +129,7 @@ def _read_yaml(source: str | Path, prefix: str, base_dir: str | Path | None) -> 
             f"and {PACKAGE_DIR})"
         )
     try:
-        return read_yaml(read_config_text(path), prefix, path.name), path
+        return read_yaml(read_config_text(path, LARGEST_TOPOLOGY), prefix, path.name), path
     except ConfigFileError as exc:
         raise TopologyError(f"{prefix}: cannot read {path} ({exc.reason})") from None
     except ConfigTextError as exc:

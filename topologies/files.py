@@ -2,25 +2,35 @@
 calibration profiles, custom pipeline orders.
 
 :func:`read_config_text` reads one only when it is a regular file of at most
-:data:`LARGEST_CONFIG` bytes (a scenario: :data:`LARGEST_SCENARIO`) in UTF-8, so a path
-that names a device (``/dev/zero``), a folder or a huge file is refused at once instead
-of hanging or filling memory. Its one-line :class:`ConfigFileError` names the path and
-what is wrong, never the file's content; each caller prefixes the field that named the
-file. What the text may hold is bounded next, by :mod:`topologies.config_text`.
+:data:`LARGEST_CONFIG` bytes (a scenario :data:`LARGEST_SCENARIO`, a custom topology
+:data:`LARGEST_TOPOLOGY`) in UTF-8, so a path that names a device (``/dev/zero``), a
+folder or a huge file is refused at once instead of hanging or filling memory. Its
+one-line :class:`ConfigFileError` names the path and what is wrong, never the file's
+content; each caller prefixes the field that named the file. What the text may hold is
+bounded next, by :mod:`topologies.config_text`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ConfigFileError", "LARGEST_CONFIG", "LARGEST_SCENARIO", "read_config_text"]
+__all__ = [
+    "ConfigFileError",
+    "LARGEST_CONFIG",
+    "LARGEST_SCENARIO",
+    "LARGEST_TOPOLOGY",
+    "read_config_text",
+]
 
 #: The largest configuration file read: far above any topology, profile or order file
 #: (a 1,024-rank custom order is about 1 MB).
 LARGEST_CONFIG = 16 * 2**20
 #: The largest scenario file read: a scenario is a few KB, and one holding a custom
-#: topology inline, a graph of 1,024 GPUs, about 300 KB.
+#: topology inline, a graph of 1,024 GPUs, about 500 KB.
 LARGEST_SCENARIO = 2**20
+#: The largest custom topology file read: a graph of 1,024 GPUs (four NVSwitches a node,
+#: a NIC a GPU, 8 rails, 16 spines) is about 500 KB written a device or link a line.
+LARGEST_TOPOLOGY = 4 * 2**20
 
 
 class ConfigFileError(ValueError):
