@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from simulator.analysis.metrics import CATEGORIES
-from simulator.report.explain_report import cost_text, describe_layout, describe_memory
+from simulator.report.explain_report import (
+    cost_text,
+    describe_layout,
+    describe_memory,
+    set_apart_text,
+)
 from simulator.report.style import BREAKDOWN_COLORS, MEMORY_COLORS
 from simulator.tools.explain import Explanation, Finding, diagnose
 from topologies.units import format_time
@@ -325,6 +330,8 @@ def _finding_lines(finding: Finding) -> list[str]:
             f"- also possible: `{' '.join(alternative['fix_set'])}` ({alternative['summary']}): "
             f"{format_time(alternative['step_time_s'])} per step."
         )
+    for entry in finding.set_apart:
+        lines.append(f"- set apart: {set_apart_text(entry, finding.before)}.")
     for note in finding.notes:
         lines.append(f"- note: {note}.")
     return lines
@@ -459,8 +466,10 @@ def render_markdown(results: list[PairResult]) -> str:
         "Each finding states the problem with its numbers, the fix as `--set` overrides, the "
         "step time before and after, what the mistake costs (seconds and share of the step; "
         "for a layout that does not fit, only whether the fix fits), and which categories "
-        "moved. Candidate fixes are checked for memory before any is simulated, and a "
-        "candidate that does not fit is never proposed when one that fits exists.",
+        "moved. A fix changes how the run is laid out, never what it trains: a candidate "
+        "that changes the recipe (the model, the sequence length, the global batch, the "
+        "number format) and one that does not fit in memory are never proposed, but shown "
+        "apart with their numbers.",
         "",
     ]
     return "\n".join(out)

@@ -52,6 +52,7 @@ from simulator.tools.mistakes import (
     Mistake,
     Remedy,
     Symptom,
+    changes_recipe,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +84,7 @@ FINDING_KEYS = {
     "moved",
     "notes",
     "alternatives",
+    "set_apart",
 }
 
 
@@ -324,14 +326,83 @@ def test_shipped_scenarios(scenarios_dir):
     assert bubble.cost_s > 0
 
 
-def test_too_few_microbatches_at_micro_batch_1_grows_the_global_batch():
+def test_a_larger_global_batch_is_set_apart_as_a_change_of_the_recipe():
+    """At micro-batch 1 only a larger global batch gives the pipeline more micro-batches:
+    that changes what the run trains, so it is shown apart with its numbers, never
+    proposed as the fix."""
     overrides = ["parallel.schedule=zb-h1", "training.micro_batch=1", "training.global_batch=2"]
     (finding,) = explain(TEACHING / "pipeline-bubble-mistake.yaml", overrides)
-    assert finding.fix == {"training.global_batch": 10}  # 9(p - 1) = 9, rounded up to p
-    per_sequence = finding.after["step_time_s"] / 10
-    assert finding.cost_s == pytest.approx(finding.before["step_time_s"] - 2 * per_sequence)
-    assert finding.cost_s > 0 and finding.moved[0]["category"] == "bubble"
-    assert finding.moved[0]["text"].endswith("(per 2 sequences)")
+    assert finding.fix == {} and finding.after is None and finding.cost_s is None
+    assert finding.fix_summary.startswith("no change of layout brings the bubble down")
+    (apart,) = finding.set_apart
+    assert apart["fix"] == {"training.global_batch": 10}  # 9(p - 1) = 9, rounded up to p
+    assert apart["reason"] == "changes the recipe" and apart["changes"] == ["training.global_batch"]
+    assert apart["same_work_step_s"] == pytest.approx(apart["step_time_s"] * 2 / 10)
+    assert apart["same_work_step_s"] < finding.before["step_time_s"] and not apart["oom"]
+    text = explain_report.set_apart_text(apart, finding.before)
+    assert text.startswith("would change the recipe (global_batch 2 → 10): ")
+    assert "training.global_batch=10" in text and "per 2 sequences" in text
+
+
+@pytest.mark.slow
+def test_no_fix_changes_the_recipe_or_runs_out_of_memory_on_llama3_405b(scenarios_dir):
+    """Meta's recipe has too few micro-batches for its 16 stages, and FSDP across 64
+    nodes: the batch Meta trains with stays (4.5 times it is set apart), and HSDP shards
+    over as few nodes as fit (two or four nodes do not: they are noted, not proposed)."""
+    explanation = diagnose(scenarios_dir / "llama3-405b.yaml")
+    bubble, fsdp = explanation.findings
+    assert bubble.id == "too-few-microbatches" and bubble.after is None
+    assert [e["fix"] for e in bubble.set_apart] == [{"training.global_batch": 9216}]
+    assert fsdp.id == "fsdp-across-nodes" and fsdp.fix == {"parallel.dp_shard": 8}
+    assert not fsdp.after["memory"]["oom"] and fsdp.cost_s > 0
+    assert all(not a["oom"] for a in fsdp.alternatives)
+    for shard in (2, 4):
+        assert any(f"out of memory: parallel.dp_shard={shard} " in n for n in fsdp.notes)
+    for finding in explanation.findings:
+        assert not changes_recipe(finding.fix)
+        assert finding.after is None or not finding.after["memory"]["oom"]
+
+
+def test_what_changes_the_recipe():
+    assert changes_recipe({"training.global_batch": 9216}) == ["training.global_batch"]
+    assert changes_recipe({"model.seq_len": 4096, "parallel.tp": 8}) == ["model.seq_len"]
+    assert changes_recipe({"training.dtype": "fp8", "model": {"preset": "x"}}) == [
+        "training.dtype",
+        "model",
+    ]
+    layout = {
+        "parallel.dp_shard": 8,
+        "training.micro_batch": 1,
+        "training.recompute": "full",
+        "training.sharding": "optimizer",
+        "model.moe.capacity_factor": 1.25,
+        "model.moe.max_nodes_per_token": 2,
+    }
+    assert changes_recipe(layout) == []
+
+
+def test_a_fix_that_does_not_fit_is_set_apart_with_its_memory(monkeypatch, scenarios_dir):
+    """A remedy whose every candidate runs out of memory proposes nothing: the
+    candidates are shown apart with their memory against the capacity."""
+
+    def fix(case):
+        return Remedy(case.options([({"training.recompute": "none"}, "no recompute")]))
+
+    def check(case):
+        return Symptom("recompute is on")
+
+    extra = Mistake("recompute-on", "recompute is on", check, fix, choose="first")
+    monkeypatch.setattr(explain_module, "MISTAKES", (extra,))
+    overrides = ["training.recompute=full", "cluster.gpu.hbm_capacity=3 GiB"]
+    (finding,) = explain(scenarios_dir / "pipeline-demo.yaml", overrides)
+    assert finding.after is None and finding.fix == {}
+    (apart,) = finding.set_apart
+    assert apart["reason"] == "does not fit" and apart["oom"]
+    assert apart["peak_bytes_per_gpu"] > apart["capacity_bytes"] == 3 * 2**30
+    text = explain_report.set_apart_text(apart, finding.before)
+    assert text.startswith("does not fit: training.recompute=none (no recompute) needs ")
+    assert text.endswith("per GPU of 3.0 GiB (does not fit)")
+    assert "set apart below" in explain_report.cost_text(finding)
 
 
 def test_out_of_memory_that_is_not_data_parallel_only():

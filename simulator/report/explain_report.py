@@ -4,8 +4,9 @@
 :class:`~simulator.tools.explain.Explanation`. :func:`print_explanation` prints the
 report to a rich console: the scenario's layout, step time and memory, then one panel per
 finding with the problem, the fix as ``--set`` arguments, a table of the mistake beside
-its fix, what the mistake costs and what moved. :func:`write_explain_outputs` writes the
-two files.
+its fix, what the mistake costs and what moved, and apart from the fix the candidates
+that would change the recipe or do not fit, with their numbers (:func:`set_apart_text`).
+:func:`write_explain_outputs` writes the two files.
 
 ``explain.json`` is exactly what ``parasim explain --json`` prints. ``explain.html`` opens
 in any browser without a network (plotly.js is inlined once, in the page's head) and
@@ -47,6 +48,7 @@ __all__ = [
     "describe_layout",
     "describe_memory",
     "cost_text",
+    "set_apart_text",
     "print_explanation",
     "chart_id",
     "memory_is_the_point",
@@ -147,6 +149,8 @@ def cost_text(finding: Finding) -> str:
     if finding.after is None:
         if finding.fix_summary == NO_FASTER_FIX:
             return "nothing to gain by these fixes here (see the note)"
+        if finding.set_apart:
+            return "no change of layout that fits was found (the candidates set apart below)"
         return "no fix expressible as scenario overrides"
     after = format_time(finding.after["step_time_s"])
     if finding.cost_s is None:
@@ -161,6 +165,37 @@ def cost_text(finding: Finding) -> str:
         f"the fix is {format_time(-finding.cost_s)} per step slower "
         f"({-finding.cost_pct:.1f}%), the price of what it buys"
     )
+
+
+def set_apart_text(entry: dict[str, Any], before: dict[str, Any]) -> str:
+    """One line for a candidate fix that is not proposed: why, the overrides, and its
+    numbers (what it changes in the recipe and its time per the scenario's batch, or its
+    memory against capacity)."""
+    sets = " ".join(entry["fix_set"])
+    memory = (
+        f"{format_bytes(entry['peak_bytes_per_gpu'])} per GPU of "
+        f"{format_bytes(entry['capacity_bytes'])}" + (" (does not fit)" if entry["oom"] else "")
+    )
+    if entry["reason"] == "changes the recipe":
+        changed = ", ".join(
+            f"{key.split('.')[-1]} {_recipe_value(before, key)} → {entry['fix'][key]}"
+            for key in entry["changes"]
+        )
+        text = f"would change the recipe ({changed}): {sets} ({entry['summary']})"
+        if entry["step_time_s"] is not None:
+            text += f": {format_time(entry['step_time_s'])} per step"
+            same = entry["same_work_step_s"]
+            if abs(same - entry["step_time_s"]) > 1e-12 * entry["step_time_s"]:
+                batch = before["layout"]["global_batch"]
+                text += f", {format_time(same)} per {batch} sequences"
+        return f"{text}, {memory}"
+    return f"does not fit: {sets} ({entry['summary']}) needs {memory}"
+
+
+def _recipe_value(before: dict[str, Any], key: str) -> Any:
+    """The scenario's own value of a recipe field, where its snapshot holds it."""
+    name = key.split(".")[-1]
+    return before["layout"].get(name, "its value")
 
 
 def print_explanation(explanation: Explanation, console: Console) -> None:
@@ -199,6 +234,8 @@ def print_explanation(explanation: Explanation, console: Console) -> None:
                     style="dim",
                 )
             )
+        for entry in finding.set_apart:
+            parts.append(Text(f"set apart: {set_apart_text(entry, finding.before)}", style="dim"))
         for note in finding.notes:
             parts.append(Text(f"note: {note}", style="dim"))
         title = f"[bold]{finding.id}[/] · {finding.title}"
@@ -244,12 +281,7 @@ def finding_sentence(finding: Finding) -> str:
             f"{format_time(after['step_time_s'])} per step."
         )
     step = before["step_time_s"]
-    same_work = step - finding.cost_s  # the fix's step time per the mistake's global batch
-    batch = before["layout"]["global_batch"]
-    if after["layout"]["global_batch"] != batch:
-        takes = f"the same {batch} sequences take {format_time(same_work)}"
-    else:
-        takes = f"the step takes {format_time(same_work)}"
+    takes = f"the step takes {format_time(after['step_time_s'])}"
     if finding.cost_s >= 0:
         text = (
             f"{title}: the mistake costs {format_time(finding.cost_s)} of the "
@@ -400,6 +432,7 @@ def _section(index: int, finding: Finding, chart: str) -> str:
         f"{format_bytes(a['peak_bytes_per_gpu'])} per GPU"
         for a in finding.alternatives
     ]
+    items += [f"set apart: {set_apart_text(e, finding.before)}" for e in finding.set_apart]
     items += [f"note: {note}" for note in finding.notes]
     if finding.moved:
         parts.append(

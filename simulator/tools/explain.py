@@ -9,9 +9,13 @@ which implements :class:`~simulator.tools.mistakes.Case`), the simulated fix cho
 among the registry's options, and the result as data, an :class:`Explanation` holding
 one :class:`Finding` per mistake found.
 
-Every fix is a set of scenario overrides (``--set key.path=value``). Candidate fixes are
-checked for memory with :func:`~simulator.analysis.memory.memory_per_rank` before any is simulated,
-and the fix is chosen among those that fit. Both the scenario and the fix run through
+Every fix is a set of scenario overrides (``--set key.path=value``) that changes how the
+run is laid out, never what it trains. Candidate fixes are checked for memory with
+:func:`~simulator.analysis.memory.memory_per_rank` before any is simulated, and the fix
+is chosen among those that keep the recipe and fit; a candidate that changes the recipe
+(:func:`~simulator.tools.mistakes.changes_recipe`: the global batch, the model...) is
+simulated and one that does not fit is priced by its memory, and both are shown apart
+(``Finding.set_apart``), never proposed. Both the scenario and the fix run through
 :func:`~simulator.run.simulate.run_scenario`, in analytic fidelity unless asked otherwise, so the
 step times, the breakdown (``compute``, ``exposed_comm``, ``bubble``, ``imbalance_stall``,
 ``other``) and memory before and after are the simulator's own numbers. A TP finding caused
@@ -26,6 +30,7 @@ and writes ``explain.json`` (what ``--json`` prints) and ``explain.html``, and
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +55,7 @@ from simulator.tools.mistakes import (
     Option,
     Remedy,
     Symptom,
+    changes_recipe,
 )
 from topologies.units import format_bytes, format_time
 
@@ -77,10 +83,11 @@ MOVED_SHARE = 0.01
 class Finding:
     """One mistake: what is wrong, the fix as overrides, and the simulated before/after.
 
-    ``before`` and ``after`` are :func:`snapshot` dicts; ``after`` is None when no fix can
-    be expressed as overrides. ``cost_s`` is the step time the mistake costs (before −
-    after, per the same global batch), None when the scenario does not fit memory, where
-    its step time cannot be had at all. ``moved`` lists the categories that changed.
+    ``before`` and ``after`` are :func:`snapshot` dicts; ``after`` is None when no fix
+    that keeps the recipe and fits in memory was found. ``cost_s`` is the step time the
+    mistake costs (before − after), None when the scenario does not fit memory, where its
+    step time cannot be had at all. ``moved`` lists the categories that changed;
+    ``set_apart`` the candidates that change the recipe or do not fit.
     """
 
     id: str
@@ -96,6 +103,10 @@ class Finding:
     notes: list[str] = field(default_factory=list)
     alternatives: list[dict[str, Any]] = field(default_factory=list)
     also: list[str] = field(default_factory=list)
+    #: candidates not proposed: each with its ``reason`` ("changes the recipe", "does
+    #: not fit"), the recipe fields it ``changes``, its memory and, where simulated, its
+    #: step time
+    set_apart: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ids(self) -> list[str]:
@@ -123,6 +134,7 @@ class Finding:
             "moved": list(self.moved),
             "notes": list(self.notes),
             "alternatives": list(self.alternatives),
+            "set_apart": list(self.set_apart),
         }
 
 
@@ -333,7 +345,8 @@ class _Case:
 
 
 def _same_work_step(before: dict[str, Any], after: dict[str, Any]) -> float:
-    """``after``'s step time scaled to ``before``'s global batch."""
+    """``after``'s step time scaled to ``before``'s global batch (a candidate that
+    changes the batch is set apart with its time per the scenario's sequences)."""
     return after["step_time_s"] * before["layout"]["global_batch"] / after["layout"]["global_batch"]
 
 
@@ -343,12 +356,9 @@ def _moved(
     """Categories (exposed communication per axis) that changed by more than
     ``MOVED_SHARE`` of the step, largest change first; memory and MoE drops after."""
     threshold = MOVED_SHARE * before["step_time_s"]
-    # a fix that changes the global batch is compared per the same number of sequences
-    scale = before["layout"]["global_batch"] / after["layout"]["global_batch"]
-    per = "" if scale == 1 else f" (per {before['layout']['global_batch']} sequences)"
     items: list[dict[str, Any]] = []
     for category in CATEGORIES:
-        b, a = before["breakdown"][focus][category], scale * after["breakdown"][focus][category]
+        b, a = before["breakdown"][focus][category], after["breakdown"][focus][category]
         if abs(a - b) <= threshold:
             continue
         if category == "exposed_comm":
@@ -356,7 +366,7 @@ def _moved(
             axes_a = after["exposed_comm_by_axis"][focus]
             added = False
             for axis in sorted(set(axes_b) | set(axes_a)):
-                ab, aa = axes_b.get(axis, 0.0), scale * axes_a.get(axis, 0.0)
+                ab, aa = axes_b.get(axis, 0.0), axes_a.get(axis, 0.0)
                 if abs(aa - ab) > threshold:
                     items.append({"category": category, "axis": axis, "before": ab, "after": aa})
                     added = True
@@ -367,7 +377,7 @@ def _moved(
     for item in items:
         label = item["category"] + (f" ({item['axis']})" if item["axis"] else "")
         item["unit"] = "s"
-        item["text"] = f"{label} {format_time(item['before'])} → {format_time(item['after'])}{per}"
+        item["text"] = f"{label} {format_time(item['before'])} → {format_time(item['after'])}"
     mb, ma = before["memory"], after["memory"]
     if (
         memory
@@ -401,21 +411,67 @@ def _moved(
     return items
 
 
+def _set_apart(option: Option, reason: str, before: dict[str, Any]) -> dict[str, Any]:
+    """A candidate fix that is not proposed, with why and its numbers: the recipe
+    fields it changes, its memory per GPU against capacity (simulated, or else
+    estimated) and, where it was simulated, its step time and that time per the
+    scenario's global batch."""
+    snap = option.snap
+    memory = snap["memory"] if snap is not None else dataclasses.asdict(option.memory)
+    return {
+        "fix": dict(option.fix),
+        "fix_set": set_args(option.fix),
+        "summary": option.summary,
+        "reason": reason,
+        "changes": changes_recipe(option.fix),
+        "peak_bytes_per_gpu": memory["peak_bytes_per_gpu"],
+        "capacity_bytes": memory["capacity_bytes"],
+        "oom": memory["oom"],
+        "step_time_s": None if snap is None else snap["step_time_s"],
+        "same_work_step_s": None if snap is None else _same_work_step(before, snap),
+    }
+
+
 def _finding(case: _Case, mistake: Mistake, symptom: Symptom, remedy: Remedy) -> Finding:
     """Simulate the remedy's options, pick the fix (the first, or the fastest, as the
-    mistake says) and assemble the finding."""
-    id, problem, options = mistake.id, symptom.problem, remedy.options
+    mistake says) among those that keep the recipe and fit in memory, and assemble the
+    finding; the options that change the recipe (simulated) or do not fit are set apart
+    with their numbers."""
+    id, problem = mistake.id, symptom.problem
     title = mistake.title if symptom.title is None else symptom.title
     notes = list(remedy.notes)
     before = case.before
-    if not options:
-        return Finding(
-            id, title, problem, {}, remedy.no_fix, before, None, None, None, [], notes, [], []
-        )
-    for option in options:
+    recipe = [o for o in remedy.options if changes_recipe(o.fix)]
+    layouts = [o for o in remedy.options if not changes_recipe(o.fix)]
+    for option in recipe + [o for o in layouts if not o.memory.oom]:
         case.simulate(option)
+    options = [o for o in layouts if o.snap is not None and not o.snap["memory"]["oom"]]
+    set_apart = [_set_apart(o, "changes the recipe", before) for o in recipe] + [
+        _set_apart(o, "does not fit", before) for o in layouts if o not in options
+    ]
+
+    def without_fix(summary: str) -> Finding:
+        return Finding(
+            id,
+            title,
+            problem,
+            {},
+            summary,
+            before,
+            None,
+            None,
+            None,
+            [],
+            notes,
+            [],
+            [],
+            set_apart,
+        )
+
+    if not options:
+        return without_fix(remedy.no_fix)
     if mistake.choose == "fastest":
-        chosen = min(options, key=lambda o: _same_work_step(before, o.snap))
+        chosen = min(options, key=lambda o: o.snap["step_time_s"])
     else:
         chosen = options[0]
     after = chosen.snap
@@ -424,32 +480,21 @@ def _finding(case: _Case, mistake: Mistake, symptom: Symptom, remedy: Remedy) ->
         mistake.choose == "fastest"
         and not mistake.memory
         and not before["memory"]["oom"]
-        and _same_work_step(before, after) >= before["step_time_s"]
+        and after["step_time_s"] >= before["step_time_s"]
     ):
         # a speed mistake whose every remedy is slower is not worth fixing this way
         tried = "; ".join(
-            f"{' '.join(set_args(o.fix))} ({o.summary}) takes "
-            f"{format_time(_same_work_step(before, o.snap))}"
+            f"{' '.join(set_args(o.fix))} ({o.summary}) takes {format_time(o.snap['step_time_s'])}"
             for o in options
-            if o.snap is not None
         )
         notes.append(
             f"every fix tried is slower than the {format_time(before['step_time_s'])} step: {tried}"
         )
-        return Finding(
-            id, title, problem, {}, NO_FASTER_FIX, before, None, None, None, [], notes, [], []
-        )
+        return without_fix(NO_FASTER_FIX)
     cost_s = cost_pct = None
     if not before["memory"]["oom"]:
-        cost_s = before["step_time_s"] - _same_work_step(before, after)
+        cost_s = before["step_time_s"] - after["step_time_s"]
         cost_pct = 100 * cost_s / before["step_time_s"]
-    if after["layout"]["global_batch"] != before["layout"]["global_batch"]:
-        notes.append(
-            f"the fix changes global_batch from {before['layout']['global_batch']} to "
-            f"{after['layout']['global_batch']}: the cost compares the time per sequence"
-        )
-    if after["memory"]["oom"]:
-        notes.append("even the fix does not fit memory: see the other findings")
     alternatives = [
         {
             "fix": dict(o.fix),
@@ -460,7 +505,7 @@ def _finding(case: _Case, mistake: Mistake, symptom: Symptom, remedy: Remedy) ->
             "oom": o.snap["memory"]["oom"],
         }
         for o in options
-        if o is not chosen and o.snap is not None
+        if o is not chosen
     ]
     return Finding(
         id=id,
@@ -476,6 +521,7 @@ def _finding(case: _Case, mistake: Mistake, symptom: Symptom, remedy: Remedy) ->
         notes=notes,
         alternatives=alternatives,
         also=list(mistake.also),
+        set_apart=set_apart,
     )
 
 
@@ -504,7 +550,8 @@ def diagnose(
     case = _Case(raw, scenario.name, base_dir, fidelity)
     findings: list[Finding] = []
     for mistake in MISTAKES:
-        if any(f.id in mistake.unless for f in findings):
+        # a memory mistake is moot only where the finding before it has a fix that fits
+        if any(f.id in mistake.unless and (f.after or not mistake.memory) for f in findings):
             continue
         symptom = mistake.check(case)
         if symptom is not None:

@@ -47,8 +47,16 @@ out-of-memory             any other layout that does not fit; fix: the first of 
 
 The registry's order is the order of checking and of the findings. A mistake is not
 checked once one of the ids in its ``unless`` has been found, so one problem is reported
-once (a TP degree beyond the node is not also reported as TP across nodes); ``also``
+once (a TP degree beyond the node is not also reported as TP across nodes), except a
+memory mistake after a finding that has no fix that fits (SP alone does not bring the
+layout into memory: the general out-of-memory check then looks for what does); ``also``
 names the more general mistakes a finding is an instance of.
+
+A fix is how the run is laid out, never what it trains: a candidate that changes the
+recipe's meaning (:data:`RECIPE_FIELDS`: the model, its sequence length, the global
+batch, the number format) is never proposed, and neither is one that does not fit in
+memory; explain simulates such candidates and shows them apart with their numbers
+(:func:`changes_recipe`).
 
 Checks and fixes read the scenario through :class:`Case`, which
 :mod:`simulator.tools.explain` implements: the scenario, its simulated result, and
@@ -71,6 +79,9 @@ from simulator.request.scenario import Scenario
 from topologies.units import format_bytes, format_time
 
 __all__ = [
+    "RECIPE_FIELDS",
+    "ROUTER_FIELDS",
+    "changes_recipe",
     "BUBBLE_TARGET",
     "STALL_SHARE",
     "CAPACITY_FIX",
@@ -103,6 +114,36 @@ NO_FIX = "no layout change that fits was found"
 NO_FASTER_FIX = "no layout change tried is faster"
 
 _STATE_TERMS = ("weights", "gradients", "optimizer_state")
+
+#: The scenario fields that say what a run trains, as opposed to how it is laid out:
+#: the model (its shape, vocabulary and sequence length), the global batch (the
+#: optimizer's batch: its learning-rate schedule is tuned for it) and the number
+#: formats. A candidate fix that sets one of them changes the recipe and is shown apart,
+#: never proposed (a field is matched with everything under it: ``model`` is every
+#: ``model.*``).
+RECIPE_FIELDS: tuple[str, ...] = (
+    "model",
+    "training.global_batch",
+    "training.dtype",
+    "training.grad_reduce_dtype",
+)
+#: The router settings under ``model`` that are how tokens reach their experts rather
+#: than what the model is, and that trainers set for speed: the capacity factor
+#: (GShard, Switch: assignments over it skip the expert through the residual) and
+#: node-limited routing (DeepSeek-V3 trains with it at no measured loss of quality).
+ROUTER_FIELDS: tuple[str, ...] = ("model.moe.capacity_factor", "model.moe.max_nodes_per_token")
+
+
+def changes_recipe(fix: dict[str, Any]) -> list[str]:
+    """The keys of ``fix`` that change what the run trains (:data:`RECIPE_FIELDS`, less
+    :data:`ROUTER_FIELDS`), in order; empty for a change of layout."""
+
+    def defines(key: str) -> bool:
+        return key not in ROUTER_FIELDS and any(
+            key == field or key.startswith(field + ".") for field in RECIPE_FIELDS
+        )
+
+    return [key for key in fix if defines(key)]
 
 
 # ------------------------------------------------------------------- the registry
@@ -183,7 +224,8 @@ class Mistake:
     ``choose`` picks the fix among the simulated options, ``memory`` says the finding is
     about memory (its ``moved`` always lists memory, its chart shows memory), ``also``
     the more general mistakes a finding is an instance of, and ``unless`` the mistakes
-    whose finding makes this one moot."""
+    whose finding makes this one moot (for a memory mistake, only a finding with a fix
+    that fits does)."""
 
     id: str
     title: str
@@ -595,7 +637,7 @@ def _fix_microbatches(case: Case) -> Remedy:
                     )
                 )
                 break
-    if not candidates:
+    if not candidates:  # more micro-batches only from a larger batch: a recipe change
         m2 = p * math.ceil(needed / p)  # a whole number of rounds (interleaved needs it)
         candidates.append(
             (
@@ -603,7 +645,11 @@ def _fix_microbatches(case: Case) -> Remedy:
                 f"global batch {m2 * dp * mb}: {m2} micro-batches",
             )
         )
-    return Remedy(case.options(candidates))
+    return Remedy(
+        case.options(candidates),
+        no_fix="no change of layout brings the bubble down here: more micro-batches need a "
+        "smaller micro-batch or a larger global batch, which changes the recipe",
+    )
 
 
 # ---------------------------------------------------------------- mixture of experts
@@ -802,8 +848,11 @@ def _fix_fsdp_across_nodes(case: Case) -> Remedy:
     dp_group = layout.members(layout.group_name("dp", 0))
     inside = sum(1 for rank in dp_group if rank // per_node == dp_group[0] // per_node)
     candidates = []
-    for shard in (inside, 2 * inside, 4 * inside):
-        if 1 < shard < layout.dp and layout.dp % shard == 0:
+    # the shard group over one node, then two, four... nodes: a shard over fewer ranks
+    # holds more of the model, so the narrowest one that fits is found among them
+    shard = inside
+    while shard < layout.dp:
+        if shard > 1 and layout.dp % shard == 0:
             span = "one node" if shard == inside else f"{shard // inside} nodes"
             candidates.append(
                 (
@@ -812,6 +861,7 @@ def _fix_fsdp_across_nodes(case: Case) -> Remedy:
                     f"{layout.dp // shard} groups",
                 )
             )
+        shard *= 2
     notes: list[str] = []
     return Remedy(case.options(candidates, notes, rescue=False), notes)
 
