@@ -403,6 +403,10 @@ def test_a_fix_that_does_not_fit_is_set_apart_with_its_memory(monkeypatch, scena
     assert text.startswith("does not fit: training.recompute=none (no recompute) needs ")
     assert text.endswith("per GPU of 3.0 GiB (does not fit)")
     assert "set apart below" in explain_report.cost_text(finding)
+    explanation = diagnose(scenarios_dir / "pipeline-demo.yaml", overrides)
+    page = render_explain_html(explanation)
+    assert html.escape(f"set apart: {text}", quote=False) in page
+    assert explanation.to_dict()["findings"][0]["set_apart"] == [apart]
 
 
 def test_out_of_memory_that_is_not_data_parallel_only():

@@ -282,9 +282,12 @@ def test_rank_files_have_what_hta_reads(trace: Trace, tmp_path: Path):
     assert all((again / p.name).read_bytes() == p.read_bytes() for p in paths)
 
 
+@pytest.mark.hta
 @pytest.mark.filterwarnings("ignore::Warning:hta")  # HTA's own pandas deprecations
 def test_hta_reads_the_rank_files(trace: Trace, tmp_path: Path):
-    trace_analysis = pytest.importorskip("hta.trace_analysis")
+    trace_analysis = pytest.importorskip(
+        "hta.trace_analysis", reason="needs Holistic Trace Analysis: pip install '.[hta]'"
+    )
     capped, budget = _preferring(trace, SHOWN)
     paths = write_rank_traces(capped, tmp_path, max_events=budget)
     assert paths == [tmp_path / rank_trace_name(r) for r in SHOWN]
@@ -485,3 +488,24 @@ def test_sends_and_receives_pair_by_ranks_micro_batch_and_phase_as_their_reprs_r
     arrows, unmatched = _flow_arrows(records, {"pp": 2})
     assert unmatched == 2  # micro-batch 1 sent, 1.0 received: no pair
     assert [(arrow[3], arrow[6]) for arrow in arrows] == [(1500.0, 3500.0), (500.0, 4500.0)]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_the_hta_folder_has_the_permissions_the_umask_gives(tmp_path: Path, umask: int, capsys):
+    """``hta/`` is made like every other output folder, ``0777 & ~umask``, and its
+    files ``0666 & ~umask`` (not the 0700 of a private temporary folder)."""
+    import os
+
+    from simulator.cli.main import main
+
+    out = tmp_path / "run"
+    previous = os.umask(umask)
+    try:
+        scenario = str(Path(__file__).parent.parent / "scenarios" / "cpu-tiny.yaml")
+        assert main(["run", scenario, "--outputs", "result", "--hta", "--out", str(out)]) == 0
+    finally:
+        os.umask(previous)
+    capsys.readouterr()
+    assert (out / "hta").stat().st_mode & 0o777 == 0o777 & ~umask
+    files = sorted((out / "hta").iterdir())
+    assert files and all(f.stat().st_mode & 0o777 == 0o666 & ~umask for f in files)
