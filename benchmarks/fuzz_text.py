@@ -211,6 +211,8 @@ PROFILE = {
         }
     },
 }
+#: Where a case's files lie, in the text of a mutated file (replaced by the case's folder).
+WORK = "@WORK@"
 TOPOLOGY = (ROOT / "topologies" / "examples" / "switch-ring-2d.yaml").read_text()
 
 
@@ -352,9 +354,9 @@ def control_chars(rng: random.Random, text: str) -> tuple[str, dict[str, bytes]]
     if where == "value":
         return text + f"\nparallel_junk: {quoted}\n", {}
     if where == "name":
-        return re.sub(r"^name:.*$", f"name: {quoted}", text, count=1, flags=re.M), {}
+        return re.sub(r"^name:.*$", lambda m: f"name: {quoted}", text, count=1, flags=re.M), {}
     if where == "preset":
-        return re.sub(r"preset: *[\w.-]+", f"preset: {quoted}", text, count=1), {}
+        return re.sub(r"preset: *[\w.-]+", lambda m: f"preset: {quoted}", text, count=1), {}
     return _set_cluster_field(text, "gpu.peak_flops", quoted), {}
 
 
@@ -424,7 +426,7 @@ def _profile_text(rng: random.Random) -> bytes:
 
 
 def profile_file(rng: random.Random, text: str) -> tuple[str, dict[str, bytes]]:
-    text = _set_cluster_field(text, "profile", "prof.json")
+    text = _set_cluster_field(text, "profile", f"{WORK}/prof.json")
     return text, {"prof.json": _profile_text(rng)}
 
 
@@ -582,6 +584,7 @@ def run_text_case(case: TextCase, seconds: float = CASE_LIMIT_S) -> tuple[str, s
                 return _output_folder_case(rng, base, work)
             text, files = MUTATIONS[case.mutation](rng, base.read_text())
             data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+            data = data.replace(WORK.encode(), str(work).encode())
             (work / "scenario.yaml").write_bytes(data)
             for name, content in files.items():
                 (work / name).write_bytes(content)
@@ -632,7 +635,9 @@ def run_family(cases: int, seed: int, examples: int, limit: float | None = None)
     shown: dict[str, list[str]] = {}
     slow: list[tuple[float, str]] = []
     started = time.perf_counter()
-    for _ in range(cases):
+    for index in range(cases):
+        if index and index % 250 == 0:
+            print(f"  ... {index} cases, {time.perf_counter() - started:.0f} s", flush=True)
         case = random_text_case(rng)
         begun = time.perf_counter()
         outcome, detail = run_text_case(case, limit)
