@@ -43,14 +43,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _is_profile(path: Path) -> bool:
     """Whether ``path`` holds a calibration profile (which calibrate may write anew)."""
-    import json
-
+    from topologies.config_text import read_json
     from topologies.files import read_config_text
     from topologies.profile import PROFILE_FORMAT
 
     try:
-        payload = json.loads(read_config_text(path))
-    except (ValueError, RecursionError):
+        payload = read_json(read_config_text(path))
+    except ValueError:  # not readable, not JSON, or past the bounds
         return False
     return isinstance(payload, dict) and payload.get("format") == PROFILE_FORMAT
 
