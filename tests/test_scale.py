@@ -1,4 +1,5 @@
-"""``parasim scale``: resizing, weak and strong scaling, efficiency and the outputs."""
+"""``parasim scale``: resizing, the global batch at each size (``--batch``), efficiency,
+the size guard and the outputs."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _efficiency(result: scale.ScaleResult) -> dict[int, float]:
 
 def test_weak_scaling_of_pure_data_parallel_stays_near_one():
     # dgx-a100's fabric is a non-blocking fat tree: only the gradient all-reduce grows
-    result = scale.run_scale(SMALL, [8, 16, 32, 64], mode="weak", overrides=PURE_DP, workers=2)
+    result = scale.run_scale(SMALL, [8, 16, 32, 64], batch="per-gpu", overrides=PURE_DP, workers=2)
     rows = result.rows
     assert [row["gpus"] for row in rows] == [8, 16, 32, 64]
     assert [row["dp"] for row in rows] == [8, 16, 32, 64]
@@ -70,16 +71,16 @@ def test_tensor_parallel_across_nodes_scales_worse():
     assert bad[32] > bad[64]
 
 
-def test_strong_scaling_keeps_the_batch_and_says_when_it_no_longer_divides():
-    result = scale.run_scale(SMALL, [8, 16], mode="strong", overrides=PURE_DP, workers=1)
+def test_a_fixed_batch_is_strong_scaling_and_says_when_it_no_longer_divides():
+    result = scale.run_scale(SMALL, [8, 16], batch="fixed", overrides=PURE_DP, workers=1)
     rows = result.rows
     assert [row["global_batch"] for row in rows] == [16, 16]
     speedup = rows[0]["step_time_s"] / rows[1]["step_time_s"]
     assert rows[1]["speedup"] == pytest.approx(speedup)
     assert rows[1]["efficiency"] == pytest.approx(speedup / 2)
     assert 0.5 < rows[1]["efficiency"] <= 1.0
-    with pytest.raises(ParasimError, match=r"strong scaling at 32 GPUs: .*global_batch\(16\)"):
-        scale.run_scale(SMALL, [8, 32], mode="strong", overrides=PURE_DP)
+    with pytest.raises(ParasimError, match=r"--batch fixed at 32 GPUs: .*global_batch\(16\)"):
+        scale.run_scale(SMALL, [8, 32], batch="fixed", overrides=PURE_DP)
 
 
 def test_sizes_that_are_not_whole_nodes_are_refused():
@@ -105,7 +106,7 @@ def test_best_layout_per_size_and_outputs(tmp_path, capsys):
     )
     assert scale_command.command(args) == 0
     result = json.loads((out / "scale.json").read_text())
-    assert result["best"] and result["mode"] == "weak"
+    assert result["best"] and result["batch"]["policy"] == "per-gpu"
     rows = result["rows"]
     assert [row["global_batch"] for row in rows] == [16, 32]  # grows with the GPUs
     for row in rows:
@@ -113,6 +114,7 @@ def test_best_layout_per_size_and_outputs(tmp_path, capsys):
             SMALL,
             overrides=[f"training.global_batch={row['global_batch']}"],
             gpus=row["gpus"],
+            batch="fixed",
             fixed={
                 "micro_batch": 4,
                 "recompute": "none",

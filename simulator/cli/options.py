@@ -1,10 +1,12 @@
 """Command-line options that several ``parasim`` commands share, written once.
 
-``--set`` overrides scenario fields, ``--fidelity`` picks the simulation fidelity and
-``--workers`` the processes of a search; each command passes its own help where the
-wording differs. :func:`output_folder` and :func:`write_whole` give every command the
-same output folder rules (:mod:`simulator.common.folders`): parasim writes only its own
-files, and refuses a folder where a name it writes is the user's.
+``--set`` overrides scenario fields, ``--fidelity`` picks the simulation fidelity,
+``--workers`` the processes of a search, ``--batch`` how a search at another size sets
+the global batch and ``--force`` runs what the size guard would refuse; each command
+passes its own help where the wording differs. :func:`output_folder` and
+:func:`write_whole` give every command the same output folder rules
+(:mod:`simulator.common.folders`): parasim writes only its own files, and refuses a
+folder where a name it writes is the user's.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from simulator.common.folders import check_folder, default_folder, staged_folder
-from simulator.common.vocabulary import FIDELITIES
+from simulator.common.vocabulary import BATCH_POLICIES, FIDELITIES
 
 __all__ = [
     "add_set_option",
     "add_fidelity_option",
     "add_workers_option",
+    "add_batch_option",
+    "add_force_option",
     "add_outputs_option",
     "output_folder",
     "write_whole",
@@ -51,8 +55,29 @@ def add_fidelity_option(
 
 
 def add_workers_option(parser: argparse.ArgumentParser) -> None:
-    """``--workers N``: processes of a search (default: every core)."""
-    parser.add_argument("--workers", type=int, help="processes (default: every core)")
+    """``--workers N``: processes of a search (default: every core; at most 4 a core
+    and 256, :func:`simulator.tools.sweep.resolve_workers`)."""
+    parser.add_argument(
+        "--workers", type=int, help="processes (default: every core; at most 4 a core, 256)"
+    )
+
+
+def add_batch_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--batch per-gpu|fixed|tokens``: how ``what`` (the GPU counts of a search) sets
+    the global batch (:func:`simulator.tools.sweep.scaled_batch`); None when not given,
+    which is ``per-gpu``."""
+    parser.add_argument(
+        "--batch",
+        choices=BATCH_POLICIES,
+        help=f"the global batch at {what}: per-gpu keeps each GPU's share of the "
+        "scenario's, so it grows with the GPUs (default); fixed keeps the scenario's; "
+        "tokens keeps each GPU's share to the nearest whole sequence",
+    )
+
+
+def add_force_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--force``: run what the size guard would refuse."""
+    parser.add_argument("--force", action="store_true", help=help)
 
 
 #: What ``--outputs`` can name (:data:`simulator.report.outputs.OUTPUTS`, which the

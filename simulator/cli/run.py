@@ -84,12 +84,14 @@ def command(args: argparse.Namespace) -> int:
     from simulator.report.progress import Status, interactive
     from simulator.report.summary import out_of_memory_line, print_summary
     from simulator.request.scenario import load_scenario
-    from simulator.run.simulate import run_scenario
+    from simulator.run.simulate import check_request_size, run_scenario
 
     if args.image:
         check_requirements()  # before the simulation, not after it
     if args.fidelity is not None:
         args.overrides = [*args.overrides, f"simulation.fidelity={args.fidelity}"]
+    if not args.force:  # before loading lays out every rank (seconds for a million GPUs)
+        check_request_size(args.scenario, args.overrides)
     scenario = load_scenario(args.scenario, args.overrides)
     out = args.out if args.out is not None else default_folder(scenario.name, "", args.overrides)
     names = run_output_names(args.outputs, args.hta, args.image)

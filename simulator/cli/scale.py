@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cli.options import (
+    add_batch_option,
     add_fidelity_option,
+    add_force_option,
     add_set_option,
     add_workers_option,
     output_folder,
@@ -48,11 +50,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_gpus_argument,
         help="GPU counts, e.g. 8,16,32 or 8,16,...,4096 (doubling)",
     )
-    parser.add_argument(
-        "--mode",
-        choices=SCALE_MODES,
-        default="weak",
-        help="weak: global batch grows with the replicas (default); strong: it stays",
+    add_batch_option(parser, "each size")
+    parser.add_argument(  # the older name of --batch, kept for command lines that use it
+        "--mode", choices=SCALE_MODES, help=argparse.SUPPRESS
     )
     parser.add_argument(
         "--best", action="store_true", help="sweep tp and pp at each size and keep the fastest"
@@ -62,6 +62,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_fidelity_option(parser, help="simulation fidelity (default analytic: fast, folded)")
     add_workers_option(parser)
     add_set_option(parser, "override a scenario field first (repeatable)")
+    add_force_option(parser, "scale even when the curve is estimated too large for this machine")
     return parser
 
 
@@ -70,19 +71,28 @@ def command(args: argparse.Namespace) -> int:
     from simulator.report.progress import ProgressBar, interactive
     from simulator.report.scale_report import print_scale, write_scale_outputs
     from simulator.report.sweep_report import wide_console
-    from simulator.tools.scale import run_scale
+    from simulator.tools.scale import POLICY_OF_MODE, run_scale
 
+    batch = args.batch
+    if args.mode is not None:
+        older = POLICY_OF_MODE[args.mode]
+        if batch is not None and batch != older:
+            raise ParasimError(
+                f"--mode {args.mode} is --batch {older}, which contradicts --batch {batch}"
+            )
+        batch = older
     out = output_folder(args, "-scale")
     result = run_scale(
         args.scenario,
         args.gpus,
-        mode=args.mode,
+        batch=batch,
         best=args.best,
         overrides=args.overrides,
         fidelity=args.fidelity,
         workers=args.workers,
         progress=ProgressBar(interactive()),
         max_tp=args.max_tp,
+        force=args.force,
     )
     if result.reference_gpus is None:
         raise ParasimError(f"no layout fits at any size: {result.rows[0]['reason']}")

@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cli.options import (
+    add_batch_option,
     add_fidelity_option,
+    add_force_option,
     add_set_option,
     add_workers_option,
     output_folder,
@@ -34,6 +36,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("scenario", help="scenario YAML file")
     parser.add_argument("--gpus", type=int, help="resize the cluster to N GPUs (whole nodes)")
+    add_batch_option(parser, "--gpus")
     parser.add_argument("--top", type=int, default=10, help="layouts to show (default 10)")
     parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-sweep)")
     parser.add_argument(
@@ -51,6 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_fidelity_option(parser, help="simulation fidelity (default analytic: fast, folded)")
     add_workers_option(parser)
     add_set_option(parser, "override a scenario field before sweeping (repeatable)")
+    add_force_option(parser, "sweep even when the sweep is estimated too large for this machine")
     parser.add_argument(
         "--exhaustive",
         action="store_true",
@@ -91,6 +95,10 @@ def command(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise ParasimError(f"--top: expected a positive number (got {args.top})")
+    if args.batch is not None and args.gpus is None:
+        raise ParasimError(
+            f"--batch {args.batch}: only with --gpus (the size it sets the batch for)"
+        )
     out = output_folder(args, "-sweep")
     folder = None if args.no_cache else (args.cache or out.parent / DEFAULT_CACHE_NAME)
     if folder is not None and folder.exists() and not folder.is_dir():
@@ -107,6 +115,8 @@ def command(args: argparse.Namespace) -> int:
         exhaustive=args.exhaustive,
         cache=ResultCache(folder),
         scheduler=scheduler_address(args.scheduler),
+        batch=args.batch,
+        force=args.force,
     )
     if not result.rows:
         raise ParasimError(no_layout_message(result))

@@ -34,7 +34,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["YOUNG_THRESHOLD", "end_with_command", "fewer_collections"]
+__all__ = ["YOUNG_THRESHOLD", "end_with_command", "ends_with_command", "fewer_collections"]
 
 #: Net allocations between two collections of the youngest generation (CPython: 700).
 YOUNG_THRESHOLD = 100_000
@@ -50,6 +50,11 @@ def end_with_command() -> None:
     (a pool worker) is not concerned."""
     global _ENDS_WITH_COMMAND
     _ENDS_WITH_COMMAND = os.getpid()
+
+
+def ends_with_command() -> bool:
+    """Whether this process ends when its command returns (:func:`end_with_command`)."""
+    return _ENDS_WITH_COMMAND == os.getpid()
 
 
 @contextmanager

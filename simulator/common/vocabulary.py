@@ -115,3 +115,7 @@ SWEEP_FIX_KEYS = (
     "dp_shard",
 )
 SCALE_MODES = ("weak", "strong")
+# How ``parasim sweep --gpus`` and ``parasim scale`` set the global batch at another
+# size (simulator.tools.sweep.scaled_batch), the default first; ``scale --mode weak``
+# and ``strong`` are the older names of ``per-gpu`` and ``fixed``.
+BATCH_POLICIES = ("per-gpu", "fixed", "tokens")

@@ -4,12 +4,14 @@
 :class:`~simulator.tools.scale.ScaleResult`:
 
 * :func:`print_scale` prints one row per size (layout, batch, step time, tokens/s,
-  TFLOP/s per GPU, MFU, memory, scaling efficiency), then a line for each size where
-  no layout fits or the layout runs out of memory;
-* :func:`write_scale_outputs` writes ``scale.csv`` (:data:`CSV_FIELDS`),
-  ``scale.json`` (:meth:`ScaleResult.to_json`) and ``scale.html``, the plotly chart of
-  :func:`scale_figure`: tokens/s against GPUs beside the ideal linear line, and the
-  efficiency on a second axis.
+  TFLOP/s per GPU, MFU, memory, scaling efficiency), then how ``--batch`` set the
+  global batch and a line for each size where no layout fits or the layout runs out
+  of memory;
+* :func:`write_scale_outputs` writes ``scale.csv`` (:data:`CSV_FIELDS`, numbers in
+  full precision), ``scale.json`` (:meth:`ScaleResult.to_json`) and ``scale.html``,
+  the plotly chart of :func:`scale_figure` (tokens/s against GPUs beside the ideal
+  linear line, and the efficiency on a second axis) above the table of the sizes for
+  reading (:data:`PAGE_COLUMNS`), the scenario's own size marked.
 """
 
 from __future__ import annotations
@@ -25,11 +27,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from simulator.report.sweep_report import print_table, write_table_outputs
+from simulator.report.sweep_report import (
+    PageTable,
+    knob_cells,
+    memory_cell,
+    policy_text,
+    print_table,
+    write_table_outputs,
+)
 from simulator.tools.scale import ScaleResult
 from topologies.units import format_time
 
-__all__ = ["CSV_FIELDS", "print_scale", "scale_figure", "write_scale_outputs"]
+__all__ = ["CSV_FIELDS", "PAGE_COLUMNS", "print_scale", "scale_figure", "write_scale_outputs"]
 
 #: The columns of ``scale.csv``, in order.
 CSV_FIELDS = (
@@ -114,7 +123,7 @@ def scale_figure(result: ScaleResult) -> go.Figure:
     how = "fastest layout at each size" if result.best else "the scenario's tp and pp"
     fig.update_layout(
         title=(
-            f"{result.scenario}: {result.mode} scaling of {result.model} "
+            f"{result.scenario}: scaling of {result.model}, --batch {result.batch['policy']} "
             f"({how}; {result.fidelity} fidelity)"
         ),
         template="plotly_white",
@@ -136,10 +145,71 @@ def scale_figure(result: ScaleResult) -> go.Figure:
     return fig
 
 
+#: The columns of the page's table: (header, cell key), the decisive numbers first.
+PAGE_COLUMNS = (
+    ("GPUs", "gpus"),
+    ("layout", "layout"),
+    ("global batch", "global_batch"),
+    ("step time", "step"),
+    ("memory per GPU", "memory"),
+    ("tokens/s", "tokens"),
+    ("ideal tokens/s", "ideal"),
+    ("efficiency", "efficiency"),
+    ("speedup", "speedup"),
+    ("MFU", "mfu"),
+    ("TFLOP/s per GPU", "tflops"),
+    ("nodes", "nodes"),
+    ("tp", "tp"),
+    ("pp", "pp"),
+    ("dp", "dp"),
+    ("cp", "cp"),
+    ("ep", "ep"),
+    ("micro-batch", "micro_batch"),
+    ("micro-batches", "microbatches"),
+    ("sharding", "sharding"),
+    ("HSDP shard", "dp_shard"),
+)
+
+
+def _page_row(result: ScaleResult, row: dict[str, Any]) -> dict[str, str]:
+    """One size of the page's table as text (:data:`PAGE_COLUMNS`)."""
+    own = row["gpus"] == result.batch["scenario_gpus"]
+    cells = {
+        "gpus": f"{row['gpus']:,}",
+        "nodes": f"{row['nodes']:,}",
+        "global_batch": f"{row['global_batch']:,}",
+        "_mark": "the scenario's own size" if own else "",
+    }
+    if row["layout"] is None:
+        return {**cells, "layout": f"no layout fits: {row['reason']}"}
+    knobs = knob_cells(row, experts=row["ep"] > 1 or None)
+    cells |= {key: knobs[key] for key in ("tp", "pp", "dp", "cp", "ep", "micro_batch")}
+    cells |= {key: knobs[key] for key in ("microbatches", "sharding", "dp_shard")}
+    cells |= {
+        "layout": row["layout"],
+        "step": format_time(row["step_time_s"]),
+        "memory": memory_cell(row),
+        "tokens": f"{row['tokens_per_s']:,.0f}",
+        "ideal": f"{row['ideal_tokens_per_s']:,.0f}",
+        "efficiency": f"{100 * row['efficiency']:.1f}%",
+        "speedup": f"{row['speedup']:.2f}×" if "speedup" in row else "",
+        "mfu": f"{100 * row['mfu']:.1f}%",
+        "tflops": f"{row['tflops_per_gpu']:.1f}",
+    }
+    return cells
+
+
 def write_scale_outputs(result: ScaleResult, out: Path) -> list[Path]:
     """Write ``scale.csv``, ``scale.json`` and ``scale.html`` to ``out``."""
     rows = (CSV_FIELDS, result.rows, _csv_value)
-    return write_table_outputs(out, "scale", rows, result.to_json(), scale_figure(result))
+    table = PageTable(
+        PAGE_COLUMNS,
+        [_page_row(result, row) for row in result.rows],
+        "Each size charted above (scale.csv has the same rows in full precision); the "
+        "highlighted row is the scenario's own size. A blank cell: the column does not "
+        "apply to that row.",
+    )
+    return write_table_outputs(out, "scale", rows, result.to_json(), scale_figure(result), table)
 
 
 def print_scale(result: ScaleResult, console: Console, outputs: Iterable[str] = ()) -> None:
@@ -149,7 +219,7 @@ def print_scale(result: ScaleResult, console: Console, outputs: Iterable[str] = 
     table = Table(
         title=(
             f"parasim scale · {result.scenario} · {result.model} on {cluster['name']} · "
-            f"{result.mode} scaling ({how})"
+            f"--batch {result.batch['policy']} ({how})"
         ),
         title_justify="left",
         box=box.SIMPLE_HEAD,
@@ -183,6 +253,7 @@ def print_scale(result: ScaleResult, console: Console, outputs: Iterable[str] = 
             f"{100 * row['efficiency']:.1f}%",
         )
     print_table(console, table, lead=2)
+    console.print(policy_text(result.batch))
     for row in result.rows:
         if row["layout"] is None:
             console.print(Text(f"{row['gpus']} GPUs: {row['reason']}", style="yellow"))

@@ -4,21 +4,28 @@
 its :class:`~simulator.tools.sweep.SweepResult`:
 
 * :func:`print_sweep` prints the top layouts as a rich table (each row as two lines on
-  a console too narrow for it, see :func:`print_table`) and then the counts of every
-  filter (:func:`count_lines`);
+  a console too narrow for it, see :func:`print_table`), numbered 1, 2, 3... (the
+  placements that tie share an entry), then the global batch and how ``--batch`` set it
+  (:func:`batch_line`), where the scenario's own layout stands (:func:`own_line`) and
+  the counts of every filter (:func:`count_lines`);
 * :func:`write_sweep_outputs` writes ``sweep.csv`` (every simulated layout, one row
-  each, :data:`CSV_FIELDS`), ``sweep.json`` (:meth:`SweepResult.to_json`) and
-  ``sweep.html``, the plotly chart of :func:`sweep_figure`: one bar per top layout,
-  stacked by time-breakdown category in :data:`BAR_COLORS`.
+  each, :data:`CSV_FIELDS`, numbers in full precision), ``sweep.json``
+  (:meth:`SweepResult.to_json`) and ``sweep.html``: the plotly chart of
+  :func:`sweep_figure`, one bar per top layout stacked by time-breakdown category in
+  :data:`BAR_COLORS`, and below it the table of those layouts for reading
+  (:data:`PAGE_COLUMNS`: the decisive numbers first, in ms, % and GiB, a knob left
+  blank where it does not apply to the row), with the scenario's own layout marked,
+  added below the top ones when it is not among them.
 
-:func:`wide_console` and :func:`print_table` also serve ``parasim scale``
-(:mod:`simulator.report.scale_report`).
+:func:`wide_console`, :func:`print_table` and :func:`write_table_outputs` also serve
+``parasim scale`` (:mod:`simulator.report.scale_report`).
 """
 
 from __future__ import annotations
 
 import html
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +47,18 @@ from topologies.units import format_time
 __all__ = [
     "BAR_COLORS",
     "CSV_FIELDS",
+    "PAGE_COLUMNS",
+    "PageTable",
+    "batch_line",
+    "policy_text",
+    "own_line",
     "count_lines",
     "print_sweep",
     "print_table",
     "sweep_figure",
     "wide_console",
     "write_sweep_outputs",
+    "write_table_outputs",
 ]
 
 #: The colour of each time-breakdown category in the sweep's bars.
@@ -141,7 +154,7 @@ def sweep_figure(result: SweepResult, top: int) -> go.Figure:
     """Plotly figure: one horizontal stacked bar per top layout, mean breakdown (s)."""
     shown = top_layouts(result, top)
     rows = [row for row, _ in shown]
-    labels = [f"{row['rank']}. {_label(row, also)}" for row, also in shown]
+    labels = [f"{n}. {_label(row, also)}" for n, (row, also) in enumerate(shown, 1)]
     fig = go.Figure()
     steps = [row["step_time_s"] for row in rows]
     for category in CATEGORIES:
@@ -166,10 +179,81 @@ def write_sweep_outputs(result: SweepResult, out: Path, top: int = 10) -> list[P
     """Write ``sweep.csv``, ``sweep.json`` and ``sweep.html`` (the top layouts) to ``out``."""
     # no timings in the JSON: the same inputs, the same bytes
     rows = (CSV_FIELDS, result.rows, _csv_value)
-    charted = [row for row, _ in top_layouts(result, top)]
-    return write_table_outputs(
-        out, "sweep", rows, result.to_json(), sweep_figure(result, top), charted
+    shown = top_layouts(result, top)
+    entries = [{**row, "_entry": n, "_also": also} for n, (row, also) in enumerate(shown, 1)]
+    own = result.scenario_layout
+    if own is not None:
+        mine = next((e for e in entries if e["layout"] == own.get("layout")), None)
+        if mine is None:
+            entries.append({**own, "_entry": None, "_also": [], "_gap": True})
+            mine = entries[-1]
+        mine["_own"] = _own_note(own, len(result.rows))
+    table = PageTable(
+        PAGE_COLUMNS,
+        [_page_row(result, entry) for entry in entries],
+        f"The {len(shown)} fastest layouts charted above, numbered as on the console "
+        "(sweep.csv has every simulated layout, in full precision); the highlighted row "
+        "is the scenario's own layout. A blank cell: the knob does not apply to that row.",
     )
+    return write_table_outputs(
+        out, "sweep", rows, result.to_json(), sweep_figure(result, top), table
+    )
+
+
+@dataclass(frozen=True)
+class PageTable:
+    """The table below a page's chart, for reading: ``columns`` (the header and the
+    key of each cell, in order; a column blank in every row is left out), the ``rows``
+    (each a dict of cells as text; ``_mark``: the row is the scenario's own, with that
+    note; ``_gap``: an ellipsis row goes before it) and the ``caption`` above it."""
+
+    columns: tuple[tuple[str, str], ...]
+    rows: list[dict[str, str]]
+    caption: str
+
+
+def _cell_html(row: dict[str, str], key: str) -> str:
+    text = html.escape(row.get(key, ""))
+    if key == "layout" and row.get("_mark"):
+        text += f"<br><span class='note'>{html.escape(row['_mark'])}</span>"
+    return f"<td class='{key}'>{text}</td>"
+
+
+def _table_html(stem: str, table: PageTable) -> str:
+    """The HTML of ``table``: a header, its rows, the scenario's own one marked."""
+    columns = [
+        (header, key)
+        for header, key in table.columns
+        if any(row.get(key) for row in table.rows) or key == "layout"
+    ]
+    head = "".join(f"<th class='{key}'>{html.escape(header)}</th>" for header, key in columns)
+    body = []
+    for row in table.rows:
+        if row.get("_gap"):
+            body.append(f"<tr class='gap'><td colspan='{len(columns)}'>…</td></tr>")
+        marked = " class='scenario'" if row.get("_mark") else ""
+        body.append(f"<tr{marked}>" + "".join(_cell_html(row, key) for _, key in columns) + "</tr>")
+    return (
+        f"<p class='caption'>{html.escape(table.caption)}</p>"
+        f"<table id='parasim-{stem}-table'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+#: The page's style: the table's numbers aligned right in a compact font, the layout
+#: wrapped within a width so the decisive columns after it stay on screen, the
+#: scenario's own row highlighted.
+PAGE_STYLE = (
+    "body{font-family:sans-serif;margin:12px}"
+    "table{border-collapse:collapse;font-size:12px;font-variant-numeric:tabular-nums}"
+    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}"
+    "th{background:#f4f4f4;position:sticky;top:0}"
+    "td.layout,th.layout{text-align:left;white-space:normal;min-width:14em;max-width:24em}"
+    "tr.scenario td{background:#fff4c2;font-weight:bold}"
+    "tr.gap td{text-align:center;color:#888;border-left:none;border-right:none}"
+    ".note{font-weight:normal;font-style:italic;color:#7a5b00}"
+    ".caption{font-size:13px;color:#444}"
+)
 
 
 def write_table_outputs(
@@ -178,17 +262,16 @@ def write_table_outputs(
     rows: tuple[Iterable[str], list[dict[str, Any]], Any],
     payload: dict[str, Any],
     figure: go.Figure,
-    charted: list[dict[str, Any]] | None = None,
+    table: PageTable,
 ) -> list[Path]:
     """``<stem>.csv`` (``rows``: the fields, the rows and how a cell is written),
     ``<stem>.json`` (``payload``) and ``<stem>.html`` (``figure``, loading plotly.js from
-    ``plotly.min.js`` beside it, and below it the table of the rows it charts:
-    ``charted``, or every row) in ``out``, each written atomically; the paths in that
-    order."""
+    ``plotly.min.js`` beside it, and below it ``table``) in ``out``, each written
+    atomically; the paths in that order."""
     out = Path(out)
     paths = [out / f"{stem}.csv", out / f"{stem}.json", out / f"{stem}.html"]
-    fields, table, value = rows
-    write_csv(paths[0], fields, table, value)
+    fields, csv_rows, value = rows
+    write_csv(paths[0], fields, csv_rows, value)
     write_json(paths[1], payload)
     chart = figure.to_html(
         include_plotlyjs=PLOTLY_JS,
@@ -196,26 +279,115 @@ def write_table_outputs(
         div_id=f"parasim-{stem}",
         config={"displaylogo": False, "responsive": True},
     )
-    shown = [name for name in fields if name != "overrides"]
-    head = "".join(f"<th>{html.escape(name)}</th>" for name in shown)
-    body = "".join(
-        "<tr>"
-        + "".join(f"<td>{html.escape(str(value(row, name)))}</td>" for name in shown)
-        + "</tr>"
-        for row in (table if charted is None else charted)
-    )
     page = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>parasim {stem}</title>"
-        "<style>body{font-family:sans-serif} table{border-collapse:collapse;font-size:12px}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-        "td:nth-child(2),th:nth-child(2){text-align:left}</style></head><body>"
-        f"{chart}<h3>The rows charted above ({stem}.csv has every row)</h3>"
-        f"<table id='parasim-{stem}-table'><thead><tr>{head}</tr></thead>"
-        f"<tbody>{body}</tbody></table></body></html>"
+        f"<style>{PAGE_STYLE}</style></head><body>"
+        f"{chart}{_table_html(stem, table)}</body></html>"
     )
     write_atomically(paths[2], lambda tmp: tmp.write_text(page, encoding="utf-8"))
     write_plotly_js(out)
     return paths
+
+
+#: The columns of the page's table: (header, cell key), the decisive numbers first.
+PAGE_COLUMNS = (
+    ("#", "entry"),
+    ("layout", "layout"),
+    ("step time", "step"),
+    ("memory per GPU", "memory"),
+    ("MFU", "mfu"),
+    ("TFLOP/s per GPU", "tflops"),
+    ("tokens/s", "tokens"),
+    ("bubble", "bubble"),
+    ("exposed comm.", "exposed"),
+    ("stall", "stall"),
+    ("tp", "tp"),
+    ("pp", "pp"),
+    ("dp", "dp"),
+    ("cp", "cp"),
+    ("CP kind", "cp_kind"),
+    ("ep", "ep"),
+    ("SP", "sp"),
+    ("micro-batch", "micro_batch"),
+    ("micro-batches", "microbatches"),
+    ("schedule", "schedule"),
+    ("virtual stages", "virtual_stages"),
+    ("recompute", "recompute"),
+    ("placement", "placement"),
+    ("sharding", "sharding"),
+    ("HSDP shard", "dp_shard"),
+    ("stage layers", "stage_layers"),
+)
+
+
+def memory_cell(row: dict[str, Any]) -> str:
+    """``1.8 of 80 GiB``, with ``does not fit`` where it does not."""
+    peak, capacity = row["peak_bytes_per_gpu"], row["capacity_bytes"]
+    text = f"{peak / 2**30:.1f} of {capacity / 2**30:.0f} GiB"
+    return text + (" (does not fit)" if peak > capacity else "")
+
+
+def knob_cells(row: dict[str, Any], experts: int | None) -> dict[str, str]:
+    """A layout's knobs as text, blank where one does not apply to the row: CP's kind
+    without CP, expert parallelism in a dense model, SP without TP, the schedule and
+    its virtual stages without a pipeline (or a schedule without them), HSDP's shard
+    group and the stage split where there is none."""
+    pipeline = row["pp"] > 1
+    interleaved = row["schedule"] == "interleaved-1f1b"
+    stages = row.get("stage_layers")
+    return {
+        "tp": str(row["tp"]),
+        "pp": str(row["pp"]),
+        "dp": str(row["dp"]),
+        "cp": str(row["cp"]),
+        "cp_kind": row["cp_kind"] if row["cp"] > 1 else "",
+        "ep": str(row["ep"]) if experts else "",
+        "sp": ("on" if row["sp"] else "off") if row["tp"] > 1 else "",
+        "micro_batch": str(row["micro_batch"]),
+        "microbatches": str(row["microbatches"]) if "microbatches" in row else "",
+        "schedule": row["schedule"] if pipeline else "",
+        "virtual_stages": str(row["virtual_stages"]) if pipeline and interleaved else "",
+        "recompute": row["recompute"],
+        "placement": "[" + ",".join(row["placement"]) + "]",
+        "sharding": row["sharding"],
+        "dp_shard": str(row["dp_shard"]) if row.get("dp_shard") else "",
+        "stage_layers": "/".join(map(str, stages)) if stages else "",
+    }
+
+
+def _page_row(result: SweepResult, entry: dict[str, Any]) -> dict[str, str]:
+    """One entry of the page's table as text (:data:`PAGE_COLUMNS`)."""
+    cells = {
+        "entry": str(entry["_entry"]) if entry["_entry"] is not None else "",
+        "layout": _label(entry, entry["_also"]) if entry.get("layout") else "(not valid here)",
+        "_mark": entry.get("_own", ""),
+        "_gap": "yes" if entry.get("_gap") else "",
+    }
+    if entry.get("layout"):
+        cells |= knob_cells(entry, result.experts)
+    if "peak_bytes_per_gpu" in entry:
+        cells["memory"] = memory_cell(entry)
+    if "step_time_s" in entry:
+        cells |= {
+            "step": format_time(entry["step_time_s"]),
+            "mfu": _percent(entry["mfu"]),
+            "tflops": f"{entry['tflops_per_gpu']:.1f}",
+            "tokens": f"{entry['tokens_per_s']:,.0f}",
+            "bubble": _percent(entry["bubble_fraction"]),
+            "exposed": _percent(entry["exposed_comm_fraction"]),
+            "stall": _percent(entry["stall_fraction"]),
+        }
+    return cells
+
+
+def _own_note(own: dict[str, Any], ranked: int) -> str:
+    """The note beside the scenario's own layout in the page's table (``ranked``
+    layouts in all)."""
+    status = own["status"]
+    if status == "simulated":
+        where = f"#{own['rank']} of {ranked} in sweep.csv" if own.get("rank") else "not ranked"
+        return f"the scenario's own layout ({where}{_unranked(own)})"
+    return f"the scenario's own layout: {_own_problem(own)}"
 
 
 def _percent(value: float) -> str:
@@ -248,9 +420,9 @@ def print_sweep(
         ("stall", "right"),
     ):
         table.add_column(name, justify=justify, no_wrap=True)
-    for row, also in top_layouts(result, top):
+    for entry, (row, also) in enumerate(top_layouts(result, top), 1):
         table.add_row(
-            str(row["rank"]),
+            str(entry),
             Text(_label(row, also)),
             format_time(row["step_time_s"]),
             f"{row['tflops_per_gpu']:.1f}",
@@ -261,10 +433,77 @@ def print_sweep(
             _percent(row["stall_fraction"]),
         )
     print_table(console, table, lead=2)
+    own = own_line(result)
+    for line in [batch_line(result.batch, result.global_batch, result.gpus)]:
+        console.print(line)
+    if own is not None:
+        console.print(Text(own, style="bold"))
     for line in count_lines(result):
         console.print(line)
     if outputs:
         console.print("wrote " + ", ".join(str(p) for p in outputs))
+
+
+def policy_text(batch: dict[str, Any]) -> str:
+    """``--batch per-gpu: each GPU keeps ...``: what the policy of a search at another
+    size did with the scenario's global batch (:func:`simulator.tools.sweep.scaled_batch`),
+    and what the other choice would do."""
+    own, own_gpus = batch["scenario_global_batch"], batch["scenario_gpus"]
+    share = f"{own / own_gpus:.3g} sequences ({own:,} over {own_gpus:,} GPUs)"
+    return {
+        "per-gpu": f"--batch per-gpu: each GPU keeps the scenario's {share}; "
+        f"--batch fixed keeps {own:,}",
+        "tokens": f"--batch tokens: each GPU keeps about the scenario's {share}, in whole "
+        f"sequences; --batch fixed keeps {own:,}",
+        "fixed": f"--batch fixed: the scenario's {own:,} (on {own_gpus:,} GPUs) at every "
+        "size; --batch per-gpu grows it with the GPUs",
+    }[batch["policy"]]
+
+
+def batch_line(batch: dict[str, Any], global_batch: int, gpus: int) -> str:
+    """``global batch 512 (--batch per-gpu: ...)``: the global batch a sweep used and
+    how it was set (:func:`policy_text`)."""
+    own, own_gpus = batch["scenario_global_batch"], batch["scenario_gpus"]
+    if batch["policy"] is None or gpus == own_gpus and global_batch == own:
+        return f"global batch {global_batch:,} (the scenario's, on its own {own_gpus:,} GPUs)"
+    return f"global batch {global_batch:,} ({policy_text(batch)})"
+
+
+def _unranked(own: dict[str, Any]) -> str:
+    why = own.get("unranked")
+    return f": {why}" if why else ""
+
+
+def _own_problem(own: dict[str, Any]) -> str:
+    """Why the scenario's own layout has no step time here."""
+    status = own["status"]
+    if status == "pruned":
+        return (
+            f"does not fit in memory ({own['peak_bytes_per_gpu'] / 2**30:.1f} GiB of "
+            f"{own['capacity_bytes'] / 2**30:.0f} GiB per GPU, mostly {own['dominant_term']})"
+        )
+    if status == "invalid":
+        return f"not a valid layout here: {own['reason']}"
+    return f"failed to simulate: {own['reason']}"
+
+
+def own_line(result: SweepResult) -> str | None:
+    """Where the scenario's own layout stands: its rank and step time against the
+    fastest, or why it has none."""
+    own = result.scenario_layout
+    if own is None:
+        return None
+    name = f"the scenario's own layout{' ' + own['layout'] if own.get('layout') else ''}"
+    if own["status"] != "simulated":
+        return f"{name}: {_own_problem(own)}"
+    step = own["step_time_s"]
+    best = result.rows[0]["step_time_s"] if result.rows else step
+    where = (
+        f"#{own['rank']} of {len(result.rows)} in sweep.csv"
+        if own.get("rank")
+        else f"not ranked{_unranked(own)}"
+    )
+    return f"{name}: {where}, {format_time(step)} a step ({step / best:.2f}× the fastest)"
 
 
 def print_table(console: Console, table: Table, lead: int) -> None:

@@ -8,7 +8,10 @@ memory, and compute the headline figures (DESIGN.md, "Command line").
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from simulator.analysis.links import link_summary
 from simulator.analysis.memory import memory_per_rank
@@ -36,9 +39,18 @@ from simulator.engine.compute import executed_flops
 from simulator.engine.core import EngineOptions, SimulationTimes, simulate
 from simulator.engine.core_sharing import share_cores
 from simulator.engine.stragglers import rank_factors
-from simulator.request.scenario import Scenario
+from simulator.request.scenario import (
+    MAX_WORLD,
+    Scenario,
+    ScenarioSpec,
+    SimulationSpec,
+    apply_overrides,
+    read_scenario_file,
+    scenario_model,
+)
 from simulator.schedule.ir import Block, Compute, Schedule
 from simulator.schedule.step import build_step
+from topologies import TopologyError, load_cluster_spec
 
 __all__ = [
     "RunResult",
@@ -51,6 +63,15 @@ __all__ = [
     "make_trace",
     "representative_ranks",
     "trace_ranks",
+    "StepSize",
+    "step_size",
+    "scenario_size",
+    "request_size",
+    "size_problem",
+    "advice",
+    "check_size",
+    "check_request_size",
+    "would_fold",
 ]
 
 # Above this many ops, trace.json and the timeline keep a representative set of ranks.
@@ -126,46 +147,171 @@ def folds(scenario: Scenario) -> bool:
     (``simulation.fold``; by default always in analytic fidelity, and in flow fidelity
     above ``FLOW_FOLD_WORLD`` ranks). A MoE step never folds: replicas route apart; nor
     does a context-parallel one: its ring passes K/V between ranks of one stage."""
-    simulation = scenario.spec.simulation
-    if scenario.moe is not None or scenario.layout.cp > 1:
+    layout = scenario.layout
+    return would_fold(scenario.spec.simulation, scenario.moe is not None, layout.cp, layout.world)
+
+
+def would_fold(simulation: SimulationSpec, moe: bool, cp: int, world: int) -> bool:
+    """:func:`folds` from the scenario's parts, before its ranks are laid out."""
+    if moe or cp > 1:
         return False
     if simulation.fold is not None:
         return simulation.fold
-    return simulation.fidelity == "analytic" or scenario.layout.world > FLOW_FOLD_WORLD
+    return simulation.fidelity == "analytic" or world > FLOW_FOLD_WORLD
 
 
-# The size guard (run_scenario): an upper bound on the ops one layer's forward and
+# The size guard (run_scenario, and the commands before they load a scenario): what a
+# step costs before it is built. Ops: an upper bound on the ops one layer's forward and
 # backward pass puts on a rank (compute, TP collectives, sends; blocks only make it
-# smaller), and what an op costs to hold: about 350 bytes of memory measured
-# (pipeline-demo at 450 micro-batches: 2.47 M ops, 0.86 GB peak RSS). A step estimated
-# above MAX_STEP_OPS, or above half the machine's memory, is refused without force.
+# smaller), each about 350 bytes to hold (pipeline-demo at 450 micro-batches: 2.47 M
+# ops, 0.86 GB peak RSS) and about 9 us to simulate op by op (the same step in flow
+# fidelity: 3.46e6 ops estimated, 32 s), 0.4 us in analytic blocks (0.17 s). GPUs: the
+# modelled cluster holds every GPU (its links in the network graph, its rank in the
+# grid, its pipeline transfers and collectives priced), however few ranks are
+# simulated: gpt3-175b in analytic fidelity on 8,192 / 32,768 / 131,072 GPUs took 2.7 /
+# 20 / 101 s and 80 / 270 / 860 MB above the interpreter's (0.33 / 0.62 / 0.77 ms and
+# 10 / 8 / 6.6 KB a GPU; 2-core VM, 2026-12-03). A step estimated above half the
+# machine's memory or above MAX_STEP_SECONDS is refused without force.
 OPS_PER_LAYER_PASS = 40
 BYTES_PER_OP = 400
-MAX_STEP_OPS = 2e8
+SECONDS_PER_OP = 1e-5
+SECONDS_PER_BLOCKED_OP = 5e-7
+BYTES_PER_GPU = 8e3
+SECONDS_PER_GPU = 8e-4
+#: The longest a single step may be estimated to take (s): a user waits for one step
+#: of ``parasim run`` or ``explain``, and a larger one is a mistake more often than not.
+MAX_STEP_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class StepSize:
+    """What one step costs to simulate, estimated before it is built: ``ops`` on its
+    simulated ranks (one per pipeline stage where ``folded``, in analytic blocks where
+    ``blocked``) and the ``gpus`` of its modelled cluster."""
+
+    ops: float
+    gpus: int
+    folded: bool = False
+    blocked: bool = False
+
+    @property
+    def bytes(self) -> float:
+        """The memory the step holds while it is simulated."""
+        return self.ops * BYTES_PER_OP + self.gpus * BYTES_PER_GPU
+
+    @property
+    def seconds(self) -> float:
+        """The time the step takes to simulate, building its cluster included."""
+        per_op = SECONDS_PER_BLOCKED_OP if self.blocked else SECONDS_PER_OP
+        return self.ops * per_op + self.gpus * SECONDS_PER_GPU
+
+    def describe(self) -> str:
+        """``about 4.8e+03 ops on the simulated ranks and 1,000,000 GPUs in the modelled
+        cluster: about 7 GiB and 13 minutes``."""
+        return (
+            f"about {self.ops:.3g} ops on the simulated ranks and {self.gpus:,} GPUs in the "
+            f"modelled cluster: about {self.bytes / 2**30:.3g} GiB and "
+            f"{_duration(self.seconds)}"
+        )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds / 3600:.3g} hours"
+
+
+def step_size(
+    world: int, pp: int, layers: int, microbatches: int, folded: bool, analytic: bool
+) -> StepSize:
+    """The :class:`StepSize` of a step of ``microbatches`` over ``pp`` stages of
+    ``layers`` layers on ``world`` GPUs; ``folded``: one rank per stage is simulated
+    (:func:`folds`), in blocks when ``analytic`` too (:func:`build_schedule`)."""
+    ranks = pp if folded else world
+    ops = ranks * (layers / pp) * (microbatches * OPS_PER_LAYER_PASS + 10)
+    return StepSize(ops, world, folded, folded and analytic)
+
+
+def scenario_size(scenario: Scenario) -> StepSize:
+    """The :class:`StepSize` of one step of ``scenario``."""
+    layout = scenario.layout
+    analytic = scenario.spec.simulation.fidelity == "analytic"
+    layers, micro = scenario.model.layers, scenario.microbatches
+    return step_size(layout.world, layout.pp, layers, micro, folds(scenario), analytic)
 
 
 def estimated_ops(scenario: Scenario) -> float:
     """An upper bound on the ops of the step's simulated ranks, before building it."""
-    layout = scenario.layout
-    ranks = layout.pp if folds(scenario) else layout.world
-    layers = scenario.model.layers / layout.pp
-    return ranks * layers * (scenario.microbatches * OPS_PER_LAYER_PASS + 10)
+    return scenario_size(scenario).ops
+
+
+def request_size(raw: Any, base_dir: str | Path | None = None) -> StepSize | None:
+    """The :class:`StepSize` of the scenario ``raw`` (a parsed YAML mapping, overrides
+    applied) from its fields alone, before its ranks are laid out (which costs O(world));
+    None where the fields do not resolve (loading the scenario then says why)."""
+    try:
+        spec = ScenarioSpec(**raw)
+        cluster = load_cluster_spec(spec.cluster, prefix="cluster", base_dir=base_dir)
+        model, moe = scenario_model(spec)
+    except (ParasimError, TopologyError, ValidationError, TypeError):
+        return None
+    parallel, training = spec.parallel, spec.training
+    world = cluster.nodes * cluster.gpus_per_node
+    grid = parallel.tp * parallel.cp * parallel.pp
+    dp = parallel.dp if parallel.dp is not None else world // grid
+    if world > MAX_WORLD or dp < 1 or grid * dp != world:
+        return None  # the scenario's own checks refuse it before laying it out
+    microbatches = max(1, training.global_batch // (dp * training.micro_batch))
+    folded = would_fold(spec.simulation, moe is not None, parallel.cp, world)
+    analytic = spec.simulation.fidelity == "analytic"
+    return step_size(world, parallel.pp, model.layers, microbatches, folded, analytic)
+
+
+def size_problem(size: StepSize, steps: str = "the step") -> str | None:
+    """Why a step of ``size`` is too large to simulate on this machine, as the start of
+    an error line (``the step is too large to simulate here: ...``); None if it is not."""
+    available = machine_memory()
+    if size.seconds <= MAX_STEP_SECONDS and (available is None or size.bytes <= available / 2):
+        return None
+    have = f" (the machine has {available / 2**30:.0f} GiB)" if available else ""
+    return (
+        f"{steps} is too large to simulate here: {size.describe()}{have}, beyond half "
+        f"the memory or {_duration(MAX_STEP_SECONDS)}"
+    )
 
 
 def check_size(scenario: Scenario) -> None:
     """Refuse a step too large to simulate on this machine (``--force`` skips this)."""
-    ops = estimated_ops(scenario)
-    memory = ops * BYTES_PER_OP
-    available = machine_memory()
-    if ops <= MAX_STEP_OPS and (available is None or memory <= available / 2):
-        return
-    have = f" of the machine's {available / 2**30:.0f} GiB" if available else ""
-    raise ParasimError(
-        f"the step is too large to simulate here: about {ops:.3g} ops on the simulated "
-        f"ranks, about {memory / 2**30:.0f} GiB{have}; fold the ranks (analytic fidelity, "
-        "simulation.fold: true) or use fewer micro-batches, layers or GPUs, or pass "
-        "--force to run it anyway"
-    )
+    _refuse(scenario_size(scenario))
+
+
+def check_request_size(
+    path: str | Path, overrides: list[str] | None = None, forceable: bool = True
+) -> None:
+    """:func:`check_size` of the scenario file at ``path`` with ``overrides``, before it
+    is loaded (loading lays out every rank: seconds and gigabytes for a million GPUs);
+    ``forceable``: the command has ``--force``, and the error line says so."""
+    raw = apply_overrides(read_scenario_file(path), overrides or [])
+    size = request_size(raw, Path(path).parent)
+    if size is not None:
+        _refuse(size, forceable)
+
+
+def advice(size: StepSize) -> str:
+    """What makes a step of ``size`` smaller, for an error line."""
+    if size.gpus * SECONDS_PER_GPU >= size.seconds / 2:
+        return "use fewer GPUs (the modelled cluster holds every one)"
+    fold = "" if size.folded else "fold the ranks (analytic fidelity, simulation.fold: true) or "
+    return f"{fold}use fewer micro-batches, layers or GPUs"
+
+
+def _refuse(size: StepSize, forceable: bool = True) -> None:
+    problem = size_problem(size)
+    if problem is not None:
+        force = ", or pass --force to run it anyway" if forceable else ""
+        raise ParasimError(f"{problem}; {advice(size)}{force}")
 
 
 def moe_summary(schedule: Schedule) -> dict[str, Any] | None:

@@ -42,7 +42,7 @@ from simulator.analysis.result import MemoryEstimate, StepResult
 from simulator.common.errors import ParasimError
 from simulator.request.layout import Layout
 from simulator.request.scenario import Scenario, load_scenario, scenario_from_dict
-from simulator.run.simulate import run_scenario
+from simulator.run.simulate import check_request_size, run_scenario
 from simulator.tools.mistakes import (
     BUBBLE_TARGET,
     CAPACITY_FIX,
@@ -540,6 +540,8 @@ def diagnose(
     fix. ``fidelity`` None keeps the scenario's own."""
     if isinstance(scenario, str | Path):
         path = Path(scenario)
+        simulated = [*(overrides or []), *([f"simulation.fidelity={fidelity}"] if fidelity else [])]
+        check_request_size(path, simulated, forceable=False)  # before loading lays out ranks
         scenario = load_scenario(path, overrides)
         base_dir = path.parent if base_dir is None else base_dir
     elif overrides:

@@ -5,19 +5,29 @@ GPU count (``nodes = gpus / gpus_per_node``; the count must be a whole number of
 and simulates one step there. How the layout follows the size:
 
 * by default the scenario's rule holds: ``tp``, ``pp`` (and ``ep``, the schedule, the
-  micro-batch, recompute and placement) stay as written and ``dp`` takes the rest.
-  ``--mode weak`` (the default) grows the global batch with ``dp``, so every replica
-  keeps the scenario's share of it; ``--mode strong`` keeps the global batch, which must
-  still divide into ``dp`` replicas of whole micro-batches;
+  micro-batch, recompute and placement) stay as written and ``dp`` takes the rest;
 * ``--best`` runs a small sweep at each size (:func:`simulator.tools.sweep.run_sweep` over
   ``tp`` and ``pp``, ``dp`` the rest, everything else pinned to the scenario's values)
-  and keeps the fastest layout that fits in memory. Weak mode then grows the global
-  batch with the number of GPUs.
+  and keeps the fastest layout that fits in memory.
+
+The global batch at each size follows ``--batch``, the policy ``parasim sweep --gpus``
+shares (:func:`simulator.tools.sweep.scaled_batch`): ``per-gpu`` (the default, weak
+scaling) keeps each GPU's share of the scenario's global batch, so it grows with the
+GPUs; ``fixed`` (strong scaling) keeps it, and it must still divide into ``dp``
+replicas of whole micro-batches; ``tokens`` keeps each GPU's share to the nearest whole
+sequence. ``--mode weak`` and ``--mode strong`` are the older names of ``per-gpu`` and
+``fixed``.
 
 Each size reports its layout, step time, tokens/s, TFLOP/s per GPU, MFU, memory and the
-scaling efficiency against the smallest size: in weak mode the throughput per GPU
-relative to the smallest size's, in strong mode the speedup divided by the ratio of
-GPUs. Both are 1 for perfect linear scaling.
+scaling efficiency against the smallest size: the throughput per GPU relative to the
+smallest size's (with a fixed batch, the speedup divided by the ratio of GPUs, the
+same number), 1 for perfect linear scaling. The speedup (the smallest size's step time
+over each size's) is reported with a fixed batch only: a step of a larger batch does
+more work.
+
+A scaling curve is refused before anything is laid out when one of its steps is beyond
+the step guard, or all of them beyond the search's
+(:func:`simulator.tools.sweep.check_search`), unless ``force``.
 
 ``--gpus`` takes a comma-separated list in which ``...`` continues the progression of
 the two numbers before it up to the number after it: geometric when the second is a
@@ -32,36 +42,44 @@ and the command line lives in :mod:`simulator.cli.scale`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from simulator.common.errors import ParasimError, ScenarioError
-from simulator.common.vocabulary import SCALE_MODES
+from simulator.common.vocabulary import BATCH_POLICIES, SCALE_MODES
 from simulator.request.scenario import Scenario, apply_overrides, scenario_from_dict
+from simulator.run.simulate import StepSize, request_size
 from simulator.tools.progress import Progress, Silent
 from simulator.tools.sweep import (
     Candidate,
     SweepBase,
+    check_search,
     no_layout_message,
+    plan_sweep,
     prepare,
     process_pool,
     resolve_workers,
     run_chunked,
     run_sweep,
+    scaled_batch,
     simulate_chunk,
+    sweep_sizes,
 )
 
 __all__ = [
     "MODES",
+    "POLICY_OF_MODE",
     "ScaleResult",
     "parse_gpus",
     "run_scale",
 ]
 
 MODES = SCALE_MODES
+#: The ``--batch`` policy each older ``--mode`` stands for.
+POLICY_OF_MODE = {"weak": "per-gpu", "strong": "fixed"}
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -130,19 +148,21 @@ class ScaleResult:
     """A scaling curve: the scenario simulated at each GPU count.
 
     ``cluster`` holds the cluster's ``name``, ``gpus_per_node``, ``gpu`` and per-GPU
-    ``capacity_bytes``; ``gpus`` the sizes in ascending order; ``reference_gpus`` the
-    smallest size with a result (None when no size has one); ``rows`` one dict per
-    size: its layout, step time, tokens/s, TFLOP/s per GPU, MFU, memory,
-    ``speedup``, ``efficiency`` and the overrides that reproduce it with ``parasim
-    run`` (``layout`` None, with a ``reason``, where no layout fits). ``wall_s`` varies
-    from run to run.
+    ``capacity_bytes``; ``batch`` the ``policy`` that set each size's global batch
+    (:func:`simulator.tools.sweep.scaled_batch`) from the scenario's own
+    ``scenario_global_batch`` on its ``scenario_gpus``; ``gpus`` the sizes in
+    ascending order; ``reference_gpus`` the smallest size with a result (None when no
+    size has one); ``rows`` one dict per size: its layout, step time, tokens/s, TFLOP/s
+    per GPU, MFU, memory, ``efficiency`` (and ``speedup`` with a fixed batch) and the
+    overrides that reproduce it with ``parasim run`` (``layout`` None, with a
+    ``reason``, where no layout fits). ``wall_s`` varies from run to run.
     """
 
     scenario: str
     source: str
     model: str
     cluster: dict[str, Any]
-    mode: str
+    batch: dict[str, Any]
     best: bool
     fidelity: str
     gpus: list[int]
@@ -163,19 +183,23 @@ class ScaleResult:
 def run_scale(
     scenario_path: str | Path,
     gpus: list[int],
-    mode: str = "weak",
+    batch: str | None = None,
     best: bool = False,
     overrides: list[str] | None = None,
     fidelity: str = "analytic",
     workers: int | None = None,
     progress: Progress | None = None,
     max_tp: int | None = None,
+    force: bool = False,
 ) -> ScaleResult:
-    """Simulate the scenario at each GPU count; rows in ascending GPU count
-    (:class:`ScaleResult`)."""
+    """Simulate the scenario at each GPU count, the global batch following ``batch``
+    (default ``per-gpu``); rows in ascending GPU count (:class:`ScaleResult`). A curve
+    too large for this machine is refused before anything is laid out unless
+    ``force``."""
     started = time.perf_counter()
-    if mode not in MODES:
-        raise ParasimError(f"--mode: expected weak or strong (got {mode!r})")
+    policy = batch or BATCH_POLICIES[0]
+    if policy not in BATCH_POLICIES:
+        raise ParasimError(f"--batch: expected one of {', '.join(BATCH_POLICIES)} (got {batch!r})")
     if fidelity not in ("analytic", "flow"):
         raise ParasimError(f"--fidelity: expected analytic or flow (got {fidelity!r})")
     if not gpus:
@@ -184,28 +208,32 @@ def run_scale(
     workers = resolve_workers(workers)
     overrides = list(overrides or [])
     base = prepare(scenario_path, overrides)
-    try:  # the scenario at its own size sets tp, pp and each replica's share of the batch
+    for count in gpus:
+        _whole_nodes(count, base.gpus_per_node, base.cluster_name)
+    size = request_size(base.raw, base.base_dir)
+    if not force and size is not None:  # the scenario as written is laid out first
+        check_search("the scaling curve", [size], 1, reuses_cluster=False)
+    try:  # the scenario at its own size sets tp, pp and each GPU's share of the batch
         written = scenario_from_dict(base.raw, source=base.source, base_dir=Path(base.base_dir))
     except ScenarioError as exc:
         raise ScenarioError(f"{base.source} as written: {exc}") from None
-    for count in gpus:
-        _whole_nodes(count, base.gpus_per_node, base.cluster_name)
+    args = (base, written, gpus, policy, overrides, fidelity, workers, progress)
     if best:
-        rows = _best_rows(base, written, gpus, mode, overrides, fidelity, workers, progress, max_tp)
+        rows = _best_rows(*args, max_tp, force)
     else:
-        rows = _rule_rows(base, written, gpus, mode, overrides, fidelity, workers, progress)
+        rows = _rule_rows(*args, force)
     reference = next((row for row in rows if row["layout"] is not None), None)
     for row in rows:
         if row["layout"] is None or reference is None:
             continue
         ratio = row["gpus"] / reference["gpus"]
         row["ideal_tokens_per_s"] = reference["tokens_per_s"] * ratio
-        row["speedup"] = reference["step_time_s"] / row["step_time_s"]
-        if mode == "weak":
+        if policy == "fixed":
+            row["speedup"] = reference["step_time_s"] / row["step_time_s"]
+            row["efficiency"] = row["speedup"] / ratio
+        else:
             per_gpu = row["tokens_per_s"] / row["gpus"]
             row["efficiency"] = per_gpu / (reference["tokens_per_s"] / reference["gpus"])
-        else:
-            row["efficiency"] = row["speedup"] / ratio
     return ScaleResult(
         scenario=base.name,
         source=base.source,
@@ -216,7 +244,11 @@ def run_scale(
             "gpu": base.gpu_name,
             "capacity_bytes": base.capacity_bytes,
         },
-        mode=mode,
+        batch={
+            "policy": policy,
+            "scenario_gpus": written.layout.world,
+            "scenario_global_batch": written.training.global_batch,
+        },
         best=best,
         fidelity=fidelity,
         gpus=gpus,
@@ -235,44 +267,57 @@ def _rule_rows(
     base: SweepBase,
     written: Scenario,
     gpus: list[int],
-    mode: str,
+    policy: str,
     overrides: list[str],
     fidelity: str,
     workers: int,
     progress: Progress | None,
+    force: bool,
 ) -> list[dict[str, Any]]:
-    tp, pp, dp0 = written.layout.tp, written.layout.pp, written.layout.dp
-    per_replica = Fraction(written.training.global_batch, dp0)
+    layout = written.layout
+    grid = layout.tp * layout.cp * layout.pp
+    grid_text = f"tp({layout.tp}) * pp({layout.pp})"
+    if layout.cp > 1:
+        grid_text = f"tp({layout.tp}) * cp({layout.cp}) * pp({layout.pp})"
     plans = []
     for count in gpus:
         nodes = _whole_nodes(count, base.gpus_per_node, base.cluster_name)
-        if count % (tp * pp):
+        if count % grid:
             raise ParasimError(
-                f"--gpus: tp({tp}) * pp({pp}) = {tp * pp} does not divide {count} GPUs, "
+                f"--gpus: {grid_text} = {grid} does not divide {count} GPUs, "
                 "so dp cannot take the rest"
             )
-        dp = count // (tp * pp)
-        batch = per_replica * dp if mode == "weak" else Fraction(written.training.global_batch)
+        dp = count // grid
+        batch = _batch_at(policy, written, count)
         size = [
             f"cluster.nodes={nodes}",
             f"parallel.dp={dp}",
-            f"training.global_batch={int(batch)}",
+            f"training.global_batch={batch}",
             f"simulation.fidelity={fidelity}",
         ]
+        plans.append((count, nodes, _candidate(written, dp), size))
+    if not force:  # before any size is laid out: a million GPUs take seconds to
+        sizes = [request_size(apply_overrides(base.raw, size), base.base_dir) for *_, size in plans]
+        check_search(
+            "the scaling curve",
+            [s for s in sizes if s is not None],
+            workers,
+            reuses_cluster=False,
+        )
+    for count, _, _, size in plans:
         try:  # bad sizes fail here, before anything is simulated
             scenario_from_dict(
                 apply_overrides(base.raw, size), source=base.source, base_dir=Path(base.base_dir)
             )
         except ParasimError as exc:
-            raise ParasimError(f"{mode} scaling at {count} GPUs: {exc}") from None
-        plans.append((count, nodes, _candidate(written, dp), size))
+            raise ParasimError(f"--batch {policy} at {count} GPUs: {exc}") from None
     args = (base.raw, base.source, base.base_dir)
     items = [size for *_, size in plans]
     executor = process_pool(workers) if workers > 1 and len(items) > 1 else None
     try:
         with progress or Silent() as bar:
             runs = run_chunked(
-                simulate_chunk,
+                functools.partial(simulate_chunk, force=force),
                 args,
                 items,
                 executor,
@@ -291,57 +336,76 @@ def _rule_rows(
     return rows
 
 
+def _batch_at(policy: str, written: Scenario, count: int) -> int:
+    """The global batch at ``count`` GPUs (:func:`simulator.tools.sweep.scaled_batch`)."""
+    own = written.training.global_batch
+    try:
+        return scaled_batch(policy, own, count, written.layout.world)
+    except ParasimError as exc:
+        raise ParasimError(f"at {count} GPUs: {exc}") from None
+
+
 def _best_rows(
     base: SweepBase,
     written: Scenario,
     gpus: list[int],
-    mode: str,
+    policy: str,
     overrides: list[str],
     fidelity: str,
     workers: int,
     progress: Progress | None,
     max_tp: int | None,
+    force: bool,
 ) -> list[dict[str, Any]]:
-    parallel, training = written.parallel, written.training
     # everything but the three sizes stays as the scenario has it
     sizes = ("tp", "pp", "dp", "stage_layers")  # a pipeline split follows from pp
     pins = {k: v for k, v in Candidate.of_recipe(written.recipe).fields().items() if k not in sizes}
-    if parallel.schedule == "custom":
+    if written.parallel.schedule == "custom":
         raise ParasimError(
             "--best: a custom pipeline order fits one layout only; scale it without --best"
         )
-    per_gpu = Fraction(training.global_batch, written.layout.world)
-    rows = []
+    plans = []
     for count in gpus:
+        batch = _batch_at(policy, written, count)
+        sweep = {
+            "overrides": [*overrides, f"training.global_batch={batch}"],
+            "gpus": count,
+            "fixed": pins,
+            "max_tp": max_tp,
+        }
+        plans.append((count, batch, sweep))
+    if not force:  # every size's sweep, before the first is laid out, the largest first
+        searched: list[StepSize] = []
+        hint = "scale fewer sizes, or without --best"
+        for count, _, sweep in reversed(plans):
+            sizes = sweep_sizes(*plan_sweep(base.source, **sweep, batch="fixed"), fidelity)
+            check_search(f"the sweep at {count:,} GPUs", sizes, workers, hint=hint)
+            searched += sizes
+        check_search("the scaling curve", searched, workers, hint=hint)
+    rows = []
+    for count, batch, sweep in plans:
         nodes = _whole_nodes(count, base.gpus_per_node, base.cluster_name)
-        batch = per_gpu * count if mode == "weak" else Fraction(training.global_batch)
-        if batch.denominator != 1:
-            raise ParasimError(
-                f"weak scaling at {count} GPUs: global_batch({training.global_batch}) * "
-                f"{count} / {written.layout.world} GPUs = {float(batch):g} is not a whole batch"
-            )
-        sweep = run_sweep(
+        result = run_sweep(
             base.source,
-            overrides=[*overrides, f"training.global_batch={int(batch)}"],
-            gpus=count,
-            fixed=pins,
-            max_tp=max_tp,
+            **sweep,
             fidelity=fidelity,
             workers=workers,
             progress=progress,
+            batch="fixed",
+            force=True,  # checked above, all sizes together
         )
-        if not sweep.rows:
+        if not result.rows:
             rows.append(
                 {
                     "gpus": count,
                     "nodes": nodes,
                     "layout": None,
-                    "global_batch": int(batch),
-                    "reason": no_layout_message(sweep),
+                    "global_batch": batch,
+                    "reason": no_layout_message(result),
                 }
             )
             continue
-        top = sweep.rows[0]
+        top = result.rows[0]
         candidate = Candidate.from_knobs(top)
         rows.append(_row(count, nodes, candidate, top, top["overrides"]))
     return rows

@@ -14,13 +14,18 @@ instead, reached through its futures interface:
 
 Dask does the rest: a chunk whose worker is lost is run again on another (up to the
 scheduler's ``allowed-failures``), so no candidate is lost; Ctrl-C cancels the chunks
-not yet run. ``distributed`` is an optional dependency (``pip install
+not yet run. What Dask cannot recover from is one line, never a traceback: an address
+of another scheme (``inproc://`` reaches a scheduler inside this very process only, so
+it is refused), one without a port, a scheduler that cannot be reached, a local
+cluster whose worker dies while it starts. ``distributed`` is an optional dependency (``pip install
 "parasim[cluster]"``), imported only here and only when a scheduler is named; the
 simulator core never imports it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -28,7 +33,7 @@ from typing import Any
 
 from simulator.common.errors import ParasimError
 
-__all__ = ["SCHEDULER_ENV", "DaskExecutor", "scheduler_address", "open_dask"]
+__all__ = ["SCHEDULER_ENV", "SCHEMES", "DaskExecutor", "scheduler_address", "open_dask"]
 
 #: The environment variable that names a scheduler when ``--scheduler`` does not.
 SCHEDULER_ENV = "PARASIM_DASK_SCHEDULER"
@@ -51,16 +56,39 @@ QUIET_WORKERS = {
 }
 
 
+#: The schemes of a scheduler's address that reach another process (Dask's comms;
+#: ``inproc`` reaches a scheduler inside this process only).
+SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+
+
 def scheduler_address(given: str | None) -> str | None:
-    """``--scheduler``, else ``$PARASIM_DASK_SCHEDULER``, else None (the process pool);
-    ``local`` or a ``tcp://``/``tls://``/``ucx://``/``inproc://`` address."""
+    """``--scheduler``, else ``$PARASIM_DASK_SCHEDULER``, else None (the process pool):
+    ``local``, or ``SCHEME://HOST:PORT`` with a scheme of :data:`SCHEMES`."""
     address = given if given is not None else os.environ.get(SCHEDULER_ENV) or None
-    if address is None:
-        return None
-    if address != "local" and "://" not in address:
+    if address is None or address == "local":
+        return address
+    scheme, separator, place = address.partition("://")
+    if not separator:
         raise ParasimError(
             f"--scheduler: expected 'local' or a scheduler address such as "
             f"tcp://host:8786 (got {address!r})"
+        )
+    if scheme == "inproc":
+        raise ParasimError(
+            f"--scheduler {address!r}: an inproc:// address reaches a scheduler inside this "
+            "process only, which has none; give a running scheduler's tcp://host:8786, "
+            "or 'local'"
+        )
+    if scheme not in SCHEMES:
+        raise ParasimError(
+            f"--scheduler {address!r}: unknown scheme {scheme!r}; expected "
+            f"{', '.join(s + '://' for s in SCHEMES)} or 'local'"
+        )
+    host, colon, port = place.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ParasimError(
+            f"--scheduler {address!r}: expected {scheme}://HOST:PORT with a port from 1 "
+            "to 65535, e.g. tcp://host:8786"
         )
     return address
 
@@ -75,6 +103,8 @@ class DaskExecutor(Executor):
         self.cluster = cluster
         # pure=False: two chunks with equal arguments are still two tasks
         self.executor = client.get_executor(pure=False)
+        #: how many tasks the cluster runs at once (its workers' threads)
+        self.threads = max(1, sum(client.nthreads().values()))
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         return self.executor.submit(fn, *args, **kwargs)
@@ -88,10 +118,16 @@ class DaskExecutor(Executor):
                 self.cluster.close()
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def open_dask(address: str, workers: int) -> DaskExecutor:
     """Connect to the scheduler at ``address``, or start a ``LocalCluster`` of
-    ``workers`` processes for ``local``; a missing ``distributed`` or an unreachable
-    scheduler is one line."""
+    ``workers`` processes for ``local``; a missing ``distributed``, an unreachable
+    scheduler or a local cluster that fails to start (a worker killed as it starts)
+    is one line. Dask's own error logs are silenced while the cluster starts: what
+    went wrong is that line."""
     try:
         from distributed import Client, LocalCluster
     except ImportError:
@@ -101,19 +137,29 @@ def open_dask(address: str, workers: int) -> DaskExecutor:
     if address == "local":
         import dask
 
-        # the workers' statistical profiler samples their stacks every 10 ms, and the
-        # GIL monitor every 1 ms: for pure-Python tasks both take the GIL from the work
-        with dask.config.set(QUIET_WORKERS):
-            cluster = LocalCluster(
-                n_workers=workers,
-                threads_per_worker=1,
-                processes=True,
-                dashboard_address=None,
-                host="127.0.0.1",
-            )
-        return DaskExecutor(Client(cluster), cluster)
+        cluster = None
+        try:
+            # the workers' statistical profiler samples their stacks every 10 ms, and the
+            # GIL monitor every 1 ms: for pure-Python tasks both take the GIL from the work
+            with dask.config.set(QUIET_WORKERS):
+                cluster = LocalCluster(
+                    n_workers=workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    host="127.0.0.1",
+                    silence_logs=logging.CRITICAL,
+                )
+            return DaskExecutor(Client(cluster), cluster)
+        except Exception as exc:  # Dask raises what its nannies and comms met
+            if cluster is not None:
+                with contextlib.suppress(Exception):  # what closing it meets too
+                    cluster.close()
+            raise ParasimError(
+                f"--scheduler local: the local Dask cluster of {workers} workers did not "
+                f"start ({_first_line(exc)}); run again, or without --scheduler"
+            ) from None
     try:
-        client = Client(address, timeout="10s")
-    except (OSError, TimeoutError) as exc:
-        raise ParasimError(f"--scheduler: cannot reach {address} ({exc})") from None
-    return DaskExecutor(client)
+        return DaskExecutor(Client(address, timeout="10s"))
+    except Exception as exc:  # unreachable, refused, timed out, not a scheduler
+        raise ParasimError(f"--scheduler: cannot reach {address} ({_first_line(exc)})") from None

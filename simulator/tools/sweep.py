@@ -85,6 +85,7 @@ by :mod:`simulator.report.sweep_report`, and the command line lives in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -96,6 +97,8 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from fractions import Fraction
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +108,9 @@ from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
 from simulator.common.collector import fewer_collections
 from simulator.common.errors import ParasimError, ScenarioError
+from simulator.common.machine import machine_memory
 from simulator.common.vocabulary import (
+    BATCH_POLICIES,
     CP_KINDS,
     PIPELINE_SCHEDULES,
     PLACEMENT_AXES,
@@ -117,11 +122,21 @@ from simulator.request.layout import FEWEST_UNEVEN_LAYERS, balanced_stages
 from simulator.request.recipe import LAYOUT_KNOBS, Recipe, knob_overrides, layout_label
 from simulator.request.scenario import (
     ScenarioSpec,
+    SimulationSpec,
     apply_overrides,
     read_scenario_file,
     scenario_from_dict,
+    scenario_model,
 )
-from simulator.run.simulate import run_scenario
+from simulator.run.simulate import (
+    SECONDS_PER_GPU,
+    StepSize,
+    advice,
+    run_scenario,
+    size_problem,
+    step_size,
+    would_fold,
+)
 from simulator.tools.cache import ResultCache
 from simulator.tools.progress import Progress, Silent
 from simulator.tools.scheduler import open_dask
@@ -562,6 +577,11 @@ class SweepBase:
     extra_overrides: list[str]
     # the scenario's context parallelism, sharding and model shape the space starts from
     context: dict[str, Any]
+    # the scenario's simulation settings (its fold, before --fidelity)
+    simulation: SimulationSpec
+    # how the global batch was set: the ``policy`` (None: the scenario's own size) and
+    # the scenario's own ``scenario_gpus`` and ``scenario_global_batch``
+    batch: dict[str, Any]
 
     def candidate_overrides(self, candidate: Candidate, fidelity: str) -> list[str]:
         """Everything to pass to ``parasim run SCENARIO --set ...`` for this layout."""
@@ -613,20 +633,53 @@ def _cluster_spec(raw: dict[str, Any], base_dir: str):
         raise ScenarioError(str(exc)) from None
 
 
+def scaled_batch(policy: str, batch: int, gpus: int, scenario_gpus: int) -> int:
+    """The global batch at ``gpus`` GPUs of a scenario whose global batch is ``batch``
+    on its own ``scenario_gpus``, by ``policy`` (:data:`BATCH_POLICIES`):
+
+    * ``per-gpu``: each GPU keeps the scenario's share of the batch, so the global
+      batch grows with the GPUs: ``batch · gpus / scenario_gpus``, which must be a whole
+      number of sequences (weak scaling);
+    * ``fixed``: the global batch stays ``batch`` (strong scaling);
+    * ``tokens``: each GPU keeps the scenario's tokens per step as closely as whole
+      sequences allow: ``batch · gpus / scenario_gpus`` rounded to the nearest whole
+      number, at least one.
+    """
+    if policy not in BATCH_POLICIES:
+        raise ParasimError(f"--batch: expected one of {', '.join(BATCH_POLICIES)} (got {policy!r})")
+    if policy == "fixed" or gpus == scenario_gpus:
+        return batch
+    share = Fraction(batch * gpus, scenario_gpus)
+    if policy == "tokens":
+        return max(1, round(share))
+    if share.denominator != 1:
+        raise ParasimError(
+            f"--batch per-gpu: global_batch({batch}) * {gpus} / {scenario_gpus} GPUs = "
+            f"{float(share):g} is not a whole number of sequences; choose a GPU count it "
+            "divides, or --batch tokens (the nearest whole batch) or --batch fixed"
+        )
+    return int(share)
+
+
 def prepare(
-    scenario_path: str | Path, overrides: list[str] | None = None, gpus: int | None = None
+    scenario_path: str | Path,
+    overrides: list[str] | None = None,
+    gpus: int | None = None,
+    batch: str | None = None,
 ) -> SweepBase:
-    """Read a scenario, apply ``--set`` overrides and resize its cluster to ``gpus``."""
+    """Read a scenario, apply ``--set`` overrides and resize its cluster to ``gpus``,
+    its global batch following ``batch`` (:func:`scaled_batch`; default ``per-gpu``).
+    Nothing is laid out yet: a million GPUs are refused (:func:`check_search`) before
+    any rank grid is built."""
     path = Path(scenario_path)
     base_dir = str(path.parent)
     overrides = list(overrides or [])
     raw = apply_overrides(read_raw(path), overrides)
-    try:
-        spec = ScenarioSpec(**raw)
-    except ValidationError as exc:
-        raise ScenarioError(validation_message(exc, ScenarioSpec)) from None
+    spec = _spec(raw)
     cluster = _cluster_spec(raw, base_dir)
     per_node = cluster.gpus_per_node
+    scenario_gpus = cluster.nodes * per_node
+    global_batch = spec.training.global_batch
     if gpus is not None:
         if gpus < 1 or gpus % per_node:
             raise ParasimError(
@@ -634,6 +687,9 @@ def prepare(
                 f"({per_node} GPUs per node; {gpus} / {per_node} = {gpus / per_node:g})"
             )
         resize = [f"cluster.nodes={gpus // per_node}"]
+        global_batch = scaled_batch(batch or BATCH_POLICIES[0], global_batch, gpus, scenario_gpus)
+        if global_batch != spec.training.global_batch:
+            resize.append(f"training.global_batch={global_batch}")
         raw = apply_overrides(raw, resize)
         overrides = overrides + resize
         cluster = _cluster_spec(raw, base_dir)
@@ -642,26 +698,21 @@ def prepare(
                 f"--gpus: cannot resize {cluster.name} to {gpus} GPUs "
                 f"(it has {cluster.nodes} nodes of {cluster.gpus_per_node} GPUs)"
             )
-    world = cluster.nodes * cluster.gpus_per_node
-    # the model and cluster as the validator resolves them, on the simplest layout
-    probe = apply_overrides(raw, [f"training.global_batch={world}", "training.micro_batch=1"])
-    probe["parallel"] = {"tp": 1, "pp": 1, "cp": 1}
-    resolved = scenario_from_dict(probe, source=str(path), base_dir=path.parent)
-    moe = resolved.moe
+    model, moe = scenario_model(spec)
     return SweepBase(
         raw=raw,
         source=str(path),
         base_dir=base_dir,
         name=spec.name,
-        world=world,
+        world=cluster.nodes * cluster.gpus_per_node,
         nodes=cluster.nodes,
         gpus_per_node=cluster.gpus_per_node,
         cluster_name=cluster.name,
         gpu_name=cluster.gpu.name,
         capacity_bytes=cluster.gpu.hbm_capacity,
-        model_name=resolved.model.name,
-        layers=resolved.model.layers,
-        global_batch=spec.training.global_batch,
+        model_name=model.name,
+        layers=model.layers,
+        global_batch=global_batch,
         experts=moe.experts if moe is not None else None,
         extra_overrides=overrides,
         context={
@@ -669,11 +720,36 @@ def prepare(
             "cp_kind": spec.parallel.cp_kind,
             "sharding": spec.training.sharding
             or ("optimizer" if spec.training.optimizer_sharding else "none"),
-            "seq_len": resolved.model.seq_len,
-            "heads": resolved.model.heads,
-            "kv_heads": resolved.model.kv,
+            "seq_len": model.seq_len,
+            "heads": model.heads,
+            "kv_heads": model.kv,
+        },
+        simulation=spec.simulation,
+        batch={
+            "policy": (batch or BATCH_POLICIES[0]) if gpus is not None else None,
+            "scenario_gpus": scenario_gpus,
+            "scenario_global_batch": spec.training.global_batch,
         },
     )
+
+
+def _spec(raw: dict[str, Any]) -> ScenarioSpec:
+    try:
+        return ScenarioSpec(**raw)
+    except ValidationError as exc:
+        raise ScenarioError(validation_message(exc, ScenarioSpec)) from None
+
+
+def check_base(base: SweepBase) -> None:
+    """Validate the scenario's model and cluster as the validator resolves them, on the
+    simplest layout (every GPU a data-parallel replica: O(world) to lay out, so after
+    the size guard), so that a mistake of theirs is one line rather than the reason
+    every candidate is invalid."""
+    probe = apply_overrides(
+        base.raw, [f"training.global_batch={base.world}", "training.micro_batch=1"]
+    )
+    probe["parallel"] = {"tp": 1, "pp": 1, "cp": 1}
+    scenario_from_dict(probe, source=base.source, base_dir=Path(base.base_dir))
 
 
 # -- work done in worker processes (plain, picklable inputs) ----------------------------
@@ -729,9 +805,10 @@ def check_chunk(
 
 @fewer_collections()
 def simulate_overrides(
-    raw: dict[str, Any], source: str, base_dir: str, overrides: list[str]
+    raw: dict[str, Any], source: str, base_dir: str, overrides: list[str], force: bool = False
 ) -> dict[str, Any]:
-    """Simulate one candidate; the headline numbers of its ``result.json``. The
+    """Simulate one candidate; the headline numbers of its ``result.json`` (``force``:
+    past the step guard, as the search itself was forced). The
     collector's slower pace lasts until the candidate's schedule and times are dropped,
     so the collection that follows finds little left to walk (run_scenario's own block,
     which ends while its result is alive, is then inside this one)."""
@@ -740,13 +817,16 @@ def simulate_overrides(
         scenario = scenario_from_dict(raw, source=source, base_dir=Path(base_dir))
         key = json.dumps([raw.get("cluster"), base_dir], sort_keys=True, default=str)
         cluster = _CLUSTERS.get(key)
-        if cluster is None:
+        spec = scenario.cluster_spec
+        if cluster is None or cluster.spec is not spec and cluster.spec != spec:
+            # first here, or a file the cluster names (a profile, a topology) has changed
+            # since a search in this process built it
             _CLUSTERS.clear()  # one cluster at a time: a sweep has one, a scale run one per size
             _CLUSTERS[key] = scenario.cluster
         else:  # the network graph and its routes do not depend on the layout: reuse them
             scenario = dataclasses.replace(scenario, _cluster=cluster)
         # a search keeps numbers, not traces: stages of one shape share their lowering
-        result = run_scenario(scenario, numbers_only=True).result
+        result = run_scenario(scenario, force=force, numbers_only=True).result
     except ParasimError as exc:
         return {"status": "failed", "reason": (str(exc).splitlines() or [""])[0]}
     step = result.step_time_s
@@ -774,10 +854,10 @@ def simulate_overrides(
 
 
 def simulate_chunk(
-    raw: dict[str, Any], source: str, base_dir: str, chunk: list[list[str]]
+    raw: dict[str, Any], source: str, base_dir: str, chunk: list[list[str]], force: bool = False
 ) -> list[dict]:
     """:func:`simulate_overrides` of several candidates (one task of the process pool)."""
-    return [simulate_overrides(raw, source, base_dir, overrides) for overrides in chunk]
+    return [simulate_overrides(raw, source, base_dir, overrides, force) for overrides in chunk]
 
 
 # -- running tasks on every core --------------------------------------------------------
@@ -852,7 +932,7 @@ def _executor(scheduler: str | None, workers: int, tasks: int) -> tuple[Executor
     one worker or one task)."""
     if scheduler is not None:
         dask = open_dask(scheduler, workers)
-        return dask, max(1, sum(dask.client.nthreads().values()))
+        return dask, dask.threads
     if workers > 1 and tasks > 1:
         return process_pool(workers), workers
     return None, workers
@@ -864,12 +944,94 @@ def same_grid(overrides: list[str]) -> tuple[str, ...]:
     return tuple(o for o in overrides if not o.startswith("parallel.placement="))
 
 
+#: The most processes a search runs per core, and in all: each holds its own copy of
+#: the cluster and of the candidate it simulates, and more than a few per core only take
+#: turns on them (Python's process pool starts them all with the first task).
+WORKERS_PER_CORE = 4
+MAX_WORKERS = 256
+
+
 def resolve_workers(workers: int | None) -> int:
+    """``--workers``: every core by default; refused below one and above
+    :data:`WORKERS_PER_CORE` per core or :data:`MAX_WORKERS`."""
+    cores = os.cpu_count() or 1
     if workers is None:
-        return os.cpu_count() or 1
-    if workers < 1:
+        return cores
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ParasimError(f"--workers: expected a positive number (got {workers})")
+    limit = min(MAX_WORKERS, WORKERS_PER_CORE * cores)
+    if workers > limit:
+        raise ParasimError(
+            f"--workers: {workers} processes on {cores} cores; at most {limit} "
+            f"({WORKERS_PER_CORE} a core, {MAX_WORKERS} in all): more only take turns on "
+            "the cores, each with its own copy of the cluster"
+        )
     return workers
+
+
+# -- how large a search is ---------------------------------------------------------------
+
+# A sweep's worker builds the cluster once and reuses its network graph, routes and
+# priced collectives for every candidate, which then costs about a quarter of a lone
+# step per GPU: gpt3-175b's 54 layouts with tp 8 on 8,192 GPUs in analytic fidelity took
+# 2.1 s each after the first, 0.26 ms a GPU (2-core VM, 2026-12-03).
+SECONDS_PER_GPU_SEARCHED = 2.5e-4
+#: The longest a search may be estimated to take (s), as if every candidate it lists
+#: were simulated: a search beyond it is a mistake more often than not (pin dimensions).
+MAX_SEARCH_SECONDS = 8 * 3600.0
+
+
+def check_search(
+    what: str,
+    sizes: list[StepSize],
+    workers: int,
+    shared: bool = True,
+    reuses_cluster: bool = True,
+    hint: str = "use fewer GPUs",
+) -> None:
+    """Refuse a search (``what``: ``the sweep``...) of steps of ``sizes`` on ``workers``
+    processes before it starts: one step beyond the step guard
+    (:func:`simulator.run.simulate.size_problem`), the workers' steps together beyond
+    half the machine's memory (with ``shared``: they run on this machine), or all the
+    steps estimated above :data:`MAX_SEARCH_SECONDS`. ``reuses_cluster``: the steps
+    share one cluster, which each worker builds once (a sweep), rather than one each
+    (a scale run)."""
+    if not sizes:
+        return
+    running = min(workers, len(sizes))
+    slowest = max(sizes, key=attrgetter("seconds"))
+    largest = max(sizes, key=attrgetter("bytes"))
+    problem = None
+    for size in (slowest, largest):
+        step = "a layout" if reuses_cluster else f"the step at {size.gpus:,} GPUs"
+        alone = size_problem(size, step)
+        if problem is None and alone is not None:
+            problem = f"{alone}; {advice(size)}"
+            if reuses_cluster:
+                problem += f", {hint}"
+    available = machine_memory()
+    if problem is None and shared and available is not None and running > 1:
+        if running * largest.bytes > available / 2:
+            problem = (
+                f"{what} is too large to run here: {running} workers holding about "
+                f"{largest.bytes / 2**30:.3g} GiB each, beyond half the machine's "
+                f"{available / 2**30:.0f} GiB; use fewer --workers"
+            )
+    seconds = sum(size.seconds for size in sizes)
+    if reuses_cluster:  # each worker builds the cluster once, then reuses it
+        saved = SECONDS_PER_GPU - SECONDS_PER_GPU_SEARCHED
+        seconds -= (len(sizes) - running) * largest.gpus * saved
+    wall = seconds / running
+    if problem is None and wall > MAX_SEARCH_SECONDS:
+        steps = "layouts" if reuses_cluster else "steps"
+        problem = (
+            f"{what} is too large to simulate here: up to {len(sizes):,} {steps} on up to "
+            f"{largest.gpus:,} GPUs, about {wall / 3600:.3g} hours on {running} "
+            f"worker{'s' * (running > 1)}, beyond {MAX_SEARCH_SECONDS / 3600:.0f} hours; "
+            f"{hint}"
+        )
+    if problem is not None:
+        raise ParasimError(f"{problem}, or pass --force to run it anyway")
 
 
 # -- the sweep ---------------------------------------------------------------------------
@@ -880,13 +1042,17 @@ class SweepResult:
     """A finished sweep: what was searched, what each filter removed, and the ranking.
 
     ``cluster`` holds the cluster's ``name``, ``nodes``, ``gpus_per_node``, ``gpu`` and
-    per-GPU ``capacity_bytes``; ``counts`` how many layouts were ``enumerated``,
-    ``invalid`` (with ``invalid_by_reason``), ``pruned_memory`` (with
-    ``pruned_by_term`` and ``smallest_pruned_bytes``), ``dominated``, ``failed`` (with
-    ``failed_by_reason``) and ``simulated``; ``rows`` one dict per simulated layout,
-    fastest first, each with its ``rank``, its fields, its headline numbers and the
-    ``overrides`` that reproduce it with ``parasim run``. ``wall_s`` and ``timing_s``
-    (seconds spent checking and simulating) vary from run to run.
+    per-GPU ``capacity_bytes``; ``batch`` how the global batch was set (``policy``,
+    None at the scenario's own size; the scenario's own ``scenario_gpus`` and
+    ``scenario_global_batch``); ``experts`` the model's experts (None: a dense model);
+    ``counts`` how many layouts were ``enumerated``, ``invalid`` (with
+    ``invalid_by_reason``), ``pruned_memory`` (with ``pruned_by_term`` and
+    ``smallest_pruned_bytes``), ``dominated``, ``failed`` (with ``failed_by_reason``)
+    and ``simulated``; ``rows`` one dict per simulated layout, fastest first, each with
+    its ``rank``, its fields, its headline numbers and the ``overrides`` that reproduce
+    it with ``parasim run``. ``scenario_layout`` is the scenario's own layout at this
+    size (:func:`_scenario_layout`). ``wall_s`` and ``timing_s`` (seconds spent checking
+    and simulating) vary from run to run.
     """
 
     scenario: str
@@ -894,13 +1060,16 @@ class SweepResult:
     gpus: int
     cluster: dict[str, Any]
     model: str
+    experts: int | None
     global_batch: int
+    batch: dict[str, Any]
     fidelity: str
     fixed: dict[str, Any]
     max_tp: int | None
     exhaustive: bool
     counts: dict[str, Any]
     rows: list[dict[str, Any]]
+    scenario_layout: dict[str, Any] | None
     wall_s: float
     timing_s: dict[str, float]
 
@@ -914,33 +1083,21 @@ class SweepResult:
         }
 
 
-def run_sweep(
+def plan_sweep(
     scenario_path: str | Path,
     overrides: list[str] | None = None,
     gpus: int | None = None,
     fixed: dict[str, Any] | None = None,
     max_tp: int | None = None,
-    fidelity: str = "analytic",
-    workers: int | None = None,
-    progress: Progress | None = None,
-    exhaustive: bool = False,
-    cache: ResultCache | None = None,
-    scheduler: str | None = None,
-) -> SweepResult:
-    """Enumerate, validate, prune and simulate every layout; rows ranked by step time
-    (:class:`SweepResult`). With ``cache``, a candidate checked or simulated before
-    (the same scenario, files and parasim) is read from it instead. With
-    ``scheduler`` (``local`` or a Dask scheduler's address), the candidates run on that
-    Dask cluster instead of this machine's process pool
-    (:mod:`simulator.tools.scheduler`)."""
-    started = time.perf_counter()
-    if fidelity not in ("analytic", "flow"):
-        raise ParasimError(f"--fidelity: expected analytic or flow (got {fidelity!r})")
+    batch: str | None = None,
+) -> tuple[SweepBase, list[Candidate]]:
+    """The scenario prepared for a sweep (:func:`prepare`) and every candidate of its
+    space (:func:`enumerate_layouts`): what :func:`run_sweep` and its size guard start
+    from, before anything is laid out."""
     if max_tp is not None and max_tp < 1:
         raise ParasimError(f"--max-tp: expected a positive number (got {max_tp})")
-    workers = resolve_workers(workers)
     fixed = check_fixed(fixed or {})
-    base = prepare(scenario_path, overrides, gpus)
+    base = prepare(scenario_path, overrides, gpus, batch)
     candidates = enumerate_layouts(
         base.world,
         base.gpus_per_node,
@@ -957,6 +1114,73 @@ def run_sweep(
             f"no layout to try for {base.name} on {base.world} GPUs ({pins}): tp * cp * pp "
             f"must divide the {base.world} GPUs and pp the {base.layers} layers"
         )
+    return base, candidates
+
+
+def sweep_sizes(base: SweepBase, candidates: list[Candidate], fidelity: str) -> list[StepSize]:
+    """What simulating each candidate costs (:func:`simulator.run.simulate.step_size`),
+    for :func:`check_search`; tens of thousands of candidates share a few sizes."""
+    simulation = base.simulation.model_copy(update={"fidelity": fidelity})
+    analytic, moe = fidelity == "analytic", base.experts is not None
+    folded = {cp: would_fold(simulation, moe, cp, base.world) for cp in {c.cp for c in candidates}}
+    known: dict[tuple[int, int, int, int], StepSize] = {}
+    sizes = []
+    for candidate in candidates:
+        pp, dp, micro, cp = candidate.pp, candidate.dp, candidate.micro_batch, candidate.cp
+        size = known.get((pp, dp, micro, cp))
+        if size is None:
+            microbatches = max(1, base.global_batch // (dp * micro))
+            size = step_size(base.world, pp, base.layers, microbatches, folded[cp], analytic)
+            known[(pp, dp, micro, cp)] = size
+        sizes.append(size)
+    return sizes
+
+
+def run_sweep(
+    scenario_path: str | Path,
+    overrides: list[str] | None = None,
+    gpus: int | None = None,
+    fixed: dict[str, Any] | None = None,
+    max_tp: int | None = None,
+    fidelity: str = "analytic",
+    workers: int | None = None,
+    progress: Progress | None = None,
+    exhaustive: bool = False,
+    cache: ResultCache | None = None,
+    scheduler: str | None = None,
+    batch: str | None = None,
+    force: bool = False,
+) -> SweepResult:
+    """Enumerate, validate, prune and simulate every layout; rows ranked by step time
+    (:class:`SweepResult`). ``gpus`` resizes the cluster, the global batch following
+    ``batch`` (:func:`scaled_batch`, default ``per-gpu``). A sweep too large for this
+    machine is refused before anything is laid out (:func:`check_search`) unless
+    ``force``. With ``cache``, a candidate checked or simulated before (the same
+    scenario, files and parasim) is read from it instead. With ``scheduler``
+    (``local`` or a Dask scheduler's address), the candidates run on that Dask cluster
+    instead of this machine's process pool (:mod:`simulator.tools.scheduler`)."""
+    started = time.perf_counter()
+    if fidelity not in ("analytic", "flow"):
+        raise ParasimError(f"--fidelity: expected analytic or flow (got {fidelity!r})")
+    workers = resolve_workers(workers)
+    base, candidates = plan_sweep(scenario_path, overrides, gpus, fixed, max_tp, batch)
+    fixed = check_fixed(fixed or {})
+    if not force:
+        hint = "pin dimensions with --fix, or use fewer GPUs"
+        own = base.batch["scenario_global_batch"]
+        if base.global_batch != own:
+            hint += (
+                f" (--batch {base.batch['policy']} made the global batch {base.global_batch:,}"
+                f" of the scenario's {own:,}; --batch fixed keeps it)"
+            )
+        check_search(
+            "the sweep",
+            sweep_sizes(base, candidates, fidelity),
+            workers,
+            shared=scheduler in (None, "local"),
+            hint=hint,
+        )
+    check_base(base)
     all_overrides = [base.candidate_overrides(c, fidelity) for c in candidates]
     args = (base.raw, base.source, base.base_dir)
     cache = cache or ResultCache(None)
@@ -992,7 +1216,7 @@ def run_sweep(
                 base.base_dir,
                 [all_overrides[i] for i in chosen],
                 lambda items: run_chunked(
-                    simulate_chunk,
+                    functools.partial(simulate_chunk, force=force),
                     args,
                     items,
                     executor,
@@ -1002,6 +1226,7 @@ def run_sweep(
                     together=same_grid,
                 ),
                 advance,
+                force,
             )
     finally:
         if executor is not None:
@@ -1026,6 +1251,11 @@ def run_sweep(
     rows.sort(key=lambda row: (row["step_time_s"], row["layout"]))
     for position, row in enumerate(rows, 1):
         row["rank"] = position
+    outcomes = {
+        candidate: (checks[i], runs[chosen.index(i)] if i in chosen else None)
+        for i, candidate in enumerate(candidates)
+    }
+    own = _scenario_layout(base, fidelity, rows, outcomes, cache, force)
     counts = {
         "enumerated": len(candidates),
         "invalid": sum(invalid.values()),
@@ -1050,13 +1280,16 @@ def run_sweep(
             "capacity_bytes": base.capacity_bytes,
         },
         model=base.model_name,
+        experts=base.experts,
         global_batch=base.global_batch,
+        batch=base.batch,
         fidelity=fidelity,
         fixed={k: list(v) if isinstance(v, tuple) else v for k, v in fixed.items()},
         max_tp=max_tp,
         exhaustive=exhaustive,
         counts=counts,
         rows=rows,
+        scenario_layout=own,
         wall_s=time.perf_counter() - started,
         timing_s={
             "check": checked - started,
@@ -1064,6 +1297,74 @@ def run_sweep(
             "cached": cache.hits,
         },
     )
+
+
+def _scenario_layout(
+    base: SweepBase,
+    fidelity: str,
+    rows: list[dict[str, Any]],
+    outcomes: dict[Candidate, tuple[dict[str, Any], dict[str, Any] | None]],
+    cache: ResultCache,
+    force: bool,
+) -> dict[str, Any]:
+    """The scenario's own layout at the sweep's size (its ``tp``, ``cp``, ``pp`` and
+    recipe as written, ``dp`` the rest), so that a ranking always says where the
+    user's layout stands: its ``layout``, ``status`` (``simulated``, ``pruned``,
+    ``invalid`` or ``failed``), ``rank`` among the rows (None where
+    it is not one of them: a lighter recompute of it fits, or it lies outside the
+    searched space, and it is then checked and simulated on its own, through the
+    cache), its fields and numbers or its ``reason``, and the ``overrides`` that give it
+    with ``parasim run``."""
+    own = ["parallel.dp=null", f"simulation.fidelity={fidelity}"]
+    entry: dict[str, Any] = {"rank": None, "overrides": [*base.extra_overrides, *own]}
+    try:
+        scenario = _load(base.raw, base.source, base.base_dir, own)
+    except ParasimError as exc:
+        return {**entry, "layout": None, "status": "invalid", "reason": _first_line(exc)}
+    candidate = Candidate.of_recipe(scenario.recipe)
+    for row in rows:
+        if Candidate.from_knobs(row) == candidate:
+            return {**row, "status": "simulated"}
+    searched = candidate in outcomes
+    entry = {
+        "layout": candidate.label(),
+        **candidate.fields(),
+        **entry,
+        "unranked": "a lighter recompute of it fits, or ZeRO-1 where it has ZeRO-2 (never slower)"
+        if searched
+        else "outside the searched space",
+    }
+    check, run = outcomes.get(candidate, (None, None))
+    if check is None:
+        check = _alone(cache, "check", base, own, check_chunk)
+    if check["status"] != "fits":
+        return {**entry, **check}
+    if run is None:
+        chunk = functools.partial(simulate_chunk, force=force)
+        run = _alone(cache, "simulate", base, own, chunk, force)
+    return {**entry, **run}
+
+
+def _alone(
+    cache: ResultCache,
+    kind: str,
+    base: SweepBase,
+    overrides: list[str],
+    chunk: Callable[..., list[dict]],
+    force: bool = False,
+) -> dict[str, Any]:
+    """``chunk`` (:func:`check_chunk`, :func:`simulate_chunk`) of one candidate here,
+    through the cache (``force``: a forced search's)."""
+    compute = functools.partial(chunk, base.raw, base.source, base.base_dir)
+    return cache.run(kind, base.raw, base.base_dir, [overrides], compute, _no_progress, force)[0]
+
+
+def _no_progress(n: int) -> None:
+    """No progress to show for one layout."""
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [""])[0]
 
 
 def _select(
