@@ -22,6 +22,8 @@ import pytest
 
 from simulator.analysis.trace import Trace
 from simulator.report.chrome_trace import (
+    TraceFileError,
+    chrome_trace_events,
     rank_trace_name,
     trace_from_chrome,
     write_chrome_trace,
@@ -509,3 +511,21 @@ def test_the_hta_folder_has_the_permissions_the_umask_gives(tmp_path: Path, umas
     assert (out / "hta").stat().st_mode & 0o777 == 0o777 & ~umask
     files = sorted((out / "hta").iterdir())
     assert files and all(f.stat().st_mode & 0o777 == 0o666 & ~umask for f in files)
+
+
+def test_the_quick_reading_of_an_event_and_the_checked_one_agree(trace: Trace):
+    """Reading a trace back takes each event by the quick path, and the field-by-field
+    one only to say what is wrong: both give the same record."""
+    from simulator.report.chrome_trace import _plain_record, _record, _thread_names
+
+    events = chrome_trace_events(trace)["traceEvents"]
+    names = _thread_names(events)
+    ops = [event for event in events if event["ph"] == "X"]
+    assert ops
+    for event in ops:
+        quick = _plain_record(event, names)
+        assert quick is not None and quick == _record(event, "trace", names)
+    odd = dict(ops[0], ts="1")
+    assert _plain_record(odd, names) is None
+    with pytest.raises(TraceFileError, match="^trace: ts is '1', not a number$"):
+        _record(odd, "trace", names)

@@ -45,6 +45,7 @@ import gzip
 import itertools
 import json
 import math
+import sys
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -1018,10 +1019,94 @@ def _tags(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+_NUMBERS = (int, float)
+_FLOAT_MAX = sys.float_info.max
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain_tags(tags: Any) -> bool:
+    """Whether ``tags`` are as parasim writes them (:func:`_tags` says what is not)."""
+    if type(tags) is not dict:
+        return False
+    for value in tags.values():
+        kind = type(value)
+        if kind not in _PLAIN_TYPES or (kind is float and not -_FLOAT_MAX <= value <= _FLOAT_MAX):
+            return False
+    busy = tags.get("busy_s", 0.0)
+    return (
+        type(tags.get("phase", "")) is str
+        and type(tags.get("axis", "")) is str
+        and type(busy) in _NUMBERS
+        and 0 <= busy <= _FLOAT_MAX
+    )
+
+
+def _plain_record(
+    event: dict[str, Any], thread_names: dict[tuple[int, Any], str]
+) -> OpRecord | None:
+    """The op record of a complete event as parasim writes it, checked with the fewest
+    operations (a trace holds hundreds of thousands); None where anything is off, for
+    :func:`_record` to say what."""
+    get = event.get
+    rank, tid, ts, dur, args = get("pid"), get("tid"), get("ts"), get("dur"), get("args")
+    if not (
+        type(rank) is int
+        and 0 <= rank <= HIGHEST_RANK
+        and type(tid) in (int, str)
+        and type(ts) in _NUMBERS
+        and -LONGEST_TRACE_US <= ts <= LONGEST_TRACE_US
+        and type(dur) in _NUMBERS
+        and 0 <= dur <= LONGEST_TRACE_US
+        and type(args) is dict
+    ):
+        return None
+    name = get("name", "")
+    label = args.get("label", name if type(name) is str else "")
+    op_id, op, kind = args.get("op_id"), args.get("op"), args.get("kind")
+    ready, tags = args.get("ready_us", ts), args.get("tags", {})
+    size, flops = args.get("bytes", 0.0), args.get("flops", 0.0)
+    group, peer = args.get("group"), args.get("peer")
+    if not (
+        type(label) is str
+        and type(op_id) is int
+        and 0 <= op_id < 2**63
+        and type(op) is str
+        and type(kind) is str
+        and type(ready) in _NUMBERS
+        and -LONGEST_TRACE_US <= ready <= LONGEST_TRACE_US
+        and type(size) in _NUMBERS
+        and 0 <= size <= _FLOAT_MAX
+        and type(flops) in _NUMBERS
+        and 0 <= flops <= _FLOAT_MAX
+        and (group is None or type(group) is str)
+        and (peer is None or (type(peer) is int and 0 <= peer <= HIGHEST_RANK))
+        and _plain_tags(tags)
+    ):
+        return None
+    start = ts / 1e6
+    return OpRecord(
+        rank,
+        op_id,
+        thread_names.get((rank, tid), str(tid)),
+        op,
+        kind,
+        label,
+        tags,
+        ready / 1e6,
+        start,
+        start + dur / 1e6,
+        size,
+        flops,
+        group,
+        peer,
+    )
+
+
 def _record(
     event: dict[str, Any], where: str, thread_names: dict[tuple[int, Any], str]
 ) -> OpRecord:
-    """The op record of one complete (``"ph": "X"``) event."""
+    """The op record of one complete (``"ph": "X"``) event, each field checked in turn:
+    the first that is not as parasim writes it is a :class:`TraceFileError` naming it."""
     rank = _integer(event.get("pid"), where, "pid (the rank)", HIGHEST_RANK)
     tid = event.get("tid")
     if not (isinstance(tid, str) or (isinstance(tid, int) and not isinstance(tid, bool))):
@@ -1046,7 +1131,7 @@ def _record(
         tags=_tags(args.get("tags", {}), where),
         ready=_time_us(args.get("ready_us", ts), where, "args.ready_us") / 1e6,
         start=ts / 1e6,
-        end=(ts + dur) / 1e6,
+        end=ts / 1e6 + dur / 1e6,
         bytes=_count(args.get("bytes", 0.0), where, "args.bytes"),
         flops=_count(args.get("flops", 0.0), where, "args.flops"),
         group=None if group is None else _text(group, where, "args.group"),
@@ -1152,7 +1237,10 @@ def trace_from_chrome(document: Any, source: str = "the trace") -> Trace:
         if not isinstance(event, dict):
             raise TraceFileError(f"{source}: event {index} is {_shown(event)}, not an object")
         if event.get("ph") == "X":
-            records.append(_record(event, f"{source}: event {index}", thread_names))
+            record = _plain_record(event, thread_names)
+            if record is None:
+                record = _record(event, f"{source}: event {index}", thread_names)
+            records.append(record)
     if not records:
         raise TraceFileError(
             f'{source}: no op events (complete events, "ph": "X"), so no op to compare'
