@@ -11,14 +11,18 @@ Nothing listens on the network. The ranks meet through a file store in a private
 temporary folder (``PARASIM_STORE``, a :class:`torch.distributed.FileStore`), not a TCP
 store (torch's binds every interface), and gloo and NCCL open their connections on the
 loopback interface (``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``). Each rank
-watches its launcher and ends itself if the launcher dies (:mod:`hardware.rank`).
+is killed by the kernel as its launcher dies (:mod:`hardware.rank`). The temporary
+folder is named after the launcher's process id: one left by a launcher killed with
+SIGKILL is removed by the next launch (:func:`remove_stale_run_dirs`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,7 +33,7 @@ from simulator.common.machine import machine_memory
 
 from .runtime import HardwareError, machine_cores
 
-__all__ = ["launch_local", "loopback_interface", "rank_cpus"]
+__all__ = ["launch_local", "loopback_interface", "rank_cpus", "remove_stale_run_dirs"]
 
 #: How long the launcher waits, after a rank fails, for the others to report before it
 #: stops them: a rank that stopped responding is found by its own watchdog about when
@@ -96,11 +100,53 @@ def check_ranks(nproc: int, backend: str) -> None:
         )
 
 
+#: The start of a run folder's name in the temporary directory; the launcher's process
+#: id and a dash follow.
+RUN_DIR_PREFIX = "parasim-run-"
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie, ended but not yet
+    reaped by its parent, has)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc: os.kill's answer stands
+        return True
+
+
+def remove_stale_run_dirs(temp_dir: str | None = None) -> list[Path]:
+    """Remove the run folders (this user's, in ``temp_dir``, by default the temporary
+    directory) whose launcher has ended: a launcher killed with SIGKILL cannot remove
+    its own. Folders of live launchers, and any other name, are left alone. Returns the
+    folders removed."""
+    removed = []
+    for folder in Path(temp_dir or tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*-*"):
+        pid = folder.name[len(RUN_DIR_PREFIX) :].split("-", 1)[0]
+        try:
+            info = folder.lstat()
+        except OSError:  # removed meanwhile, by another launcher
+            continue
+        owned = info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode)  # not a link
+        if not pid.isdigit() or not owned or _process_alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 def launch_local(module: str, args: list[str], nproc: int, backend: str, timeout_s: float) -> None:
     """Run ``python -m module args`` on ``nproc`` local ranks; raise HardwareError on
     failure, KeyboardInterrupt when interrupted (the ranks are stopped first)."""
     check_ranks(nproc, backend)
-    with tempfile.TemporaryDirectory(prefix="parasim-run-") as run_dir:
+    remove_stale_run_dirs()
+    prefix = f"{RUN_DIR_PREFIX}{os.getpid()}-"
+    with tempfile.TemporaryDirectory(prefix=prefix) as run_dir:
         env = dict(
             os.environ,
             PARASIM_BACKEND=backend,

@@ -7,9 +7,11 @@ imports torch would print a traceback beside parasim's one line, and one stopped
 exception while gloo's threads run would abort in C++ ("terminate called without an
 active exception"). So here SIGINT and SIGTERM end a rank at once and quietly
 (``os._exit``, status 128 + signal: its results go to a staging folder the interrupted
-command discards). A thread ends the rank the same way within half a second of its
-launcher's death (``PARASIM_LAUNCHER_PID`` is no longer its parent), so a killed
-command leaves no rank behind. Then ``MODULE`` runs as ``python -m MODULE`` would.
+command discards). A launcher killed outright (SIGKILL) stops nothing, so each rank
+asks the kernel to kill it as its launcher (``PARASIM_LAUNCHER_PID``) ends, the moment
+it starts and before it imports torch (:func:`simulator.common.forked.end_with_parent`;
+off Linux, a thread looks for the launcher every 0.1 s): a killed command leaves no
+rank behind. Then ``MODULE`` runs as ``python -m MODULE`` would.
 """
 
 from __future__ import annotations
@@ -18,25 +20,15 @@ import os
 import runpy
 import signal
 import sys
-import threading
-import time
 from typing import Any
+
+from simulator.common.forked import end_with_parent
 
 __all__: list[str] = []
 
 
-#: How often a rank checks that its launcher is alive.
-LAUNCHER_CHECK_S = 0.5
-
-
 def _stop(signum: int, frame: Any) -> None:
     os._exit(128 + signum)
-
-
-def _watch_launcher(launcher: int) -> None:
-    while os.getppid() == launcher:
-        time.sleep(LAUNCHER_CHECK_S)
-    os._exit(128 + signal.SIGHUP)  # orphaned: the command that started this rank is gone
 
 
 if __name__ == "__main__":
@@ -44,7 +36,9 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _stop)
     launcher = os.environ.get("PARASIM_LAUNCHER_PID")
     if launcher:
-        threading.Thread(target=_watch_launcher, args=(int(launcher),), daemon=True).start()
+        # the launcher's thread that started this rank waits in launch_local until every
+        # rank has ended, so its death is the launcher's
+        end_with_parent(int(launcher), by_kernel=True)
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -15,7 +15,7 @@ did; an interrupted child (Ctrl-C reaches the whole process group) raises there 
 
 A child never outlives its parent: killed with SIGKILL, the parent can stop nothing,
 so the child asks Linux to kill it as the parent ends (``PR_SET_PDEATHSIG``), and
-elsewhere watches its parent from a thread (:func:`_end_with_parent`).
+elsewhere watches its parent from a thread (:func:`end_with_parent`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Forked", "start_forked", "usable_cores", "wait_all"]
+__all__ = ["Forked", "end_with_parent", "start_forked", "usable_cores", "wait_all"]
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -112,12 +112,13 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
-def _end_with_parent(parent: int, by_kernel: bool) -> None:
-    """In a forked child: end at once when ``parent`` does, whatever kills it. With
-    ``by_kernel`` (the fork was made by the parent's main thread, which lives as long as
-    the parent: Linux signals the death of the forking *thread*), the kernel sends
-    SIGKILL; otherwise a daemon thread looks every :data:`PARENT_CHECK_S` seconds. A
-    parent that died before this ran is caught by the first look."""
+def end_with_parent(parent: int, by_kernel: bool) -> None:
+    """In a child process: end at once when ``parent`` does, whatever kills it. With
+    ``by_kernel`` (the thread that started this process lives as long as the parent
+    needs it: Linux signals the death of that *thread*, not of the whole parent), the
+    kernel sends SIGKILL; otherwise, or where it cannot, a daemon thread looks every
+    :data:`PARENT_CHECK_S` seconds. A parent that died before this ran is caught by the
+    first look. Also called by each rank of a local launch (:mod:`hardware.rank`)."""
     prctl = _prctl() if by_kernel else None
     if prctl is not None and prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
         if os.getppid() != parent:
@@ -135,7 +136,7 @@ def _end_with_parent(parent: int, by_kernel: bool) -> None:
 def start_forked(work: Callable[[], T], fork: bool = True) -> Forked[T]:
     """Start ``work`` in a forked child and return at once; with ``fork`` false, on a
     single core or where the system cannot fork, run it here first. The child ends
-    with this process, even one killed by SIGKILL (:func:`_end_with_parent`)."""
+    with this process, even one killed by SIGKILL (:func:`end_with_parent`)."""
     if not fork or not hasattr(os, "fork") or usable_cores() < 2:
         try:
             return Forked(None, None, (True, work()))
@@ -152,7 +153,7 @@ def start_forked(work: Callable[[], T], fork: bool = True) -> Forked[T]:
     os.close(read)  # the child: do the work, say how it went, leave
     code = 0
     try:
-        _end_with_parent(parent, by_kernel)
+        end_with_parent(parent, by_kernel)
         try:
             message = pickle.dumps((True, work()))
         except BaseException as error:  # noqa: BLE001  (the parent raises it)
