@@ -12,16 +12,18 @@ waiting for its sender), and the part before the op was even issued is explained
 slowest rank finishes: ``bubble`` in a pipeline (the flush), ``imbalance_stall``
 otherwise. Whatever no op explains is ``other``. The categories are intervals that
 partition ``[0, step_time]``, so they add up to the step time. A block (one pipeline
-action) is accounted as its body is, once per body: its compute, and its exposed TP
-communication.
+action) is accounted as its body is, run by the rank the block is on (a straggler's
+compute stretched, shared cores' calls too), once per body and rank factors: its
+compute, and its exposed TP communication.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from simulator.analysis.result import Breakdown, RankAccount
-from simulator.engine.blocks import BlockTimer
+from simulator.engine.blocks import BodyTimes
 from simulator.engine.core import SimulationTimes
 from simulator.request.layout import Layout
 from simulator.schedule.ir import Block, Collective, Compute, Schedule
@@ -49,12 +51,13 @@ def account_rank(
     end: list[float],
     step_time: float,
     pipelined: bool,
-    blocks: BlockTimer | None = None,
+    blocks: Callable[[Block], BodyTimes] | None = None,
     _bodies: dict[int, tuple] | None = None,
     intervals: list[tuple[str, float, float]] | None = None,
 ) -> dict[str, Any]:
     """Breakdown of one rank: categories (seconds), exposed comm per axis, compute per phase.
-    ``blocks`` times the bodies of the rank's blocks. With ``intervals`` (a list), every
+    ``blocks`` times the bodies of the rank's blocks as they ran on this rank
+    (``BlockTimer.on(rank)``). With ``intervals`` (a list), every
     stretch of the compute stream that is not compute is appended to it as
     ``(category, start, end)``, so a timeline can draw the bubbles and stalls."""
     bodies = {} if _bodies is None else _bodies
@@ -80,7 +83,7 @@ def account_rank(
         for index, dep in enumerate(op.deps):
             finished = end[dep]
             if points and points[index] >= 0:
-                finished = _point_end(ops[dep], start[dep], finished, points[index], blocks)
+                finished = _point_end(ops[dep], start[dep], points[index], blocks)
             if latest is None or finished > latest or (finished == latest and dep < best):
                 best, latest = dep, finished
         return None if latest is None else best
@@ -142,37 +145,32 @@ def account_rank(
 
 
 def _point_end(
-    block: Block, begun: float, ended: float, point: int, blocks: BlockTimer | None
+    block: Block, begun: float, point: int, blocks: Callable[[Block], BodyTimes] | None
 ) -> float:
-    """When op ``point`` of ``block``'s body ended, the block having run from ``begun``
-    to ``ended`` (stretched as a straggler's is, where it was)."""
+    """When op ``point`` of ``block``'s body ended, the block having begun at ``begun``
+    on the rank ``blocks`` times bodies for."""
     if blocks is None:
         raise ValueError("accounting a schedule with blocks needs their body times")
-    body = blocks(block)
-    seconds = body.end[point]
-    if begun + body.makespan != ended and body.makespan > 0:
-        seconds *= (ended - begun) / body.makespan
-    return begun + seconds
+    return begun + blocks(block).end[point]
 
 
-def _body_breakdown(block: Block, blocks: BlockTimer | None, cache: dict) -> dict[str, Any]:
-    """A block's accounting: its body's, as if the body were a rank of its own."""
-    cached = cache.get(id(block.body))
-    if cached is None or cached[0] is not block.body:
-        if blocks is None:
-            raise ValueError("accounting a schedule with blocks needs their body times")
-        times = blocks(block)
-        # a body retargeted from another stage's, with the same times (BlockTimer hands
-        # out the one BodyTimes), accounts the same: its ops differ only in their groups
-        same = cache.get(("times", id(times)))
-        if same is not None and same[0] is times and len(same[2]) == len(block.body):
-            row = same[1]
-        else:
-            row = account_rank(
-                list(block.body), times.ready, times.start, times.end, times.makespan, False
-            )
-            cache[("times", id(times))] = (times, row, block.body)
-        cached = cache[id(block.body)] = (block.body, row)
+def _body_breakdown(
+    block: Block, blocks: Callable[[Block], BodyTimes] | None, cache: dict
+) -> dict[str, Any]:
+    """A block's accounting: its body's as it ran on the rank (``blocks``), as if the
+    body were a rank of its own. One body run at one rank's factors has one
+    ``BodyTimes``; a body retargeted from another stage's, with the same times
+    (``BlockTimer`` hands out the one ``BodyTimes``), accounts the same: its ops differ
+    only in their groups. So the accounting is memoised by the times."""
+    if blocks is None:
+        raise ValueError("accounting a schedule with blocks needs their body times")
+    times = blocks(block)
+    cached = cache.get(id(times))
+    if cached is None or cached[0] is not times or len(cached[2]) != len(block.body):
+        row = account_rank(
+            list(block.body), times.ready, times.start, times.end, times.makespan, False
+        )
+        cached = cache[id(times)] = (times, row, block.body)
     return cached[1]
 
 
@@ -198,7 +196,7 @@ def account_step(
             times.end[rank],
             times.step_time,
             pipelined=layout.pp > 1,
-            blocks=times.blocks,
+            blocks=None if times.blocks is None else times.blocks.on(rank),
             _bodies=bodies,
             intervals=None if idle is None else idle[rank],
         )

@@ -13,8 +13,8 @@ soon as its stream predecessor and its deps have theirs —
   two being posted.
 
 An op that waits for a point inside a block (``Op.points``) waits for that body op's
-end in the block's run: the block's start plus the body op's end, stretched as the
-block is.
+end in the block's run: the block's start plus the body op's end in the body's run on
+that rank (its compute and calls stretched by the rank's factors, as the block was).
 
 It gives the same times as the SimPy engine in analytic fidelity (a test holds them
 together) for a fraction of the cost, since no event is scheduled.
@@ -27,7 +27,7 @@ from collections import deque
 
 from simulator.common.errors import DeadlockError, ScenarioError
 from simulator.engine.alone import AloneTimes
-from simulator.engine.blocks import BlockTimer, BodyTimes
+from simulator.engine.blocks import BlockTimer
 from simulator.engine.compute import ComputeModel
 from simulator.schedule.ir import Block, Collective, Compute, Schedule, Send
 from topologies import Cluster
@@ -51,11 +51,16 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
         choices[name] = choices.get(name, 0) + 1
         return seconds
 
+    host = compute.host_overhead
+    factors = dict(options.rank_factors)
+    comm_factors = dict(options.comm_factors)
     block_times = BlockTimer(
         lambda op, body: compute.with_comm(op, body, plan),
         plan,
-        compute.host_overhead,
+        host,
         schedule.body_templates,
+        factors,
+        comm_factors,
     )
     beside: dict[int, float] = {}  # id(compute op) -> its time with the comm beside it
 
@@ -68,36 +73,25 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             seconds = beside[id(op)] = compute.with_comm(op, schedule.programs[rank].ops, plan)
         return seconds
 
-    host = compute.host_overhead
-    factors = dict(options.rank_factors)
-    comm_factors = dict(options.comm_factors)
-
     def stretch(ranks) -> float:
         """How many times as long a call of ``ranks`` takes for their shared cores."""
         return max(comm_factors.get(r, 1.0) for r in ranks) if comm_factors else 1.0
 
     action_start: dict[int, float] = {}  # rank -> start of its current action's first op
-    makespans: dict[int, float] = {}  # id(body) -> its makespan
-    runs: dict[int, list] = {}  # id(body) -> [body, times it ran]
+    runs: dict[int, list] = {}  # id(body) -> [block, times it ran]
 
-    body_times: dict[int, BodyTimes] = {}  # id(body) -> its times
-
-    def block_time(op: Block) -> float:
-        key = id(op.body)
-        seconds = makespans.get(key)
-        if seconds is None:
-            times = body_times[key] = block_times(op)
-            seconds = makespans[key] = times.makespan
-            runs[key] = [op, 0]
-        runs[key][1] += 1
-        return seconds
+    def block_time(rank: int, op: Block) -> float:
+        """The block's duration on ``rank``: its body's makespan at the rank's factors."""
+        run = runs.get(id(op.body))
+        if run is None:
+            run = runs[id(op.body)] = [op, 0]
+        run[1] += 1
+        return block_times(op, rank).makespan
 
     def point_end(rank: int, block_id: int, point: int) -> float:
-        """When op ``point`` of a block's body ends, the block having run (and so been
-        timed: ``block_time``)."""
-        body = body_times[id(schedule.programs[rank].ops[block_id].body)]
-        scale = factors.get(rank, 1.0) if factors else 1.0  # the block ran stretched
-        return start[rank][block_id] + body.end[point] * scale
+        """When op ``point`` of a block's body ends, the block having run on ``rank``."""
+        body = block_times(schedule.programs[rank].ops[block_id], rank)
+        return start[rank][block_id] + body.end[point]
 
     ready, start, end = {}, {}, {}
     streams: list[tuple[int, list]] = []
@@ -181,10 +175,10 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
             if kind is Compute or kind is Block:
                 if kind is Compute:
                     stop = at + compute_time(rank, op)
-                else:
-                    stop = at + block_time(op)
-                if factors:  # stragglers: this rank's compute runs slower
-                    stop = at + (stop - at) * factors.get(rank, 1.0)
+                    if factors:  # stragglers, shared cores: this rank's compute runs slower
+                        stop = at + (stop - at) * factors.get(rank, 1.0)
+                else:  # its body's ops stretched by the rank's factors
+                    stop = at + block_time(rank, op)
                 begun[op_id], done[op_id] = at, stop
                 clock[index] = stop
                 heads[index] += 1

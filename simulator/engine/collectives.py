@@ -260,8 +260,10 @@ def plan_collective(
 ) -> Plan:
     """NCCL's choice for ``kind`` of ``size`` bytes on ``gpus``, and its transfer
     (memoised on the cluster: a step asks for the same few plans thousands of times,
-    and a sweep reuses one cluster for every layout)."""
-    gpus = sorted(gpus)
+    and a sweep reuses one cluster for every layout). A collective's members are a set,
+    taken in GPU order; a send/recv's two (``p2p``) are ``[src, dst]``, in that order:
+    its direction is its route's."""
+    gpus = list(gpus) if kind == "p2p" else sorted(gpus)
     key = (kind, tuple(gpus), size, algorithm, protocol)
     plan = cluster.plan_cache.get(key)
     if plan is None:

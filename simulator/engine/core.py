@@ -86,8 +86,8 @@ class EngineOptions:
     protocol: str | None = None
     # analytic fidelity: solve the times directly (closed_form) or replay them in SimPy
     closed_form: bool = True
-    # stragglers: (rank, factor) pairs; a rank's compute (and blocks) take factor times
-    # as long (:func:`simulator.engine.stragglers.rank_factors`); absent ranks take 1
+    # stragglers: (rank, factor) pairs; a rank's compute ops (blocks' too) take factor
+    # times as long (:func:`simulator.engine.stragglers.rank_factors`); absent ranks take 1
     rank_factors: tuple[tuple[int, float], ...] = ()
     # CPU ranks sharing cores: (rank, factor) pairs; a communication call takes the
     # largest factor of its members times as long (simulator.engine.core_sharing)
@@ -124,6 +124,8 @@ class _Engine:
             self.alone.collective,
             self.compute.host_overhead,
             schedule.body_templates,
+            self.factors,
+            self.comm_factors,
         )
         self.action_start: dict[int, float] = {}  # rank -> its current action's start
         self.groups = {name: tuple(members) for name, members in schedule.groups.items()}
@@ -232,7 +234,7 @@ class _Engine:
                 if self.factors:
                     seconds *= self.factors.get(rank, 1.0)
             elif kind is Block:
-                seconds = self._block_time(op) * self.factors.get(rank, 1.0)
+                seconds = self._block_time(op, rank)
             elif kind is Collective and self.analytic and op.group in self.folded:
                 seconds = self._folded_time(op)  # every member arrives now, by symmetry
             else:
@@ -338,15 +340,15 @@ class _Engine:
         )
 
     def _point_end(self, rank: int, block_id: int, point: int) -> float:
-        """When op ``point`` of a block's body ends, the block having run (stretched as
-        the block was)."""
-        body = self.blocks(self.schedule.programs[rank].ops[block_id])
-        return self.start[rank][block_id] + body.end[point] * self.factors.get(rank, 1.0)
+        """When op ``point`` of a block's body ends, the block having run on ``rank``."""
+        body = self.blocks(self.schedule.programs[rank].ops[block_id], rank)
+        return self.start[rank][block_id] + body.end[point]
 
-    def _block_time(self, op: Block) -> float:
+    def _block_time(self, op: Block, rank: int) -> float:
+        """The block's duration on ``rank``: its body's makespan, run at the rank's factors."""
         self.blocks_run += 1
         self.body_ops += len(op.body) - 1
-        times = self.blocks(op)
+        times = self.blocks(op, rank)
         for name, count in times.choices.items():
             self.choices[name] = self.choices.get(name, 0) + count
         return times.makespan

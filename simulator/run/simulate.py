@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from simulator.analysis.contention import contention_warnings
 from simulator.analysis.links import link_summary
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import account_rank, account_step
@@ -366,7 +367,7 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
             kind_of_op = type(op)
             if expand and kind_of_op is Block:
                 body = _body_records(
-                    rank, op, start[op.id], times.blocks(op), len(records) - first, retagged
+                    rank, op, start[op.id], times.blocks(op, rank), len(records) - first, retagged
                 )
                 records += body
                 continue
@@ -428,7 +429,7 @@ def idle_intervals(run: RunResult, ranks: list[int]) -> dict[str, list[list]]:
                 times.end[rank],
                 times.step_time,
                 pipelined,
-                blocks=times.blocks,
+                blocks=None if times.blocks is None else times.blocks.on(rank),
                 _bodies=bodies,
                 intervals=intervals,
             )
@@ -653,6 +654,11 @@ def assemble_result(
         )
     warnings += pin_warnings(scenario.spec.simulation, times.collective_choices)
     warnings += oversubscription_warnings(scenario.cluster, schedule, layout, fidelity)
+    if fidelity == "analytic":
+        simulation = scenario.spec.simulation
+        warnings += contention_warnings(
+            scenario.cluster, schedule, times, layout, simulation.algorithm, simulation.protocol
+        )
     hfu = hardware_flops / (step * world * gpu.peak_flops)
     if hfu > 1:
         executed = replicas * executed_flops_per_step(schedule)
