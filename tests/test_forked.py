@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,61 +63,82 @@ def test_a_child_that_dies_is_reported():
         start_forked(dies).result()
 
 
-def test_an_interrupted_wait_stops_the_child_before_the_interruption_goes_on(tmp_path):
-    """Ctrl-C while the parent waits: the child is stopped, so it writes nothing into a
-    folder the parent's cleanup is about to remove (it would make the folder again)."""
-    if not hasattr(os, "fork") or usable_cores() < 2:
-        pytest.skip("no second core to fork onto")
-    late = tmp_path / "stage" / "late.txt"
+def _started_writer(folder: Path, name: str):
+    """Work that says it started (its pid in ``folder/<name>.pid``), then would write
+    ``folder/<name>`` after a million seconds: only a stopped child never does."""
 
-    def slow_write() -> None:
-        time.sleep(1.5)
-        late.parent.mkdir(parents=True, exist_ok=True)
-        late.write_text("written after the parent gave up")
+    def write() -> None:
+        (folder / f"{name}.tmp").write_text(str(os.getpid()))
+        os.replace(folder / f"{name}.tmp", folder / f"{name}.pid")
+        time.sleep(10**6)
+        (folder / name).write_text("written after the parent gave up")
+
+    return write
+
+
+def _pid_when_started(folder: Path, name: str) -> int:
+    path = folder / f"{name}.pid"
+    while not path.exists():
+        time.sleep(0.01)
+    return int(path.read_text())
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended and been reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _interrupted_after(seconds: float, wait: Callable[[], object]) -> None:
+    """Call ``wait`` and interrupt it, as Ctrl-C would, after ``seconds``; it must raise
+    KeyboardInterrupt."""
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
-        forked = start_forked(slow_write)
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
         with pytest.raises(KeyboardInterrupt):
-            forked.result()
+            wait()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    time.sleep(2.0)
-    assert not late.exists() and not late.parent.exists()
+
+
+def test_an_interrupted_wait_stops_the_child_before_the_interruption_goes_on(tmp_path):
+    """Ctrl-C while the parent waits: the child is stopped (killed and reaped) before
+    the interruption reaches the caller, so it writes nothing into a folder the
+    parent's cleanup is about to remove (it would make the folder again)."""
+    if not hasattr(os, "fork") or usable_cores() < 2:
+        pytest.skip("no second core to fork onto")
+    forked = start_forked(_started_writer(tmp_path, "late"))
+    child = _pid_when_started(tmp_path, "late")
+    try:
+        _interrupted_after(0.1, forked.result)
+        assert _gone(child)
+    finally:
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
 
 
 def test_an_interrupted_wait_for_several_writers_stops_every_one(tmp_path):
     """The run's files aside are written by a process each: Ctrl-C while the first is
-    waited for stops the others too, and nothing lands in the folder afterwards."""
+    waited for stops the others too, before the interruption goes on."""
     if not hasattr(os, "fork") or usable_cores() < 2:
         pytest.skip("no second core to fork onto")
-
-    def slow_write(name: str):
-        def write() -> None:
-            time.sleep(1.5)
-            (tmp_path / name).write_text("written after the parent gave up")
-
-        return write
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGALRM, interrupt)
+    asides = [(name, start_forked(_started_writer(tmp_path, name))) for name in ("a", "b")]
+    children = [_pid_when_started(tmp_path, name) for name in ("a", "b")]
     try:
-        asides = [(name, start_forked(slow_write(name))) for name in ("a", "b")]
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
-        with pytest.raises(KeyboardInterrupt):
-            wait_all(asides)
+        _interrupted_after(0.1, lambda: wait_all(asides))
+        assert all(_gone(child) for child in children)
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    time.sleep(2.0)
-    assert not list(tmp_path.iterdir())
+        for child in children:
+            if not _gone(child):
+                os.kill(child, signal.SIGKILL)
 
 
 def test_every_writer_aside_is_waited_for_and_the_first_failure_raised(tmp_path):
