@@ -288,13 +288,20 @@ def violations(run: RunResult) -> list[str]:
             broken.append(f"rank {row.rank}: categories sum to {total}, step {step}")
             break
     # MFU and HFU count causal attention's full s² (DESIGN.md); what the kernels run,
-    # the masked half skipped, must fit in the GPUs' peak
+    # the masked half skipped, must fit in the GPUs' peak; and MFU and HFU are the
+    # TFLOP/s per GPU the result states over the peak it states
     world = run.scenario.layout.world
     executed = executed_flops_per_step(run.schedule) * world / len(run.schedule.programs)
     utilisation = executed / (step * world * run.scenario.cluster_spec.gpu.peak_flops)
-    if not (0 <= result.mfu <= result.hfu + 1e-9 and utilisation <= 1 + 1e-9):
+    peak = result.cluster.peak_flops_per_gpu
+    agree = math.isclose(
+        result.mfu * peak, result.tflops_per_gpu * 1e12, rel_tol=1e-9
+    ) and math.isclose(result.hfu * peak, result.hardware_tflops_per_gpu * 1e12, rel_tol=1e-9)
+    if not (0 <= result.mfu <= result.hfu + 1e-9 and utilisation <= 1 + 1e-9 and agree):
         broken.append(
-            f"MFU {result.mfu:.4f}, HFU {result.hfu:.4f}, executed {utilisation:.4f} of peak"
+            f"MFU {result.mfu:.4f}, HFU {result.hfu:.4f}, executed {utilisation:.4f} of peak; "
+            f"{result.tflops_per_gpu:.4g} model and {result.hardware_tflops_per_gpu:.4g} "
+            f"hardware TFLOP/s per GPU of a {peak / 1e12:.4g} TFLOP/s peak"
         )
     memory = result.memory
     if memory.peak_bytes_per_gpu < 0 or any(

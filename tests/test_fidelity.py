@@ -6,11 +6,13 @@ import json
 
 import pytest
 
+from simulator.analysis.contention import missed_contention
 from simulator.cli.main import main
+from simulator.engine.collectives import collective_transfers
 from simulator.engine.core import EngineOptions, simulate
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import run_scenario
-from simulator.schedule.ir import Collective, Program, Schedule
+from simulator.schedule.ir import Collective, Program, Recv, Schedule, Send
 
 from .conftest import SCENARIOS
 from .helpers import cluster
@@ -301,3 +303,123 @@ def test_an_oversubscription_that_no_traffic_crosses_says_so():
         load_scenario(SCENARIOS / "pipeline-demo.yaml", ["cluster.network.core_oversubscription=2"])
     ).result
     assert any("there is no core to cross" in w for w in one_pod.warnings)
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "flow"])
+def test_a_send_and_its_reverse_move_on_opposite_links(fidelity):
+    """Two ranks that send to each other at once (a context-parallel ring of two, a
+    pipeline's forward and backward) use each direction of their links once: the
+    exchange takes as long as one send alone."""
+    machine = cluster("dgx-h100", 1)
+    size = 64 * 2**20
+    one_way = {
+        0: Program(0, [Send(0, "s", 1, size, 0)]),
+        1: Program(1, [Recv(0, "r", 0, size, 0)]),
+    }
+    both_ways = {
+        r: Program(r, [Send(0, "s", 1 - r, size, 0), Recv(1, "r", 1 - r, size, 0)]) for r in (0, 1)
+    }
+    options = EngineOptions(fidelity)
+    alone = simulate(Schedule(one_way, {}), machine, options).step_time
+    exchange = simulate(Schedule(both_ways, {}), machine, options).step_time
+    assert exchange == pytest.approx(alone, rel=1e-9)
+
+
+def test_an_uneven_all_to_all_sends_each_pair_its_own_way():
+    """An uneven all-to-all moves each pair's bytes from its source to its destination:
+    two ranks exchanging equal splits load each direction of their links once."""
+    machine = cluster("dgx-h100", 1)
+    size = 64 * 2**20
+    even = collective_transfers(machine, "all_to_all", [0, 1], size)[1]
+    uneven = collective_transfers(
+        machine, "all_to_all", [0, 1], size, splits={0: (0.0, size / 2), 1: (size / 2, 0.0)}
+    )[1]
+    crossings = [link for spec in uneven for link in spec.usage]
+    assert len(crossings) == len(set(crossings)) == 4  # each GPU's link up and its link down
+    assert set(crossings) == {link for spec in even for link in spec.usage}
+
+
+def _two_axes_on_one_link(size: float) -> Schedule:
+    """Ranks 0 and 1 each run a TP and a DP all-reduce of ``size`` bytes at once, on two
+    groups of the same two GPUs (two streams, the same NVLink ports)."""
+    programs = {
+        r: Program(
+            r,
+            [
+                Collective(0, "tp", "all_reduce", "tp0", size, tags={"axis": "tp"}),
+                Collective(1, "dp", "all_reduce", "dp0", size, tags={"axis": "dp"}),
+            ],
+        )
+        for r in (0, 1)
+    }
+    return Schedule(programs, {"tp0": (0, 1), "dp0": (0, 1)})
+
+
+def test_the_contention_analytic_leaves_out_is_what_flow_adds():
+    """Two calls of two axes on the same links at once: analytic runs each at full speed,
+    flow shares the links; the contention the analytic timeline shows left out is the
+    time flow adds, and it names the axes and a rank that lost it."""
+    machine = cluster("dgx-h100", 1)
+    schedule = _two_axes_on_one_link(256 * 2**20)
+    layout = load_scenario(SCENARIOS / "small.yaml", []).layout
+    analytic = simulate(schedule, machine, EngineOptions("analytic"))
+    flow = simulate(schedule, machine, EngineOptions("flow"))
+    missed = missed_contention(machine, schedule, analytic, layout)
+    assert flow.step_time > 1.9 * analytic.step_time
+    assert missed.seconds == pytest.approx(flow.step_time - analytic.step_time, rel=0.01)
+    assert missed.axes == ("dp", "tp") and missed.rank in (0, 1)
+
+
+def test_calls_of_one_axis_one_after_another_leave_nothing_out():
+    machine = cluster("dgx-h100", 1)
+    schedule = _two_axes_on_one_link(256 * 2**20)
+    for program in schedule.programs.values():  # both on one stream: one after the other
+        program.ops[1].stream = "tp"
+    layout = load_scenario(SCENARIOS / "small.yaml", []).layout
+    analytic = simulate(schedule, machine, EngineOptions("analytic"))
+    assert missed_contention(machine, schedule, analytic, layout).seconds == 0.0
+
+
+@pytest.mark.parametrize(
+    "name,overrides",
+    [
+        ("gpt3-175b.yaml", []),
+        ("llama3-70b-3d.yaml", []),
+        ("pipeline-demo.yaml", []),
+        ("small.yaml", []),
+    ],
+)
+def test_a_layout_whose_axes_keep_to_their_links_carries_no_contention_warning(name, overrides):
+    result = run_scenario(
+        load_scenario(SCENARIOS / name, ["simulation.fidelity=analytic", *overrides]),
+        numbers_only=True,
+    ).result
+    assert not any("flow fidelity" in warning for warning in result.warnings), result.warnings
+
+
+@pytest.mark.slow
+def test_an_analytic_step_whose_calls_contend_says_how_much_and_flow_agrees():
+    """TP across two nodes beside pipeline sends and FSDP's gathers on the same NICs:
+    the analytic result warns, and flow finds the step longer by about what it says."""
+    overrides = [
+        "parallel.placement=[tp,pp,dp]",
+        "parallel.tp=16",
+        "parallel.pp=2",
+        "parallel.dp=2",
+        "training.sharding=full",
+        "training.global_batch=8",
+        "cluster.nodes=8",
+        "model.layers=8",
+    ]
+    analytic = run_scenario(
+        load_scenario(
+            SCENARIOS / "pipeline-demo.yaml", [*overrides, "simulation.fidelity=analytic"]
+        )
+    ).result
+    warnings = [w for w in analytic.warnings if "calls run at once on the links" in w]
+    assert len(warnings) == 1 and "--set simulation.fidelity=flow" in warnings[0]
+    flow = run_scenario(
+        load_scenario(SCENARIOS / "pipeline-demo.yaml", [*overrides, "simulation.fidelity=flow"])
+    ).result
+    assert not any("calls run at once on the links" in w for w in flow.warnings)
+    assert flow.step_time_s > 1.02 * analytic.step_time_s

@@ -659,13 +659,15 @@ def assemble_result(
         warnings += contention_warnings(
             scenario.cluster, schedule, times, layout, simulation.algorithm, simulation.protocol
         )
-    hfu = hardware_flops / (step * world * gpu.peak_flops)
+    # each FLOP rate per GPU once, and each utilisation that rate over the peak
+    model_rate, hardware_rate = model_flops / step / world, hardware_flops / step / world
+    hfu = hardware_rate / gpu.peak_flops
     if hfu > 1:
         executed = replicas * executed_flops_per_step(schedule)
         warnings.append(
             f"HFU {hfu:.0%}: like MFU it counts causal attention's full s² (Megatron-LM's "
             f"convention, DESIGN.md), but FlashAttention computes about half of it; the "
-            f"FLOPs the GPUs run reach {executed / (step * world * gpu.peak_flops):.0%} "
+            f"FLOPs the GPUs run reach {executed / step / world / gpu.peak_flops:.0%} "
             "of peak"
         )
     links = link_summary(scenario.cluster, times.link_utilisation, step)
@@ -702,9 +704,9 @@ def assemble_result(
         tokens_per_s=training.global_batch * scenario.model.seq_len / step,
         model_flops_per_step=model_flops,
         hardware_flops_per_step=hardware_flops,
-        tflops_per_gpu=model_flops / step / world / 1e12,
-        mfu=model_flops / (step * world * gpu.peak_flops),
-        hardware_tflops_per_gpu=hardware_flops / step / world / 1e12,
+        tflops_per_gpu=model_rate / 1e12,
+        mfu=model_rate / gpu.peak_flops,
+        hardware_tflops_per_gpu=hardware_rate / 1e12,
         hfu=hfu,
         breakdown=breakdown,
         per_rank=per_rank,
