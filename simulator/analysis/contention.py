@@ -45,7 +45,7 @@ from simulator.engine.blocks import BodyTimes
 from simulator.engine.collectives import TransferSpec, collective_transfers, p2p_transfer
 from simulator.engine.core import SimulationTimes
 from simulator.request.layout import Layout
-from simulator.schedule.ir import Block, Collective, Recv, Schedule, Send
+from simulator.schedule.ir import Block, Collective, Compute, Recv, Schedule, Send
 from topologies import Cluster
 
 __all__ = ["MissedContention", "missed_contention", "contention_warnings", "WARN_FRACTION"]
@@ -159,16 +159,19 @@ class _RankCalls:
         blocked: dict[int, tuple[tuple, list[int]]] = {}
         for op in ops:
             kind = type(op)
+            if kind is Compute:
+                continue
             if kind is Block:
                 entry = blocked.get(id(op.body))
                 if entry is None:
                     entry = blocked[id(op.body)] = (op.body, [])
                 entry[1].append(op.id)
                 continue
+            # calls alike in group (or peer), size and stream repeat one call
             if kind is Collective:
-                key: tuple = (op.group, op.kind, op.bytes, _axis(op))
+                key: tuple = (op.group, op.kind, op.bytes, op.stream)
             elif kind is Send or kind is Recv:
-                key = (kind is Send, op.peer, op.bytes, _axis(op))
+                key = (kind is Send, op.peer, op.bytes, op.stream)
             else:
                 continue
             found = plain.get(key)
