@@ -157,7 +157,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     ),
     "sweep-175b-1024": (
         "from simulator.tools.sweep import run_sweep\n"
-        "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024)\n"
+        "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, batch='fixed')\n"
         "figure = {'simulated': out.counts['simulated'], 'enumerated': out.counts['enumerated'],\n"
         "          'ms_per_simulated': 1e3 * out.timing_s['simulate'] / max(1, out.counts['simulated'])}\n",
         30.0,
@@ -168,9 +168,9 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "from simulator.tools.cache import ResultCache\n"
         "from simulator.tools.sweep import run_sweep\n"
         "folder = tempfile.mkdtemp()\n"
-        "run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, cache=ResultCache(folder))\n"
+        "run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, batch='fixed', cache=ResultCache(folder))\n"
         "t = time.perf_counter()\n"
-        "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, cache=ResultCache(folder))\n"
+        "out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, batch='fixed', cache=ResultCache(folder))\n"
         "figure = {'command_s': time.perf_counter() - t, 'cached': out.timing_s['cached']}\n"
         "import shutil; shutil.rmtree(folder, ignore_errors=True)\n",
         2.0,
@@ -182,7 +182,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "times = {None: [], 'local': []}\n"
         "for scheduler in [None, 'local', None, 'local']:  # in turn: best of two each\n"
         "    t = time.perf_counter()\n"
-        "    out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, workers=2, scheduler=scheduler)\n"
+        "    out = run_sweep('scenarios/gpt3-175b.yaml', gpus=1024, batch='fixed', workers=2, scheduler=scheduler)\n"
         "    times[scheduler].append(time.perf_counter() - t)\n"
         "    if scheduler is None:\n"
         "        pool = out\n"

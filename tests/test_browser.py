@@ -393,12 +393,25 @@ def test_sweep_report_renders(driver, workdir):
         "--workers", "1", "--out", out,
     )  # fmt: skip
     check_report(driver, out / "sweep.html", workdir)
+    assert_on_screen(driver, "memory per GPU")
+
+
+def assert_on_screen(driver: Any, header: str) -> None:
+    """The table's ``header`` column ends within the window: no scrolling to read it."""
+    right = driver.execute_script(
+        "const th = Array.from(document.querySelectorAll('th'))"
+        ".find(h => h.textContent === arguments[0]);"
+        "return th ? th.getBoundingClientRect().right : null;",
+        header,
+    )
+    assert right is not None and 0 < right <= WINDOW[0], f"{header!r} ends at {right} px"
 
 
 def test_scale_report_renders(driver, workdir):
     out = workdir / "scale"
     _parasim("scale", SMALL, "--gpus", "8,16", "--workers", "1", "--out", out)
     check_report(driver, out / "scale.html", workdir)
+    assert_on_screen(driver, "memory per GPU")
     # the GPU axis names the sizes run; the others are round numbers
     ticks = "return Array.from(document.querySelectorAll(arguments[0])).map(t => t.textContent);"
     assert driver.execute_script(ticks, ".xtick text") == ["8", "16"]

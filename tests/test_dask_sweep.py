@@ -3,6 +3,8 @@ process pool, and no candidate lost when a worker dies mid-sweep."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -14,7 +16,7 @@ pytest.importorskip("distributed")
 from distributed import Client, LocalCluster  # noqa: E402
 
 from simulator.common.errors import ParasimError  # noqa: E402
-from simulator.tools.scheduler import SCHEDULER_ENV, scheduler_address  # noqa: E402
+from simulator.tools.scheduler import SCHEDULER_ENV, open_dask, scheduler_address  # noqa: E402
 from simulator.tools.sweep import run_sweep  # noqa: E402
 
 from .conftest import SCENARIOS  # noqa: E402
@@ -100,3 +102,48 @@ def test_an_unreachable_scheduler_is_one_line(capsys, tmp_path):
     assert main([*argv, "--scheduler", "tcp://127.0.0.1:9", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("parasim: error: --scheduler: cannot reach")
+
+
+@pytest.mark.parametrize(
+    "address,expected",
+    [
+        ("inproc://x", "reaches a scheduler inside this process only"),
+        ("inproc://127.0.0.1/1/2", "reaches a scheduler inside this process only"),
+        ("foo://host:8786", "unknown scheme 'foo'"),
+        ("tcp://", "expected tcp://HOST:PORT"),
+        ("tcp://host", "expected tcp://HOST:PORT"),
+        ("tcp://host:port", "expected tcp://HOST:PORT"),
+        ("tcp://host:0", "expected tcp://HOST:PORT"),
+        ("tcp://host:65536", "expected tcp://HOST:PORT"),
+        ("host:8786", "expected 'local' or a scheduler"),
+    ],
+)
+def test_an_odd_scheduler_address_is_one_line_before_anything_starts(address, expected, tmp_path):
+    from simulator.cli.main import main
+
+    err = io.StringIO()
+    argv = ["sweep", str(SCENARIOS / "small.yaml"), "--scheduler", address]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("parasim: error: --scheduler")
+    assert expected in lines[0]
+    for good in ("tcp://10.0.0.1:8786", "tls://[::1]:8786", "ucx://host:13337", "local"):
+        assert scheduler_address(good) == good
+
+
+def test_a_local_cluster_that_fails_to_start_is_one_line(monkeypatch):
+    """A worker killed while the local cluster starts: Dask raises from its nanny."""
+    import distributed
+
+    def dying(*args, **kwargs):
+        raise RuntimeError("Nanny failed to start.\nmore of Dask's own story")
+
+    monkeypatch.setattr(distributed, "LocalCluster", dying)
+    with pytest.raises(ParasimError) as caught:
+        open_dask("local", 2)
+    message = str(caught.value)
+    assert message == (
+        "--scheduler local: the local Dask cluster of 2 workers did not start (Nanny failed "
+        "to start.); run again, or without --scheduler"
+    )

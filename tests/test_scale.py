@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
+from html import unescape
 
 import pytest
 
@@ -138,5 +140,52 @@ def test_best_layout_per_size_and_outputs(tmp_path, capsys):
     html = (out / "scale.html").read_text()
     assert "ideal (linear)" in html and "scaling efficiency" in html
     assert 'src="plotly.min.js"' in html and (out / "plotly.min.js").stat().st_size > 1_000_000
+    # the table below the chart, for reading: the scenario's own size (8 GPUs) marked,
+    # no 16-digit floats, no speedup claimed for a batch that grows
+    table = html[html.index("id='parasim-scale-table'") :]
+    marked = re.findall(r"<tr class='scenario'>.*?</tr>", table)
+    assert len(marked) == 1 and "<td class='gpus'>8</td>" in marked[0]
+    assert "the scenario's own size" in unescape(marked[0])
+    assert not re.search(r"\d\.\d{5,}", table) and "speedup" not in table
+    assert "100.0%" in marked[0]  # the efficiency of the reference size
     printed = capsys.readouterr().out
     assert rows[1]["layout"] in printed and "efficiency" in printed
+
+
+def test_the_older_mode_names_a_batch_policy():
+    args = _parser().parse_args(["scale", str(SMALL), "--gpus", "8", "--mode", "strong"])
+    assert args.mode == "strong" and args.batch is None
+    assert scale.POLICY_OF_MODE == {"weak": "per-gpu", "strong": "fixed"}
+    args = _parser().parse_args(
+        ["scale", str(SMALL), "--gpus", "8", "--mode", "weak", "--batch", "fixed"]
+    )
+    with pytest.raises(ParasimError, match="--mode weak is --batch per-gpu"):
+        scale_command.command(args)
+
+
+def test_the_tokens_policy_keeps_each_gpus_share_and_no_speedup_is_claimed():
+    result = scale.run_scale(SMALL, [8, 16], batch="tokens", overrides=PURE_DP, workers=1)
+    assert [row["global_batch"] for row in result.rows] == [16, 32]
+    assert result.batch == {"policy": "tokens", "scenario_gpus": 8, "scenario_global_batch": 16}
+    assert "speedup" not in result.rows[1]  # a step of another batch does other work
+
+
+def test_a_curve_too_large_for_the_machine_is_refused_before_anything_is_laid_out(monkeypatch):
+    laid_out = []
+    real = scale.scenario_from_dict
+
+    def record(raw, **kwargs):
+        laid_out.append(raw["cluster"]["nodes"])
+        return real(raw, **kwargs)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a size was simulated")
+
+    monkeypatch.setattr(scale, "scenario_from_dict", record)
+    monkeypatch.setattr(scale, "run_sweep", refuse)
+    monkeypatch.setattr(scale, "run_chunked", refuse)
+    million = scale.parse_gpus("8,16,...,1048576")
+    for best in (False, True):
+        with pytest.raises(ParasimError, match=r"1,048,576 GPUs.*too large.*--force"):
+            scale.run_scale(SMALL, million, best=best, workers=1)
+    assert set(laid_out) == {1}  # the scenario at its own size, and no other

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import html
 import itertools
 import json
+import os
+import re
 
 import pytest
 
@@ -16,6 +19,7 @@ from simulator.common.errors import ParasimError, ScenarioError
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import run_scenario
 from simulator.tools import sweep
+from topologies.units import format_time
 
 from .conftest import SCENARIOS
 
@@ -381,17 +385,134 @@ def test_placements_that_tie_are_shown_as_one_entry(capsys):
             )
             assert twin["step_time_s"] == row["step_time_s"]
     print_sweep(result, wide_console(), top=4)
-    assert "(also [" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(also [" in out
+    # the entries are numbered 1, 2, 3, 4, whatever ranks their twins hold in sweep.csv
+    entries = re.findall(r"^ *(\d+)[. ]", out, flags=re.MULTILINE)
+    assert [int(n) for n in entries][:4] == [1, 2, 3, 4], out
 
 
-def test_sweep_html_holds_the_table_it_charts(tmp_path):
+def _page_table(folder) -> str:
+    page = (folder / "sweep.html").read_text()
+    return page[page.index("id='parasim-sweep-table'") :]
+
+
+def test_sweep_html_holds_the_table_it_charts_for_reading(tmp_path):
     assert _command(SMALL, *PINNED, "--workers", 1, "--out", tmp_path, "--top", 3) == 0
-    page = (tmp_path / "sweep.html").read_text()
-    table = page[page.index("id='parasim-sweep-table'") :]
+    table = _page_table(tmp_path)
     result = json.loads((tmp_path / "sweep.json").read_text())
-    assert table.count("<tr>") == 1 + 3  # the header and the three layouts charted
+    rows = re.findall(r"<tr[^>]*>.*?</tr>", table)
+    assert len(rows) >= 1 + 3  # the header, the three layouts charted, and the scenario's
     for row in result["rows"][:3]:
         assert row["layout"] in table
+    header = re.findall(r"<th[^>]*>(.*?)</th>", rows[0])
+    # the decisive columns first: memory on screen beside the step time
+    assert header[:5] == ["#", "layout", "step time", "memory per GPU", "MFU"]
+    # numbers for reading: no 16-digit floats, times in ms, memory in GiB, shares in %
+    assert not re.search(r"\d\.\d{5,}", table)
+    best = result["rows"][0]
+    assert f">{format_time(best['step_time_s'])}<" in table and " ms<" in table
+    assert " of 80 GiB" in table and f"{100 * best['mfu']:.1f}%" in table
+    # knobs that apply to no row are left out: no context parallelism, no experts, no
+    # interleaving, no HSDP, no pipeline in this small space
+    for absent in ("CP kind", "ep", "virtual stages", "HSDP shard", "stage layers", "schedule"):
+        assert absent not in header, absent
+    # the CSV keeps full precision
+    with (tmp_path / "sweep.csv").open() as handle:
+        first = next(csv.DictReader(handle))
+    assert float(first["step_time_s"]) == best["step_time_s"]
+
+
+def test_the_scenarios_own_layout_is_marked_even_below_the_top(tmp_path, capsys):
+    # small.yaml's own layout (tp2 pp1 dp4 mb4) is not the fastest of this space
+    argv = [SMALL, "--fix", "tp=2", "--fix", "recompute=none", "--fix", "pp=1"]
+    assert _command(*argv, "--workers", 1, "--out", tmp_path, "--top", 1) == 0
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    own = result["scenario_layout"]
+    assert own["layout"] == "tp2 pp1 dp4 mb4 1f1b rc=none [tp,dp,pp]"
+    assert own["status"] == "simulated" and own["rank"] > 1
+    assert result["rows"][own["rank"] - 1]["layout"] == own["layout"]
+    table = _page_table(tmp_path)
+    marked = re.findall(r"<tr class='scenario'>.*?</tr>", table)
+    assert len(marked) == 1 and own["layout"] in marked[0]
+    assert "the scenario's own layout" in html.unescape(marked[0])
+    assert "<tr class='gap'>" in table
+    out = capsys.readouterr().out
+    assert f"the scenario's own layout {own['layout']}: #{own['rank']} of" in out
+
+
+def test_the_scenarios_own_layout_says_why_it_has_no_step(tmp_path):
+    # at 16 GPUs tp2 pp1 keeps dp 8, which does not divide a fixed global batch of 4
+    result = sweep.run_sweep(
+        SMALL,
+        gpus=16,
+        batch="fixed",
+        overrides=["training.global_batch=4", "training.micro_batch=1"],
+        fixed={"tp": 8, "recompute": "none", "sharding": "none"},
+        workers=1,
+    )
+    own = result.scenario_layout
+    assert own["status"] == "invalid" and own["rank"] is None
+    assert "global_batch" in own["reason"]
+    from simulator.report.sweep_report import own_line
+
+    assert own_line(result).startswith("the scenario's own layout")
+    assert "not a valid layout here" in own_line(result)
+
+
+def test_the_global_batch_at_another_size_follows_one_policy():
+    assert sweep.scaled_batch("per-gpu", 64, 1024, 128) == 512
+    assert sweep.scaled_batch("fixed", 64, 1024, 128) == 64
+    assert sweep.scaled_batch("tokens", 64, 1024, 128) == 512
+    assert sweep.scaled_batch("tokens", 3, 24, 16) == 4  # 4.5 rounds to the even 4
+    assert sweep.scaled_batch("tokens", 1, 8, 1024) == 1  # never below one sequence
+    with pytest.raises(ParasimError, match=r"global_batch\(3\) \* 24 / 16 GPUs = 4.5"):
+        sweep.scaled_batch("per-gpu", 3, 24, 16)
+    with pytest.raises(ParasimError, match="--batch: expected one of per-gpu, fixed, tokens"):
+        sweep.scaled_batch("weak", 3, 24, 16)
+    # sweep --gpus grows the batch by default, and says so
+    assert sweep.prepare(SMALL, gpus=32).global_batch == 64
+    assert sweep.prepare(SMALL, gpus=32, batch="fixed").global_batch == 16
+    assert sweep.prepare(SMALL).batch["policy"] is None
+
+
+def test_the_console_says_which_batch_policy_applies(tmp_path, capsys):
+    argv = [SMALL, *("--fix", "tp=2", "--fix", "pp=1", "--fix", "recompute=none")]
+    argv += ["--fix", "sharding=none", "--fix", "micro_batch=2"]
+    assert _command(*argv, "--gpus", 16, "--workers", 1, "--out", tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "global batch 32 (--batch per-gpu: each GPU keeps the scenario's 2 sequences" in out
+    assert "--batch fixed keeps 16" in out
+    assert _command(*argv, "--gpus", 16, "--batch", "fixed", "--workers", 1, "--out", tmp_path) == 0
+    assert "global batch 16 (--batch fixed" in capsys.readouterr().out
+    with pytest.raises(ParasimError, match="--batch fixed: only with --gpus"):
+        _command(SMALL, "--batch", "fixed", "--out", tmp_path)
+
+
+def test_a_sweep_too_large_for_the_machine_is_refused_before_anything_is_laid_out(
+    monkeypatch,
+):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a candidate was laid out")
+
+    monkeypatch.setattr(sweep, "check_chunk", refuse)
+    monkeypatch.setattr(sweep, "scenario_from_dict", refuse)
+    gpt3, batch = SCENARIOS / "gpt3-175b.yaml", ["training.global_batch=100000"]
+    with pytest.raises(ParasimError, match=r"the sweep is too large .* 100,000 GPUs.*--force"):
+        sweep.run_sweep(gpt3, gpus=100_000, batch="fixed", workers=1, overrides=batch)
+    # growing the batch with the GPUs makes one layout alone too large, and the line
+    # says how the batch was set
+    with pytest.raises(ParasimError, match=r"a layout of the sweep is too large.*--batch per-gpu made"):
+        sweep.run_sweep(gpt3, gpus=100_000, workers=1, overrides=batch)
+
+
+def test_workers_are_bounded():
+    cores = os.cpu_count() or 1
+    assert sweep.resolve_workers(None) == cores
+    assert sweep.resolve_workers(4 * cores) == 4 * cores or 4 * cores > 256
+    for bad in (0, -2, 10**6, min(256, 4 * cores) + 1):
+        with pytest.raises(ParasimError, match="--workers"):
+            sweep.resolve_workers(bad)
 
 
 def test_candidates_of_one_grid_run_in_one_chunk_in_the_order_given():

@@ -101,8 +101,8 @@ def command(args: argparse.Namespace) -> int:
         )
     out = output_folder(args, "-sweep")
     folder = None if args.no_cache else (args.cache or out.parent / DEFAULT_CACHE_NAME)
-    if folder is not None and folder.exists() and not folder.is_dir():
-        raise ParasimError(f"--cache: {folder} is not a folder")
+    cache = ResultCache(folder)
+    cache.check()
     result = run_sweep(
         args.scenario,
         overrides=args.overrides,
@@ -113,7 +113,7 @@ def command(args: argparse.Namespace) -> int:
         workers=args.workers,
         progress=ProgressBar(interactive()),
         exhaustive=args.exhaustive,
-        cache=ResultCache(folder),
+        cache=cache,
         scheduler=scheduler_address(args.scheduler),
         batch=args.batch,
         force=args.force,

@@ -42,6 +42,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from simulator.analysis.metrics import CATEGORIES
+from simulator.common.errors import ParasimError
 from simulator.common.files import write_atomically
 from simulator.common.version import __version__
 from simulator.request.scenario import apply_overrides
@@ -240,12 +241,30 @@ class ResultCache:
 
     ``hits`` counts the entries read and used; ``rejected`` those found but refused
     (not JSON, or not of their kind's schema), each then computed afresh and written
-    over."""
+    over; ``unwritten`` those the disk refused to keep."""
 
     def __init__(self, folder: str | Path | None):
         self.folder = Path(folder) if folder is not None else None
         self.hits = 0
         self.rejected = 0
+        self.unwritten = 0
+
+    def check(self) -> None:
+        """Refuse a folder the cache cannot keep its entries in, in one line, before a
+        search starts: not a folder, or one that cannot be made or written."""
+        if self.folder is None:
+            return
+        if self.folder.exists() and not self.folder.is_dir():
+            raise ParasimError(f"--cache: {self.folder} is not a folder")
+        probe = self.folder / ".probe"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_atomically(probe, lambda tmp: tmp.write_text("", encoding="utf-8"))
+            probe.unlink()
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            where = f"--cache: cannot keep outcomes in {self.folder}"
+            raise ParasimError(f"{where} ({reason})") from None
 
     def key(
         self,
@@ -311,10 +330,15 @@ class ResultCache:
         return value
 
     def put(self, key: str, value: dict[str, Any]) -> None:
+        """Keep ``value`` under ``key``; one the disk refuses (full, gone) is counted in
+        ``unwritten`` and the search goes on: its outcome is in hand."""
         if self.folder is None:
             return
         text = json.dumps(value, sort_keys=True)
-        write_atomically(self._path(key), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        try:
+            write_atomically(self._path(key), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        except OSError:
+            self.unwritten += 1
 
     def run(
         self,

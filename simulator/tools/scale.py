@@ -50,7 +50,7 @@ from typing import Any
 
 from simulator.common.errors import ParasimError, ScenarioError
 from simulator.common.vocabulary import BATCH_POLICIES, SCALE_MODES
-from simulator.request.scenario import Scenario, apply_overrides, scenario_from_dict
+from simulator.request.scenario import MAX_WORLD, Scenario, apply_overrides, scenario_from_dict
 from simulator.run.simulate import StepSize, request_size
 from simulator.tools.progress import Progress, Silent
 from simulator.tools.sweep import (
@@ -131,6 +131,8 @@ def _count(item: str, text: str) -> int:
         raise ParasimError(f"--gpus {text}: {item!r} is not a number of GPUs") from None
     if value < 1:
         raise ParasimError(f"--gpus {text}: {value} is not a number of GPUs")
+    if value > MAX_WORLD:
+        raise ParasimError(f"--gpus {text}: {value:,} GPUs; parasim lays out at most {MAX_WORLD:,}")
     return value
 
 

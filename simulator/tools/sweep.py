@@ -4,9 +4,10 @@
 tries every layout of the space below, each built by applying ``--set``-style overrides
 to the scenario's own YAML, so every rule of the scenario validator applies to it.
 
-The space (``--gpus N`` first resizes the cluster to ``N / gpus_per_node`` nodes;
-``--fix KEY=VALUE`` replaces one dimension's list by that single value, which may lie
-outside the list, and the validator then judges it):
+The space (``--gpus N`` first resizes the cluster to ``N / gpus_per_node`` nodes, the
+global batch following ``--batch``, :func:`scaled_batch`; ``--fix KEY=VALUE`` replaces
+one dimension's list by that single value, which may lie outside the list, and the
+validator then judges it):
 
 ================ ===================================================================
 ``tp``           divisors of the GPUs per node, up to ``--max-tp``; a ``--max-tp``
@@ -69,12 +70,19 @@ Each candidate then meets these filters, in order, and the count of each is repo
    that ends in an error (a schedule that cannot finish) is counted as *failed*.
 
 The size of the space: GPT-3 175B on 1024 A100s (``scenarios/gpt3-175b.yaml --gpus
-1024``, global batch 64) enumerates 6,574 candidates. The global batch rules out
+1024 --batch fixed``, global batch 64) enumerates 6,574 candidates. The global batch rules out
 ``dp > 64`` (10 invalid candidates stand for those), 552 do not fit in memory, 4,566
 are dominated, and 1,446 analytic runs of 0.05–0.5 s remain: about a minute on two
 cores (``benchmarks/RESULTS.md``).
 Mixture-of-experts steps are not folded (every rank routes differently), so their runs
-take seconds each; pin some dimensions with ``--fix`` to keep such a sweep short.
+take seconds each; pin some dimensions with ``--fix`` to keep such a sweep short. A
+sweep estimated too large for this machine, every listed candidate simulated, is
+refused before anything is laid out (:func:`check_search`); so is ``--workers`` above
+four a core (:func:`resolve_workers`).
+
+Every ranking says where the scenario's own layout stands (:func:`_scenario_layout`):
+its rank, or why it has none, simulating it on its own where the space does not hold
+it or a lighter recompute of it fits.
 
 :func:`run_sweep` does the work and returns a :class:`SweepResult`: data only. The
 ranking table, the counts, ``sweep.csv``, ``sweep.json`` and ``sweep.html`` are drawn
@@ -121,6 +129,7 @@ from simulator.common.vocabulary import (
 from simulator.request.layout import FEWEST_UNEVEN_LAYERS, balanced_stages
 from simulator.request.recipe import LAYOUT_KNOBS, Recipe, knob_overrides, layout_label
 from simulator.request.scenario import (
+    MAX_WORLD,
     ScenarioSpec,
     SimulationSpec,
     apply_overrides,
@@ -358,17 +367,26 @@ def check_fixed(fixed: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
-    """``['tp=8', 'placement=[tp,dp,pp]']`` → checked pins (values read as YAML)."""
+    """``['tp=8', 'placement=[tp,dp,pp]']`` → checked pins (values read as YAML); a pin
+    without a key or a value, or one dimension pinned twice, is refused."""
     fixed: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for item in items:
-        if "=" not in item:
+        key, equals, text = item.partition("=")
+        key = key.strip()
+        if not equals or not key or not text.strip():
             raise ParasimError(f"--fix {item!r}: expected KEY=VALUE, e.g. --fix tp=8")
-        key, text = item.split("=", 1)
         try:
-            value = read_yaml(text, f"--fix {key.strip()}") if text.strip() else None
+            value = read_yaml(text, f"--fix {key}")
         except ConfigTextError as exc:
             raise ParasimError(str(exc)) from None
-        fixed[key.strip()] = value
+        name = check_fixed({key: value}).popitem()[0]  # aliases and prefixes resolved
+        if name in given and given[name] != text.strip():
+            raise ParasimError(
+                f"--fix {name}: pinned twice ({given[name]} and {text.strip()}); pin it once"
+            )
+        given[name] = text.strip()
+        fixed[key] = value
     return check_fixed(fixed)
 
 
@@ -681,6 +699,8 @@ def prepare(
     scenario_gpus = cluster.nodes * per_node
     global_batch = spec.training.global_batch
     if gpus is not None:
+        if gpus > MAX_WORLD:
+            raise ParasimError(f"--gpus: {gpus:,} GPUs; parasim lays out at most {MAX_WORLD:,}")
         if gpus < 1 or gpus % per_node:
             raise ParasimError(
                 f"--gpus: {gpus} GPUs is not a whole number of {cluster.name} nodes "
@@ -1003,7 +1023,7 @@ def check_search(
     largest = max(sizes, key=attrgetter("bytes"))
     problem = None
     for size in (slowest, largest):
-        step = "a layout" if reuses_cluster else f"the step at {size.gpus:,} GPUs"
+        step = f"a layout of {what}" if reuses_cluster else f"the step at {size.gpus:,} GPUs"
         alone = size_problem(size, step)
         if problem is None and alone is not None:
             problem = f"{alone}; {advice(size)}"
