@@ -16,8 +16,8 @@ the seconds its bytes need across the link, spread over its transfer time (1 on 
 link that sets its pace). Where the shares of the calls in flight on one link add up
 past 1, the link has more to carry than it can, and the excess is time some call loses
 in flow: a rank's missed time is the integral over the step of its most overloaded
-link's excess. Only links that calls of two axes cross can be overloaded (one axis's
-calls on a rank run one after another), so only their calls are walked.
+link's excess. Only links that calls of two streams cross can be overloaded (the calls
+of one stream run one after another), so only their calls are walked.
 
 A delay on one pipeline stage holds up the stages that wait for it, through the fill
 and the drain, while the ranks of one stage run side by side: the step's estimate is
@@ -150,10 +150,10 @@ def _axis(op) -> str:
 class _RankCalls:
     """One rank's calls that move data over its own links, gathered by what they ask
     of them (the same call on the same group, the same send to the same peer): which
-    axes cross which links, and the calls in flight on the links two axes share."""
+    streams cross which links, and the calls in flight on the links two streams share."""
 
     def __init__(self, rank: int, ops: list, demands: _Demands):
-        # (demand, axis, ids of the ops that make it), one per distinct call
+        # (demand, axis, stream, ids of the ops that make it), one per distinct call
         plain: dict[tuple, tuple[Any, list[int]]] = {}
         # id(body) -> (body, ids of its blocks)
         blocked: dict[int, tuple[tuple, list[int]]] = {}
@@ -179,15 +179,16 @@ class _RankCalls:
                 found = plain[key] = (op, [])
             found[1].append(op.id)
         self.plain = [
-            (need, _axis(op), ids)
+            (need, _axis(op), op.stream, ids)
             for op, ids in plain.values()
             if (need := demands.of(rank, op))[0]
         ]
-        # (body, [(body op id, demand, axis)], block ids) of bodies whose calls move data
+        # (body, [(body op id, demand, axis, stream)], block ids) of bodies whose calls
+        # move data
         self.blocked = []
         for body, ids in blocked.values():
             calls = [
-                (inner.id, need, _axis(inner))
+                (inner.id, need, _axis(inner), inner.stream)
                 for inner in body
                 if type(inner) is Collective and (need := demands.of(rank, inner))[0]
             ]
@@ -195,14 +196,14 @@ class _RankCalls:
                 self.blocked.append((body, calls, ids))
 
     def shared_links(self) -> set[int]:
-        """The rank's links that calls of two or more axes cross."""
-        axes_on: dict[int, set[str]] = {}
-        calls = [(need, axis) for need, axis, _ in self.plain]
-        calls += [(need, axis) for _, inner, _ in self.blocked for _, need, axis in inner]
-        for need, axis in calls:
+        """The rank's links that calls of two or more streams cross."""
+        streams_on: dict[int, set[str]] = {}
+        calls = [(need, stream) for need, _, stream, _ in self.plain]
+        calls += [(need, stream) for _, inner, _ in self.blocked for _, need, _, stream in inner]
+        for need, stream in calls:
             for link in need[0]:
-                axes_on.setdefault(link, set()).add(axis)
-        return {link for link, axes in axes_on.items() if len(axes) > 1}
+                streams_on.setdefault(link, set()).add(stream)
+        return {link for link, streams in streams_on.items() if len(streams) > 1}
 
     def uses(
         self,
@@ -219,12 +220,12 @@ class _RankCalls:
             return [(uses.row[link], s) for link, s in need[0].items() if link in shared]
 
         starts, ends = np.asarray(start), np.asarray(end)
-        for need, axis, ids in self.plain:
+        for need, axis, _, ids in self.plain:
             links = part(need)
             if links:
                 uses.add(starts[ids], ends[ids], need[1], links, axis)
         for _, calls, ids in self.blocked:
-            on_shared = [(index, need[1], part(need), axis) for index, need, axis in calls]
+            on_shared = [(index, need[1], part(need), axis) for index, need, axis, _ in calls]
             on_shared = [call for call in on_shared if call[2]]
             if not on_shared or body_times is None:
                 continue
