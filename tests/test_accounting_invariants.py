@@ -220,3 +220,23 @@ def test_every_mechanism_at_once_is_accounted(fidelity):
             "training.recompute=selective",
         )
         assert_every_second_accounted(run)
+
+
+@pytest.mark.parametrize(
+    "name,overrides",
+    [
+        ("small.yaml", []),
+        ("pipeline-demo.yaml", ["training.dtype=fp8", "training.recompute=full"]),
+        ("teaching/moe-imbalance-mistake.yaml", ["model.moe.capacity_factor=1.0"]),
+        ("cpu-tiny.yaml", ["cluster.gpu.devices_per_core=2", "cluster.gpu.jitter=0.2"]),
+    ],
+)
+def test_mfu_and_hfu_are_their_tflops_per_gpu_over_the_peak(name, overrides):
+    """MFU is the model TFLOP/s per GPU over the peak the result states, HFU the
+    hardware TFLOP/s; the hardware FLOPs hold the model's (recompute on top, dropped
+    expert assignments in neither)."""
+    result = _run(name, *overrides).result
+    peak = result.cluster.peak_flops_per_gpu
+    assert result.mfu * peak == pytest.approx(result.tflops_per_gpu * 1e12, rel=1e-12)
+    assert result.hfu * peak == pytest.approx(result.hardware_tflops_per_gpu * 1e12, rel=1e-12)
+    assert 0 < result.mfu <= result.hfu <= 1
