@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from simulator.cli.options import (
@@ -13,6 +12,7 @@ from simulator.cli.options import (
     output_folder,
     write_whole,
 )
+from simulator.common.folders import folder_argument
 
 __all__ = ["add_parser", "command"]
 
@@ -36,7 +36,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out",
-        type=Path,
+        type=folder_argument,
         metavar="DIR",
         help="output folder for explain.json and explain.html (default: out/<scenario>-explain)",
     )
@@ -54,16 +54,23 @@ def command(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from simulator.common.files import dumps_result
-    from simulator.report.explain_report import print_explanation, write_explain_outputs
+    from simulator.report.explain_report import (
+        EXPLAIN_FILES,
+        print_explanation,
+        write_explain_outputs,
+    )
     from simulator.report.progress import Status, interactive
     from simulator.tools.explain import diagnose
 
-    out = output_folder(args, "-explain")
+    out = output_folder(args, "-explain", EXPLAIN_FILES)
     message = f"checking {args.scenario} for layering mistakes and simulating their fixes"
     with Status(message, interactive(args.json)):
         explanation = diagnose(args.scenario, args.overrides, fidelity=args.fidelity)
     paths = write_whole(
-        out, lambda folder: write_explain_outputs(explanation, folder), "parasim explain"
+        out,
+        lambda folder: write_explain_outputs(explanation, folder),
+        "parasim explain",
+        EXPLAIN_FILES,
     )
     if args.json:
         sys.stdout.write(dumps_result(explanation.to_dict()))

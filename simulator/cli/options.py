@@ -108,9 +108,7 @@ def add_outputs_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def output_folder(
-    args: argparse.Namespace, suffix: str = "", names: Collection[str] = ()
-) -> Path:
+def output_folder(args: argparse.Namespace, suffix: str = "", names: Collection[str] = ()) -> Path:
     """``--out``, or the default folder of the scenario's name (``out/<name><suffix>``,
     with a hash of the ``--set`` overrides), checked before any work is done: it can be
     written, and none of ``names`` (what the command writes there) is the user's."""

@@ -11,6 +11,7 @@ from typing import Any
 from simulator.cli.launch import add_launch_options, backend, launcher
 from simulator.cli.options import add_set_option, output_folder
 from simulator.common.errors import ParasimError
+from simulator.common.folders import folder_argument
 
 __all__ = ["add_parser", "command"]
 
@@ -29,7 +30,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("scenario", help="scenario YAML file")
     add_set_option(parser)
     add_launch_options(parser)
-    parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-measured)")
+    parser.add_argument(
+        "--out", type=folder_argument, help="output folder (default: out/<scenario>-measured)"
+    )
     parser.add_argument(
         "--warmup",
         type=int,
@@ -50,6 +53,7 @@ def command(args: argparse.Namespace) -> int:
     """Run ``parasim replay``: start :mod:`hardware.replay` on one rank per GPU of the
     scenario's layout."""
     from simulator.common.folders import staged_folder
+    from simulator.report.outputs import OUTPUTS, run_output_names
     from simulator.request.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)  # bad input fails here, at once
@@ -60,10 +64,11 @@ def command(args: argparse.Namespace) -> int:
             f"({scenario.layout.describe()}), not {args.nproc}"
         )
     launch = launcher(f"replaying {scenario.name}")
-    out = output_folder(args, "-measured")
-    # the ranks write into a staging folder that replaces --out once they all finished:
-    # a launcher killed midway leaves --out as it was, whatever its workers still do
-    with staged_folder(out, "parasim replay") as stage:
+    names = run_output_names(OUTPUTS)
+    out = output_folder(args, "-measured", names)
+    # the ranks write into a staging folder whose files move into --out once they all
+    # finished: a launcher killed midway leaves --out as it was, whatever its workers do
+    with staged_folder(out, "parasim replay", names) as stage:
         forwarded = [str(Path(args.scenario).resolve()), "--out", str(stage.resolve())]
         forwarded += [f"--set={o}" for o in args.overrides]
         forwarded += ["--warmup", str(args.warmup), "--steps", str(args.steps)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from simulator.cli.options import (
@@ -16,6 +15,7 @@ from simulator.cli.options import (
     write_whole,
 )
 from simulator.common.errors import ParasimError
+from simulator.common.folders import folder_argument
 from simulator.common.vocabulary import SCALE_MODES
 
 __all__ = ["add_parser", "command"]
@@ -58,7 +58,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--best", action="store_true", help="sweep tp and pp at each size and keep the fastest"
     )
     parser.add_argument("--max-tp", type=int, help="with --best: largest tp to try")
-    parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-scale)")
+    parser.add_argument(
+        "--out", type=folder_argument, help="output folder (default: out/<scenario>-scale)"
+    )
     add_fidelity_option(parser, help="simulation fidelity (default analytic: fast, folded)")
     add_workers_option(parser)
     add_set_option(parser, "override a scenario field first (repeatable)")
@@ -70,7 +72,7 @@ def command(args: argparse.Namespace) -> int:
     """Run ``parasim scale``: print the table and write the outputs."""
     from simulator.report.progress import ProgressBar, interactive
     from simulator.report.scale_report import print_scale, write_scale_outputs
-    from simulator.report.sweep_report import wide_console
+    from simulator.report.sweep_report import table_output_names, wide_console
     from simulator.tools.scale import POLICY_OF_MODE, run_scale
 
     batch = args.batch
@@ -81,7 +83,7 @@ def command(args: argparse.Namespace) -> int:
                 f"--mode {args.mode} is --batch {older}, which contradicts --batch {batch}"
             )
         batch = older
-    out = output_folder(args, "-scale")
+    out = output_folder(args, "-scale", table_output_names("scale"))
     result = run_scale(
         args.scenario,
         args.gpus,
@@ -96,6 +98,11 @@ def command(args: argparse.Namespace) -> int:
     )
     if result.reference_gpus is None:
         raise ParasimError(f"no layout fits at any size: {result.rows[0]['reason']}")
-    paths = write_whole(out, lambda folder: write_scale_outputs(result, folder), "parasim scale")
+    paths = write_whole(
+        out,
+        lambda folder: write_scale_outputs(result, folder),
+        "parasim scale",
+        table_output_names("scale"),
+    )
     print_scale(result, wide_console(), [str(p) for p in paths])
     return 0

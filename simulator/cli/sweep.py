@@ -16,6 +16,7 @@ from simulator.cli.options import (
     write_whole,
 )
 from simulator.common.errors import ParasimError
+from simulator.common.folders import folder_argument
 from simulator.common.vocabulary import SWEEP_FIX_KEYS
 
 __all__ = ["add_parser", "command"]
@@ -38,7 +39,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--gpus", type=int, help="resize the cluster to N GPUs (whole nodes)")
     add_batch_option(parser, "--gpus")
     parser.add_argument("--top", type=int, default=10, help="layouts to show (default 10)")
-    parser.add_argument("--out", type=Path, help="output folder (default: out/<scenario>-sweep)")
+    parser.add_argument(
+        "--out", type=folder_argument, help="output folder (default: out/<scenario>-sweep)"
+    )
     parser.add_argument(
         "--fix",
         action="append",
@@ -88,7 +91,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim sweep``: print the ranking and write the outputs."""
     from simulator.report.progress import ProgressBar, interactive
-    from simulator.report.sweep_report import print_sweep, wide_console, write_sweep_outputs
+    from simulator.report.sweep_report import (
+        print_sweep,
+        table_output_names,
+        wide_console,
+        write_sweep_outputs,
+    )
     from simulator.tools.cache import DEFAULT_CACHE_NAME, ResultCache
     from simulator.tools.scheduler import scheduler_address
     from simulator.tools.sweep import no_layout_message, parse_fixes, run_sweep
@@ -99,7 +107,7 @@ def command(args: argparse.Namespace) -> int:
         raise ParasimError(
             f"--batch {args.batch}: only with --gpus (the size it sets the batch for)"
         )
-    out = output_folder(args, "-sweep")
+    out = output_folder(args, "-sweep", table_output_names("sweep"))
     folder = None if args.no_cache else (args.cache or out.parent / DEFAULT_CACHE_NAME)
     cache = ResultCache(folder)
     cache.check()
@@ -121,7 +129,10 @@ def command(args: argparse.Namespace) -> int:
     if not result.rows:
         raise ParasimError(no_layout_message(result))
     paths = write_whole(
-        out, lambda folder: write_sweep_outputs(result, folder, top=args.top), "parasim sweep"
+        out,
+        lambda folder: write_sweep_outputs(result, folder, top=args.top),
+        "parasim sweep",
+        table_output_names("sweep"),
     )
     print_sweep(result, wide_console(), args.top, [str(p) for p in paths])
     return 0

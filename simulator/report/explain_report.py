@@ -36,7 +36,7 @@ from rich.text import Text
 from simulator.analysis.metrics import CATEGORIES
 from simulator.common.errors import ParasimError
 from simulator.common.files import write_atomically, write_json
-from simulator.report.plotly_bundle import SCRIPT_TAG, write_plotly_js
+from simulator.report.plotly_bundle import PLOTLY_JS, SCRIPT_TAG, write_plotly_js
 from simulator.report.style import MEMORY_COLORS, breakdown_bar
 from simulator.tools.explain import MOVED_SHARE, Explanation, Finding
 from simulator.tools.mistakes import MEMORY_FINDINGS, NO_FASTER_FIX
@@ -493,11 +493,15 @@ def render_explain_html(explanation: Explanation) -> str:
     return "\n".join([*head, "</head>", *body, "</body>", "</html>", ""])
 
 
+#: What explain writes in its folder (the page's plotly.js only with findings).
+EXPLAIN_FILES = ("explain.json", "explain.html", PLOTLY_JS)
+
+
 def write_explain_outputs(explanation: Explanation, out: Path) -> list[Path]:
     """Write ``explain.json`` (what ``--json`` prints) and ``explain.html`` to ``out``;
     their paths. A folder that cannot be written is bad input (:class:`ParasimError`)."""
     out = Path(out)
-    paths = [out / "explain.json", out / "explain.html"]
+    paths = [out / name for name in EXPLAIN_FILES[:2]]
     page = render_explain_html(explanation)
     try:
         write_json(paths[0], explanation.to_dict())

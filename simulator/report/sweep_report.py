@@ -256,6 +256,11 @@ PAGE_STYLE = (
 )
 
 
+def table_output_names(stem: str) -> list[str]:
+    """The files :func:`write_table_outputs` writes for ``stem``, in its order."""
+    return [f"{stem}.csv", f"{stem}.json", f"{stem}.html", PLOTLY_JS]
+
+
 def write_table_outputs(
     out: Path,
     stem: str,
@@ -269,7 +274,7 @@ def write_table_outputs(
     ``plotly.min.js`` beside it, and below it ``table``) in ``out``, each written
     atomically; the paths in that order."""
     out = Path(out)
-    paths = [out / f"{stem}.csv", out / f"{stem}.json", out / f"{stem}.html"]
+    paths = [out / name for name in table_output_names(stem)[:3]]
     fields, csv_rows, value = rows
     write_csv(paths[0], fields, csv_rows, value)
     write_json(paths[1], payload)
