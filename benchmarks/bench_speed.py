@@ -207,7 +207,11 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     ),
     "cli-1t-analytic": (
         _COMMAND.format(
-            argv=["run", "{one_t}", "--out", "{out}"], split=("{one_t}", []), repeats=2
+            # without recompute the 1T step does not fit in an A100's memory: the speed of
+            # writing it is what is measured, so its exit status 3 is allowed
+            argv=["run", "{one_t}", "--allow-oom", "--out", "{out}"],
+            split=("{one_t}", []),
+            repeats=2,
         ),
         4.0,
         "s",
