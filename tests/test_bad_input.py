@@ -214,3 +214,22 @@ def test_a_custom_order_that_deadlocks_names_the_global_ranks(tmp_path, capsys):
     assert main(["run", SMALL, *sets, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "pipeline rank 1" in err and "pipeline rank 1 is global ranks" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run"],
+        ["nope"],
+        ["run", "x.yaml", "--outputs", "foo"],
+        ["run", "x.yaml", "--fidelity", "\x1b]0;PWNED\x07"],
+        ["sweep", "x.yaml", "--workers", "many"],
+    ],
+)
+def test_a_command_line_argparse_refuses_is_one_quoted_line(argv, capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ": error: " in err and "--help)" in err, err
+    assert "\x1b" not in err and "\x07" not in err

@@ -63,8 +63,18 @@ COMMANDS: dict[str, ModuleType] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line like every other bad input (the
+    usage is one ``--help`` away), with the user's text quoted as :func:`error_line`
+    quotes it."""
+
+    def error(self, message: str) -> NoReturn:
+        line = error_line(ValueError(message))
+        self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="parasim",
         description="Predict how a training job behaves when split across GPUs.",
     )
