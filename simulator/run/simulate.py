@@ -665,10 +665,10 @@ def assemble_result(
     if hfu > 1:
         executed = replicas * executed_flops_per_step(schedule)
         warnings.append(
-            f"HFU {hfu:.0%}: like MFU it counts causal attention's full s² (Megatron-LM's "
-            f"convention, DESIGN.md), but FlashAttention computes about half of it; the "
-            f"FLOPs the GPUs run reach {executed / step / world / gpu.peak_flops:.0%} "
-            "of peak"
+            f"MFU {model_rate / gpu.peak_flops:.0%} and HFU {hfu:.0%} count causal "
+            "attention's full s² (Megatron-LM's and PaLM's convention, docs/modelling.md), "
+            "but FlashAttention computes about half of it; the FLOPs the GPUs run reach "
+            f"{executed / step / world / gpu.peak_flops:.0%} of peak"
         )
     links = link_summary(scenario.cluster, times.link_utilisation, step)
     return StepResult(
