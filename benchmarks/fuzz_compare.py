@@ -44,7 +44,6 @@ import random
 import shutil
 import tempfile
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.fuzz import CaseTimeout, time_limit
+from benchmarks.fuzz_tally import Tally, traceback_detail
 from benchmarks.fuzz_text import message_problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -509,9 +509,7 @@ def run_case(case: Case, bases: Bases, seconds: float = CASE_LIMIT_S) -> tuple[s
     except RecursionError:
         return "traceback", "RecursionError"
     except Exception as exc:  # noqa: BLE001 - a traceback is what is being counted
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
-        return "traceback", f"{type(exc).__name__} at {where}: {str(exc)[:200]}"
+        return "traceback", traceback_detail(exc)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -519,41 +517,24 @@ def run_case(case: Case, bases: Bases, seconds: float = CASE_LIMIT_S) -> tuple[s
 def run_fuzz(cases: int, seed: int, examples: int, limit: float = CASE_LIMIT_S) -> int:
     """Run ``cases`` cases and print the counts; 1 when any failed."""
     rng = random.Random(seed)
-    counts: Counter[str] = Counter()
-    by_mutation: Counter[tuple[str, str]] = Counter()
+    tally = Tally(OUTCOMES, FAILURES, list(MUTATIONS), examples)
     errors: Counter[str] = Counter()
-    shown: dict[str, list[str]] = {}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="parasim-fuzz-bases-") as where:
         bases = make_bases(Path(where))
         for _ in range(cases):
             case = random_case(rng)
             outcome, detail = run_case(case, bases, limit)
-            counts[outcome] += 1
-            by_mutation[(case.mutation, outcome)] += 1
+            tally.add(case.describe(), case.mutation, outcome, detail)
             if outcome == "error":
                 errors[detail.split(":", 2)[-1].strip()[:70]] += 1
-            if outcome in FAILURES:
-                listing = shown.setdefault(f"{outcome}/{case.mutation}", [])
-                if len(listing) < examples:
-                    listing.append(f"{case.describe()}\n      -> {detail[:300]!r}")
     wall = time.perf_counter() - started
-    print(f"{cases} compare cases (seed {seed}) in {wall:.0f} s")
-    for outcome in OUTCOMES:
-        print(f"  {outcome:<15} {counts[outcome]}")
-    print("by mutation (cases, failures):")
-    for name in MUTATIONS:
-        total = sum(n for (m, _), n in by_mutation.items() if m == name)
-        failed = sum(n for (m, o), n in by_mutation.items() if m == name and o in FAILURES)
-        print(f"  {name:<15} {total:>5} {failed:>5}")
+    tally.print_counts(f"{cases} compare cases (seed {seed}) in {wall:.0f} s")
     print("most frequent one-line errors:")
     for text, n in errors.most_common(10):
         print(f"  {n:>5} x {text}")
-    for key, listing in sorted(shown.items()):
-        print(f"examples of {key}:")
-        for line in listing:
-            print(f"  {line}")
-    return 1 if any(counts[o] for o in FAILURES) else 0
+    tally.print_examples()
+    return 1 if tally.failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

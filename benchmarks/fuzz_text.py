@@ -41,12 +41,12 @@ import re
 import shutil
 import tempfile
 import time
-import traceback
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks.fuzz_tally import Tally, traceback_detail
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
@@ -598,9 +598,7 @@ def run_text_case(case: TextCase, seconds: float = CASE_LIMIT_S) -> tuple[str, s
     except RecursionError:
         return "traceback", "RecursionError"
     except Exception as exc:  # noqa: BLE001 - a traceback is what is being counted
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
-        return "traceback", f"{type(exc).__name__} at {where}: {str(exc)[:200]}"
+        return "traceback", traceback_detail(exc)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -630,9 +628,7 @@ def run_family(cases: int, seed: int, examples: int, limit: float | None = None)
     """Run ``cases`` text cases and print the counts; 1 when any failed."""
     limit = CASE_LIMIT_S if limit is None else limit
     rng = random.Random(seed)
-    counts: Counter[str] = Counter()
-    by_mutation: Counter[tuple[str, str]] = Counter()
-    shown: dict[str, list[str]] = {}
+    tally = Tally(OUTCOMES, FAILURES, list(MUTATIONS), examples)
     slow: list[tuple[float, str]] = []
     started = time.perf_counter()
     for index in range(cases):
@@ -641,27 +637,12 @@ def run_family(cases: int, seed: int, examples: int, limit: float | None = None)
         case = random_text_case(rng)
         begun = time.perf_counter()
         outcome, detail = run_text_case(case, limit)
-        took = time.perf_counter() - begun
-        if took > limit:
-            slow.append((took, case.describe()))
-        counts[outcome] += 1
-        by_mutation[(case.mutation, outcome)] += 1
-        if outcome in FAILURES:
-            listing = shown.setdefault(f"{outcome}/{case.mutation}", [])
-            if len(listing) < examples:
-                listing.append(f"{case.describe()}\n      -> {detail[:300]!r}")
+        if time.perf_counter() - begun > limit:
+            slow.append((time.perf_counter() - begun, case.describe()))
+        tally.add(case.describe(), case.mutation, outcome, detail)
     wall = time.perf_counter() - started
-    print(f"{cases} text cases (seed {seed}) in {wall:.0f} s")
-    for outcome in OUTCOMES:
-        print(f"  {outcome:<15} {counts[outcome]}")
-    print(f"  past {limit:g} s     {len(slow)}")
-    print("by mutation (cases, failures):")
-    for name in MUTATIONS:
-        total = sum(n for (m, _), n in by_mutation.items() if m == name)
-        failed = sum(n for (m, o), n in by_mutation.items() if m == name and o in FAILURES)
-        print(f"  {name:<15} {total:>5} {failed:>5}")
-    for key, listing in sorted(shown.items()):
-        print(f"examples of {key}:")
-        for line in listing:
-            print(f"  {line}")
-    return 1 if any(counts[o] for o in FAILURES) else 0
+    tally.print_counts(
+        f"{cases} text cases (seed {seed}) in {wall:.0f} s", [f"  past {limit:g} s     {len(slow)}"]
+    )
+    tally.print_examples()
+    return 1 if tally.failed else 0

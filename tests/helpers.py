@@ -52,3 +52,27 @@ def same_numbers(a: Any, b: Any, path: str = "result") -> list[str]:
         close = abs(a - b) <= 1e-12 * max(abs(a), abs(b)) + 1e-18
         return [] if close else [f"{path}: {a!r} != {b!r}"]
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+#: A calibration profile of the format ``parasim calibrate`` writes, with an A100's
+#: datasheet peak and a few measured-looking fits, for tests of how profiles are read.
+A100_PROFILE: dict[str, Any] = {
+    "format": "parasim-calibration",
+    "version": 1,
+    "created": "2026-01-01T00:00:00Z",
+    "device": {"name": "A100", "type": "cuda", "count": 8, "per_node": 8, "nodes": 1},
+    "software": {"torch": "2.13.0", "backend": "nccl"},
+    "gpu": {
+        "peak_flops": 3.12e14,
+        "matmul_efficiency": 0.7,
+        "attention_efficiency": 0.5,
+        "kernel_launch_overhead": 5e-6,
+        "hbm_bandwidth": 2e12,
+        "gemm_table": [[4096, 4096, 4096, 0.78]],
+    },
+    "comm": {
+        "all_reduce": {
+            "intra_node": {"alpha": 2e-5, "bandwidth": 2e11, "rms_residual_s": 1e-6, "points": 8}
+        }
+    },
+}

@@ -31,6 +31,7 @@ from topologies.spec import COMM_KINDS, LARGEST_TABLE
 from topologies.validation import FOREIGN_NAMES, shown
 
 from .conftest import SCENARIOS
+from .helpers import A100_PROFILE
 
 SMALL = SCENARIOS / "small.yaml"
 
@@ -222,28 +223,6 @@ def test_json_strings_full_of_commas_are_not_counted_as_values():
     assert len(read_json(text)["more"]) == 20_000
 
 
-PROFILE = {
-    "format": "parasim-calibration",
-    "version": 1,
-    "created": "2026-01-01T00:00:00Z",
-    "device": {"name": "A100", "type": "cuda", "count": 8, "per_node": 8, "nodes": 1},
-    "software": {"torch": "2.13.0", "backend": "nccl"},
-    "gpu": {
-        "peak_flops": 3.12e14,
-        "matmul_efficiency": 0.7,
-        "attention_efficiency": 0.5,
-        "kernel_launch_overhead": 5e-6,
-        "hbm_bandwidth": 2e12,
-        "gemm_table": [[4096, 4096, 4096, 0.78]],
-    },
-    "comm": {
-        "all_reduce": {
-            "intra_node": {"alpha": 2e-5, "bandwidth": 2e11, "rms_residual_s": 1e-6, "points": 8}
-        }
-    },
-}
-
-
 def profile_error(tmp_path, payload) -> str:
     path = tmp_path / "prof.json"
     path.write_text(payload if isinstance(payload, str) else json.dumps(payload))
@@ -294,7 +273,7 @@ def _set(payload, path, value):
     ],
 )
 def test_profile_fields_are_checked_as_strictly_as_the_scenario(tmp_path, path, value, expected):
-    payload = copy.deepcopy(PROFILE)
+    payload = copy.deepcopy(A100_PROFILE)
     _set(payload, path, value)
     message = profile_error(tmp_path, payload)
     assert message.startswith("cluster.profile (prof.json")

@@ -502,7 +502,8 @@ def test_a_sweep_too_large_for_the_machine_is_refused_before_anything_is_laid_ou
         sweep.run_sweep(gpt3, gpus=100_000, batch="fixed", workers=1, overrides=batch)
     # growing the batch with the GPUs makes one layout alone too large, and the line
     # says how the batch was set
-    with pytest.raises(ParasimError, match=r"a layout of the sweep is too large.*--batch per-gpu made"):
+    too_large = r"a layout of the sweep is too large.*--batch per-gpu made"
+    with pytest.raises(ParasimError, match=too_large):
         sweep.run_sweep(gpt3, gpus=100_000, workers=1, overrides=batch)
 
 

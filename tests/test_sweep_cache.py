@@ -18,6 +18,7 @@ from simulator.schedule.pipeline import gpipe_order, one_f_one_b_order
 from simulator.tools.cache import ENTRY_SCHEMAS, ResultCache, named_files, valid_entry
 
 from .conftest import ROOT, SCENARIOS
+from .helpers import A100_PROFILE
 
 FIXED = {"tp": 2, "recompute": "none"}
 # a handful of candidates: enough to rank, quick to simulate
@@ -109,26 +110,11 @@ def test_a_relative_name_is_looked_up_wherever_a_loader_may_read_it(tmp_path, mo
     assert shipped["cluster.topology"][2] is not None
 
 
-PROFILE = {
-    "format": "parasim-calibration",
-    "version": 1,
-    "created": "2026-12-03",
-    "device": {"name": "A100", "type": "cuda", "count": 8, "per_node": 8, "nodes": 1},
-    "software": {"torch": "2.13.0", "backend": "nccl"},
-    "gpu": {
-        "peak_flops": 3.12e14,
-        "matmul_efficiency": 0.7,
-        "attention_efficiency": 0.5,
-        "kernel_launch_overhead": 5e-6,
-        "hbm_bandwidth": 2e12,
-    },
-    "comm": {},
-}
-
-
 def _profile(path, efficiency):
     path.write_text(
-        json.dumps({**PROFILE, "gpu": {**PROFILE["gpu"], "matmul_efficiency": efficiency}})
+        json.dumps(
+            {**A100_PROFILE, "gpu": {**A100_PROFILE["gpu"], "matmul_efficiency": efficiency}}
+        )
     )
 
 
