@@ -13,6 +13,7 @@ A value a message quotes is cut to :data:`LONGEST_SHOWN` characters (:func:`show
 from __future__ import annotations
 
 import difflib
+import math
 import types
 import typing
 from typing import Annotated, Any
@@ -284,8 +285,11 @@ def numbers_are_numbers(cls: type[BaseModel], value: Any, info: Any) -> Any:
         return value
     if isinstance(value, bool) and kinds & {int, float}:
         raise ValueError(f"expected a number, not {str(value).lower()}")
+    if int in kinds and isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a whole number, not {value}")
     if int in kinds and isinstance(value, (int, float)) and abs(value) > LARGEST_COUNT:
-        raise ValueError(f"{_number(value)} is too large (at most {LARGEST_COUNT})")
+        bound = f"too large (at most {LARGEST_COUNT})" if value > 0 else f"below -{LARGEST_COUNT}"
+        raise ValueError(f"{_number(value)} is {bound}")
     return value
 
 
