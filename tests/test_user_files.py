@@ -248,3 +248,38 @@ def test_calibrate_never_writes_over_a_file_that_is_not_a_profile(tmp_path):
         code, err = _cli(["calibrate", "--nproc", "1", "--backend", "gloo", "--out", str(out)])
         assert code == 2 and err.count("\n") == 1 and str(out) in err, err
     assert mine.read_text() == '{"my": "data"}' and link.is_symlink()
+
+
+@pytest.mark.parametrize(
+    "out, says",
+    [
+        ("{tmp}/dangling", "is a symlink to"),
+        ("/proc/parasim-x", "cannot be written"),
+        ("{tmp}/file/sub", "is a file"),
+    ],
+)
+def test_an_output_folder_that_cannot_be_written_is_one_line(out, says, tmp_path):
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    (tmp_path / "file").write_text("mine")
+    code, err = _cli(["run", SMALL, "--outputs", "result", "--out", out.format(tmp=tmp_path)])
+    assert code == 2 and err.count("\n") == 1 and says in err, err
+    assert (tmp_path / "dangling").is_symlink() and not (tmp_path / "missing").exists()
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_an_empty_output_folder_name_is_refused(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["run", SMALL, "--out", ""])
+    assert ended.value.code == 2
+    assert "empty folder name" in capsys.readouterr().err
+
+
+def test_a_symlink_at_out_is_written_through_and_never_replaced(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "notes.txt").write_text("mine")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert _cli(["run", SMALL, "--outputs", "result", "--out", str(link)])[0] == 0
+    assert link.is_symlink() and (real / "result.json").is_file()
+    assert (real / "notes.txt").read_text() == "mine"
