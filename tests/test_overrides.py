@@ -89,3 +89,9 @@ def test_a_value_of_many_digits_is_refused_not_converted():
 def test_an_unreadable_value_names_its_key():
     with pytest.raises(ScenarioError, match=r"^--set parallel.placement: not valid YAML \("):
         apply_overrides({}, ["parallel.placement=[tp, dp"])
+
+
+@pytest.mark.parametrize("assignment", ["training..global_batch=1", ".parallel.tp=2", "tp.=2"])
+def test_an_empty_key_in_an_override_is_refused(assignment):
+    with pytest.raises(ScenarioError, match="an empty key"):
+        apply_overrides({"training": {"global_batch": 16}}, [assignment])

@@ -277,9 +277,14 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, An
         if "=" not in assignment:
             raise ScenarioError(f"--set {shown(assignment)}: expected key.path=value")
         path, text = assignment.split("=", 1)
-        keys = [k for k in path.strip().split(".") if k]
-        if not keys:
+        keys = [k.strip() for k in path.strip().split(".")]
+        if not any(keys):
             raise ScenarioError(f"--set {shown(assignment)}: empty key path")
+        if not all(keys):
+            raise ScenarioError(
+                f"--set {shown(assignment)}: an empty key in {shown(path)} (two dots, or a "
+                "dot at an end)"
+            )
         try:
             value = _read_value(text, ".".join(keys))
         except ConfigTextError as exc:
