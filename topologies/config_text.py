@@ -353,18 +353,29 @@ def _syntax(exc: yaml.YAMLError, prefix: str, source: str) -> ConfigTextError:
     return ConfigTextError(f"{lead}: not valid YAML{line}{detail}")
 
 
+def _walk(text: str, prefix: str, source: str, loader: Any) -> None:
+    """Walk ``text``'s events with ``loader``'s parser, within the bounds. libyaml
+    from 0.2.5 on refuses deep flow nesting itself, at a depth of its own and before
+    this walk meets its bound: the text is then walked again by PyYAML's own parser
+    (which keeps no nesting on Python's stack either), so the message names the path."""
+    parser = loader(text)
+    try:
+        _Walk(prefix, source).walk(parser)
+    except yaml.YAMLError as exc:
+        problem = str(getattr(exc, "problem", "") or "")
+        if "nesting" in problem and loader is not yaml.SafeLoader:
+            _walk(text, prefix, source, yaml.SafeLoader)
+        raise _syntax(exc, prefix, source) from None
+    finally:
+        parser.dispose()
+
+
 def read_yaml(text: str, prefix: str = "", source: str = "") -> Any:
     """The value YAML's safe loader reads from ``text``, once its event stream passed
     the bounds. ``prefix`` starts every key path a message names (``cluster.topology``,
     or the key a ``--set`` value is for); ``source`` names the file, whose lines the
     messages then give."""
-    parser = _LOADER(text)
-    try:
-        _Walk(prefix, source).walk(parser)
-    except yaml.YAMLError as exc:
-        raise _syntax(exc, prefix, source) from None
-    finally:
-        parser.dispose()
+    _walk(text, prefix, source, _LOADER)
     try:
         return yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
