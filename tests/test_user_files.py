@@ -283,3 +283,18 @@ def test_a_symlink_at_out_is_written_through_and_never_replaced(tmp_path):
     assert _cli(["run", SMALL, "--outputs", "result", "--out", str(link)])[0] == 0
     assert link.is_symlink() and (real / "result.json").is_file()
     assert (real / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_a_cache_folder_of_the_user_s_keeps_every_file(tmp_path):
+    """``--cache DIR`` at a folder holding files (a ``.probe`` among them): the sweep
+    adds its entries and touches nothing else."""
+    cache, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
+    cache.mkdir()
+    planted = _plant(cache, elsewhere, "sweep")
+    (cache / ".probe").write_text("mine")
+    planted[".probe"] = "mine"
+    argv = ["sweep", SMALL, "--fix", "tp=2", "--workers", "1", "--top", "2"]
+    for _ in range(2):
+        assert _cli([*argv, "--cache", str(cache), "--out", str(tmp_path / "out")])[0] == 0
+        _check(cache, elsewhere, planted)

@@ -937,14 +937,20 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _time_us(value: Any, where: str, field: str, lowest: float = -LONGEST_TRACE_US) -> float:
-    """``value`` as a time in microseconds within the trace's bounds, or the error."""
+def _float(value: Any, where: str, field: str) -> float:
+    """``value``, a JSON number, as a float (an integer too large for one is infinite),
+    or the error."""
     if not _is_number(value):
         raise TraceFileError(f"{where}: {field} is {_shown(value)}, not a number")
     try:
-        number = float(value)
+        return float(value)
     except OverflowError:
-        number = math.inf
+        return math.inf
+
+
+def _time_us(value: Any, where: str, field: str, lowest: float = -LONGEST_TRACE_US) -> float:
+    """``value`` as a time in microseconds within the trace's bounds, or the error."""
+    number = _float(value, where, field)
     if not (lowest <= number <= LONGEST_TRACE_US):
         raise TraceFileError(
             f"{where}: {field} is {_shown(value)}, not a time between {lowest:g} and "
@@ -955,12 +961,7 @@ def _time_us(value: Any, where: str, field: str, lowest: float = -LONGEST_TRACE_
 
 def _count(value: Any, where: str, field: str) -> float:
     """A byte or FLOP count: a finite number of at least 0."""
-    if not _is_number(value):
-        raise TraceFileError(f"{where}: {field} is {_shown(value)}, not a number")
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
+    number = _float(value, where, field)
     if not (0 <= number < math.inf):
         raise TraceFileError(f"{where}: {field} is {_shown(value)}, not a finite count")
     return number

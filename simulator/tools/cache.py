@@ -26,8 +26,9 @@ numbers finite and positive where they must be): one that is not JSON, not of it
 kind's schema, or larger than :data:`LARGEST_ENTRY`, is a miss, computed afresh and
 written over. Nothing is ever evicted; delete the folder to start afresh. ``parasim
 sweep --cache DIR`` names the folder, ``--no-cache`` turns it off; by default it is
-``.parasim-cache`` beside the output folder (the output folder itself is replaced
-whole on every run).
+``.parasim-cache`` beside the output folder. The cache writes only its entries (and,
+to check that the folder can be written, a temporary file of its own) and removes
+nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -137,7 +140,8 @@ class _Simulated(_Entry):
     step_time_s: _Positive
     tokens_per_s: _Positive
     tflops_per_gpu: _Positive
-    mfu: Annotated[float, Field(gt=0, le=1)]
+    # above 1 only where causal attention's full count passes the peak (a warning says so)
+    mfu: _Positive
     microbatches: _Count
     global_batch: _Count
     peak_bytes_per_gpu: _Positive
@@ -256,11 +260,11 @@ class ResultCache:
             return
         if self.folder.exists() and not self.folder.is_dir():
             raise ParasimError(f"--cache: {self.folder} is not a folder")
-        probe = self.folder / ".probe"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            write_atomically(probe, lambda tmp: tmp.write_text("", encoding="utf-8"))
-            probe.unlink()
+            handle, probe = tempfile.mkstemp(prefix=".parasim-probe-", dir=self.folder)
+            os.close(handle)
+            os.unlink(probe)  # a name of its own, never one of the user's
         except OSError as exc:
             reason = exc.strerror or type(exc).__name__
             where = f"--cache: cannot keep outcomes in {self.folder}"
