@@ -13,9 +13,6 @@ from simulator.common.folders import folder_argument
 
 __all__ = ["add_parser", "command"]
 
-#: What compare writes in its folder (checked before anything is read).
-COMPARE_FILES = ("compare.json", "compare.html", "plotly.min.js")
-
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``parasim compare`` to the CLI's subparsers."""
@@ -51,7 +48,12 @@ def command(args: argparse.Namespace) -> int:
     from simulator.cli.options import write_whole
     from simulator.common.files import dumps_result
     from simulator.common.folders import check_folder
-    from simulator.report.compare_report import load_run_dir, print_compare, write_compare_outputs
+    from simulator.report.compare_report import (
+        COMPARE_FILES,
+        load_run_dir,
+        print_compare,
+        write_compare_outputs,
+    )
     from simulator.tools.compare import compare_runs
 
     _check_two_folders(args.a, args.b)

@@ -40,11 +40,13 @@ from simulator.report.chrome_trace import (
     read_bounded,
     read_trace_file,
 )
+from simulator.report.plotly_bundle import PLOTLY_JS
 from simulator.report.timeline import write_timeline_html
 from simulator.tools.compare import Comparison, Side, overlay_trace
 from topologies.units import format_bytes, format_time
 
 __all__ = [
+    "COMPARE_FILES",
     "RESULT_LIMIT",
     "load_run_dir",
     "read_result_file",
@@ -161,11 +163,15 @@ def write_overlay(
     write_timeline_html(overlay_trace(first, second, labels), path, title=title, below=below)
 
 
+#: What compare writes in its folder (the page's plotly.js beside it).
+COMPARE_FILES = ("compare.json", "compare.html", PLOTLY_JS)
+
+
 def write_compare_outputs(report: Comparison, first: Trace, second: Trace, out: Path) -> list[Path]:
     """Write ``compare.json`` (``report``) and ``compare.html`` (the overlay of the
     traces of ``report``'s two sides, in its order, and below it the tables the command
     prints) to ``out``."""
-    paths = [out / "compare.json", out / "compare.html"]
+    paths = [out / name for name in COMPARE_FILES[:2]]
     write_json(paths[0], report.to_json())
     write_atomically(
         paths[1],
