@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from benchmarks import fuzz_compare
+from simulator.analysis.trust import difference_within
 from simulator.cli.main import main
 from simulator.report import chrome_trace
 from simulator.report.chrome_trace import TraceFileError, read_trace_file, trace_from_chrome
@@ -73,7 +74,7 @@ def test_two_predictions_are_a_and_b_with_their_overrides_and_memory(runs, capsy
     assert code == 0
     report = _strict((out / "compare.json").read_text())
     assert report["mode"] == "what-if" and report["labels"] == ["A", "B"]
-    assert set(report["step_time"]) == {"a_s", "b_s", "a_against_b"}
+    assert set(report["step_time"]) == {"a_s", "b_s", "a_against_b", "within_interval"}
     assert all(set(row) == {"class", "a_s", "b_s", "a_against_b"} for row in report["op_classes"])
     assert all(set(row) == {"category", "a_s", "b_s"} for row in report["breakdown_mean"])
     text = json.dumps(report)
@@ -89,6 +90,10 @@ def test_two_predictions_are_a_and_b_with_their_overrides_and_memory(runs, capsy
     assert memory["a_against_b"] == pytest.approx(peak_a / peak_b - 1)
     step = report["step_time"]
     assert step["a_against_b"] == pytest.approx(step["a_s"] / step["b_s"] - 1)
+    # whether the difference is inside the two predictions' trust intervals
+    inside = difference_within(ra["step_time_s"], ra["interval"], rb["step_time_s"], rb["interval"])
+    assert isinstance(step["within_interval"], bool) and step["within_interval"] == inside
+    assert ("inside the predictions' trust intervals" in printed) == inside
     # the console names each side by its folder and overrides, and has the memory row
     assert "a what-if: A against B" in printed and "--set training.recompute=full" in printed
     assert "peak memory per GPU" in printed and "measured" not in printed

@@ -5,7 +5,8 @@ preset is merged with the overrides (see :mod:`topologies.build`). Its groups'
 names are part of parasim's file format:
 
 - ``gpu`` — peak dense bf16 rate, HBM bandwidth and capacity, the fractions of
-  peak that large GEMMs and fused attention reach, and the kernel launch overhead;
+  peak that large GEMMs and fused attention reach, the kernel launch overhead, and the
+  board's power limit, TDP and clocks (:mod:`topologies.clocks`);
 - ``nvswitch`` — per-GPU NVLink bandwidth per direction and GPU-to-GPU latency, for
   nodes whose GPUs meet at an NVLink switch;
 - ``pcie`` — for nodes without NVLink: the GPUs' PCIe links, their PCIe switches
@@ -38,8 +39,9 @@ from typing import Annotated, Literal
 import networkx as nx
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
+from .clocks import check_power_limit, compute_clock_factor
 from .errors import TopologyError
-from .units import Bandwidth, Bytes, FlopRate, Seconds
+from .units import Bandwidth, Bytes, FlopRate, Hertz, Seconds, Watts
 from .validation import LARGEST_COUNT, ConfigModel, Name, nearest_key_hint, shown
 
 __all__ = [
@@ -141,6 +143,8 @@ def _gemm_dimension(value: float) -> float:
 PositiveBandwidth = Annotated[Bandwidth, AfterValidator(_positive)]
 PositiveBytes = Annotated[Bytes, AfterValidator(_positive)]
 PositiveFlopRate = Annotated[FlopRate, AfterValidator(_positive)]
+PositiveWatts = Annotated[Watts, AfterValidator(_positive)]
+PositiveHertz = Annotated[Hertz, AfterValidator(_positive)]
 Ratio = Annotated[float, AfterValidator(_ratio)]
 Fraction = Annotated[float, AfterValidator(_fraction)]
 Count = Annotated[int, BeforeValidator(_not_bool), AfterValidator(_at_least_one)]
@@ -220,6 +224,28 @@ class GPUSpec(_Spec):
     2). The ranks that compute at once share the node's cores: with ``k`` of them
     computing, each runs ``max(1, k / cores)`` times slower. 1 (a core or more each) in
     the presets; a profile sets it from the cores it measured."""
+    tdp_w: PositiveWatts | None = None
+    """The board's TDP, watts: its default and largest power limit (datasheet)."""
+    power_limit_w: PositiveWatts | None = None
+    """The power limit the GPUs run at (``nvidia-smi -pl``), watts; None: the TDP. Below
+    the TDP, compute-bound kernels run at the lower sustained clock the limit leaves
+    (:mod:`topologies.clocks`); needs ``tdp_w`` and ``static_power_w``."""
+    min_power_limit_w: PositiveWatts | None = None
+    """The lowest limit the board enforces (nvidia-smi's *Min Power Limit*), watts."""
+    static_power_w: PositiveWatts | None = None
+    """The board's power that does not follow the SM clock (HBM, I/O, leakage), watts:
+    the ``P_static`` of ``P = P_static + k·f³``."""
+    boost_clock_hz: PositiveHertz | None = None
+    """The SM clock the datasheet peaks assume, hertz."""
+    sustained_clock_hz: PositiveHertz | None = None
+    """The SM clock a sustained bf16 GEMM load holds at the TDP, hertz: what
+    ``matmul_efficiency`` already includes."""
+
+    @property
+    def compute_clock_factor(self) -> float:
+        """What the compute peaks are multiplied by at ``power_limit_w``: 1.0 at the TDP
+        (the default), ``f(limit) / f(TDP)`` below it (:mod:`topologies.clocks`)."""
+        return compute_clock_factor(self)
 
 
 class NVSwitchSpec(_Spec):
@@ -435,6 +461,7 @@ class ClusterSpec(_Spec):
 
 def check_cluster_spec(spec: ClusterSpec, prefix: str = "cluster") -> None:
     """Checks across groups that field validation cannot make; raises :class:`TopologyError`."""
+    check_power_limit(spec.gpu, f"{prefix}.gpu")
     if spec.topology is not None:
         for group in ("nvswitch", "pcie", "nic", "network"):
             if getattr(spec, group) is not None:

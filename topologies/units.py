@@ -26,7 +26,8 @@ Rules, the same for every quantity:
 Each parser raises :class:`UnitError` (a ``ValueError``) with one line that quotes
 the text and shows the expected form. ``Bytes``, ``Bandwidth``, ``Seconds`` and
 ``FlopRate`` are pydantic field types that run these parsers before validation.
-The ``format_*`` helpers go the other way, for summaries and reports.
+The ``format_*`` helpers go the other way, for summaries and reports. A GPU's power
+(``"700 W"``) and clock (``"1830 MHz"``) read the same way, in watts and hertz.
 """
 
 from __future__ import annotations
@@ -46,10 +47,14 @@ __all__ = [
     "parse_bandwidth",
     "parse_time",
     "parse_flops",
+    "parse_power",
+    "parse_frequency",
     "Bytes",
     "Bandwidth",
     "Seconds",
     "FlopRate",
+    "Watts",
+    "Hertz",
     "format_bytes",
     "format_bandwidth",
     "format_time",
@@ -109,6 +114,8 @@ _FLOP_UNITS = {
     for prefix, scale in _DECIMAL.items()
     for suffix in ("flop/s", "flops", "flops/s")
 }
+_POWER_UNITS = {"": 1.0, "W": 1.0, "kW": 1e3}
+_FREQUENCY_UNITS = {"": 1.0, "Hz": 1.0, "kHz": 1e3, "MHz": 1e6, "GHz": 1e9}
 
 
 def _parse(
@@ -163,6 +170,9 @@ PLAUSIBLE: dict[str, tuple[float, float, str]] = {
     "bandwidth": (1e3, 1e15, "1 kB/s to 1 PB/s"),
     "FLOP rate": (1e6, 1e18, "1 MFLOP/s to 1 EFLOP/s"),
     "time": (1e-12, 60.0, "1 ps to 60 s"),
+    # a GPU board draws watts to a few kW (a GB300 1.4 kW); clocks are MHz to a few GHz
+    "power": (1.0, 1e5, "1 W to 100 kW"),
+    "frequency": (1e6, 1e10, "1 MHz to 10 GHz"),
 }
 
 
@@ -219,6 +229,16 @@ def parse_flops(value: Any) -> float:
     )
 
 
+def parse_power(value: Any) -> float:
+    """Watts from ``"700 W"``, ``"1.2 kW"`` or a number."""
+    return _parse(value, _POWER_UNITS, "a power", "'700 W' or '1.2 kW'")
+
+
+def parse_frequency(value: Any) -> float:
+    """Hertz from ``"1830 MHz"``, ``"1.41 GHz"`` or a number."""
+    return _parse(value, _FREQUENCY_UNITS, "a frequency", "'1830 MHz' or '1.41 GHz'")
+
+
 Bytes = Annotated[
     float,
     BeforeValidator(_field(parse_bytes, "bytes", "'80 GiB'", 1e6, math.inf, "size")),
@@ -245,6 +265,18 @@ FlopRate = Annotated[
 ]
 """A compute rate in FLOP/s; accepts ``"312 TFLOP/s"``-style text (a bare number: 1
 GFLOP/s or more)."""
+
+
+Watts = Annotated[
+    float, BeforeValidator(_field(parse_power, "W", "'700 W'", 1.0, math.inf, "power"))
+]
+"""A power in watts; accepts ``"700 W"``-style text (a bare number: 1 W or more)."""
+
+Hertz = Annotated[
+    float,
+    BeforeValidator(_field(parse_frequency, "Hz", "'1830 MHz'", 1e6, math.inf, "frequency")),
+]
+"""A clock in hertz; accepts ``"1830 MHz"``-style text (a bare number: 1 MHz or more)."""
 
 
 def _scaled(value: float, steps: list[tuple[float, str]], fmt: Callable[[float], str]) -> str:

@@ -45,6 +45,7 @@ from simulator.arithmetic.layer_ops import (
     loss_op,
 )
 from simulator.arithmetic.moe import expert_ops, shared_expert_ops
+from simulator.arithmetic.stacks import restack
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec, is_moe_layer
 from simulator.request.orders import Action
@@ -99,6 +100,7 @@ def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
         layout.cp,
         recipe.cp_kind,
         recipe.fp8,
+        recipe.stack,
     )
     if config.moe is None or not is_moe_layer(config.moe, layer):
         return ops
@@ -169,9 +171,9 @@ def stage_activation_bytes(
     if stage == 0:
         total += embedding_op(model, b, layout.tp).saved_bytes
     if stage == config.stages - 1:
-        total += final_norm_op(model, b, shard).saved_bytes
+        head = [final_norm_op(model, b, shard), loss_op(model, b, layout.tp)]
+        total += sum(op.saved_bytes for op in restack(head, config.recipe.stack))
         total += logits_forward_op(model, b, layout.tp, shard).saved_bytes
-        total += loss_op(model, b, layout.tp).saved_bytes
     return total
 
 
@@ -240,6 +242,16 @@ def memory_per_rank(
             terms["gradients"] = _sharded_gradients(recipe, params, units)
         if recipe.shards_weights:
             terms["weights"] = _sharded_weights(recipe, params, units)
+            if layout.ep > 1 and layout.shard_degree > 1:
+                # FSDP with EP: the routed experts shard over their expert-data-parallel
+                # group (dp / ep ranks), not over dp (simulator.schedule.sharded_dp)
+                from simulator.schedule.sharding_units import rank_expert_parameters
+
+                experts = rank_expert_parameters(recipe, model, moe, pipeline_rank)
+                edp = layout.shard_degree // layout.ep
+                terms["weights"] += (
+                    experts * BYTES_PER_PARAM["weights"] * (1 / edp - 1 / layout.shard_degree)
+                )
         if recipe.fp8:
             # Transformer Engine keeps each FP8 layer's weight in FP8 and, for Hopper's
             # TN-only FP8 GEMMs, its transpose too: 2 bytes per such parameter

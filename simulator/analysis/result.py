@@ -37,6 +37,8 @@ class ClusterSummary:
     gpus: int
     gpu: str
     peak_flops_per_gpu: float
+    # the GPUs' power limit, watts, when the scenario sets one (None: the TDP)
+    power_limit_w: float | None = None
 
 
 @dataclass
@@ -205,6 +207,10 @@ class StepResult:
     straggler_s: float = 0.0
     # the --set overrides the scenario file was run with
     overrides: list[str] = field(default_factory=list)
+    # how far the step time can be trusted (simulator.analysis.trust): multipliers
+    # ``low``/``high`` on it at ``level``, the runs they come from, and why the run is
+    # outside what was validated (None when it is not)
+    interval: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """``result.json``'s content (a measured step's has a ``measured`` section)."""
@@ -215,6 +221,10 @@ class StepResult:
                 del row["cp"]
         if self.measured is None:
             del data["measured"]
+        if self.interval is not None:
+            low, high = self.interval["low"], self.interval["high"]
+            data["step_time_interval_s"] = [self.step_time_s * low, self.step_time_s * high]
+            data["tokens_per_s_interval"] = [self.tokens_per_s / high, self.tokens_per_s / low]
         return data
 
     @classmethod
@@ -247,4 +257,5 @@ class StepResult:
             measured=MeasuredRun(**data["measured"]) if data.get("measured") else None,
             overrides=list(data.get("overrides", [])),
             straggler_s=float(data.get("straggler_s", 0.0)),
+            interval=dict(data["interval"]) if data.get("interval") else None,
         )

@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from simulator.arithmetic.stacks import Stack, restack
 from simulator.request.model import ModelSpec
 
 __all__ = [
@@ -92,6 +93,10 @@ class OpCost:
     saved_bytes: float = 0.0
     backward_bytes: float = 0.0
     fp8: bool = False  # a GEMM on FP8 tensor cores (its backward's GEMMs too)
+    # kernels the op runs as (an eager chain of elementwise kernels, a GEMM issued as
+    # several: simulator.arithmetic.stacks), forward and in its backward
+    kernels: int = 1
+    backward_kernels: int = 1
 
 
 def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
@@ -271,9 +276,12 @@ def layer_forward_ops(
     cp: int = 1,
     cp_kind: str = "ring",
     fp8: bool = False,
+    stack: Stack | None = None,
 ) -> list[OpCost]:
     """The forward ops of one transformer layer on one TP rank, in execution order
-    (:func:`_layer_forward_ops`, remembered: the same arguments give equal ops)."""
+    (:func:`_layer_forward_ops`, remembered: the same arguments give equal ops), as
+    ``stack`` runs them (:mod:`simulator.arithmetic.stacks`; None: Megatron-Core's
+    fused kernels)."""
     try:  # the model's values as they are now (a model changed since is another key)
         key: tuple | None = (
             type(model),
@@ -285,12 +293,15 @@ def layer_forward_ops(
             cp,
             cp_kind,
             fp8,
+            stack,
         )
         ops = _OPS_CACHE.get(key)
     except TypeError:  # a value that does not hash
         key, ops = None, None
     if ops is None:
         ops = _layer_forward_ops(model, micro_batch, tp, sp, attention, cp, cp_kind, fp8)
+        if stack is not None:
+            ops = restack(ops, stack)
         if key is not None:
             if len(_OPS_CACHE) >= _OPS_CACHE_SIZE:
                 _OPS_CACHE.clear()
@@ -420,8 +431,8 @@ def _backward_ops(op: OpCost) -> list[OpCost]:
         dgrad = _gemm(f"{op.name}.dgrad", m, k, n, saved=0.0)
         wgrad = _gemm(f"{op.name}.wgrad", k, n, m, saved=0.0)
         return [
-            replace(dgrad, weight_params=0, fp8=op.fp8),
-            replace(wgrad, weight_params=op.weight_params, fp8=op.fp8),
+            replace(dgrad, weight_params=0, fp8=op.fp8, kernels=op.backward_kernels),
+            replace(wgrad, weight_params=op.weight_params, fp8=op.fp8, kernels=op.backward_kernels),
         ]
     if op.kind == "attention":
         # reads Q, K, V, O, dO and the log-sum-exp, writes dQ, dK, dV
@@ -446,6 +457,7 @@ def _backward_ops(op: OpCost) -> list[OpCost]:
             0.0,
             None,
             op.weight_params,
+            kernels=op.backward_kernels,
         )
     ]
 

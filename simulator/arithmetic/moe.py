@@ -87,6 +87,13 @@ __all__ = [
     "expert_ops",
     "shared_expert_ops",
     "expert_backward_of",
+    "FP8_ROW_ALIGN",
+    "MoEStack",
+    "STACKS",
+    "stack_of",
+    "MoELayerOps",
+    "moe_layer_ops",
+    "padded_capacity_rows",
     "moe_layer_parameters",
     "moe_layer_parameters_per_rank",
 ]
@@ -543,9 +550,39 @@ def shared_expert_ops(
 
 
 def expert_backward_of(op: OpCost, local_experts: int = 1) -> list[OpCost]:
-    """Backward ops of an op from :func:`expert_ops`: like
+    """Backward ops of an op from :func:`expert_ops` or :func:`moe_layer_ops`: like
     :func:`simulator.request.model.backward_of`, but a grouped expert GEMM's dgrad reads, and
-    its wgrad writes, every one of the ``local_experts`` weights."""
+    its wgrad writes, every one of the ``local_experts`` weights. A ``grouped_gemm``
+    op's backward is grouped too: the dgrad ``(m, k, n)`` per group and the wgrad, each
+    group's ``k × n`` gradient reduced over its ``m`` rows (``grouped_gemm_wgrad``)."""
+    if op.kind == "grouped_gemm":
+        assert op.shape is not None
+        m, n, k = op.shape
+        g, rows = op.batch, op.flops / (2.0 * n * k) if n * k else 0.0
+        real = op.model_flops / (2.0 * n * k) if n * k else 0.0
+        dgrad = OpCost(
+            f"{op.name}.dgrad",
+            "grouped_gemm",
+            op.flops,
+            ACT_BYTES * (rows * n + g * n * k + rows * k),
+            op.model_flops,
+            (m, k, n),
+            0,
+            g,
+            fp8=op.fp8,
+        )
+        wgrad = OpCost(
+            f"{op.name}.wgrad",
+            "grouped_gemm_wgrad",
+            op.flops,
+            ACT_BYTES * (rows * k + rows * n + g * n * k),
+            2.0 * real * n * k,
+            (k, n, m),
+            op.weight_params,
+            g,
+            fp8=op.fp8,
+        )
+        return [dgrad, wgrad]
     if op.kind != "gemm" or local_experts == 1:
         return backward_of(op)
     assert op.shape is not None
@@ -599,3 +636,361 @@ def moe_layer_parameters_per_rank(
     if spec.shared_experts:  # one dense MLP, split over TP like the model's
         count += _expert_parameters(hidden, f * spec.shared_experts // tp, mlp, bias)
     return count
+
+
+# ------------------------------------------------------- the layer as each stack runs it
+
+#: Rows each expert's input is padded to for FP8 GEMMs: Megatron-LM's
+#: ``fp8_utils.get_fp8_align_size`` (16; 32 for MXFP8) used by Transformer Engine's
+#: ``Fp8Padding`` in ``TEGroupedMLP`` (megatron/core/transformer/moe/experts.py, commit
+#: d98e8a6); torchtitan's ``TorchAOTokenDispatcher`` pads each group to ``pad_multiple``
+#: (16 for FP8 rowwise), cuBLASLt's FP8 GEMMs need 16-multiples.
+FP8_ROW_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class MoEStack:
+    """How one software stack runs an MoE layer (one row of :data:`STACKS`)."""
+
+    grouped_gemm: bool  # the local experts as one grouped GEMM; else a loop, one GEMM each
+    fused_permute: bool  # fused permute/unpermute kernels; else eager index ops
+    sort_after_dispatch: bool  # received rows re-sorted from (source, expert) to expert order
+    fused_gate_up: bool  # SwiGLU's gate and up projections as one GEMM
+    aux_loss: bool  # the load-balancing loss, when model.moe.aux_loss does not say
+    einsum_dispatch: bool  # dispatch/combine as dense einsums over (tokens, experts x capacity)
+    pads_to_capacity: bool  # every expert's input padded to its capacity, always
+
+
+#: The MoE layer of each ``training.framework``, from the code it runs:
+#:
+#: - ``megatron`` (Megatron-LM commit d98e8a6, megatron/core/transformer/moe/):
+#:   ``--moe-grouped-gemm`` (``TEGroupedMLP``: TE ``GroupedLinear``, gate and up in
+#:   ``linear_fc1``), ``--moe-permute-fusion`` (TE ``moe_permute_with_probs``,
+#:   ``moe_unpermute``; ``token_dispatcher.MoEAlltoAllTokenDispatcher``: "Permutation 1"
+#:   before the all-to-all, ``sort_chunks_by_idxs`` — "Permutation 2" — after it when a
+#:   rank holds several experts, the reverse before the combine), the ``aux_loss``
+#:   load balancing its MoE examples set (``--moe-aux-loss-coeff 1e-2``).
+#: - ``torchtitan`` (commit b5bcd76, torchtitan/models/common/moe.py and
+#:   token_dispatcher.py): ``torch._grouped_mm`` for ``w1``, ``w3`` and ``w2`` separately;
+#:   eager ``argsort`` and ``x[idx]`` before the all-to-all, ``_permute`` (an index
+#:   gather, rank-major to expert-major) after it, ``_unpermute`` before the combine,
+#:   the scores multiplied in fp32 and ``deterministic_scatter_add`` after it;
+#:   auxiliary-loss-free balancing (an expert bias, no aux loss).
+#: - ``fsdp1`` (HF transformers ``MixtralSparseMoeBlock``): a Python loop over the
+#:   experts hit, each ``hidden_states[top_x]``, ``w1``, ``w3``, ``w2`` as separate
+#:   ``nn.Linear`` GEMMs, the routing weight multiplied in, ``index_add_`` back;
+#:   ``load_balancing_loss_func`` when trained with ``output_router_logits``.
+#: - ``deepspeed`` (DeepSpeed-MoE, deepspeed/moe/sharded_moe.py): gating builds dense
+#:   ``(tokens, experts, capacity)`` combine weights and dispatch mask, dispatch and
+#:   combine are einsums ``"sec,sm->ecm"`` and ``"sec,ecm->sm"`` over them, every expert
+#:   runs on its full capacity (``drop_tokens=False``: the busiest expert's load) in a
+#:   loop over the local experts (``Experts.forward``), the ``l_aux`` loss always.
+STACKS: dict[str, MoEStack] = {
+    "megatron": MoEStack(True, True, True, True, True, False, False),
+    "torchtitan": MoEStack(True, False, True, False, False, False, False),
+    "fsdp1": MoEStack(False, False, False, False, True, False, False),
+    "deepspeed": MoEStack(False, False, False, False, True, True, True),
+}
+
+# Bytes per element (bf16 rows of ``h``) of the token-reordering kernels, forward and
+# backward. A gather reads a row and writes it (4); its backward scatters the gradient
+# back: fused (TE's unpermute of the gradient) the same 4, eager (``index_add_`` /
+# ``index_put_(accumulate=True)``) an atomic read-modify-write of the destination (6).
+_GATHER = {True: (4.0, 4.0), False: (4.0, 6.0)}
+# The router's softmax/top-k over the fp32 (T, E) logits: reads them, writes the fp32
+# probabilities and the routing map (9 B/element); backward reads the gradient and the
+# probabilities and writes the logits' gradient (12).
+_ROUTER_TOPK = (9.0, 12.0)
+# The load-balancing loss (Switch Transformer eq. 4, E·Σ f_e·P_e): reads the (T, E)
+# probabilities and the routing map (5 B/element); its backward writes the
+# probabilities' gradient (read-add-write of fp32, 8).
+_AUX_LOSS = (5.0, 8.0)
+# torchtitan's score multiply in fp32: ``(x.to(float32) * s).to(bf16)``, three eager
+# kernels (2+4, 4+4, 4+2 B/element), its backward alike.
+_SCORE_FP32 = (20.0, 20.0)
+
+
+@dataclass(frozen=True)
+class MoELayerOps:
+    """Forward ops of one MoE layer on one rank, in the places the stack runs them:
+    ``router`` on the rank's own tokens, ``dispatch`` before the dispatch all-to-all,
+    ``received`` after it, ``experts``, ``returned`` before the combine all-to-all and
+    ``combine`` after it."""
+
+    router: tuple[OpCost, ...]
+    dispatch: tuple[OpCost, ...]
+    received: tuple[OpCost, ...]
+    experts: tuple[OpCost, ...]
+    returned: tuple[OpCost, ...]
+    combine: tuple[OpCost, ...]
+
+    @property
+    def all(self) -> list[OpCost]:
+        return [
+            *self.router,
+            *self.dispatch,
+            *self.received,
+            *self.experts,
+            *self.returned,
+            *self.combine,
+        ]
+
+
+def stack_of(framework: str) -> MoEStack:
+    """The :data:`STACKS` row of ``training.framework``."""
+    if framework not in STACKS:
+        raise ScenarioError(
+            f"training.framework: {framework!r} has no MoE layer model (one of {sorted(STACKS)})"
+        )
+    return STACKS[framework]
+
+
+def _moved(name: str, elements: float, passes: tuple[float, float], saved: float = 0.0) -> OpCost:
+    """A memory-bound kernel over ``elements`` values moving ``passes`` bytes each
+    (forward, backward)."""
+    forward, backward = passes
+    return OpCost(
+        name,
+        "elementwise",
+        elements,
+        forward * elements,
+        0.0,
+        saved_bytes=saved,
+        backward_bytes=backward * elements,
+    )
+
+
+def _fp8_gemm(op: OpCost) -> list[OpCost]:
+    """An expert GEMM on FP8 tensor cores, as :func:`~.layer_ops.fp8_ops` runs one:
+    a fused cast of its bf16 input before it, its saved input in FP8."""
+    assert op.shape is not None
+    m, n, k = op.shape
+    inputs, grads = float(op.batch * m * k), float(op.batch * m * n)
+    cast = OpCost(
+        f"{op.name}.cast", "elementwise", 2 * inputs, 3 * inputs, 0.0, backward_bytes=3 * grads
+    )
+    return [cast, replace(op, fp8=True, saved_bytes=op.saved_bytes / ACT_BYTES)]
+
+
+def _padded_rows(rows: np.ndarray, capacity_rows: Sequence[int] | None, fp8: bool) -> np.ndarray:
+    padded = np.asarray(rows if capacity_rows is None else capacity_rows, dtype=np.int64)
+    if fp8:
+        padded = -(-padded // FP8_ROW_ALIGN) * FP8_ROW_ALIGN
+    return padded
+
+
+def _grouped(
+    name: str, real: int, padded: int, n: int, k: int, groups: int, bias: bool, saved: float
+) -> OpCost:
+    """``groups`` expert GEMMs ``(rows_e, n, k)`` as one grouped kernel: ``padded`` rows
+    computed (shape: their mean per group), ``real`` of them model FLOPs; reads the
+    rows and every group's weight once and writes the output."""
+    m = -(-padded // groups) if groups else 0
+    flops = 2.0 * padded * n * k
+    traffic = ACT_BYTES * (padded * k + groups * k * n + padded * n)
+    params = groups * (n * k + (n if bias else 0))
+    return OpCost(
+        name, "grouped_gemm", flops, traffic, 2.0 * real * n * k, (m, n, k), params, groups, saved
+    )
+
+
+def moe_layer_ops(
+    spec: MoESpec,
+    model_hidden: int,
+    expert_rows: Sequence[int],
+    *,
+    tokens: int,
+    sent: int,
+    tp: int = 1,
+    framework: str = "megatron",
+    fp8: bool = False,
+    compiled: bool = False,
+    capacity_rows: Sequence[int] | None = None,
+    model_ffn: int | None = None,
+    mlp: str = "gelu",
+    bias: bool = True,
+) -> MoELayerOps:
+    """Forward ops of one MoE layer on one rank as ``framework`` runs them (see
+    :data:`STACKS`): the router GEMM ``(T, E, h)`` on the rank's ``tokens``, its
+    softmax/top-k and the load-balancing loss over ``T·E``; the permute of the ``sent``
+    assignments before the dispatch, the re-sort of the received rows after it; the
+    local experts on ``expert_rows`` (one entry per local expert; ``capacity_rows``,
+    when the inputs are padded to capacity, the rows each computes instead), as one
+    grouped GEMM per projection or a loop of per-expert GEMMs; the reverse reordering
+    and the combine (unpermute with the routing weights; ``compiled``: under
+    ``torch.compile``, torchtitan's fp32 score multiply as one fused pass). A loop's
+    per-expert gathers and ``index_add_`` stand for the permute and unpermute. Shapes
+    are per TP rank: the expert width ``f`` split over ``tp``."""
+    stack = stack_of(framework)
+    h, f = model_hidden, expert_ffn(spec, model_hidden, model_ffn)
+    if f % tp:
+        raise ScenarioError(f"model.moe.ffn_hidden: expert ffn({f}) is not divisible by tp({tp})")
+    rows = np.asarray(expert_rows, dtype=np.int64)
+    _check_nonnegative(tokens=tokens, sent=sent, rows=int(rows.min(initial=0)))
+    groups = rows.size
+    padded = _padded_rows(rows, capacity_rows, fp8)
+    real, computed = int(rows.sum()), int(padded.sum())
+    local, e, k = f // tp, spec.experts, spec.top_k
+    aux = stack.aux_loss if spec.aux_loss is None else spec.aux_loss
+    fused = stack.fused_permute
+    index_bytes = 4.0 * k * tokens  # the int32 map from assignments back to tokens
+
+    router: list[OpCost] = [
+        router_op(spec, h, tokens),
+        _moved("moe_router_topk", tokens * e, _ROUTER_TOPK, saved=4.0 * tokens * e),
+    ]
+    if aux:
+        router.append(_moved("moe_aux_loss", tokens * e, _AUX_LOSS))
+
+    dispatch: list[OpCost] = []
+    received: list[OpCost] = []
+    returned: list[OpCost] = []
+    combine: list[OpCost] = []
+    if stack.einsum_dispatch:
+        # DeepSpeed: (T, E, C) combine weights (fp32) and dispatch mask (bool) written by
+        # the gating, then the dispatch einsum (E·C, h, T) and the combine (T, h, E·C)
+        # the E·C slots of a source rank: E/ep local experts of ep·C rows each on this one
+        slots = computed
+        router.append(_moved("moe_gating_masks", float(tokens) * slots, (5.0, 4.0)))
+        dispatch.append(_gemm_op("moe_dispatch_einsum", slots, h, tokens))
+        combine.append(
+            _gemm_op("moe_combine_einsum", tokens, h, slots, saved=ACT_BYTES * slots * h)
+        )
+    elif stack.grouped_gemm:  # a loop's per-expert gathers and index_add_ are its permute
+        if not fused:
+            dispatch.append(_moved("moe_sort", 2.0 * k * tokens, (8.0, 0.0)))  # argsort, int64
+        dispatch.append(_moved("moe_permute", float(sent) * h, _GATHER[fused], saved=index_bytes))
+        unpermute = (2.0 + 2.0 / k, 6.0) if fused else _GATHER[False]
+        if not fused:  # torch.compile fuses the three casts and the multiply into one pass
+            scores = _GATHER[True] if compiled else _SCORE_FP32
+            combine.append(_moved("moe_scores", float(sent) * h, scores))
+        combine.append(_moved("moe_unpermute", float(sent) * h, unpermute, saved=index_bytes))
+    if stack.sort_after_dispatch and groups > 1:
+        received.append(_moved("moe_sort_chunks", float(real) * h, _GATHER[fused]))
+        returned.append(_moved("moe_unsort_chunks", float(real) * h, _GATHER[fused]))
+    if fp8 and stack.grouped_gemm and fused and computed != real:
+        # Transformer Engine's Fp8Padding / Fp8Unpadding around the grouped MLP
+        received.append(_moved("moe_fp8_pad", float(real) * h, _GATHER[True]))
+        returned.insert(0, _moved("moe_fp8_unpad", float(real) * h, _GATHER[True]))
+
+    if stack.grouped_gemm:
+        experts = _grouped_experts(
+            real, computed, groups, h, local, mlp, bias, stack.fused_gate_up, fp8
+        )
+    else:
+        experts = _looped_experts(rows, padded, h, local, mlp, bias, fp8, k, tokens)
+    return MoELayerOps(
+        tuple(router),
+        tuple(dispatch),
+        tuple(received),
+        tuple(experts),
+        tuple(returned),
+        tuple(combine),
+    )
+
+
+def _gemm_op(name: str, m: int, n: int, k: int, saved: float = 0.0) -> OpCost:
+    """A plain GEMM ``(m, k) @ (k, n)`` without weights (DeepSpeed's einsums)."""
+    flops = 2.0 * m * n * k
+    traffic = ACT_BYTES * (m * k + k * n + m * n)
+    return OpCost(name, "gemm", flops, traffic, 0.0, (m, n, k), saved_bytes=saved)
+
+
+def _grouped_experts(
+    real: int,
+    computed: int,
+    groups: int,
+    h: int,
+    local: int,
+    mlp: str,
+    bias: bool,
+    fused_gate_up: bool,
+    fp8: bool,
+) -> list[OpCost]:
+    """The local experts as grouped GEMMs: fc1 (gate and up fused or, as torchtitan's
+    ``w1`` and ``w3``, two), the activation, fc2."""
+    swiglu = mlp == "swiglu"
+    saved_in = ACT_BYTES * computed * h
+    if swiglu and not fused_gate_up:
+        fc1 = [
+            _grouped("expert_fc1", real, computed, local, h, groups, bias, saved_in),
+            _grouped("expert_fc1_up", real, computed, local, h, groups, bias, saved_in),
+        ]
+    else:
+        width = 2 * local if swiglu else local
+        fc1 = [_grouped("expert_fc1", real, computed, width, h, groups, bias, saved_in)]
+    fc2 = _grouped(
+        "expert_fc2", real, computed, h, local, groups, bias, ACT_BYTES * computed * local
+    )
+    ops = [*fc1, activation_op(mlp, computed * local, prefix="expert_"), fc2]
+    if not fp8:
+        return ops
+    return [x for op in ops for x in (_fp8_gemm(op) if op.kind == "grouped_gemm" else [op])]
+
+
+def _looped_experts(
+    rows: np.ndarray,
+    padded: np.ndarray,
+    h: int,
+    local: int,
+    mlp: str,
+    bias: bool,
+    fp8: bool,
+    top_k: int,
+    tokens: int,
+) -> list[OpCost]:
+    """The local experts one after another (experts without rows skipped, as HF's loop
+    over ``expert_hit``): per expert its rows gathered (after ``torch.where`` over the
+    ``(k, T)`` mask, int64), ``w1`` (and ``w3``), the activation, ``w2``, the routing
+    weight multiplied in and ``index_add_`` back. The first expert's first GEMM is
+    ``expert_fc1`` and the last one's ``w2`` is ``expert_fc2``: the TP collectives
+    Megatron-style tensor parallelism puts after the MLP come once, after the loop."""
+    hit = [j for j in range(rows.size) if padded[j] > 0]
+    ops: list[OpCost] = []
+    swiglu = mlp == "swiglu"
+    for position, j in enumerate(hit):
+        r, p = int(rows[j]), int(padded[j])
+        first, last = position == 0, position == len(hit) - 1
+        gemms = []
+        w1 = "expert_fc1" if first else f"expert_fc1.e{j}"
+        w2 = "expert_fc2" if last else f"expert_fc2.e{j}"
+        fc1 = _grouped(w1, r, p, local, h, 1, bias, ACT_BYTES * p * h)
+        gemms.append(replace(fc1, kind="gemm", batch=1))
+        if swiglu:
+            up = _grouped(f"expert_fc1_up.e{j}", r, p, local, h, 1, bias, ACT_BYTES * p * h)
+            gemms.append(replace(up, kind="gemm", batch=1))
+        fc2 = replace(_grouped(w2, r, p, h, local, 1, bias, ACT_BYTES * p * local), kind="gemm")
+        where = _moved(f"expert_where.e{j}", float(top_k) * tokens, (8.0, 0.0))
+        gather = _moved(f"expert_gather.e{j}", float(p) * h, _GATHER[False])
+        act = activation_op(mlp, p * local, prefix="expert_")
+        act = replace(act, name=f"{act.name}.e{j}")
+        scale = _moved(f"expert_scale.e{j}", float(r) * h, (4.0, 6.0), saved=ACT_BYTES * r * h)
+        add = _moved(f"expert_index_add.e{j}", float(r) * h, (6.0, 4.0))
+        body = [*gemms[:1], *gemms[1:], act, fc2]
+        if fp8:
+            body = [x for op in body for x in (_fp8_gemm(op) if op.kind == "gemm" else [op])]
+        ops += [where, gather, *body, scale, add]
+    return ops
+
+
+def padded_capacity_rows(
+    spec: MoESpec, traffic: MoELayerTraffic, ep: int, framework: str = "megatron"
+) -> tuple[list[int] | None, np.ndarray | None]:
+    """Rows each local expert computes, and the dispatch splits, when the stack pads
+    every expert's input to its capacity (``model.moe.pad_to_capacity``, Megatron-Core's
+    drop-and-pad; DeepSpeed-MoE always): each source rank sends ``capacity`` rows for
+    every expert, so an expert computes ``ep · capacity`` rows and rank ``i`` sends
+    ``capacity_i · E/ep`` rows to every peer. Without a capacity factor DeepSpeed pads
+    to the busiest expert (``drop_tokens=False``), here its load spread evenly over the
+    source ranks. ``(None, None)`` when nothing is padded."""
+    stack = stack_of(framework)
+    if not (spec.pad_to_capacity or stack.pads_to_capacity):
+        return None, None
+    per = experts_per_rank(spec, ep)
+    caps = list(traffic.capacity)
+    if any(c is None for c in caps):
+        busiest = int(traffic.expert_tokens.max(initial=0))
+        caps = [-(-busiest // ep)] * ep
+    rows = [int(sum(int(c) for c in caps))] * per
+    sent = np.asarray(caps, dtype=float) * per * traffic.bytes_per_token
+    return rows, np.repeat(sent[:, None], ep, axis=1)

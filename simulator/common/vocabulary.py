@@ -31,6 +31,7 @@ __all__ = [
     "NORM_KINDS",
     "POSITION_KINDS",
     "SHARDING_LEVELS",
+    "FRAMEWORKS",
 ]
 
 # Pipeline schedules with a built-in order (simulator.schedule.pipeline), and every
@@ -90,6 +91,12 @@ TRAINING_DTYPES = ("bf16", "fp16", "fp8")
 # ZeRO stages by what they shard across data parallelism: nothing, the optimizer
 # state (ZeRO-1), also the gradients (ZeRO-2), also the weights (ZeRO-3, FSDP).
 SHARDING_LEVELS = ("none", "optimizer", "gradients", "full")
+# The software stacks a run names (``training.framework``), each a set of concrete
+# choices read from its code (simulator.arithmetic.stacks): Megatron-Core with
+# Transformer Engine, torchtitan (eager PyTorch modules, FSDP2), PyTorch FSDP1 around a
+# Hugging Face-style model, and DeepSpeed's ZeRO engine around one. The first is the
+# default.
+FRAMEWORKS = ("megatron", "torchtitan", "fsdp1", "deepspeed")
 
 # Block choices (``model:``).
 MLP_KINDS = ("gelu", "swiglu")

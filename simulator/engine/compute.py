@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 from simulator.engine.gemm import GemmEfficiency
+from simulator.engine.grouped_gemm import GROUPED_KINDS, grouped_gemm_seconds
 from topologies import ClusterSpec
 
 __all__ = ["ComputeModel", "ATTENTION_BLOCK", "NCCL_CHANNELS", "causal_fraction", "executed_flops"]
@@ -68,13 +69,15 @@ def executed_flops(op: Any) -> float:
 class ComputeModel:
     """Times Compute ops for one GPU type, memoising by what decides the time."""
 
-    def __init__(self, spec: ClusterSpec):
+    def __init__(self, spec: ClusterSpec, host_dispatch: float = 0.0):
         gpu = spec.gpu
-        self.peak = gpu.peak_flops
-        self.fp8_peak = gpu.fp8_peak_flops or gpu.peak_flops
+        self.peak = gpu.peak_flops * gpu.compute_clock_factor
+        self.fp8_peak = (gpu.fp8_peak_flops or gpu.peak_flops) * gpu.compute_clock_factor
         self.stream_bandwidth = gpu.hbm_bandwidth * gpu.hbm_efficiency
         self.launch_overhead = gpu.kernel_launch_overhead
-        self.host_overhead = gpu.host_overhead
+        # the host's time to issue a kernel: the GPU's measured figure (a calibration
+        # profile's), else the software stack's (simulator.arithmetic.stacks)
+        self.host_overhead = gpu.host_overhead or host_dispatch
         self.matmul_efficiency = gpu.matmul_efficiency
         self.attention_efficiency = gpu.attention_efficiency
         self.sm_count = gpu.sm_count
@@ -95,13 +98,17 @@ class ComputeModel:
     def duration(self, op) -> float:
         """Seconds ``op`` (a :class:`~simulator.schedule.ir.Compute`) takes alone: its
         measured time when the GPU's ``op_table`` has it, else the roofline's."""
+        kernels = getattr(op, "kernels", 1)
         key = (op.kind, op.flops, op.bytes, op.shape, op.batch, op.fp8)
-        cached = self._memo.get(key)
+        cached = self._memo.get(key if kernels == 1 else (*key, kernels))
         if cached is not None:
             return cached
+        measured = self._memo.get(key) if kernels != 1 else None
+        if measured is not None:  # a measured op: its time, its kernels' launches included
+            return measured
         seconds = max(self.compute_seconds(op), op.bytes / self.stream_bandwidth)
-        seconds += self.launch_overhead
-        self._memo[key] = seconds
+        seconds += self.launch_overhead * kernels
+        self._memo[key if kernels == 1 else (*key, kernels)] = seconds
         return seconds
 
     def with_comm(self, op, ops, collective_time) -> float:
@@ -124,6 +131,17 @@ class ComputeModel:
     def compute_seconds(self, op) -> float:
         """The op's math time at the efficiency its kind and shape reach."""
         kind, shape = op.kind, op.shape
+        if kind in GROUPED_KINDS:  # an MoE layer's experts as one grouped GEMM
+            peak = self.fp8_peak if op.fp8 else self.peak
+            gemm = self.gemm
+            return grouped_gemm_seconds(
+                op,
+                peak,
+                self.stream_bandwidth,
+                base=self.matmul_efficiency,
+                sm_count=gemm.sm_count if gemm else None,
+                largest_tile=gemm.largest_tile if gemm else None,
+            )
         if kind == "gemm":
             peak = self.fp8_peak if op.fp8 else self.peak
             if shape is not None and self.gemm is not None:

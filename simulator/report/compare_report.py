@@ -288,6 +288,11 @@ def print_compare(report: Comparison, console: Console, outputs: Iterable[str] =
         f"step time: {first} {_time_cell(step.first)}, {second} {_time_cell(step.second)}, "
         f"{gap} {_percent(step.difference)}"
     )
+    if report.within_interval:
+        console.print(
+            "the difference is inside the predictions' trust intervals: parasim cannot "
+            "tell these two apart with confidence"
+        )
     table = Table(
         title="step time, memory and time per rank by op class",
         title_justify="left",

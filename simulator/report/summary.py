@@ -53,6 +53,14 @@ def routing_line(result: StepResult) -> str | None:
     )
 
 
+def trust_line(interval: dict) -> str:
+    """Where a result's interval comes from, in one line."""
+    line = f"the cross-validated errors of {interval['basis']}"
+    if interval.get("outside"):
+        line += f"; outside what was validated: {interval['outside']}, so widened"
+    return line
+
+
 def print_summary(result: StepResult, console: Console, outputs: list[str]) -> None:
     layout = result.layout
     cluster = result.cluster
@@ -63,7 +71,9 @@ def print_summary(result: StepResult, console: Console, outputs: list[str]) -> N
     head = Table(title=f"parasim · {result.scenario}", show_header=False, title_justify="left")
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("cluster", f"{cluster.nodes} × {cluster.name} ({cluster.gpus} × {cluster.gpu})")
+    limit = "" if cluster.power_limit_w is None else f" · power limit {cluster.power_limit_w:g} W"
+    gpus = f"{cluster.gpus} × {cluster.gpu}"
+    head.add_row("cluster", f"{cluster.nodes} × {cluster.name} ({gpus}){limit}")
     head.add_row(
         "model",
         f"{result.model.name} ({_parameters(result.model.parameters)} parameters)",
@@ -77,8 +87,23 @@ def print_summary(result: StepResult, console: Console, outputs: list[str]) -> N
             f"recompute {layout.recompute}"
         ),
     )
-    head.add_row("step time", format_time(step))
-    head.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")
+    interval = result.interval
+    if interval is None:
+        head.add_row("step time", format_time(step))
+        head.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")
+    else:
+        low, high, level = interval["low"], interval["high"], interval["level"]
+        band = f"{level:.0%}: "
+        head.add_row(
+            "step time",
+            f"{format_time(step)} ({band}{format_time(step * low)}–{format_time(step * high)})",
+        )
+        head.add_row(
+            "throughput",
+            f"{result.tokens_per_s:,.0f} tokens/s ({band}{result.tokens_per_s / high:,.0f}–"
+            f"{result.tokens_per_s / low:,.0f})",
+        )
+        head.add_row("trusted as", escape(trust_line(interval)))
     head.add_row(
         "per GPU",
         f"{format_flops(result.tflops_per_gpu * 1e12)} (model FLOPs) · MFU {100 * result.mfu:.1f}%"

@@ -438,6 +438,9 @@ def print_sweep(
             _percent(row["stall_fraction"]),
         )
     print_table(console, table, lead=2)
+    inside = interval_line(result)
+    if inside is not None:
+        console.print(inside)
     own = own_line(result)
     for line in [batch_line(result.batch, result.global_batch, result.gpus)]:
         console.print(line)
@@ -447,6 +450,29 @@ def print_sweep(
         console.print(line)
     if outputs:
         console.print("wrote " + ", ".join(str(p) for p in outputs))
+
+
+def interval_line(result: SweepResult) -> str | None:
+    """``the best layout's 80% interval is 9.6-11.9 s: #2-#4 lie inside it``: which
+    layouts parasim cannot tell from the best (simulator.analysis.trust)."""
+    rows = [row for row in result.rows if row.get("status", "simulated") == "simulated"]
+    if not rows or not rows[0].get("interval"):
+        return None
+    best = rows[0]
+    step, interval = best["step_time_s"], best["interval"]
+    high = step * interval["high"]
+    inside = [i for i, row in enumerate(rows[1:], 2) if row["step_time_s"] <= high]
+    band = (
+        f"the best layout's {interval['level']:.0%} interval is "
+        f"{format_time(step * interval['low'])}–{format_time(high)}"
+    )
+    if not inside:
+        return f"{band}: the next layout lies outside it"
+    span = f"#{inside[0]}" if len(inside) == 1 else f"#{inside[0]}–#{inside[-1]}"
+    return (
+        f"{band}: {span} lie inside it, so parasim cannot rank "
+        f"{'it' if len(inside) == 1 else 'them'} apart from the best with confidence"
+    )
 
 
 def policy_text(batch: dict[str, Any]) -> str:

@@ -111,6 +111,12 @@ class MoESpec(_Strict):
     # limit; DeepSeek-V3 uses 4)
     max_nodes_per_token: int | None = Field(default=None, gt=0)
     overlap_shared_experts: bool = False
+    # the load-balancing (auxiliary) loss over the router's T x E probabilities (Switch,
+    # GShard); None: the stack's default (simulator.arithmetic.moe.STACKS)
+    aux_loss: bool | None = None
+    # every expert's input padded to its capacity, the padded rows computed and sent
+    # (Megatron-Core's --moe-pad-expert-input-to-capacity; DeepSpeed-MoE always pads)
+    pad_to_capacity: bool = False
     routing: RoutingSpec = Field(default_factory=UniformRouting)
 
     @model_validator(mode="after")
@@ -120,6 +126,8 @@ class MoESpec(_Strict):
                 f"ffn_hidden({self.ffn_hidden}) and expert_ffn_hidden({self.expert_ffn_hidden})"
                 " name the same width; give one"
             )
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise ValueError("pad_to_capacity needs a capacity_factor to pad to")
         if self.top_k > self.experts:
             raise ValueError(f"top_k({self.top_k}) > experts({self.experts})")
         if isinstance(self.routing, HistogramRouting) and len(self.routing.loads) != self.experts:

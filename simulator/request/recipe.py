@@ -25,10 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from simulator.arithmetic.stacks import Stack, stack_of
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import (
     ATTENTION_KERNELS,
     CP_KINDS,
+    FRAMEWORKS,
     GRADIENT_DTYPES,
     RECOMPUTE_MODES,
     SCHEDULES,
@@ -127,6 +129,8 @@ _EXTRAS = (
     "fp8_all_gather",
     "grad_bucket_bytes",
     "first_grad_bucket_bytes",
+    "framework",
+    "compile",
     "stage_layers",
 )
 _CHOICES = {
@@ -138,6 +142,7 @@ _CHOICES = {
     "grad_reduce_dtype": GRADIENT_DTYPES,
     "cp_kind": CP_KINDS,
     "dtype": TRAINING_DTYPES,
+    "framework": FRAMEWORKS,
 }
 
 
@@ -168,6 +173,9 @@ class Recipe:
     fp8_all_gather: bool = False
     grad_bucket_bytes: float = float(DDP_BUCKET_BYTES)
     first_grad_bucket_bytes: float = float(DDP_FIRST_BUCKET_BYTES)
+    # the software stack (simulator.arithmetic.stacks) and whether torch.compile runs
+    framework: str = "megatron"
+    compile: bool = False
     # a custom schedule's order, per pipeline rank (None: the schedule builds it)
     orders: tuple[tuple[Action, ...], ...] | None = None
 
@@ -244,6 +252,11 @@ class Recipe:
     def fp8(self) -> bool:
         """The linear layers run on FP8 tensor cores."""
         return self.dtype == "fp8"
+
+    @property
+    def stack(self) -> Stack:
+        """What the framework runs for the elementwise ops, and its host's dispatch."""
+        return stack_of(self.framework, self.compile)
 
     @property
     def grad_bytes(self) -> int:
@@ -413,6 +426,7 @@ def _parse_value(key: str, raw: str) -> Any:
         "param_gather_overlap",
         "reshard_after_forward",
         "fp8_all_gather",
+        "compile",
     ):
         if raw not in ("true", "false"):
             raise ValueError("expected true or false")

@@ -30,6 +30,7 @@ from simulator.common.vocabulary import (
     ATTENTION_KERNELS,
     CP_KINDS,
     FIDELITIES,
+    FRAMEWORKS,
     GRADIENT_DTYPES,
     GRID_AXES,
     MLP_KINDS,
@@ -116,6 +117,11 @@ class TrainingSpec(_Strict):
     grad_reduce_dtype: Literal[GRADIENT_DTYPES] = "fp32"
     grad_bucket_bytes: Bytes = float(DDP_BUCKET_BYTES)
     first_grad_bucket_bytes: Bytes = float(DDP_FIRST_BUCKET_BYTES)
+    # the software stack that runs the step: its kernels, attention backend, sharded
+    # data parallelism and host dispatch (simulator.arithmetic.stacks)
+    framework: Literal[FRAMEWORKS] = "megatron"
+    # torch.compile on the model (the PyTorch stacks): elementwise chains fuse
+    compile: bool = False
 
 
 class ParallelSpec(_Strict):
@@ -409,10 +415,12 @@ def _check_schedule(
             "training.param_gather_overlap: only with training.sharding optimizer or gradients "
             f"(got {sharding}): it moves the sharded optimizer's parameter all-gather"
         )
-    if sharding == "full" and layout.ep > 1:
+    if sharding == "full" and layout.ep > 1 and layout.dp_shard:
+        # FSDP with EP: experts shard over edp, dense layers over dp
+        # (simulator.schedule.sharded_dp); HSDP beside EP is not split that way
         raise ScenarioError(
-            f"training.sharding: full with expert parallelism (ep {layout.ep}) is not "
-            "modelled yet: the experts would shard over their expert-data-parallel group"
+            f"parallel.dp_shard: HSDP (dp_shard {layout.dp_shard}) with expert parallelism "
+            f"(ep {layout.ep}) is not modelled; use one of them"
         )
     if sharding == "full" and parallel.schedule in ("zb-h1", "zb-h2"):
         raise ScenarioError(
@@ -478,6 +486,8 @@ def _recipe(
         param_gather_overlap=training.param_gather_overlap,
         grad_bucket_bytes=training.grad_bucket_bytes,
         first_grad_bucket_bytes=training.first_grad_bucket_bytes,
+        framework=training.framework,
+        compile=training.compile,
         orders=orders,
     )
 
@@ -715,6 +725,11 @@ def scenario_from_dict(
             )
     _check_context_parallel(spec, model, moe, tp, cp)
     _check_fp8(spec, cluster_spec)
+    if spec.training.compile and spec.training.framework == "megatron":
+        raise ScenarioError(
+            "training.compile: Megatron-Core does not run torch.compile on the model (its "
+            "kernels are fused already); compile applies to torchtitan, fsdp1 and deepspeed"
+        )
     if parallel.ep > 1 and moe is None:
         raise ScenarioError(f"parallel.ep: ep({parallel.ep}) needs a mixture-of-experts model.moe")
     if moe is not None:

@@ -27,6 +27,7 @@ from simulator.analysis.result import (
     StepResult,
 )
 from simulator.analysis.trace import OpRecord, Trace
+from simulator.analysis.trust import trust_interval
 from simulator.arithmetic.counts import (
     active_parameter_count,
     model_flops_per_step,
@@ -671,7 +672,7 @@ def assemble_result(
             f"{executed / step / world / gpu.peak_flops:.0%} of peak"
         )
     links = link_summary(scenario.cluster, times.link_utilisation, step)
-    return StepResult(
+    result = StepResult(
         parasim_version=__version__,
         scenario=scenario.name,
         fidelity=fidelity,
@@ -681,6 +682,7 @@ def assemble_result(
             gpus=world,
             gpu=gpu.name,
             peak_flops_per_gpu=gpu.peak_flops,
+            power_limit_w=gpu.power_limit_w,
         ),
         model=ModelSummary(
             name=scenario.model.name,
@@ -721,3 +723,10 @@ def assemble_result(
         },
         busiest_links=[LinkUse(**row) for row in links],
     )
+    trust = trust_interval(result, scenario.recipe.framework, scenario.model.seq_len)
+    result.interval = trust.to_json()
+    if trust.outside:
+        result.warnings.append(
+            f"outside what was validated ({trust.outside}): the interval is widened"
+        )
+    return result

@@ -4,8 +4,11 @@ all-to-alls on the EP group, and the local experts on the tokens this rank recei
 An MoE layer replaces the dense MLP of :mod:`simulator.schedule.layers`. Forward:
 router, dispatch all-to-all (each rank sends every token-assignment to the rank that
 holds its expert; uneven, as :func:`~simulator.arithmetic.moe.moe_layer_traffic` routes
-the micro-batch), the local experts as grouped GEMMs over what arrived, and the
-combine all-to-all (the dispatch's transpose). Backward runs them in reverse: the
+the micro-batch), the local experts over what arrived, each at its own row count, and
+the combine all-to-all (the dispatch's transpose). The token reordering around the
+all-to-alls, the router's top-k and load-balancing loss, and whether the experts run as
+grouped GEMMs or a loop follow ``training.framework``
+(:func:`~simulator.arithmetic.moe.moe_layer_ops`). Backward runs them in reverse: the
 combine's gradient travels along the dispatch's splits and the dispatch's along the
 combine's. Expert weight gradients go to the expert-data-parallel group.
 """
@@ -14,11 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from simulator.arithmetic.layer_ops import OpCost, backward_of, fp8_ops
 from simulator.arithmetic.moe import (
+    MoELayerOps,
     MoELayerTraffic,
     expert_backward_of,
-    expert_ops,
+    local_experts,
+    moe_layer_ops,
+    padded_capacity_rows,
     shared_expert_ops,
 )
 
@@ -30,24 +38,34 @@ class ExpertLowering:
     writes through the same program writer and layer helpers)."""
 
     # -- mixture of experts -----------------------------------------------------------
-    def _moe_ops(self, layer: int, mb: int) -> tuple[list[OpCost], MoELayerTraffic]:
+    def _moe_ops(self, layer: int, mb: int) -> tuple[MoELayerOps, MoELayerTraffic, np.ndarray]:
+        """The layer's ops as the stack runs them (:func:`moe_layer_ops`), its routing,
+        and the dispatch splits (bytes rank i sends rank j; padded to capacity when the
+        stack pads)."""
         traffic = self.config.moe_traffic(layer, mb, self.ep_group_index)
-        received = int(traffic.tokens_received[self.ep_index])
-        tokens = self.config.micro_batch * self.model.seq_len
-        ops = expert_ops(
+        framework = self.config.recipe.framework
+        rows = traffic.expert_tokens[list(local_experts(self.moe, self.ep, self.ep_index))]
+        capacity_rows, padded_splits = padded_capacity_rows(self.moe, traffic, self.ep, framework)
+        splits = traffic.splits if padded_splits is None else padded_splits
+        sent = int(traffic.tokens_sent[self.ep_index])
+        if padded_splits is not None:
+            sent = int(round(padded_splits[self.ep_index].sum() / traffic.bytes_per_token))
+        ops = moe_layer_ops(
             self.moe,
             self.model.hidden,
-            received,
-            self.tp,
-            ep=self.ep,
+            rows,
+            tokens=self.config.micro_batch * self.model.seq_len,
+            sent=sent,
+            tp=self.tp,
+            framework=framework,
+            fp8=self.config.recipe.fp8,
+            compiled=self.config.recipe.compile,
+            capacity_rows=capacity_rows,
             model_ffn=self.model.ffn,
-            router_tokens=tokens,
             mlp=self.model.mlp,
             bias=self.model.bias,
         )
-        if self.config.recipe.fp8:
-            ops = fp8_ops(ops)
-        return ops, traffic
+        return ops, traffic, splits
 
     def _shared_ops(self) -> list[OpCost]:
         """The layer's shared experts on the rank's own tokens (none without them)."""
@@ -83,25 +101,26 @@ class ExpertLowering:
         return op
 
     def _moe_forward(self, layer: int, mb: int, tags: dict[str, Any]) -> None:
-        """Router, dispatch all-to-all, the local experts on the tokens this rank
-        received, combine all-to-all (the dispatch's transpose). Shared experts run
-        after the combine, or, overlapped, their first GEMM and activation beside the
-        dispatch and their second GEMM beside the combine."""
-        ops, traffic = self._moe_ops(layer, mb)
+        """Router (its top-k and load-balancing loss), the permute, dispatch all-to-all,
+        the re-sort by local expert, the local experts on the rows this rank received,
+        the reverse re-sort, combine all-to-all (the dispatch's transpose), the
+        unpermute. Shared experts run after the combine, or, overlapped, their first GEMM
+        and activation beside the dispatch and their second GEMM beside the combine."""
+        ops, _, splits = self._moe_ops(layer, mb)
         shared = self._shared_ops()
         overlap = bool(shared) and self.moe.overlap_shared_experts
         split = next((i for i, op in enumerate(shared) if op.name.startswith("shared_fc2")), 0)
         phase = tags["phase"]
-        router, experts = ops[0], ops[1:]
-        self._forward_op(router, layer, mb, tags)
-        dispatch, combine = traffic.splits[self.ep_index], traffic.splits[:, self.ep_index]
+        for cost in (*ops.router, *ops.dispatch):
+            self._forward_op(cost, layer, mb, tags)
+        dispatch, combine = splits[self.ep_index], splits[:, self.ep_index]
         label = f"L{layer}.dispatch.{phase}.mb{mb}"
         sent = self._all_to_all(dispatch, label, wait=not overlap, **tags)
         if overlap:
             for cost in shared[:split]:
                 self._forward_op(cost, layer, mb, tags)
             self.wait_for(sent)
-        for cost in experts:
+        for cost in (*ops.received, *ops.experts, *ops.returned):
             self._forward_op(cost, layer, mb, tags)
         label = f"L{layer}.combine.{phase}.mb{mb}"
         back = self._all_to_all(combine, label, wait=not overlap, **tags)
@@ -109,31 +128,39 @@ class ExpertLowering:
             self._forward_op(cost, layer, mb, tags)
         if overlap:
             self.wait_for(back)
+        for cost in ops.combine:
+            self._forward_op(cost, layer, mb, tags)
 
     def _moe_backward(
         self, layer: int, mb: int, final: bool, tags: dict[str, Any], defer: bool
     ) -> None:
-        """The combine's backward (an all-to-all along the dispatch), the experts'
-        backward, the dispatch's backward (along the combine), the router's."""
-        ops, traffic = self._moe_ops(layer, mb)
+        """The unpermute's backward, the combine's backward (an all-to-all along the
+        dispatch), the re-sort's and the experts' backward, the dispatch's backward
+        (along the combine), the permute's and the router's."""
+        ops, _, splits = self._moe_ops(layer, mb)
         shared = self._shared_ops()
         overlap = bool(shared) and self.moe.overlap_shared_experts
-        router, experts = ops[0], ops[1:]
         local = self.moe.experts // self.ep
         phase = tags["phase"]
         prefix = f"L{layer}."
-        dispatch, combine = traffic.splits[self.ep_index], traffic.splits[:, self.ep_index]
+
+        def grads(costs) -> None:
+            for cost in reversed(costs):
+                grouped = cost.kind == "grouped_gemm"
+                backward = expert_backward_of(cost, local) if grouped else backward_of(cost)
+                self._grads(backward, prefix, mb, final, tags, self.stage, defer)
+
+        dispatch, combine = splits[self.ep_index], splits[:, self.ep_index]
+        grads(ops.combine)
         label = f"L{layer}.combine_grad.{phase}.mb{mb}"
         back = self._all_to_all(dispatch, label, wait=not overlap, **tags)
         if overlap:  # the shared experts' backward beside the combine's
             for cost in reversed(shared):
                 self._grads(backward_of(cost), prefix, mb, final, tags, self.stage, defer)
             self.wait_for(back)
-        for cost in reversed(experts):
-            grads = expert_backward_of(cost, local)
-            self._grads(grads, prefix, mb, final, tags, self.stage, defer)
+        grads((*ops.received, *ops.experts, *ops.returned))
         self._all_to_all(combine, f"L{layer}.dispatch_grad.{phase}.mb{mb}", **tags)
         if not overlap:
             for cost in reversed(shared):
                 self._grads(backward_of(cost), prefix, mb, final, tags, self.stage, defer)
-        self._grads(backward_of(router), prefix, mb, final, tags, self.stage, defer)
+        grads((*ops.router, *ops.dispatch))

@@ -23,20 +23,21 @@ done (:meth:`~DataParallelGradients.end_step`). What it emits is decided here on
   ``param_gather_overlap``, beside the step's forward (Megatron-Core's
   ``--overlap-param-gather``), which the optimizer then waits for.
 
-* **Full sharding** (``sharding: full``, ZeRO-3, FSDP as FSDP2 runs it): every layer is
-  a unit (the first also holds the embedding, the last the final norm and output
-  layer). Before a unit's forward its weights are all-gathered (bf16) on the ``dp``
-  stream, and the next unit's gather is issued as this one starts (prefetched one unit
-  ahead); with ``reshard_after_forward`` (FSDP2's default) the unit is freed after its
-  forward and gathered again before its backward, prefetched one unit ahead in
-  backward order. After a unit's backward in the stage's last backward its gradients
-  are reduce-scattered; the optimizer updates the local ``1/dp`` shard and nothing is
-  gathered after it. Simplified: the embedding and output ops do not wait for their
-  unit's gather (in FSDP2 they are the root unit, gathered once), and with several
-  micro-batches the gradients are reduce-scattered once, after the last backward.
-  With HSDP (``parallel.dp_shard`` < ``dp``) the units shard over groups of ``dp_shard``
-  replicas, and each reduce-scattered shard is then all-reduced across the
-  ``dp_replicate`` groups.
+* **Full sharding** (``sharding: full``, ZeRO-3, FSDP): the units, their gathers
+  before each layer and their reduce-scatters after its backward, as
+  ``recipe.framework`` runs them, are :mod:`simulator.schedule.sharded_dp`'s: Megatron-Core
+  (FSDP2-like: a unit per layer, the first also holding the embedding and the last the
+  final norm and output layer, prefetched one unit ahead, regathered for the backward
+  with ``reshard_after_forward``), torchtitan's FSDP2 (the same with its copy-in and
+  copy-out kernels), PyTorch FSDP1 (flat units, the all-gather rate limiter) and
+  DeepSpeed ZeRO-3 (module by module, the coordinator's prefetch bucket, bucketed
+  reduce-scatters). The optimizer updates the local shard and nothing is gathered after
+  it. With HSDP (``parallel.dp_shard`` < ``dp``) the units shard over groups of
+  ``dp_shard`` replicas, and each reduce-scattered shard is then all-reduced across the
+  ``dp_replicate`` groups; with expert parallelism the experts shard over ``edp``.
+* **DeepSpeed ZeRO-1/2** (``framework: deepspeed``): buckets of ``reduce_bucket_size``
+  (5e8 elements) instead of DDP's 25 MiB while ``grad_bucket_bytes`` keeps its default,
+  and the updated weights gathered in calls of ``allgather_bucket_size`` (5e8 elements).
 
 With data parallelism alone or ZeRO-1/2 nothing happens around a layer. With FP8
 (``dtype: fp8``) the updated weights of the FP8 layers are cast once after the
@@ -45,14 +46,14 @@ optimizer, and ``fp8_all_gather`` gathers those weights in FP8.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from simulator.arithmetic.counts import (
-    layer_fp8_parameters,
-    pipeline_rank_parameters,
-    unit_parameters,
-)
+from simulator.arithmetic.counts import layer_fp8_parameters, pipeline_rank_parameters
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
+from simulator.request.recipe import DDP_BUCKET_BYTES
+from simulator.schedule.sharded_dp import sharding_for
+from simulator.schedule.sharding_units import DEEPSPEED_ALLGATHER_BUCKET, DEEPSPEED_REDUCE_BUCKET
 
 __all__ = ["DataParallelGradients", "ADAM_STATE_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM"]
 
@@ -86,12 +87,7 @@ class DataParallelGradients:
             self.recipe.sharding in ("optimizer", "gradients") and lowering.dp_group is not None
         )
         self.early_gather: int | None = None
-        # full sharding: units gathered ahead of use, by (writer, micro-batch, layer,
-        # backward?), and the reduce-scatters the optimizer waits for
         self.units = self.recipe.shards_weights and lowering.dp_group is not None
-        self.prefetched: dict[tuple[int, int, int, bool], int] = {}
-        self.unit_reduces: list[int] = []
-        self.unit_sizes: dict[int, tuple[int, int]] = {}
         # HSDP: units shard over the dp_shard group and their gradient shards are
         # all-reduced over the dp_replicate group; plain FSDP shards over all of dp
         layout, rank = lowering.layout, lowering.rank
@@ -102,6 +98,19 @@ class DataParallelGradients:
             self.shard_group = shard if len(layout.members(shard)) > 1 else None
             replicate = layout.group_name("dp_replicate", rank)
             self.replicate_group = replicate if len(layout.members(replicate)) > 1 else None
+        # full sharding: the units, their gathers and reduce-scatters as the framework
+        # runs them
+        self.sharded = sharding_for(self) if self.units else None
+        # DeepSpeed ZeRO-1/2 buckets gradients by reduce_bucket_size and gathers the
+        # updated weights by allgather_bucket_size (elements), where PyTorch DDP's
+        # bucket_cap_mb stands (the recipe's DDP defaults mean "not set")
+        deepspeed = self.recipe.framework == "deepspeed"
+        self.first_bucket_cap, self.bucket_cap = (
+            (DEEPSPEED_REDUCE_BUCKET * self.recipe.grad_bytes,) * 2
+            if deepspeed and self.recipe.grad_bucket_bytes == DDP_BUCKET_BYTES
+            else (self.recipe.first_grad_bucket_bytes, self.recipe.grad_bucket_bytes)
+        )
+        self.gather_chunk = DEEPSPEED_ALLGATHER_BUCKET * ACT_BYTES if deepspeed else None
 
     def begin_step(self, first_stage: int) -> None:
         """Before the first action: gather the weights the last step updated beside this
@@ -121,93 +130,17 @@ class DataParallelGradients:
 
     def before_layer(self, layer: int, microbatch: int, phase: str) -> None:
         """Before ``layer`` runs its forward (or its backward, or the forward that full
-        recompute reruns): with full sharding, its unit's gather (prefetched or issued
-        now), which the layer's first op waits for, and the next unit's prefetch."""
-        if not self.units or self.shard_group is None:
-            return
-        backward = phase != "fwd"
-        if backward and not self.recipe.reshard_after_forward:
-            return  # still gathered since this micro-batch's forward
-        lowering = self.lowering
-        writer = id(lowering.w)
-        gather = self.prefetched.pop((writer, microbatch, layer, backward), None)
-        if gather is None:
-            gather = self._gather(layer, microbatch, phase)
-        lowering.waits.append(gather)
-        following = layer - 1 if backward else layer + 1
-        if following in self.recipe.layers_of(lowering.stage):
-            key = (writer, microbatch, following, backward)
-            self.prefetched[key] = self._gather(following, microbatch, phase)
-
-    def _gather(self, layer: int, microbatch: int, phase: str) -> int:
-        """All-gather the bf16 weights of ``layer``'s unit, once the host reaches it."""
-        lowering = self.lowering
-        w = lowering.w
-        params, fp8 = self._unit(layer)
-        size = params * ACT_BYTES
-        if self.recipe.fp8_all_gather:  # the FP8 layers' weights travel in FP8
-            size -= fp8
-        return w.collective(
-            "all_gather",
-            self.shard_group,
-            size,
-            "dp",
-            f"L{layer}.fsdp_all_gather.{phase}.mb{microbatch}",
-            (lowering.last,) if w.ops else (),
-            w.tags(
-                stage=lowering.stage, layer=layer, axis="dp", phase=phase, microbatch=microbatch
-            ),
-        )
-
-    def _unit(self, layer: int) -> tuple[int, int]:
-        """Parameters of ``layer``'s unit and of its FP8 layers (memoised: a layer is
-        gathered and reduced once per micro-batch)."""
-        sizes = self.unit_sizes.get(layer)
-        if sizes is None:
-            config = self.lowering.config
-            sizes = self.unit_sizes[layer] = (
-                unit_parameters(self.recipe, config.model, config.moe, layer),
-                layer_fp8_parameters(self.recipe, config.model, config.moe, layer),
-            )
-        return sizes
+        recompute reruns): with full sharding, its units' gathers as the framework issues
+        them (:mod:`simulator.schedule.sharded_dp`)."""
+        if self.sharded is not None:
+            self.sharded.before_layer(layer, microbatch, phase)
 
     def after_layer_backward(self, layer: int, microbatch: int, final: bool) -> None:
         """After ``layer``'s backward: with full sharding, in the stage's last backward,
-        reduce-scatter its unit's gradients; otherwise they went to :meth:`grad_ready` op
-        by op, which buckets them."""
-        if not (self.units and final):
-            return
-        lowering = self.lowering
-        w = lowering.w
-        params, _ = self._unit(layer)
-        grad_bytes = params * self.recipe.grad_bytes
-        tags = w.tags(
-            stage=lowering.stage, layer=layer, axis="dp", phase="bwd", microbatch=microbatch
-        )
-        reduce = None
-        if self.shard_group is not None:
-            reduce = w.collective(
-                "reduce_scatter",
-                self.shard_group,
-                grad_bytes,
-                "dp",
-                f"L{layer}.fsdp_reduce_scatter.mb{microbatch}",
-                (lowering.last,),
-                tags,
-            )
-        if self.replicate_group is not None:
-            # HSDP: the shard's gradients, averaged across the replicas
-            reduce = w.collective(
-                "all_reduce",
-                self.replicate_group,
-                grad_bytes / lowering.layout.shard_degree,
-                "dp",
-                f"L{layer}.hsdp_all_reduce.mb{microbatch}",
-                (lowering.last,) if reduce is None else (reduce,),
-                tags,
-            )
-        if reduce is not None:
-            self.unit_reduces.append(reduce)
+        reduce-scatter its units' gradients as the framework does; otherwise they went to
+        :meth:`grad_ready` op by op, which buckets them."""
+        if self.sharded is not None and final:
+            self.sharded.after_layer_backward(layer, microbatch, final)
 
     def grad_ready(
         self, params: int, producer: int, microbatch: int, final: bool, expert: bool = False
@@ -215,8 +148,12 @@ class DataParallelGradients:
         """``params`` weight gradients were completed by op ``producer``; ``final``: in
         the stage's last backward, when they are whole and can be reduced."""
         lowering = self.lowering
+        if self.sharded is not None:
+            if final:
+                self.sharded.grad_ready(params, producer, microbatch, expert)
+            return
         group = lowering.edp_group if expert else lowering.dp_group
-        if not final or group is None or params == 0 or self.units:
+        if not final or group is None or params == 0:
             return
         self.bucket_bytes[group] = self.bucket_bytes.get(group, 0.0) + (
             params * self.recipe.grad_bytes
@@ -224,8 +161,7 @@ class DataParallelGradients:
         if not self.recipe.grad_reduce_overlap:
             return  # one reduction of every gradient after the whole backward
         first = self.bucket_index.get(group, 0) == 0
-        recipe = self.recipe
-        cap = recipe.first_grad_bucket_bytes if first else recipe.grad_bucket_bytes
+        cap = self.first_bucket_cap if first else self.bucket_cap
         if self.bucket_bytes[group] >= cap:
             self._flush_bucket(group, producer, microbatch)
 
@@ -268,7 +204,9 @@ class DataParallelGradients:
             0.0,
         )
         lowering.waits.extend(self.last_buckets.values())
-        lowering.waits.extend(self.unit_reduces)
+        if self.sharded is not None:
+            self.sharded.end_step(last_microbatch)
+            lowering.waits.extend(self.sharded.reduces)
         lowering.wait_for(self.early_gather)
         lowering.w.action_open = True
         lowering.run(grad_norm, "optimizer.grad_norm", phase="optimizer")
@@ -288,14 +226,19 @@ class DataParallelGradients:
             cast = OpCost("fp8_weight_cast", "elementwise", 2.0 * fp8, 4.0 * fp8, 0.0)
             lowering.run(cast, "optimizer.fp8_weight_cast", phase="optimizer")
         if self.gathers and self.early_gather is None:
-            # ZeRO-1: every rank updated 1/dp of the weights; gather the updated bf16 weights
+            # ZeRO-1: every rank updated 1/dp of the weights; gather the updated bf16
+            # weights (DeepSpeed: in calls of allgather_bucket_size elements,
+            # stage_1_and_2.py's all_gather_dp_groups)
             w = lowering.w
-            w.collective(
-                "all_gather",
-                lowering.dp_group,
-                self.parameters * ACT_BYTES,
-                "dp",
-                "dp.param_all_gather",
-                (lowering.last,),
-                w.tags(stage=lowering.stage, axis="dp", phase="optimizer"),
-            )
+            total = self.parameters * ACT_BYTES
+            calls = max(1, math.ceil(total / self.gather_chunk)) if self.gather_chunk else 1
+            for index in range(calls):
+                w.collective(
+                    "all_gather",
+                    lowering.dp_group,
+                    total / calls,
+                    "dp",
+                    "dp.param_all_gather" + (f"{index}" if calls > 1 else ""),
+                    (lowering.last,),
+                    w.tags(stage=lowering.stage, axis="dp", phase="optimizer"),
+                )

@@ -91,6 +91,9 @@ class Compute:
     host_index: int = 0
     fp8: bool = False  # a GEMM on the GPU's FP8 tensor cores
     points: tuple[int, ...] = ()  # see "Points" in the module docstring
+    # kernels the op launches (an eager chain of elementwise kernels): each pays the
+    # GPU's launch overhead and the host's dispatch
+    kernels: int = 1
     type = "compute"
 
 

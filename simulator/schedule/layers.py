@@ -55,6 +55,7 @@ from simulator.arithmetic.layer_ops import (
     logits_forward_op,
     loss_op,
 )
+from simulator.arithmetic.stacks import restack
 from simulator.common.vocabulary import PHASE_OF_PART
 from simulator.request.orders import Action
 from simulator.schedule.actions import with_communication
@@ -97,8 +98,9 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         b = config.micro_batch
         recipe = config.recipe
         cp, cp_kind = layout.cp, recipe.cp_kind
+        stack = recipe.stack
         self.fwd_ops = layer_forward_ops(
-            model, b, self.tp, self.sp, recipe.attention, cp, cp_kind, recipe.fp8
+            model, b, self.tp, self.sp, recipe.attention, cp, cp_kind, recipe.fp8, stack
         )
         self.core = attention_core_names(recipe.attention, cp, cp_kind)
         # backward TP collectives beside the GEMM that follows (async and pipelined); with
@@ -116,9 +118,10 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.dp_group = layout.group_name(layout.gradient_axis, rank) if replicas else None
         shard = self.tp if self.sp else 1
         self.embedding = embedding_op(model, b, self.tp)
-        self.final_norm = final_norm_op(model, b, shard)
+        self.final_norm, self.loss = restack(
+            [final_norm_op(model, b, shard), loss_op(model, b, self.tp)], stack
+        )
         self.logits = logits_forward_op(model, b, self.tp, shard)
-        self.loss = loss_op(model, b, self.tp)
         self.last = 0  # the latest compute op
         self.waits: list[int] = []  # ops on other streams the next compute op must wait for
         # (stage, micro-batch) -> weight gradients an I action leaves for its W action:

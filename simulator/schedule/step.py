@@ -188,6 +188,8 @@ def _schedule(
         },
         "schedule": config.recipe.schedule,
         "microbatches": config.microbatches,
+        # the host's time to issue one kernel (the software stack's)
+        "host_dispatch_s": config.recipe.stack.dispatch_s,
         "pipeline_orders": {str(s): [str(a) for a in actions] for s, actions in orders.items()},
     }
     return Schedule(

@@ -99,9 +99,10 @@ class ProgramWriter:
                 self.issued,
                 cost.fp8,
                 points,
+                cost.kernels,
             )
         )
-        self.issued += 1
+        self.issued += cost.kernels
         return op_id
 
     def collective(

@@ -154,6 +154,8 @@ class _Simulated(_Entry):
     exposed_comm_fraction: _NonNegative
     stall_fraction: _NonNegative
     warnings: list[str]
+    # the trust interval's multipliers on the step time (simulator.analysis.trust)
+    interval: dict[str, Any] | None = None
 
 
 #: What an entry of each kind must be to be read.

@@ -41,6 +41,7 @@ from typing import Any
 from simulator.analysis.metrics import CATEGORIES
 from simulator.analysis.result import StepResult
 from simulator.analysis.trace import Trace, category_of
+from simulator.analysis.trust import difference_within
 from simulator.common.errors import ParasimError
 
 __all__ = [
@@ -137,6 +138,9 @@ class Comparison:
     ranks_compared: list[int]
     #: the sides are in the opposite order to the folders given (the measurement first)
     swapped: bool = False
+    #: a what-if of two predictions: whether their step times differ by less than their
+    #: trust intervals (simulator.analysis.trust); None otherwise
+    within_interval: bool | None = None
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -164,7 +168,10 @@ class Comparison:
             "labels": list(self.labels),
             "runs": {side.key: side.to_json() for side in self.sides},
             "scenario": {first.key: first.scenario, second.key: second.scenario},
-            "step_time": self._values(self.step_time, "s"),
+            "step_time": {
+                **self._values(self.step_time, "s"),
+                **({"within_interval": self.within_interval} if self.mode == "what-if" else {}),
+            },
             "peak_memory_per_gpu": self._values(self.memory, "bytes"),
             "breakdown_mean": [
                 {"category": row.name, **self._values(row, "s", difference=False)}
@@ -262,6 +269,11 @@ def compare_runs(
         memory=Row("peak memory per GPU", sides[0].peak_bytes_per_gpu, sides[1].peak_bytes_per_gpu),
         ranks_compared=sorted(ranks),
         swapped=swapped,
+        within_interval=difference_within(
+            a_result.step_time_s, a_result.interval, b_result.step_time_s, b_result.interval
+        )
+        if mode == "what-if"
+        else None,
     )
 
 

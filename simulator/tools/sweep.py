@@ -870,6 +870,7 @@ def simulate_overrides(
         "exposed_comm_fraction": mean["exposed_comm"] / step,
         "stall_fraction": mean["imbalance_stall"] / step,
         "warnings": result.warnings,
+        "interval": result.interval,
     }
 
 
