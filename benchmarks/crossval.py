@@ -1,14 +1,15 @@
 """Fitting parasim's few global parameters, and proving them on sources left out.
 
 A *global parameter* is one physical number that no datasheet gives exactly and that
-the open suite is used to choose: today the GEMM efficiency that training sustains.
+the open suite is used to choose: today the share of the microbenchmarks' tensor-core
+rate that a training step sustains (``gpu.sustained_fraction``).
 :data:`PARAMETERS` declares each: which cases it acts on, how it enters a scenario, and
 the grid of values it is tried at. How the parameter is shared is the *scheme*:
 
 * ``per-gpu``: one value per GPU type (how the presets' ``matmul_efficiency`` was
   chosen before: a GPU type seen in only one source cannot be predicted without it);
-* ``global``: one value for every GPU, a multiplier on each preset's own
-  microbenchmark-derived efficiency.
+* ``global``: one value for every GPU: each preset's efficiencies come from its own
+  microbenchmarks, and the share of them training sustains is the same everywhere.
 
 Each case is predicted once per grid value (:func:`grid_predictions`); a prediction
 between grid values is interpolated linearly in the logarithms. :func:`fit` chooses
@@ -60,9 +61,10 @@ class Parameter:
         return str(case.get("gpu", "?")) if scheme == "per-gpu" else "all"
 
 
-# The GEMM efficiency training sustains, as a multiplier on the preset's
-# matmul_efficiency, tried from 0.6 to 1.2 of it.
-PARAMETERS = (Parameter("gemm", "matmul_efficiency", (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2)),)
+# The share of the microbenchmarks' tensor-core rate a training step sustains
+# (gpu.sustained_fraction), as a multiplier on the presets' value, tried from 0.7 to
+# 1.3 of it (the field never passes 1).
+PARAMETERS = (Parameter("sustained", "sustained_fraction", (0.7, 0.85, 1.0, 1.15, 1.3)),)
 
 
 def interpolate(grid: Sequence[float], values: Sequence[float], x: float) -> float:

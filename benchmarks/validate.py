@@ -23,6 +23,9 @@ trust interval (:mod:`simulator.analysis.trust`), made without the left-out sour
 holds its published values. ``--write-trust`` saves the cross-validated residuals that
 every prediction's interval is made from.
 
+A case that parasim estimates to take longer than ``--budget`` seconds (30) to simulate
+is skipped and listed with its estimate (``--budget 1e9`` runs every case).
+
 A case may carry ``inconsistent:`` (its stated settings contradict its own figure, the
 arithmetic given): it is predicted and shown, and left out of the statistics.
 
@@ -65,6 +68,7 @@ class CaseResult:
     skipped: str | None = None
     inconsistent: str | None = None
     descriptor: dict[str, Any] | None = None  # what makes it comparable (trust interval)
+    oom: bool = False  # predicted out of memory (every case is a run that ran)
 
     @property
     def scored(self) -> bool:
@@ -135,13 +139,21 @@ def _scaled(scenario: Any, scales: dict[str, float]) -> Any:
     return replace(scenario, cluster_spec=cluster_spec, _cluster=None)
 
 
-def predict(case: dict[str, Any], scales: dict[str, float] | None = None) -> CaseResult:
+# The longest a case may take to simulate, by parasim's own estimate, before the suite
+# leaves it out (``--budget``; a cross-validation runs each case five times).
+BUDGET_S = 30.0
+
+
+def predict(
+    case: dict[str, Any], scales: dict[str, float] | None = None, budget_s: float = BUDGET_S
+) -> CaseResult:
     """One case's prediction (or the reason parasim cannot describe it), with the GPU
-    fields in ``scales`` multiplied by their factors."""
+    fields in ``scales`` multiplied by their factors; a case estimated to take longer
+    than ``budget_s`` to simulate is skipped with its estimate."""
     from simulator.analysis.trust import describe
     from simulator.common.errors import ParasimError
     from simulator.request.scenario import scenario_from_dict
-    from simulator.run.simulate import run_scenario
+    from simulator.run.simulate import run_scenario, scenario_size
 
     metric = case["published"]["metric"]
     published = _published(case)
@@ -155,7 +167,7 @@ def predict(case: dict[str, Any], scales: dict[str, float] | None = None) -> Cas
         where=case.get("where", ""),
         inconsistent=case.get("inconsistent"),
     )
-    descriptor = None
+    descriptor, oom = None, False
     try:
         if "collective" in case:
             predicted = _predict_collective(case["collective"])
@@ -163,11 +175,21 @@ def predict(case: dict[str, Any], scales: dict[str, float] | None = None) -> Cas
             scenario = _scaled(
                 scenario_from_dict(case["scenario"], source=case["id"]), scales or {}
             )
+            estimate = scenario_size(scenario).seconds
+            if estimate > budget_s:
+                return CaseResult(
+                    **base,
+                    predicted=None,
+                    error=None,
+                    skipped=f"estimated {estimate:.0f} s to simulate, over the suite's "
+                    f"{budget_s:g} s budget (--budget)",
+                )
             result = run_scenario(scenario).result
             predicted = _scenario_metric(result, metric)
             framework = scenario.recipe.framework
             descriptor = describe(result, framework, scenario.model.seq_len).to_json()
             descriptor["time_like"] = metric in TIME_METRICS
+            oom = result.memory.oom
     except ParasimError as exc:
         return CaseResult(**base, predicted=None, error=None, skipped=str(exc))
     return CaseResult(
@@ -175,6 +197,7 @@ def predict(case: dict[str, Any], scales: dict[str, float] | None = None) -> Cas
         predicted=predicted,
         error=(predicted - published) / published,
         descriptor=descriptor,
+        oom=oom,
     )
 
 
@@ -201,6 +224,8 @@ def summarise(results: list[CaseResult]) -> dict[str, Any]:
         "sources": len({r.source for r in scored}),
         "unverified": [r.id for r in results if not r.verified],
         "inconsistent": [r.id for r in results if r.inconsistent],
+        # runs that ran, predicted not to fit
+        "predicted_oom": [r.id for r in results if r.oom],
         "skipped": {r.id: r.skipped for r in results if r.skipped},
     }
 
@@ -236,6 +261,11 @@ def _print_table(results: list[CaseResult], summary: dict[str, Any]) -> None:
             f"mean |error| {overall['mean_abs_error']:.1%}, "
             f"max |error| {overall['max_abs_error']:.1%}"
         )
+    if summary["predicted_oom"]:
+        console.print(
+            f"predicted out of memory, though they ran: {len(summary['predicted_oom'])} "
+            f"({', '.join(summary['predicted_oom'])})"
+        )
     for gpu, row in summary["by_gpu"].items():
         console.print(
             f"  {gpu}: {row['cases']} cases, mean |error| {row['mean_abs_error']:.1%}, "
@@ -243,13 +273,13 @@ def _print_table(results: list[CaseResult], summary: dict[str, Any]) -> None:
         )
 
 
-def _predict_at(job: tuple[dict[str, Any], str, float]) -> CaseResult:
-    case, field, factor = job
-    return predict(case, {field: factor} if factor != 1.0 else None)
+def _predict_at(job: tuple[dict[str, Any], str, float, float]) -> CaseResult:
+    case, field, factor, budget = job
+    return predict(case, {field: factor} if factor != 1.0 else None, budget)
 
 
 def _cross_validation(
-    cases: list[dict[str, Any]], scheme: str, workers: int
+    cases: list[dict[str, Any]], scheme: str, workers: int, budget: float = BUDGET_S
 ) -> tuple[list[CaseResult], dict[str, Any], list[dict[str, Any]]]:
     """Every case at every grid value of the global parameter, then the fits: the
     results at the presets' values, the cross-validation summary, and the rows for the
@@ -258,16 +288,27 @@ def _cross_validation(
     from simulator.analysis.trust import interval
 
     (parameter,) = PARAMETERS
-    jobs = [(case, parameter.field, factor) for case in cases for factor in parameter.grid]
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            flat = list(pool.map(_predict_at, jobs, chunksize=4))
-    else:
-        flat = [_predict_at(job) for job in jobs]
-    width = len(parameter.grid)
     at_one = parameter.grid.index(1.0)
-    grids = [flat[i * width : (i + 1) * width] for i in range(len(cases))]
-    nominal = [grid[at_one] for grid in grids]
+    others = [factor for factor in parameter.grid if factor != 1.0]
+
+    def run(jobs: list) -> list[CaseResult]:
+        if workers > 1:
+            with ProcessPoolExecutor(workers) as pool:
+                return list(pool.map(_predict_at, jobs, chunksize=2))
+        return [_predict_at(job) for job in jobs]
+
+    nominal = run([(case, parameter.field, 1.0, budget) for case in cases])
+    # only the scored cases whose figure the parameter moves are run at the other values
+    moved = [
+        i
+        for i, r in enumerate(nominal)
+        if r.scored and r.descriptor is not None and r.metric != "peak_memory_per_gpu"
+    ]
+    flat = run([(cases[i], parameter.field, f, budget) for i in moved for f in others])
+    grids = [[r] * len(parameter.grid) for r in nominal]
+    for n, i in enumerate(moved):
+        trial = flat[n * len(others) : (n + 1) * len(others)]
+        grids[i] = [*trial[:at_one], nominal[i], *trial[at_one:]]
     rows = [
         {
             "case": case,
@@ -439,6 +480,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --cross-validate: save the residuals the trust interval is made from",
     )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=BUDGET_S,
+        help=f"skip a case parasim estimates to take longer than this to simulate, in "
+        f"seconds (default {BUDGET_S:g})",
+    )
     args = parser.parse_args(argv)
     cases = load_cases(args.case)
     if not cases:
@@ -446,14 +494,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     crossval = None
     if args.cross_validate:
-        results, crossval, trust_rows = _cross_validation(cases, args.scheme, args.workers)
+        results, crossval, trust_rows = _cross_validation(
+            cases, args.scheme, args.workers, args.budget
+        )
         if args.write_trust:
             _write_trust(trust_rows, crossval)
-    elif args.workers > 1:
-        with ProcessPoolExecutor(args.workers) as pool:
-            results = list(pool.map(predict, cases))
     else:
-        results = [predict(case) for case in cases]
+        jobs = [(case, "", 1.0, args.budget) for case in cases]
+        if args.workers > 1:
+            with ProcessPoolExecutor(args.workers) as pool:
+                results = list(pool.map(_predict_at, jobs))
+        else:
+            results = [_predict_at(job) for job in jobs]
     summary = summarise(results)
     if args.json:
         data = {"cases": [asdict(r) for r in results], "summary": summary}

@@ -31,7 +31,14 @@ def cluster(preset: str = "dgx-a100", nodes: int = 1, **overrides: Any) -> Clust
 def seconds_to_flops(cluster: Cluster, seconds: float) -> float:
     """FLOPs of a GEMM that takes ``seconds`` on the cluster's GPU (no launch overhead)."""
     gpu = cluster.spec.gpu
-    return seconds * gpu.peak_flops * gpu.matmul_efficiency
+    return seconds * sustained_peak(cluster.spec) * gpu.matmul_efficiency
+
+
+def sustained_peak(spec) -> float:
+    """The tensor-core rate the compute model runs GEMMs against: the datasheet peak at
+    the power limit's clock, times the share of it training sustains."""
+    gpu = spec.gpu
+    return gpu.peak_flops * gpu.compute_clock_factor * gpu.sustained_fraction
 
 
 def same_numbers(a: Any, b: Any, path: str = "result") -> list[str]:

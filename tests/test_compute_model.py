@@ -12,6 +12,7 @@ from simulator.schedule.ir import Compute
 from topologies import load_cluster_spec
 
 from .conftest import SCENARIOS
+from .helpers import sustained_peak
 
 A100 = load_cluster_spec({"preset": "dgx-a100", "nodes": 1})
 
@@ -104,7 +105,7 @@ def test_flash_attention_runs_half_the_causal_scores():
     op = Compute(0, "compute", flops, 0.0, "attention", shape=(s, s, d), batch=heads)
     blocks = s // 128
     expected = (
-        flops * (blocks + 1) / (2 * blocks) / (A100.gpu.peak_flops * A100.gpu.attention_efficiency)
+        flops * (blocks + 1) / (2 * blocks) / (sustained_peak(A100) * A100.gpu.attention_efficiency)
     )
     assert model.duration(op) - A100.gpu.kernel_launch_overhead == pytest.approx(expected)
 

@@ -62,7 +62,8 @@ def test_the_default_and_a_limit_at_the_tdp_change_nothing(preset):
     default = ComputeModel(_gpu(preset))
     at_tdp = ComputeModel(_gpu(preset, power_limit_w=_gpu(preset).gpu.tdp_w))
     for model in (default, at_tdp):
-        assert model.peak == _gpu(preset).gpu.peak_flops
+        gpu = _gpu(preset).gpu
+        assert model.peak == gpu.peak_flops * gpu.sustained_fraction
     assert default.duration(BIG_GEMM) == at_tdp.duration(BIG_GEMM)
     assert default.fp8_peak == at_tdp.fp8_peak
 

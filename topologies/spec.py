@@ -193,6 +193,11 @@ class GPUSpec(_Spec):
     """Fraction of ``peak_flops`` that large bf16 GEMMs reach."""
     attention_efficiency: Fraction
     """Fraction of ``peak_flops`` that the fused attention kernel reaches."""
+    sustained_fraction: Fraction = 1.0
+    """Share of the tensor-core rate that microbenchmarks reach (``matmul_efficiency``,
+    ``attention_efficiency``) which a training step sustains between its other kernels;
+    one value for every GPU preset, fitted on the open validation suite
+    (``python -m benchmarks.validate --cross-validate``)."""
     kernel_launch_overhead: Seconds
     """Time added to every kernel, seconds."""
     hbm_efficiency: Fraction = 1.0

@@ -71,8 +71,12 @@ class ComputeModel:
 
     def __init__(self, spec: ClusterSpec, host_dispatch: float = 0.0):
         gpu = spec.gpu
-        self.peak = gpu.peak_flops * gpu.compute_clock_factor
-        self.fp8_peak = (gpu.fp8_peak_flops or gpu.peak_flops) * gpu.compute_clock_factor
+        # the tensor-core rate a training step sustains: the datasheet peak, at the clock
+        # of the power limit, times the share of a microbenchmark's rate that training
+        # keeps (gpu.sustained_fraction)
+        sustained = gpu.compute_clock_factor * gpu.sustained_fraction
+        self.peak = gpu.peak_flops * sustained
+        self.fp8_peak = (gpu.fp8_peak_flops or gpu.peak_flops) * sustained
         self.stream_bandwidth = gpu.hbm_bandwidth * gpu.hbm_efficiency
         self.launch_overhead = gpu.kernel_launch_overhead
         # the host's time to issue a kernel: the GPU's measured figure (a calibration
