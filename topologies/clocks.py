@@ -6,11 +6,12 @@ TFLOP/s is 108 SMs × 2,048 × 1410 MHz, the H100 SXM's 989.4 is 132 × 4,096 ×
 A GEMM-heavy load does not hold that clock: the board reaches its power limit first,
 and the firmware lowers the SM clock, and the voltage with it, until the board's power
 fits. At the default limit, the board's TDP (``tdp_w``), such a load runs at
-``sustained_clock_hz``. The presets' ``matmul_efficiency`` and ``attention_efficiency``
-already hold that clock: they are fitted on, or anchored to, runs at the default limit
-(the open validation suite, S. Bekman's matmul measurements), so nothing here scales
-them by sustained/boost, and a GPU without ``power_limit_w`` computes exactly as
-before.
+``sustained_clock_hz``. The presets' efficiencies already hold that clock: their
+``matmul_efficiency`` and ``attention_efficiency`` are anchored on microbenchmarks run at
+the default limit (S. Bekman's matmul measurements, FlashAttention's papers) and their
+``sustained_fraction`` is fitted on training runs at it (the open validation suite), so
+nothing here scales them by sustained/boost, and a GPU without ``power_limit_w``
+computes exactly as before.
 
 A limit below the TDP (``power_limit_w``, what ``nvidia-smi -pl`` sets) lowers the
 sustained clock further. The board's power under a GEMM load is modelled as
