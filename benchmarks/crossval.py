@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
@@ -48,13 +48,12 @@ SCHEMES = ("per-gpu", "global")
 
 @dataclass(frozen=True)
 class Parameter:
-    """One global parameter: a multiplier on a GPU field of the cluster preset."""
+    """One global parameter: a multiplier on a GPU field of the cluster preset (a field
+    that never passes 1, an efficiency or a fraction), tried at the ``grid`` values."""
 
     name: str
     field: str  # the cluster.gpu field it multiplies
     grid: tuple[float, ...]
-    applies: Callable[[dict[str, Any]], bool] = field(default=lambda case: "scenario" in case)
-    ceiling: float = 1.0  # the field never passes this (an efficiency: 1)
 
     def key(self, case: dict[str, Any], scheme: str) -> str:
         """The value a case shares: its GPU type's (``per-gpu``) or everyone's."""

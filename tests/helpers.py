@@ -24,6 +24,18 @@ FREE_NETWORK = {
 }
 
 
+#: A model small enough that gloo ranks on CPU replay its steps in a second or two.
+TINY = [
+    "model.layers=2",
+    "model.hidden=64",
+    "model.heads=2",
+    "model.seq_len=32",
+    "model.vocab=128",
+    "training.global_batch=4",
+    "training.micro_batch=1",
+]
+
+
 def cluster(preset: str = "dgx-a100", nodes: int = 1, **overrides: Any) -> Cluster:
     return build_cluster(load_cluster_spec({"preset": preset, "nodes": nodes, **overrides}))
 

@@ -32,18 +32,10 @@ from simulator.request.scenario import apply_overrides, load_scenario  # noqa: E
 from simulator.run.simulate import per_rank_schedule, run_scenario  # noqa: E402
 
 from .conftest import ROOT, SCENARIOS  # noqa: E402
+from .helpers import TINY  # noqa: E402
 
 pytestmark = pytest.mark.hardware  # and so slow: see tests/conftest.py
 
-TINY = [
-    "model.layers=2",
-    "model.hidden=64",
-    "model.heads=2",
-    "model.seq_len=32",
-    "model.vocab=128",
-    "training.global_batch=4",
-    "training.micro_batch=1",
-]
 LLAMA = [
     "model.kv_heads=1",  # one KV head, replicated on both TP ranks
     "model.mlp=swiglu",

@@ -23,6 +23,7 @@ from simulator.schedule.sharding_units import (
 )
 
 from .conftest import SCENARIOS
+from .helpers import TINY
 
 SMALL = SCENARIOS / "small.yaml"
 # one micro-batch, bf16 gradients, full sharding over dp 4
@@ -242,13 +243,7 @@ def test_fsdp_with_expert_parallelism_replays_on_gloo(tmp_path):
 
     scenario_file = str(SCENARIOS / "cpu-tiny.yaml")
     overrides = [
-        "model.layers=2",
-        "model.hidden=64",
-        "model.heads=2",
-        "model.seq_len=32",
-        "model.vocab=128",
-        "training.global_batch=4",
-        "training.micro_batch=1",
+        *TINY,
         "cluster.gpus_per_node=4",
         "parallel.tp=1",
         "parallel.dp=4",

@@ -190,7 +190,7 @@ def _chain(op, kernels: Kernels, elements: float):
     )
 
 
-def restack(ops: list, stack: Stack, norm_kind: str = "rmsnorm") -> list:
+def restack(ops: list, stack: Stack) -> list:
     """``ops`` (one layer's, or the last stage's head) as ``stack`` runs them."""
     if stack.fused and stack.qkv_kernels == 1 and stack.fc1_kernels == 1:
         return ops

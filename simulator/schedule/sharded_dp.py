@@ -62,7 +62,6 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
-from simulator.schedule.ir import Compute
 from simulator.schedule.sharding_units import (
     DEEPSPEED_MAX_LIVE_PARAMETERS,
     DEEPSPEED_PREFETCH_BUCKET,
@@ -248,27 +247,7 @@ class BlockSharding:
     ) -> int:
         """A memory-bound kernel on a stream of its own (FSDP2's copy-in streams), issued
         by the host as it reaches it: not its pipeline action's first op."""
-        w = self.lowering.w
-        points: tuple = ()
-        if w.refs:
-            deps, points = w._points(deps)
-        op_id = len(w.ops)
-        w.ops.append(
-            Compute(
-                op_id,
-                stream,
-                cost.flops,
-                cost.bytes,
-                cost.kind,
-                label,
-                deps,
-                tags,
-                host_index=max(1, w.issued),
-                points=points,
-            )
-        )
-        w.issued += 1
-        return op_id
+        return self.lowering.w.compute(cost, label, deps, tags, stream=stream)
 
 
 class Fsdp2Sharding(BlockSharding):

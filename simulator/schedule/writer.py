@@ -76,9 +76,14 @@ class ProgramWriter:
         deps: tuple,
         tags: dict[str, Any],
         beside_comm: tuple[int, ...] = (),
+        stream: str = "compute",
     ) -> int:
+        """A compute op on ``stream``. On the compute stream it may open its pipeline
+        action (its host index then counts from it); on another stream (FSDP2's copy-in
+        streams) the host issues it as it reaches it, never as an action's first op."""
         op_id = len(self.ops)
-        if self.action_open:
+        side = stream != "compute"
+        if self.action_open and not side:
             self.issued, self.action_open = 0, False
         points = ()
         if self.refs:
@@ -86,7 +91,7 @@ class ProgramWriter:
         self.ops.append(
             Compute(
                 op_id,
-                "compute",
+                stream,
                 cost.flops,
                 cost.bytes,
                 cost.kind,
@@ -96,7 +101,7 @@ class ProgramWriter:
                 cost.shape,
                 cost.batch,
                 beside_comm,
-                self.issued,
+                max(1, self.issued) if side else self.issued,
                 cost.fp8,
                 points,
                 cost.kernels,
