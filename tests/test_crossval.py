@@ -3,6 +3,7 @@ suites whose answers are known."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -19,6 +20,7 @@ from benchmarks.crossval import (
 )
 from simulator.analysis.trust import (
     FEWEST_COMPARABLE,
+    RESIDUALS_FILE,
     Descriptor,
     difference_within,
     gpu_generation,
@@ -173,3 +175,21 @@ def test_gpu_generations_and_differences_within_intervals():
     assert difference_within(10.0, wide, 10.5, wide)
     assert not difference_within(10.0, wide, 13.0, wide)
     assert difference_within(10.0, None, 10.5, wide) is None
+
+
+def test_the_shipped_residuals_are_the_suites_cases():
+    from pathlib import Path
+
+    import yaml
+
+    from simulator.analysis.trust import load_residuals
+
+    residuals = load_residuals()
+    assert len(residuals) >= FEWEST_COMPARABLE
+    data = json.loads(RESIDUALS_FILE.read_text())
+    cases = Path(__file__).parents[1] / "benchmarks" / "validation" / "cases"
+    ids = {yaml.safe_load(path.read_text())["id"] for path in cases.glob("*.yaml")}
+    for row in data["cases"]:
+        assert row["id"] in ids
+        assert set(row["descriptor"]) >= {"framework", "generation", "moe", "dominant"}
+        assert math.isfinite(row["residual"])
