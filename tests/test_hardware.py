@@ -120,6 +120,8 @@ def test_replay_times_every_op_and_checks_collectives(name, tmp_path):
     assert result["fidelity"] == "measured"
     assert result["measured"]["verified_collectives"] is True
     assert len(result["measured"]["step_times_s"]) == 2
+    # a measurement carries no trust interval: that is a prediction's
+    assert result["interval"] is None and "step_time_interval_s" not in result
     assert result["step_time_s"] > 0
     for row in result["per_rank"]:
         assert sum(row["breakdown"].values()) == pytest.approx(result["step_time_s"], rel=1e-9)
