@@ -259,7 +259,7 @@ def test_teaching_mistakes_and_fixes_show_their_failure_modes(teaching):
     assert finding.also == ["ep-across-nodes"]
     assert finding.fix == {"model.moe.max_nodes_per_token": 2}
     exposed = routing.mistake.result["exposed_comm_by_axis"]["critical"]["ep"]
-    assert exposed > 0.5 * routing.mistake.result["step_time_s"]
+    assert exposed > 0.4 * routing.mistake.result["step_time_s"]
     # the network carries about a quarter of the bytes: the exposed EP time falls as much
     fixed = routing.fix.result["exposed_comm_by_axis"]["critical"]["ep"]
     assert 0.15 < fixed / exposed < 0.35
@@ -312,7 +312,10 @@ def test_tp_across_nodes_when_tp_does_not_tile_the_node(scenarios_dir):
     (finding,) = explain(scenarios_dir / "small.yaml", overrides)
     assert finding.id == "tp-across-nodes" and finding.also == []
     assert 6 % finding.after["layout"]["tp"] == 0
-    assert finding.cost_s > 0 and finding.moved[0]["axis"] == "tp"
+    assert finding.cost_s > 0
+    # the exposed tensor-parallel communication is one of what moved, and it shrank
+    (tp,) = [moved for moved in finding.moved if moved["axis"] == "tp"]
+    assert tp["after"] < 0.5 * tp["before"]
 
 
 def test_shipped_scenarios(scenarios_dir):

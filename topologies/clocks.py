@@ -53,26 +53,35 @@ Simplified:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .errors import TopologyError
 
-if TYPE_CHECKING:
-    from .spec import GPUSpec
-
 __all__ = [
     "DYNAMIC_EXPONENT",
+    "PowerFields",
     "clock_ratio",
     "compute_clock_factor",
     "check_power_limit",
 ]
+
+
+class PowerFields(Protocol):
+    """The GPU fields the clock-power curve reads (:class:`topologies.spec.GPUSpec`
+    has them)."""
+
+    tdp_w: float | None
+    power_limit_w: float | None
+    min_power_limit_w: float | None
+    static_power_w: float | None
+
 
 #: The exponent of the clock in the SMs' switching power ``α·C·V²·f`` with ``V ∝ f``:
 #: the DVFS range of a GPU, where the firmware lowers voltage with the clock.
 DYNAMIC_EXPONENT = 3.0
 
 
-def clock_ratio(gpu: GPUSpec, limit_w: float) -> float:
+def clock_ratio(gpu: PowerFields, limit_w: float) -> float:
     """``f(limit) / f(TDP)``: the sustained GEMM clock at ``limit_w`` watts over the one
     at the TDP, from ``P = P_static + k·f³``. Needs ``tdp_w`` and ``static_power_w``."""
     if gpu.tdp_w is None or gpu.static_power_w is None:
@@ -82,7 +91,7 @@ def clock_ratio(gpu: GPUSpec, limit_w: float) -> float:
     return (dynamic_at_limit / dynamic_at_tdp) ** (1.0 / DYNAMIC_EXPONENT)
 
 
-def compute_clock_factor(gpu: GPUSpec) -> float:
+def compute_clock_factor(gpu: PowerFields) -> float:
     """What the compute peaks are multiplied by at the GPU's power limit, relative to
     what its efficiencies assume (the sustained clock at the TDP): 1.0 without
     ``power_limit_w`` or at the TDP, ``f(limit)/f(TDP)`` below it."""
@@ -91,7 +100,7 @@ def compute_clock_factor(gpu: GPUSpec) -> float:
     return clock_ratio(gpu, gpu.power_limit_w)
 
 
-def check_power_limit(gpu: GPUSpec, prefix: str = "cluster.gpu") -> None:
+def check_power_limit(gpu: PowerFields, prefix: str = "cluster.gpu") -> None:
     """The GPU's power fields against each other; raises :class:`TopologyError` with one
     line naming the field and the numbers."""
     tdp, floor, static = gpu.tdp_w, gpu.min_power_limit_w, gpu.static_power_w

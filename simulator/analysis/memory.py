@@ -45,12 +45,13 @@ from simulator.arithmetic.layer_ops import (
     loss_op,
 )
 from simulator.arithmetic.moe import expert_ops, shared_expert_ops
-from simulator.arithmetic.stacks import restack
+from simulator.arithmetic.stacks import restack, stack_of
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec, is_moe_layer
 from simulator.request.orders import Action
 from simulator.request.recipe import Recipe
 from simulator.schedule.context import StepConfig
+from simulator.schedule.sharding_units import rank_expert_parameters
 
 __all__ = [
     "BYTES_PER_PARAM",
@@ -100,7 +101,7 @@ def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
         layout.cp,
         recipe.cp_kind,
         recipe.fp8,
-        recipe.stack,
+        stack_of(recipe.framework, recipe.compile),
     )
     if config.moe is None or not is_moe_layer(config.moe, layer):
         return ops
@@ -172,7 +173,10 @@ def stage_activation_bytes(
         total += embedding_op(model, b, layout.tp).saved_bytes
     if stage == config.stages - 1:
         head = [final_norm_op(model, b, shard), loss_op(model, b, layout.tp)]
-        total += sum(op.saved_bytes for op in restack(head, config.recipe.stack))
+        total += sum(
+            op.saved_bytes
+            for op in restack(head, stack_of(config.recipe.framework, config.recipe.compile))
+        )
         total += logits_forward_op(model, b, layout.tp, shard).saved_bytes
     return total
 
@@ -245,8 +249,6 @@ def memory_per_rank(
             if layout.ep > 1 and layout.shard_degree > 1:
                 # FSDP with EP: the routed experts shard over their expert-data-parallel
                 # group (dp / ep ranks), not over dp (simulator.schedule.sharded_dp)
-                from simulator.schedule.sharding_units import rank_expert_parameters
-
                 experts = rank_expert_parameters(recipe, model, moe, pipeline_rank)
                 edp = layout.shard_degree // layout.ep
                 terms["weights"] += (

@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from simulator.arithmetic.stacks import Stack, stack_of
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import (
     ATTENTION_KERNELS,
@@ -252,11 +251,6 @@ class Recipe:
     def fp8(self) -> bool:
         """The linear layers run on FP8 tensor cores."""
         return self.dtype == "fp8"
-
-    @property
-    def stack(self) -> Stack:
-        """What the framework runs for the elementwise ops, and its host's dispatch."""
-        return stack_of(self.framework, self.compile)
 
     @property
     def grad_bytes(self) -> int:

@@ -55,7 +55,7 @@ from simulator.arithmetic.layer_ops import (
     logits_forward_op,
     loss_op,
 )
-from simulator.arithmetic.stacks import restack
+from simulator.arithmetic.stacks import restack, stack_of
 from simulator.common.vocabulary import PHASE_OF_PART
 from simulator.request.orders import Action
 from simulator.schedule.actions import with_communication
@@ -98,7 +98,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         b = config.micro_batch
         recipe = config.recipe
         cp, cp_kind = layout.cp, recipe.cp_kind
-        stack = recipe.stack
+        stack = stack_of(recipe.framework, recipe.compile)
         self.fwd_ops = layer_forward_ops(
             model, b, self.tp, self.sp, recipe.attention, cp, cp_kind, recipe.fp8, stack
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from simulator.arithmetic.stacks import stack_of
 from simulator.request.layout import Layout
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec
@@ -189,7 +190,7 @@ def _schedule(
         "schedule": config.recipe.schedule,
         "microbatches": config.microbatches,
         # the host's time to issue one kernel (the software stack's)
-        "host_dispatch_s": config.recipe.stack.dispatch_s,
+        "host_dispatch_s": stack_of(config.recipe.framework, config.recipe.compile).dispatch_s,
         "pipeline_orders": {str(s): [str(a) for a in actions] for s, actions in orders.items()},
     }
     return Schedule(
