@@ -62,7 +62,9 @@ __all__ = [
     "memory_per_rank",
 ]
 
-BYTES_PER_PARAM = {"weights": 2, "gradients": 2, "optimizer_state": 12}
+# the bf16 weights; the gradients and the optimizer's state take the recipe's dtypes
+# (Recipe.grad_bytes, Recipe.optimizer_state_bytes)
+BYTES_PER_PARAM = {"weights": 2}
 # NCCL keeps NCCL_BUFFSIZE = 4 MiB (its documented default) per channel and direction of
 # each connection; a ring has 2 connections and NCCL opens up to 16 channels on
 # NVSwitch systems: 2 x 16 x 4 MiB = 128 MiB per communicator.
@@ -133,41 +135,38 @@ def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
 
 
 def layer_activation_bytes(config: StepConfig, layer: int, recompute: str | None = None) -> float:
-    """Bytes ``layer`` keeps for backward per micro-batch on one rank."""
+    """Bytes ``layer`` keeps for backward per micro-batch on one rank (by default under
+    the recipe's recompute: with a ``recompute_fraction``, a layer left out of the
+    recompute keeps everything)."""
     layout = config.layout
     sp = config.recipe.sequence_parallel
     checkpoint = checkpoint_bytes(config.local, config.micro_batch, layout.tp, sp)
-    recompute = config.recipe.recompute if recompute is None else recompute
+    if recompute is None:
+        recompute = config.recipe.recompute
+        if recompute == "full" and not config.recipe.recomputes(layer):
+            recompute = "none"
     return layer_saved_bytes(
         _layer_ops(config, layer), recompute, config.recipe.attention, checkpoint
     )
 
 
 def stage_activation_bytes(
-    config: StepConfig, stage: int, per_layer: dict[bool, float] | None = None
+    config: StepConfig, stage: int, per_layer: dict[tuple[bool, bool], float] | None = None
 ) -> float:
     """Bytes one micro-batch leaves on a rank for global ``stage``: its layers', and
     the embedding's (first stage) or the final norm's, logits' and loss's (last).
-    ``per_layer`` keeps a dense and an MoE layer's bytes, which every stage of the step
-    shares (a layer saves what its kind does, whatever its place)."""
+    ``per_layer`` keeps the bytes of each kind of layer (dense or MoE, recomputed or
+    not), which every stage of the step shares (a layer saves what its kind does,
+    whatever its place)."""
     model, layout, b = config.local, config.layout, config.micro_batch
-    layers = config.layers_of(stage)
-    per = len(layers)
-    moe = [layer for layer in layers if config.is_moe_layer(layer)]
-    known = {} if per_layer is None else per_layer
-
-    def saved(layer: int, is_moe: bool) -> float:
-        value = known.get(is_moe)
-        if value is None:
-            value = known[is_moe] = layer_activation_bytes(config, layer)
-        return value
-
+    known: dict[tuple[bool, bool], float] = {} if per_layer is None else per_layer
     total = 0.0
-    if len(moe) < per:  # dense layers all save the same
-        dense = next(layer for layer in layers if not config.is_moe_layer(layer))
-        total += (per - len(moe)) * saved(dense, False)
-    if moe:
-        total += len(moe) * saved(moe[0], True)
+    for layer in config.layers_of(stage):
+        kind = (config.is_moe_layer(layer), config.recipe.recomputes(layer))
+        value = known.get(kind)
+        if value is None:
+            value = known[kind] = layer_activation_bytes(config, layer)
+        total += value
     shard = layout.tp if config.recipe.sequence_parallel else 1
     if stage == 0:
         total += embedding_op(model, b, layout.tp).saved_bytes
@@ -230,11 +229,13 @@ def memory_per_rank(
     communicators += (layout.pp > 1) + (layout.cp > 1 and layout.dp > 1)  # pp, dp × cp
     if layout.dp_shard and layout.dp_shard < layout.dp:
         communicators += 1 + (layout.dp_shard > 1)  # HSDP's replicate and shard groups
-    per_layer: dict[bool, float] = {}
+    per_layer: dict[tuple[bool, bool], float] = {}
     per_stage = {
         stage: stage_activation_bytes(config, stage, per_layer) for stage in range(config.stages)
     }
-    sizes = dict(BYTES_PER_PARAM, gradients=config.grad_bytes)
+    sizes = dict(
+        BYTES_PER_PARAM, gradients=config.grad_bytes, optimizer_state=recipe.optimizer_state_bytes
+    )
     ranks = []
     for pipeline_rank in range(layout.pp):
         params = pipeline_rank_parameters(recipe, model, moe, pipeline_rank)
@@ -254,9 +255,12 @@ def memory_per_rank(
                 terms["weights"] += (
                     experts * BYTES_PER_PARAM["weights"] * (1 / edp - 1 / layout.shard_degree)
                 )
-        if recipe.fp8:
+        if recipe.fp8 and not (recipe.fp8_all_gather and not recipe.shards_weights):
             # Transformer Engine keeps each FP8 layer's weight in FP8 and, for Hopper's
-            # TN-only FP8 GEMMs, its transpose too: 2 bytes per such parameter
+            # TN-only FP8 GEMMs, its transpose too: 2 bytes per such parameter beside the
+            # bf16 weight. With FP8 primary weights under a sharded optimizer
+            # (fp8_all_gather: Megatron-Core's --fp8-param-gather) the FP8 copy and its
+            # transpose are the weight: no bf16 copy, the same 2 + 2 bytes less 2.
             fp8_params = sum(
                 layer_fp8_parameters(recipe, model, moe, layer)
                 for layer in recipe.rank_layers(pipeline_rank)
@@ -266,8 +270,9 @@ def memory_per_rank(
             )
         in_flight, by_stage = held_activations(orders[pipeline_rank])
         activations = sum(per_stage[stage] * count for stage, count in by_stage.items())
-        if recipe.recompute == "full":  # one layer's full activations during its backward
-            held = [layer for stage in by_stage for layer in recipe.layers_of(stage)] or [0]
+        held = [layer for stage in by_stage for layer in recipe.layers_of(stage)]
+        held = [layer for layer in held if recipe.recomputes(layer)]
+        if held:  # a recomputed layer's full activations during its backward
             kinds = {config.is_moe_layer(layer): layer for layer in held}  # a dense, an MoE
             activations += max(
                 layer_activation_bytes(config, layer, "none") for layer in kinds.values()

@@ -26,6 +26,7 @@ __all__ = [
     "ATTENTION_KERNELS",
     "TP_COMM_OVERLAP",
     "GRADIENT_DTYPES",
+    "OPTIMIZER_DTYPES",
     "TRAINING_DTYPES",
     "MLP_KINDS",
     "NORM_KINDS",
@@ -87,6 +88,11 @@ FIDELITIES = ("analytic", "flow")
 ATTENTION_KERNELS = ("flash", "unfused")
 TP_COMM_OVERLAP = ("none", "async", "pipelined")
 GRADIENT_DTYPES = ("fp32", "bf16")
+# The dtype of Adam's two moments: fp32 (mixed precision: Megatron-LM, PyTorch AMP and
+# FSDP MixedPrecision, DeepSpeed) or bf16 (Megatron-Core's precision-aware optimizer
+# with --exp-avg-dtype bf16, Apex DistributedFusedAdam with dtype bf16, pure-bf16
+# training such as torchtune's dtype=bf16)
+OPTIMIZER_DTYPES = ("fp32", "bf16")
 TRAINING_DTYPES = ("bf16", "fp16", "fp8")
 # ZeRO stages by what they shard across data parallelism: nothing, the optimizer
 # state (ZeRO-1), also the gradients (ZeRO-2), also the weights (ZeRO-3, FSDP).

@@ -22,6 +22,8 @@ the extras: the sweep's one-line name for a layout, whose rows share all three.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -31,6 +33,7 @@ from simulator.common.vocabulary import (
     CP_KINDS,
     FRAMEWORKS,
     GRADIENT_DTYPES,
+    OPTIMIZER_DTYPES,
     RECOMPUTE_MODES,
     SCHEDULES,
     SHARDING_LEVELS,
@@ -52,6 +55,15 @@ __all__ = [
 
 # Bytes per gradient element in the dtype gradients are accumulated and reduced in.
 GRADIENT_BYTES = {"fp32": 4, "bf16": 2}
+# Bytes of each of Adam's two moments (``optimizer_dtype``) and of the fp32 master copy
+# of a weight (``master_weights``). The step reads and writes both moments and the
+# master weight, and writes the bf16 weight (reading it too when it is the master):
+# 4 + 4 + 4 (+ 4 + 4 + 4) + 2 = 26 B per parameter for fp32 moments and master weights
+# (Apex/Megatron-LM's fused multi-tensor Adam), 2 + 2 + 2 (+ 2 + 2) + 2 = 12 B in pure
+# bf16 (torch.optim.AdamW's foreach path on bf16 tensors)
+MOMENT_BYTES = {"fp32": 4, "bf16": 2}
+WEIGHT_BYTES = 2  # a bf16 weight
+MASTER_WEIGHT_BYTES = 4
 # PyTorch DDP's default bucket_cap_mb=25 (MiB), and its first bucket of 1 MiB
 # (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) that lets the first all-reduce start early.
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
@@ -131,6 +143,9 @@ _EXTRAS = (
     "framework",
     "compile",
     "stage_layers",
+    "recompute_fraction",
+    "optimizer_dtype",
+    "master_weights",
 )
 _CHOICES = {
     "schedule": SCHEDULES,
@@ -139,6 +154,7 @@ _CHOICES = {
     "attention": ATTENTION_KERNELS,
     "tp_comm_overlap": TP_COMM_OVERLAP,
     "grad_reduce_dtype": GRADIENT_DTYPES,
+    "optimizer_dtype": OPTIMIZER_DTYPES,
     "cp_kind": CP_KINDS,
     "dtype": TRAINING_DTYPES,
     "framework": FRAMEWORKS,
@@ -156,19 +172,25 @@ class Recipe:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     recompute: str = "none"
+    # with recompute full: the share of each stage's layers that are checkpointed and
+    # rerun in the backward, evenly spaced (the rest keep their activations)
+    recompute_fraction: float = 1.0
     sp: bool = False
     sharding: str = "none"
     attention: str = "flash"
     grad_reduce_overlap: bool = True
     tp_comm_overlap: str = "async"
     grad_reduce_dtype: str = "fp32"
+    optimizer_dtype: str = "fp32"
+    master_weights: bool = True
     param_gather_overlap: bool = False
     reshard_after_forward: bool = True
     cp_kind: str = "ring"
     # the linear layers' GEMMs in FP8 (Transformer Engine, torchtitan's float8) or bf16
     dtype: str = "bf16"
-    # full sharding: gather the FP8 layers' weights in FP8 (torchtitan's
-    # enable_fsdp_float8_all_gather), half the bytes
+    # the FP8 layers' weights kept and gathered in FP8, half the bytes (torchtitan's
+    # enable_fsdp_float8_all_gather under full sharding; Megatron-Core's
+    # --fp8-param-gather, NeMo's fp8_params, under a sharded optimizer)
     fp8_all_gather: bool = False
     grad_bucket_bytes: float = float(DDP_BUCKET_BYTES)
     first_grad_bucket_bytes: float = float(DDP_FIRST_BUCKET_BYTES)
@@ -193,6 +215,13 @@ class Recipe:
                 f"pp({self.layout.pp}) x virtual_stages({self.virtual_stages}) = "
                 f"{self.stages} stages"
             )
+        fraction = self.recompute_fraction
+        if isinstance(fraction, bool) or not 0 < fraction <= 1:
+            raise ScenarioError(f"recompute_fraction: {fraction!r} must be above 0 and at most 1")
+        if fraction < 1 and self.recompute != "full":
+            raise ScenarioError(
+                f"recompute_fraction: {fraction:g} applies to recompute full, not {self.recompute}"
+            )
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
         first, start = [], 0
         for count in self.stage_layers:
@@ -214,6 +243,20 @@ class Recipe:
         """The layers of global ``stage`` (contiguous, in stage order)."""
         first = self._first_layer[stage]  # type: ignore[attr-defined]
         return range(first, first + self.stage_layers[stage])
+
+    def recomputes(self, layer: int) -> bool:
+        """Whether ``layer``'s forward is rerun in its backward (full recompute): every
+        layer, or with ``recompute_fraction`` p the evenly spaced share p of each stage's
+        layers, the i-th (from 1) when ``round(i·p)`` steps up there, as fms-fsdp's
+        block checkpointing picks them (``fms_fsdp/policies/ac_handler.py``)."""
+        if self.recompute != "full":
+            return False
+        fraction = self.recompute_fraction
+        if fraction >= 1:
+            return True
+        stage = bisect_right(self._first_layer, layer) - 1  # type: ignore[attr-defined]
+        index = layer - self._first_layer[stage] + 1  # type: ignore[attr-defined]
+        return math.floor(index * fraction + 0.5) > math.floor((index - 1) * fraction + 0.5)
 
     def rank_layers(self, pipeline_rank: int) -> list[int]:
         """The layers pipeline rank ``pipeline_rank`` holds: those of its global stages
@@ -256,6 +299,20 @@ class Recipe:
     def grad_bytes(self) -> int:
         """Bytes per gradient element in the reduction dtype."""
         return GRADIENT_BYTES[self.grad_reduce_dtype]
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        """Bytes per parameter the optimizer holds: two moments and the master copy."""
+        master = MASTER_WEIGHT_BYTES if self.master_weights else 0
+        return 2 * MOMENT_BYTES[self.optimizer_dtype] + master
+
+    @property
+    def optimizer_step_bytes(self) -> int:
+        """HBM bytes per parameter of the optimizer step, besides the gradient's: its
+        state read and written, the bf16 weight written (and read, when it is the
+        master)."""
+        weight = WEIGHT_BYTES if self.master_weights else 2 * WEIGHT_BYTES
+        return 2 * self.optimizer_state_bytes + weight
 
     def with_(self, **changes: Any) -> Recipe:
         """A copy with ``changes`` (layout fields included: ``tp=8``)."""
@@ -421,10 +478,11 @@ def _parse_value(key: str, raw: str) -> Any:
         "reshard_after_forward",
         "fp8_all_gather",
         "compile",
+        "master_weights",
     ):
         if raw not in ("true", "false"):
             raise ValueError("expected true or false")
         return raw == "true"
-    if key in ("grad_bucket_bytes", "first_grad_bucket_bytes"):
+    if key in ("grad_bucket_bytes", "first_grad_bucket_bytes", "recompute_fraction"):
         return float(raw)
     return raw

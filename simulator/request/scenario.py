@@ -35,6 +35,7 @@ from simulator.common.vocabulary import (
     GRID_AXES,
     MLP_KINDS,
     NORM_KINDS,
+    OPTIMIZER_DTYPES,
     PLACEMENT_AXES,
     POSITION_KINDS,
     PROTOCOLS,
@@ -91,6 +92,15 @@ class TrainingSpec(_Strict):
     micro_batch: int = Field(default=1, gt=0)
     dtype: Literal[TRAINING_DTYPES] = "bf16"
     recompute: Literal[RECOMPUTE_MODES] = "none"
+    # with recompute full: the share of each stage's layers checkpointed and rerun in the
+    # backward, evenly spaced (Megatron-LM's --recompute-method block with
+    # --recompute-num-layers, fms-fsdp's selective_checkpointing, torchtitan's
+    # selective_ac_option "n" as 1/n); the others keep their activations
+    recompute_fraction: float = Field(default=1.0, gt=0, le=1)
+    # the dtype of Adam's two moments, and whether it keeps an fp32 master copy of the
+    # weights (false: it updates the bf16 weights in place, pure-bf16 training)
+    optimizer_dtype: Literal[OPTIMIZER_DTYPES] = "fp32"
+    master_weights: bool = True
     # what data parallelism shards: nothing, the optimizer state (ZeRO-1), also the
     # gradients (ZeRO-2), also the weights (ZeRO-3, FSDP); None: as optimizer_sharding says
     sharding: Literal[SHARDING_LEVELS] | None = None
@@ -98,7 +108,9 @@ class TrainingSpec(_Strict):
     # full sharding: free each layer's gathered weights after its forward and gather them
     # again for its backward (FSDP2's reshard_after_forward), or keep them to the backward
     reshard_after_forward: bool = True
-    # with sharding full and dtype fp8: gather the FP8 layers' weights in FP8
+    # with dtype fp8 and a sharded optimizer or full sharding: the FP8 layers' weights
+    # are kept and gathered in FP8 (torchtitan's enable_fsdp_float8_all_gather,
+    # Megatron-Core's --fp8-param-gather, NeMo's fp8_params)
     fp8_all_gather: bool = False
     # the attention kernel: FlashAttention, or Megatron-LM's unfused path before it
     attention: Literal[ATTENTION_KERNELS] = "flash"
@@ -409,6 +421,12 @@ def _check_schedule(
             parallel.stage_layers, pp * v, model.layers, f"pp({pp}) * virtual_stages({v})"
         )
     training = spec.training
+    if training.recompute_fraction < 1 and training.recompute != "full":
+        raise ScenarioError(
+            f"training.recompute_fraction: {training.recompute_fraction:g} is the share of "
+            f"layers fully recomputed; it needs training.recompute: full (got "
+            f"{training.recompute})"
+        )
     sharding = _sharding(training)
     if training.param_gather_overlap and sharding not in ("optimizer", "gradients"):
         raise ScenarioError(
@@ -473,6 +491,9 @@ def _recipe(
         schedule=parallel.schedule,
         virtual_stages=virtual,
         recompute=training.recompute,
+        recompute_fraction=training.recompute_fraction,
+        optimizer_dtype=training.optimizer_dtype,
+        master_weights=training.master_weights,
         sp=parallel.sp,
         sharding=_sharding(training),
         reshard_after_forward=training.reshard_after_forward,
@@ -542,7 +563,7 @@ def _split_warnings(spec: ScenarioSpec, model: ModelSpec, recipe: Recipe) -> lis
 
 
 def _check_fp8(spec: ScenarioSpec, cluster_spec: ClusterSpec) -> None:
-    """FP8 needs FP8 tensor cores; FP8 all-gathers need FP8 and full sharding."""
+    """FP8 needs FP8 tensor cores; FP8 all-gathers need FP8 and gathered weights."""
     training = spec.training
     gpu = cluster_spec.gpu
     if training.dtype == "fp8" and gpu.fp8_peak_flops is None:
@@ -550,10 +571,11 @@ def _check_fp8(spec: ScenarioSpec, cluster_spec: ClusterSpec) -> None:
             f"training.dtype: fp8 needs FP8 tensor cores; the {gpu.name} has none "
             "(cluster gpu.fp8_peak_flops)"
         )
-    if training.fp8_all_gather and (training.dtype != "fp8" or _sharding(training) != "full"):
+    if training.fp8_all_gather and (training.dtype != "fp8" or _sharding(training) == "none"):
         raise ScenarioError(
-            "training.fp8_all_gather: only with training.dtype fp8 and training.sharding full "
-            f"(got dtype {training.dtype}, sharding {_sharding(training)})"
+            "training.fp8_all_gather: only with training.dtype fp8 and a training.sharding "
+            f"that gathers weights (optimizer, gradients or full; got dtype "
+            f"{training.dtype}, sharding {_sharding(training)})"
         )
 
 

@@ -50,7 +50,7 @@ class StepConfig:
         # written in blocks of layers (RankLowering._layer_block)
         self.layer_blocks = False
         # (phase, deferred?, MoE?) -> (a layer's body entry, the rank that lowered it)
-        self.layer_bodies: dict[tuple[str, bool, bool], tuple[tuple | None, int]] = {}
+        self.layer_bodies: dict[tuple[str, bool, bool, bool], tuple[tuple | None, int]] = {}
 
     # the recipe's settings the builder and memory read
     @property

@@ -55,15 +55,13 @@ from simulator.request.recipe import DDP_BUCKET_BYTES
 from simulator.schedule.sharded_dp import sharding_for
 from simulator.schedule.sharding_units import DEEPSPEED_ALLGATHER_BUCKET, DEEPSPEED_REDUCE_BUCKET
 
-__all__ = ["DataParallelGradients", "ADAM_STATE_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM"]
+__all__ = ["DataParallelGradients", "ADAM_FLOPS_PER_PARAM"]
 
-# Adam with mixed precision (Apex/Megatron-LM's fused multi-tensor Adam) reads the fp32
-# master weight, momentum and variance (12 B) and the gradient, and writes the three
-# fp32 states (12 B) and the bf16 weight (2 B): 26 bytes plus the gradient's per
-# parameter, about a dozen FLOPs; the gradient buffer is zeroed for the next step
-# (one more write of the gradient). Clipping first computes the gradient norm, one read
-# of every gradient (Megatron-LM's multi_tensor_l2norm).
-ADAM_STATE_BYTES_PER_PARAM = 26
+# Adam reads its states and the gradient and writes the states and the weight
+# (Recipe.optimizer_step_bytes: 26 B per parameter with fp32 master weights, 12 B in
+# pure bf16), about a dozen FLOPs; the gradient buffer is zeroed for the next step (one
+# more write of the gradient). Clipping first computes the gradient norm, one read of
+# every gradient (Megatron-LM's multi_tensor_l2norm).
 ADAM_FLOPS_PER_PARAM = 12
 
 
@@ -121,12 +119,25 @@ class DataParallelGradients:
         self.early_gather = w.collective(
             "all_gather",
             self.lowering.dp_group,
-            self.parameters * ACT_BYTES,
+            self._gathered_bytes(),
             "dp",
             "dp.param_all_gather",
             (),
             w.tags(stage=first_stage, axis="dp", phase="fwd"),
         )
+
+    def _gathered_bytes(self) -> float:
+        """What a sharded optimizer's parameter all-gather moves: the rank's bf16 weights,
+        the FP8 layers' in FP8 with ``fp8_all_gather`` (Megatron-Core's
+        --fp8-param-gather)."""
+        total = self.parameters * ACT_BYTES
+        if self.recipe.fp8_all_gather:
+            config = self.lowering.config
+            total -= sum(
+                layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
+                for layer in self.recipe.rank_layers(self.lowering.pipeline_rank)
+            )
+        return total
 
     def before_layer(self, layer: int, microbatch: int, phase: str) -> None:
         """Before ``layer`` runs its forward (or its backward, or the forward that full
@@ -200,7 +211,7 @@ class DataParallelGradients:
             "optimizer",
             "optimizer",
             ADAM_FLOPS_PER_PARAM * local,
-            (ADAM_STATE_BYTES_PER_PARAM + 2 * grad_bytes) * local,
+            (self.recipe.optimizer_step_bytes + 2 * grad_bytes) * local,
             0.0,
         )
         lowering.waits.extend(self.last_buckets.values())
@@ -230,7 +241,7 @@ class DataParallelGradients:
             # weights (DeepSpeed: in calls of allgather_bucket_size elements,
             # stage_1_and_2.py's all_gather_dp_groups)
             w = lowering.w
-            total = self.parameters * ACT_BYTES
+            total = self._gathered_bytes()
             calls = max(1, math.ceil(total / self.gather_chunk)) if self.gather_chunk else 1
             for index in range(calls):
                 w.collective(

@@ -133,7 +133,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.bodies: dict[tuple[str, int], tuple] = {}
         # (phase, deferred?, MoE?) -> a layer's backward in a stage's last backward, as a body
         # (:meth:`_layer_block`; None: written op by op)
-        self.layer_bodies: dict[tuple[str, bool, bool], tuple | None] = {}
+        self.layer_bodies: dict[tuple[str, bool, bool, bool], tuple | None] = {}
         self._retarget = retargeter(rank, layout)  # another rank's ops, as this one runs them
         self.moe = config.moe
         self.ep = layout.ep
@@ -503,8 +503,8 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         if final and self.config.layer_blocks and not self.gathers:
             if self._layer_block(layer, mb, final, phase, defer):
                 return
-        recompute = self.config.recipe.recompute
-        self.gradients.before_layer(layer, mb, "recompute" if recompute == "full" else phase)
+        recomputes = self.config.recipe.recomputes(layer)
+        self.gradients.before_layer(layer, mb, "recompute" if recomputes else phase)
         self._layer_backward_ops(layer, mb, final, phase, defer)
         self.gradients.after_layer_backward(layer, mb, final)
 
@@ -517,15 +517,15 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         waiting for points inside the block. False where a block would not keep the
         op-by-op times: the layer's first op is not compute, or an all-gather is still
         in flight at its end (pipelined SP's, beside the next layer's first GEMM)."""
-        key = (phase, defer, self.config.is_moe_layer(layer))
+        key = (phase, defer, self.config.is_moe_layer(layer), self.config.recipe.recomputes(layer))
         entry = self.layer_bodies.get(key, ())
         if entry == ():
             entry = self.layer_bodies[key] = self._layer_body(layer, mb, final, phase, defer)
         if entry is None:
             return False
         body, flops, nbytes, last, events, deferred, exits = entry
-        recompute = self.config.recipe.recompute
-        self.gradients.before_layer(layer, mb, "recompute" if recompute == "full" else phase)
+        recomputes = self.config.recipe.recomputes(layer)
+        self.gradients.before_layer(layer, mb, "recompute" if recomputes else phase)
         deps, self.waits = tuple(self.waits), []
         self.w.refs = True
         tags = self.w.tag_set(None, layer, mb, phase, self.stage)
@@ -545,7 +545,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         expert?), the weight gradients it defers, the ops the next op waits for)``; None
         where a block would not keep the times."""
         shared = self.config.layer_bodies
-        key = (phase, defer, self.config.is_moe_layer(layer))
+        key = (phase, defer, self.config.is_moe_layer(layer), self.config.recipe.recomputes(layer))
         known = shared.get(key)
         if known is not None and known[0] is not None and known[1] != self.rank:
             body, *rest = known[0]
@@ -589,7 +589,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
     ) -> None:
         """A layer's backward ops (after its forward ops again, with full recompute)."""
         recompute = self.config.recipe.recompute
-        if recompute == "full":
+        if self.config.recipe.recomputes(layer):
             self._layer_forward_ops(layer, mb, "recompute")
         tags = dict(layer=layer, microbatch=mb, phase=phase)
         moe = self.config.is_moe_layer(layer)
