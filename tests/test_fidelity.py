@@ -271,7 +271,8 @@ OVERSUBSCRIBED = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ratio", [1, 2, 4])
+# no oversubscription and a strong one: the two ends of what the core does to a step
+@pytest.mark.parametrize("ratio", [1, 4])
 @pytest.mark.parametrize("name", OVERSUBSCRIBED)
 def test_analytic_prices_an_oversubscribed_core_as_flow_does(name, ratio):
     """Every node its own pod, the core oversubscribed: analytic and flow agree within 5%,
