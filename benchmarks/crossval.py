@@ -173,7 +173,8 @@ def interval_coverage(
     the step time). ``interval(descriptor, residuals)`` returns the interval as
     multipliers ``(low, high)`` on the predicted step time, from ``residuals``: other
     cases' descriptors with their cross-validated step-time log residuals
-    (:func:`time_residual`). For each fold only the other sources' residuals are used."""
+    (:func:`time_residual`) and their ``source``. For each fold only the other sources'
+    residuals are used."""
     residual_of = {
         case: (fold.source, time_residual(error, descriptors[case]["time_like"]))
         for fold in folds
@@ -183,7 +184,7 @@ def interval_coverage(
     per_source: dict[str, dict[str, int]] = {}
     for fold in folds:
         others = [
-            (descriptors[case], residual)
+            (dict(descriptors[case], source=source), residual)
             for case, (source, residual) in residual_of.items()
             if source != fold.source
         ]

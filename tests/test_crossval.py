@@ -104,11 +104,20 @@ def _descriptor(**changes) -> dict:
 
 
 def test_the_interval_holds_the_quantiles_of_comparable_residuals():
-    residuals = [(_descriptor(), r) for r in [i / 100 for i in range(-10, 11)]]
+    # three sources offset by -0.1, 0 and +0.1, each with runs at -0.05, 0, +0.05 about
+    # its own mean: a new source's run is any offset plus any deviation, the nine
+    # values -0.15 ... +0.15 weighing the same
+    residuals = [
+        (_descriptor(source=f"s{offset}"), offset / 10 + deviation / 100)
+        for offset in (-1, 0, 1)
+        for deviation in (-5, 0, 5)
+    ]
     trust = interval(_descriptor(), residuals)
-    widen = math.sqrt(1 + 1 / len(residuals))
-    assert math.log(trust.low) == pytest.approx(-0.08 * widen)
-    assert math.log(trust.high) == pytest.approx(0.08 * widen)
+    # the 10% quantile lies between the first two of the nine, at midpoints 1/18 and
+    # 3/18: -0.15 + 0.05 * (0.1 - 1/18) / (2/18) = -0.13; the median is 0
+    widen = math.sqrt(1 + 1 / 3)
+    assert math.log(trust.low) == pytest.approx(-0.13 * widen)
+    assert math.log(trust.high) == pytest.approx(0.13 * widen)
     assert trust.outside is None and trust.comparable == len(residuals)
     # another framework's runs are not comparable: the interval says so and widens
     other = interval(_descriptor(framework="deepspeed"), residuals)
@@ -116,9 +125,22 @@ def test_the_interval_holds_the_quantiles_of_comparable_residuals():
     assert math.log(other.high) == pytest.approx(2 * math.log(trust.high))
 
 
+def test_each_source_weighs_the_same_and_their_spread_widens_the_interval():
+    # one source of many alike runs and two of one run each: the many do not outvote
+    # the two, and the sources' disagreement is what the interval spans
+    crowd = [(_descriptor(source="crowd"), 0.0)] * 16
+    residuals = [*crowd, (_descriptor(source="a"), 0.3), (_descriptor(source="b"), -0.3)]
+    trust = interval(_descriptor(), residuals)
+    assert math.log(trust.high) > 0.2 and math.log(trust.low) < -0.2
+    # the same runs all from one source: no spread between sources to see, so a wider
+    # group is needed; alone, every validated run is used
+    same = [(_descriptor(source="one"), r) for _, r in residuals]
+    assert interval(_descriptor(), same).basis.startswith("every validated run")
+
+
 def test_the_most_specific_group_with_enough_cases_is_used():
-    alike = [(_descriptor(), 0.3)] * FEWEST_COMPARABLE
-    unlike = [(_descriptor(dominant="bubble"), -0.3)] * 40
+    alike = [(_descriptor(source=f"s{i % 3}"), 0.3) for i in range(FEWEST_COMPARABLE)]
+    unlike = [(_descriptor(dominant="bubble", source=f"t{i % 4}"), -0.3) for i in range(40)]
     trust = interval(_descriptor(), alike + unlike)
     assert trust.low == pytest.approx(math.exp(0.3)) and trust.comparable == FEWEST_COMPARABLE
     # too few alike: the wider group, every residual of the framework and GPU

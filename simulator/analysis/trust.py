@@ -15,11 +15,17 @@ those residuals:
    with at least :data:`FEWEST_COMPARABLE` cases, trying in order: all four alike;
    framework, generation and MoE alike; framework and generation alike; framework
    alike; every case.
-2. **The interval.** The empirical ``(1 − level)/2`` and ``(1 + level)/2`` quantiles of
-   those residuals (linear between order statistics), widened by ``√(1 + 1/n)`` for a
-   group of ``n`` (the next run's spread is the group's spread plus the uncertainty of
-   where the group sits). It is not forced to be centred: when comparable runs were
-   predicted too fast, the interval leans slower.
+   A group must also hold residuals from at least :data:`FEWEST_SOURCES` sources.
+2. **The interval.** A new run comes from a source (a framework's version, a cluster, a
+   way of measuring) whose own systematic offset is unknown: its residual is one
+   source's offset plus one run's scatter about its source. So the residuals are split
+   into each source's mean and each run's deviation from it, and the interval is the
+   ``(1 − level)/2`` and ``(1 + level)/2`` quantiles of every sum of a source mean and a
+   deviation, each source weighing the same (a source of sixteen alike runs counts no
+   more than one of two), widened by ``√(1 + 1/S)`` for ``S`` sources (the spread of
+   the next source's offset is the sources' spread plus the uncertainty of where they
+   sit). It is not forced to be centred: when comparable runs were predicted too
+   fast, the interval leans slower.
 3. **Outside what was validated.** When no validated case shares the run's framework
    and GPU generation, or the run has more than :data:`BEYOND_SCALE` times the GPUs (or
    sequence length) of the largest validated run of its framework, the interval says
@@ -44,6 +50,7 @@ __all__ = [
     "TrustInterval",
     "RESIDUALS_FILE",
     "FEWEST_COMPARABLE",
+    "FEWEST_SOURCES",
     "BEYOND_SCALE",
     "gpu_generation",
     "describe",
@@ -58,6 +65,9 @@ RESIDUALS_FILE = Path(__file__).with_name("trust_residuals.json")
 # group). With 8 cases the 10% and 90% quantiles fall between the first two and last
 # two order statistics.
 FEWEST_COMPARABLE = 8
+# The fewest sources a group must draw on: with fewer, the spread between sources, which
+# is what a new run's source adds, cannot be seen.
+FEWEST_SOURCES = 3
 # A run with this many times the GPUs (or the sequence length) of the largest validated
 # run of its framework is outside what was validated.
 BEYOND_SCALE = 4.0
@@ -114,12 +124,44 @@ def describe(result: Any, framework: str, seq_len: int) -> Descriptor:
     )
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def _weighted_quantile(samples: list[tuple[float, float]], q: float) -> float:
+    """The ``q`` quantile of weighted ``(value, weight)`` samples (equal values pooled),
+    linear between the midpoints of each value's share of the total weight."""
+    pooled: dict[float, float] = {}
+    for value, weight in samples:
+        key = round(value, 12)  # a sum made two ways is one value
+        pooled[key] = pooled.get(key, 0.0) + weight
+    ordered = sorted(pooled.items())
+    total = sum(weight for _, weight in ordered)
+    points, cumulative = [], 0.0
+    for value, weight in ordered:
+        points.append(((cumulative + weight / 2) / total, value))
+        cumulative += weight
+    if q <= points[0][0]:
+        return points[0][1]
+    for (p0, v0), (p1, v1) in zip(points, points[1:], strict=False):
+        if q <= p1:
+            return v0 + (v1 - v0) * (q - p0) / (p1 - p0)
+    return points[-1][1]
+
+
+def _source_mixture(group: list[tuple[str, float]]) -> tuple[list[tuple[float, float]], int]:
+    """Every sum of a source's mean residual and a run's deviation from its own source's
+    mean, weighted so that each source's mean and each source's deviations weigh the
+    same; and the number of sources."""
+    by_source: dict[str, list[float]] = {}
+    for source, residual in group:
+        by_source.setdefault(source, []).append(residual)
+    means = {source: sum(values) / len(values) for source, values in by_source.items()}
+    deviations = [
+        (residual - means[source], 1.0 / len(values))
+        for source, values in by_source.items()
+        for residual in values
+    ]
+    samples = [
+        (mean + deviation, weight) for mean in means.values() for deviation, weight in deviations
+    ]
+    return samples, len(means)
 
 
 _GROUPS = (
@@ -154,23 +196,31 @@ def interval(
     """The interval for a run described by ``descriptor``, from ``residuals`` (each:
     a validated case's descriptor as a mapping, its step-time log residual)."""
     wanted = descriptor.to_json() if isinstance(descriptor, Descriptor) else dict(descriptor)
-    chosen: list[float] = []
+    chosen: list[tuple[str, float]] = []
     basis = "no validated runs"
     for keys in _GROUPS:
-        group = [r for d, r in residuals if all(d.get(k) == wanted.get(k) for k in keys)]
-        if len(group) >= FEWEST_COMPARABLE or (not keys and group):
+        group = [
+            (str(d.get("source", "")), r)
+            for d, r in residuals
+            if all(d.get(k) == wanted.get(k) for k in keys)
+        ]
+        sources = len({source for source, _ in group})
+        if (len(group) >= FEWEST_COMPARABLE and sources >= FEWEST_SOURCES) or (
+            not keys and group
+        ):
             chosen = group
             basis = (
                 "runs alike in " + ", ".join(keys) if keys else "every validated run"
-            ) + f" ({len(group)})"
+            ) + f" ({len(group)} from {sources} sources)"
             break
     outside = _outside(wanted, [d for d, _ in residuals])
     if not chosen:
         return TrustInterval(0.5, 2.0, level, basis, 0, outside or "no validated runs")
-    widen = math.sqrt(1.0 + 1.0 / len(chosen)) * (2.0 if outside else 1.0)
-    centre = _quantile(chosen, 0.5)
-    low = centre + (_quantile(chosen, (1.0 - level) / 2.0) - centre) * widen
-    high = centre + (_quantile(chosen, (1.0 + level) / 2.0) - centre) * widen
+    samples, sources = _source_mixture(chosen)
+    widen = math.sqrt(1.0 + 1.0 / sources) * (2.0 if outside else 1.0)
+    centre = _weighted_quantile(samples, 0.5)
+    low = centre + (_weighted_quantile(samples, (1.0 - level) / 2.0) - centre) * widen
+    high = centre + (_weighted_quantile(samples, (1.0 + level) / 2.0) - centre) * widen
     return TrustInterval(math.exp(low), math.exp(high), level, basis, len(chosen), outside)
 
 
@@ -203,7 +253,10 @@ def load_residuals() -> tuple[tuple[dict[str, Any], float], ...]:
         data = json.loads(RESIDUALS_FILE.read_text())
     except FileNotFoundError:
         return ()
-    return tuple((row["descriptor"], float(row["residual"])) for row in data["cases"])
+    return tuple(
+        (dict(row["descriptor"], source=row["source"]), float(row["residual"]))
+        for row in data["cases"]
+    )
 
 
 def trust_interval(result: Any, framework: str, seq_len: int) -> TrustInterval:
