@@ -27,7 +27,8 @@ def _terms(scenario) -> dict[str, float]:
 
 def _recomputed_layers(scenario) -> set[int]:
     ops = per_rank_schedule(scenario).programs[0].ops
-    return {op.tags["layer"] for op in ops if type(op) is Compute and op.tags.get("phase") == "recompute"}
+    recomputed = (op for op in ops if type(op) is Compute and op.tags.get("phase") == "recompute")
+    return {op.tags["layer"] for op in recomputed}
 
 
 def test_a_fraction_recomputes_evenly_spaced_layers_as_fms_fsdp_picks_them():

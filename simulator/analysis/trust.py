@@ -205,9 +205,7 @@ def interval(
             if all(d.get(k) == wanted.get(k) for k in keys)
         ]
         sources = len({source for source, _ in group})
-        if (len(group) >= FEWEST_COMPARABLE and sources >= FEWEST_SOURCES) or (
-            not keys and group
-        ):
+        if (len(group) >= FEWEST_COMPARABLE and sources >= FEWEST_SOURCES) or (not keys and group):
             chosen = group
             basis = (
                 "runs alike in " + ", ".join(keys) if keys else "every validated run"
