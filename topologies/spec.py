@@ -191,8 +191,11 @@ class GPUSpec(_Spec):
     """HBM capacity, bytes."""
     matmul_efficiency: Fraction
     """Fraction of ``peak_flops`` that large bf16 GEMMs reach."""
-    attention_efficiency: Fraction
-    """Fraction of ``peak_flops`` that the fused attention kernel reaches."""
+    attention_efficiency: Fraction | None = None
+    """Fraction of ``peak_flops`` that the fused attention kernel reaches, the causal
+    mask's skipped blocks aside (None: from the kernel's published benchmarks on this
+    kind of GPU, ``simulator.engine.attention_kernels``; a profile's measurement or a
+    value given here replaces them)."""
     sustained_fraction: Fraction = 1.0
     """Share of the tensor-core rate that microbenchmarks reach (``matmul_efficiency``,
     ``attention_efficiency``) which a training step sustains between its other kernels;

@@ -26,6 +26,7 @@ __all__ = [
     "ATTENTION_KERNELS",
     "TP_COMM_OVERLAP",
     "GRADIENT_DTYPES",
+    "ATTENTION_BACKENDS",
     "OPTIMIZER_DTYPES",
     "TRAINING_DTYPES",
     "MLP_KINDS",
@@ -86,6 +87,9 @@ FIDELITIES = ("analytic", "flow")
 
 # Training recipe choices (``training:``).
 ATTENTION_KERNELS = ("flash", "unfused")
+# The kernel behind ``attention: flash`` (simulator.engine.attention_kernels): the one
+# the software stack picks on the GPU, FlashAttention-2, or cuDNN's fused attention.
+ATTENTION_BACKENDS = ("auto", "fa2", "cudnn")
 TP_COMM_OVERLAP = ("none", "async", "pipelined")
 GRADIENT_DTYPES = ("fp32", "bf16")
 # The dtype of Adam's two moments: fp32 (mixed precision: Megatron-LM, PyTorch AMP and

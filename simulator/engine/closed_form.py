@@ -39,7 +39,7 @@ def evaluate(schedule: Schedule, cluster: Cluster, options) -> tuple:
     """``(ready, start, end, choices, block_times, counts)`` per rank and op id, for
     analytic fidelity; ``block_times`` times the bodies of the schedule's blocks and
     ``counts`` says how many ops (a block's body op by op) and blocks ran."""
-    compute = ComputeModel(cluster.spec, schedule.meta.get("host_dispatch_s", 0.0))
+    compute = ComputeModel(cluster.spec, schedule.meta)
     simulated = set(schedule.programs)
     folded = {n for n, m in schedule.groups.items() if not set(m) <= simulated}
     choices: dict[str, int] = {}

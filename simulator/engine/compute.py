@@ -7,11 +7,16 @@ the op is:
 * a GEMM (``kind: gemm``, with its ``(m, n, k)`` shape and ``batch``): the shape model
   of :mod:`.gemm` (tile and wave quantisation over the GPU's SMs, short ``k``) on top
   of the preset's ``matmul_efficiency``, or a calibration profile's measured table;
-* FlashAttention (``kind: attention``, shape ``(s_q, s_kv, d)`` over ``batch`` heads):
-  ``attention_efficiency`` (the presets: FlashAttention-2 on A100 and H100/H200),
-  with the causal mask skipping the key blocks above the diagonal: of ``n = s/128``
-  key blocks per query block, ``(n + 1)/2n`` are computed on average, and the CTAs
-  (one per query block and head) fill the SMs in waves as a GEMM's tiles do;
+* fused attention (``kind: attention``, shape ``(s_q, s_kv, d)`` over ``batch``
+  heads): the causal rate the recipe's kernel (``training.attention_backend``, by
+  default the stack's own) reaches on this kind of GPU at the op's head dimension and
+  sequence length, from its published benchmarks (:mod:`.attention_kernels`), half the
+  op's FLOPs counted as those benchmarks count them; or, where the GPU gives
+  ``attention_efficiency`` (a calibration profile's measurement), that share of the
+  peak with the causal mask skipping the key blocks above the diagonal: of ``n =
+  s/128`` key blocks per query block, ``(n + 1)/2n`` are computed on average. Either
+  way the CTAs (one per query block and head) fill the SMs in waves as a GEMM's tiles
+  do;
 * everything else (elementwise, optimizer): its bytes, at the bandwidth streaming
   kernels reach.
 
@@ -35,6 +40,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from simulator.common.errors import ScenarioError
+from simulator.engine.attention_kernels import resolve_backend, table_for
 from simulator.engine.gemm import GemmEfficiency
 from simulator.engine.grouped_gemm import GROUPED_KINDS, grouped_gemm_seconds
 from topologies import ClusterSpec
@@ -69,7 +76,11 @@ def executed_flops(op: Any) -> float:
 class ComputeModel:
     """Times Compute ops for one GPU type, memoising by what decides the time."""
 
-    def __init__(self, spec: ClusterSpec, host_dispatch: float = 0.0):
+    def __init__(self, spec: ClusterSpec, meta: dict[str, Any] | None = None):
+        """``meta``: the schedule's, for what the software stack decides: the host's
+        time to issue a kernel (``host_dispatch_s``) and the attention kernel
+        (``attention_backend``, ``framework``)."""
+        meta = meta or {}
         gpu = spec.gpu
         # the tensor-core rate a training step sustains: the datasheet peak, at the clock
         # of the power limit, times the share of a microbenchmark's rate that training
@@ -81,9 +92,22 @@ class ComputeModel:
         self.launch_overhead = gpu.kernel_launch_overhead
         # the host's time to issue a kernel: the GPU's measured figure (a calibration
         # profile's), else the software stack's (simulator.arithmetic.stacks)
-        self.host_overhead = gpu.host_overhead or host_dispatch
+        self.host_overhead = gpu.host_overhead or meta.get("host_dispatch_s", 0.0)
         self.matmul_efficiency = gpu.matmul_efficiency
         self.attention_efficiency = gpu.attention_efficiency
+        self.attention_table = None
+        if self.attention_efficiency is None:
+            backend = resolve_backend(
+                meta.get("attention_backend", "auto"), meta.get("framework", "megatron"), gpu.name
+            )
+            self.attention_table = table_for(backend, gpu.name)
+            if self.attention_table is None:
+                raise ScenarioError(
+                    f"cluster.gpu.attention_efficiency: no published {backend} attention "
+                    f"benchmark for the {gpu.name} in parasim; give the share of peak_flops "
+                    "its fused attention reaches (or calibrate), or another "
+                    "training.attention_backend"
+                )
         self.sm_count = gpu.sm_count
         self.gemm = None
         shaped = gpu.sm_count is not None and gpu.gemm_tile is not None
@@ -157,12 +181,18 @@ class ComputeModel:
         return op.flops / (self.peak * self.matmul_efficiency)
 
     def _attention_seconds(self, op) -> float:
-        efficiency = self.attention_efficiency
-        if op.shape is None:
-            return op.flops / (self.peak * efficiency)
-        s_q, s_kv, _ = op.shape
-        causal = causal_fraction(s_kv)
-        if self.sm_count is not None:
+        if self.attention_table is not None:
+            # the benchmarks' rate, their FLOPs the causal half of the op's
+            s_q, s_kv, head_dim = op.shape or (ATTENTION_BLOCK, ATTENTION_BLOCK, 128)
+            efficiency = self.attention_table.efficiency(head_dim, s_kv)
+            causal = 0.5
+        else:
+            efficiency = self.attention_efficiency
+            if op.shape is None:
+                return op.flops / (self.peak * efficiency)
+            s_q, s_kv, _ = op.shape
+            causal = causal_fraction(s_kv)
+        if self.sm_count is not None and op.shape is not None:
             ctas = op.batch * max(1, math.ceil(s_q / ATTENTION_BLOCK))
             waves = math.ceil(ctas / self.sm_count)
             efficiency *= ctas / (waves * self.sm_count)

@@ -117,7 +117,7 @@ class _Engine:
         self._plans: dict[tuple, tuple] = {}  # (group, kind, bytes) -> NCCL plan, reused
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
-        self.compute = ComputeModel(cluster.spec, schedule.meta.get("host_dispatch_s", 0.0))
+        self.compute = ComputeModel(cluster.spec, schedule.meta)
         self.alone = AloneTimes.of_schedule(cluster, schedule, options.algorithm, options.protocol)
         self.blocks = BlockTimer(
             lambda op, body: self.compute.with_comm(op, body, self.alone.collective),

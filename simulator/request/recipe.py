@@ -29,6 +29,7 @@ from typing import Any
 
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import (
+    ATTENTION_BACKENDS,
     ATTENTION_KERNELS,
     CP_KINDS,
     FRAMEWORKS,
@@ -130,6 +131,7 @@ def knob_overrides(knobs: dict[str, Any]) -> list[str]:
 _EXTRAS = (
     "sharding",
     "attention",
+    "attention_backend",
     "tp_comm_overlap",
     "grad_reduce_overlap",
     "grad_reduce_dtype",
@@ -152,6 +154,7 @@ _CHOICES = {
     "recompute": RECOMPUTE_MODES,
     "sharding": SHARDING_LEVELS,
     "attention": ATTENTION_KERNELS,
+    "attention_backend": ATTENTION_BACKENDS,
     "tp_comm_overlap": TP_COMM_OVERLAP,
     "grad_reduce_dtype": GRADIENT_DTYPES,
     "optimizer_dtype": OPTIMIZER_DTYPES,
@@ -178,6 +181,7 @@ class Recipe:
     sp: bool = False
     sharding: str = "none"
     attention: str = "flash"
+    attention_backend: str = "auto"
     grad_reduce_overlap: bool = True
     tp_comm_overlap: str = "async"
     grad_reduce_dtype: str = "fp32"

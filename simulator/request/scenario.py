@@ -27,6 +27,7 @@ from pydantic import Field, ValidationError
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import (
     ALGORITHMS,
+    ATTENTION_BACKENDS,
     ATTENTION_KERNELS,
     CP_KINDS,
     FIDELITIES,
@@ -114,6 +115,9 @@ class TrainingSpec(_Strict):
     fp8_all_gather: bool = False
     # the attention kernel: FlashAttention, or Megatron-LM's unfused path before it
     attention: Literal[ATTENTION_KERNELS] = "flash"
+    # the fused kernel behind flash: the stack's own on the GPU (auto), FlashAttention-2
+    # or cuDNN's (simulator.engine.attention_kernels)
+    attention_backend: Literal[ATTENTION_BACKENDS] = "auto"
     # DDP-style gradient buckets reduced during the backward, or one reduction after it
     grad_reduce_overlap: bool = True
     # whether the backward TP all-reduce (SP: reduce-scatter) hides behind the weight
@@ -501,6 +505,7 @@ def _recipe(
         dtype=training.dtype,
         fp8_all_gather=training.fp8_all_gather,
         attention=training.attention,
+        attention_backend=training.attention_backend,
         grad_reduce_overlap=training.grad_reduce_overlap,
         tp_comm_overlap=training.tp_comm_overlap,
         grad_reduce_dtype=training.grad_reduce_dtype,

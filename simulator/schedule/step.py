@@ -191,6 +191,9 @@ def _schedule(
         "microbatches": config.microbatches,
         # the host's time to issue one kernel (the software stack's)
         "host_dispatch_s": stack_of(config.recipe.framework, config.recipe.compile).dispatch_s,
+        # the fused attention kernel asked for, and the stack that picks it under auto
+        "attention_backend": config.recipe.attention_backend,
+        "framework": config.recipe.framework,
         "pipeline_orders": {str(s): [str(a) for a in actions] for s, actions in orders.items()},
     }
     return Schedule(

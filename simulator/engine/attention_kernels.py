@@ -1,0 +1,266 @@
+"""How fast a fused attention kernel runs, from its published benchmarks: by backend,
+GPU, head dimension and sequence length, with the causal mask.
+
+``training.attention_backend`` names the kernel behind ``attention: flash``; ``auto``
+takes the one the run's software stack picks (:func:`resolve_backend`):
+
+* **megatron** (Transformer Engine): cuDNN's fused attention on Hopper and Blackwell,
+  FlashAttention-2 on Ampere. Transformer Engine's ``get_attention_backend``
+  (``transformer_engine/pytorch/attention/dot_product_attention/utils.py``) disables
+  FlashAttention "to give FusedAttention preference on Hopper+ for performance
+  reasons" when both can run (compute capability 9.0 and up).
+* **torchtitan, fsdp1, deepspeed** (``F.scaled_dot_product_attention``): PyTorch's
+  flash backend, a FlashAttention-2 kernel, which SDPA's ``sdp_utils.cpp`` tries first
+  in PyTorch 2.4 and 2.5.1 to 2.10 (2.5.0 alone put cuDNN first on H100 and was
+  reverted, pytorch/pytorch#138522; cuDNN first again only with cuDNN above 9.15).
+
+Each table holds a kernel's forward-plus-backward TFLOP/s with the causal mask at head
+dimension 128 (and 64 where published), over sequence lengths, on the GPU it was
+measured on; the FLOPs are counted as the benchmarks count them (the forward
+``4·b·s²·h·d`` halved for the causal mask, the backward 2.5 times the forward), so a
+causal op's time is half its full FLOPs over the rate. Forward and backward published
+apart are combined as ``3.5 / (1/fwd + 2.5/bwd)``. A rate becomes a share of its GPU's
+dense BF16 peak (the datasheets': A100 312, H100 and H200 989.4, B200 2,250, GB200
+2,500 TFLOP/s) and applies to the GPUs of the same kind, at the run's sustained clock
+like every microbenchmark rate (``gpu.sustained_fraction``).
+
+Sources:
+
+* **FlashAttention-2, A100 80GB and H100 80GB SXM5**: the figures
+  ``assets/flash2_a100_fwd_bwd_benchmark.png`` and ``flash2_h100_fwd_bwd_benchmark.png``
+  of Dao-AILab/flash-attention (commit 0251105a, the README's and the FlashAttention-2
+  paper's figures: batch × sequence = 16k tokens, hidden 2048, BF16/FP16), the bar
+  labels of the causal panels, head dimension 64 and 128, 512 to 16k.
+* **cuDNN, Hopper**: NVIDIA/cudnn-frontend
+  ``benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/llama3.1_20260227_034703.csv``
+  (cuDNN 9.19.1, H200, GQA 64/8 heads, head dimension 128, batch 1, causal), 2k to 32k.
+* **cuDNN and FlashAttention-2, B200**: cudnn-frontend
+  ``benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv``
+  (commit be6c079: cuDNN 9.13.1, PyTorch 2.9.0, GQA 128/8, head dimension 128, batch 1,
+  causal): PyTorch SDPA's cuDNN and flash backends, 512 to 128k.
+* **cuDNN and FlashAttention-2, GB200**: cudnn-frontend
+  ``benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv``
+  (commit b372d39: cuDNN 9.17.0, PyTorch 2.10, GQA 128/8, head dimension 128, batch 1,
+  causal): the cuDNN frontend and PyTorch SDPA's flash backend, 512 to 128k.
+
+Between the published points the rate is linear in ``log2(s)`` and in the head
+dimension; beyond them it is the nearest point's. Simplified: cuDNN's rate is taken at
+head dimension 128 for every head dimension (its published sweeps are at 128 only);
+a head dimension above 128 takes FlashAttention-2's rate at 128; forward and backward
+ops each run at the combined rate; the cudnn-frontend tables are measured at batch 1,
+whose short sequences are a small grid of work (the B200's 512-token rate is a
+twentieth of its 32k one). FlashAttention-3 is not tabulated: its backward figures are
+published only as images whose mask we could not read; name it through
+``gpu.attention_efficiency``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = [
+    "KernelTable",
+    "TABLES",
+    "resolve_backend",
+    "table_for",
+    "combined",
+]
+
+
+def combined(forward: float, backward: float) -> float:
+    """Forward-plus-backward rate from forward and backward rates, the backward doing
+    2.5 times the forward's FLOPs (FlashAttention's and cudnn-frontend's count)."""
+    return 3.5 / (1.0 / forward + 2.5 / backward)
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    """One kernel's causal forward-plus-backward TFLOP/s on one GPU."""
+
+    backend: str
+    gpu: str  # the kind of GPU it was measured on: a100 | h100 | b200 | gb200
+    peak_flops: float  # that GPU's dense BF16 peak, FLOP/s
+    # head dimension -> ((sequence length, TFLOP/s), ...), sequence lengths ascending
+    rates: dict[int, tuple[tuple[int, float], ...]]
+
+    def efficiency(self, head_dim: int, seq_len: int) -> float:
+        """The share of the peak at ``head_dim`` and ``seq_len``."""
+        dims = sorted(self.rates)
+        low = max([d for d in dims if d <= head_dim], default=dims[0])
+        high = min([d for d in dims if d >= head_dim], default=dims[-1])
+        at_low = _along(self.rates[low], seq_len)
+        if high == low:
+            rate = at_low
+        else:
+            at_high = _along(self.rates[high], seq_len)
+            rate = at_low + (at_high - at_low) * (head_dim - low) / (high - low)
+        return rate * 1e12 / self.peak_flops
+
+
+def _along(points: tuple[tuple[int, float], ...], seq_len: int) -> float:
+    """The rate at ``seq_len``: linear in log2 between points, the end points' beyond."""
+    if seq_len <= points[0][0]:
+        return points[0][1]
+    for (s0, r0), (s1, r1) in zip(points, points[1:], strict=False):
+        if seq_len <= s1:
+            t = (math.log2(seq_len) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+            return r0 + (r1 - r0) * t
+    return points[-1][1]
+
+
+_SEQ_FA = (512, 1024, 2048, 4096, 8192, 16384)
+_SEQ_2K = (2048, 4096, 8192, 16384, 32768)
+_SEQ_B = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def _pairs(seqs: tuple[int, ...], rates: tuple[float, ...]) -> tuple[tuple[int, float], ...]:
+    return tuple(zip(seqs, rates, strict=True))
+
+
+def _split(seqs: tuple[int, ...], fwd_bwd: tuple[tuple[float, float], ...]):
+    return _pairs(seqs, tuple(combined(f, b) for f, b in fwd_bwd))
+
+
+TABLES: tuple[KernelTable, ...] = (
+    KernelTable(
+        "fa2",
+        "a100",
+        312e12,
+        {
+            64: _pairs(_SEQ_FA, (88, 119, 140, 156, 165, 171)),
+            128: _pairs(_SEQ_FA, (99, 133, 155, 173, 182, 189)),
+        },
+    ),
+    KernelTable(
+        "fa2",
+        "h100",
+        989.4e12,
+        {
+            64: _pairs(_SEQ_FA, (141, 192, 232, 257, 273, 284)),
+            128: _pairs(_SEQ_FA, (163, 221, 265, 294, 308, 328)),
+        },
+    ),
+    KernelTable(
+        "cudnn",
+        "h100",
+        989.4e12,
+        {128: _split(_SEQ_2K, ((484, 370), (591, 474), (644, 541), (673, 579), (688, 581)))},
+    ),
+    KernelTable(
+        "cudnn",
+        "b200",
+        2250e12,
+        {
+            128: _split(
+                _SEQ_B,
+                (
+                    (84.0, 134.2),
+                    (254.5, 308.5),
+                    (478.9, 371.5),
+                    (855.7, 701.3),
+                    (1171.3, 942.5),
+                    (1332.4, 1074.8),
+                    (1419.0, 1108.7),
+                    (1382.3, 1073.1),
+                    (1355.4, 1047.8),
+                ),
+            )
+        },
+    ),
+    KernelTable(
+        "fa2",
+        "b200",
+        2250e12,
+        {
+            128: _split(
+                _SEQ_B,
+                (
+                    (74.6, 83.0),
+                    (165.5, 107.7),
+                    (242.4, 186.3),
+                    (324.9, 256.4),
+                    (373.4, 298.9),
+                    (394.5, 320.0),
+                    (403.7, 330.8),
+                    (408.7, 335.4),
+                    (411.0, 336.0),
+                ),
+            )
+        },
+    ),
+    KernelTable(
+        "cudnn",
+        "gb200",
+        2500e12,
+        {
+            128: _split(
+                _SEQ_B,
+                (
+                    (408, 329),
+                    (733, 527),
+                    (1069, 655),
+                    (1386, 1054),
+                    (1584, 1211),
+                    (1668, 1304),
+                    (1681, 1348),
+                    (1573, 1229),
+                    (1467, 1188),
+                ),
+            )
+        },
+    ),
+    KernelTable(
+        "fa2",
+        "gb200",
+        2500e12,
+        {
+            128: _split(
+                _SEQ_B,
+                (
+                    (163, 146),
+                    (255, 207),
+                    (336, 268),
+                    (387, 311),
+                    (414, 338),
+                    (430, 352),
+                    (438, 360),
+                    (442, 363),
+                    (444, 363),
+                ),
+            )
+        },
+    ),
+)
+
+# GPU names (cluster.gpu.name) by the kind of GPU whose tables they take, by prefix:
+# the H200 and H800 have the H100's tensor cores and clocks, the B100/B300 are left out
+_KINDS = (
+    ("a100", ("A100", "A800")),
+    ("h100", ("H100", "H200", "H800")),
+    ("gb200", ("GB200",)),
+    ("b200", ("B200",)),
+)
+
+
+def _gpu_kind(name: str) -> str | None:
+    upper = name.upper()
+    for kind, prefixes in _KINDS:
+        if any(upper.startswith(prefix) for prefix in prefixes):
+            return kind
+    return None
+
+
+def resolve_backend(backend: str, framework: str, gpu_name: str) -> str:
+    """The kernel ``attention_backend`` means for ``framework`` on ``gpu_name``."""
+    if backend != "auto":
+        return backend
+    if framework == "megatron" and _gpu_kind(gpu_name) in ("h100", "b200", "gb200"):
+        return "cudnn"
+    return "fa2"
+
+
+def table_for(backend: str, gpu_name: str) -> KernelTable | None:
+    """The published table of ``backend`` on the kind of GPU ``gpu_name`` is, if any."""
+    kind = _gpu_kind(gpu_name)
+    return next((t for t in TABLES if t.backend == backend and t.gpu == kind), None)
