@@ -30,7 +30,9 @@ A case may carry ``inconsistent:`` (its stated settings contradict its own figur
 arithmetic given): it is predicted and shown, and left out of the statistics.
 
 Metrics: ``model_tflops_per_gpu`` and ``hardware_tflops_per_gpu`` (TFLOP/s per GPU of
-model or hardware FLOPs, the latter counting recompute), ``mfu`` and ``hfu`` (as
+model or hardware FLOPs, the latter counting recompute; a published figure with
+``attention_flops: causal`` counts the attention core's FLOPs at half, for the causal
+mask, and parasim's model FLOPs are counted the same way for it), ``mfu`` and ``hfu`` (as
 fractions; a published percentage is divided by 100), ``step_time_s``,
 ``tokens_per_s_per_gpu``, ``gpu_hours_per_1t_tokens`` (GPU-hours per trillion tokens),
 ``peak_memory_per_gpu`` (bytes; a published figure in GiB, GB or MiB is converted) and
@@ -117,6 +119,22 @@ def _scenario_metric(result: Any, metric: str) -> float:
     }[metric]()
 
 
+# Metrics counted in model FLOPs, whose attention core a source may count halved
+MODEL_FLOP_METRICS = ("model_tflops_per_gpu", "mfu")
+
+
+def _causal_model_flops_share(scenario: Any) -> float:
+    """The share of parasim's model FLOPs (which count the attention core's full
+    ``s²`` scores) that a source counting the core at half for the causal mask counts:
+    Megatron-LM's ``num_floating_point_operations`` since October 2025 (dev branch,
+    "causal mask (only half of the mask is non-zero)")."""
+    from simulator.arithmetic.counts import attention_core_flops_per_step, model_flops_per_step
+
+    model = scenario.model  # per sequence: the share is the same for any batch
+    core = attention_core_flops_per_step(model, 1, scenario.recipe.attention)
+    return 1.0 - 0.5 * core / model_flops_per_step(model, 1, scenario.moe)
+
+
 def _predict_collective(spec: dict[str, Any]) -> float:
     from simulator.tools.collbench import collbench_cluster, collbench_rows
     from topologies import parse_bytes
@@ -186,6 +204,11 @@ def predict(
                 )
             result = run_scenario(scenario).result
             predicted = _scenario_metric(result, metric)
+            if (
+                case["published"].get("attention_flops") == "causal"
+                and metric in MODEL_FLOP_METRICS
+            ):
+                predicted *= _causal_model_flops_share(scenario)
             framework = scenario.recipe.framework
             descriptor = describe(result, framework, scenario.model.seq_len).to_json()
             descriptor["time_like"] = metric in TIME_METRICS

@@ -18,6 +18,7 @@ from benchmarks.crossval import (
     interval_coverage,
     time_residual,
 )
+from benchmarks.validate import _causal_model_flops_share
 from simulator.analysis.trust import (
     FEWEST_COMPARABLE,
     RESIDUALS_FILE,
@@ -26,6 +27,10 @@ from simulator.analysis.trust import (
     gpu_generation,
     interval,
 )
+from simulator.arithmetic.counts import attention_core_flops_per_step, model_flops_per_step
+from simulator.request.scenario import load_scenario
+
+from .conftest import SCENARIOS
 
 GRID = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2)
 PARAMETER = Parameter("gemm", "matmul_efficiency", GRID)
@@ -215,3 +220,17 @@ def test_the_shipped_residuals_are_the_suites_cases():
         assert row["id"] in ids
         assert set(row["descriptor"]) >= {"framework", "generation", "moe", "dominant"}
         assert math.isfinite(row["residual"])
+
+
+def test_a_source_counting_causal_attention_at_half_is_compared_in_its_own_count():
+    """Megatron-LM's FLOP count since late 2025 halves the attention core's scores for the
+    causal mask: parasim's model FLOPs, which count them whole, are scaled to that count
+    for such a case (``attention_flops: causal``), by the core's share."""
+    scenario = load_scenario(SCENARIOS / "small.yaml")
+    model = scenario.model
+    s, width = model.seq_len, model.heads * model.head_dim
+    # QK^T and the product with V, 2·s²·width FLOPs each forward, twice that backward
+    assert attention_core_flops_per_step(model, 3, "flash") == 3 * model.layers * 12 * s * s * width
+    share = attention_core_flops_per_step(model, 1, "flash") / model_flops_per_step(model, 1)
+    assert 0 < share < 1
+    assert _causal_model_flops_share(scenario) == pytest.approx(1 - share / 2)

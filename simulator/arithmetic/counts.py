@@ -11,6 +11,7 @@ from __future__ import annotations
 from simulator.arithmetic.layer_ops import (
     FP8_GEMMS,
     OpCost,
+    attention_core_names,
     backward_of,
     embedding_op,
     final_norm_op,
@@ -135,6 +136,14 @@ def model_flops_per_step(
         moe_layer = sum(_with_backward(op) for op in experts)
         per_sequence += len(moe_layers(moe, model.layers)) * (moe_layer - mlp)
     return global_batch * per_sequence
+
+
+def attention_core_flops_per_step(model: ModelSpec, global_batch: int, attention: str) -> float:
+    """The part of :func:`model_flops_per_step` that is the attention core (the scores
+    and their product with V, forward plus backward, the full ``s²`` of them)."""
+    core = set(attention_core_names(attention))
+    ops = [op for op in layer_forward_ops(model, 1, 1, attention=attention) if op.name in core]
+    return global_batch * model.layers * sum(_with_backward(op) for op in ops)
 
 
 def layer_parameters(recipe: Recipe, model: ModelSpec, moe: MoESpec | None, layer: int) -> int:
