@@ -14,6 +14,7 @@ from simulator.request.scenario import load_scenario
 from simulator.run.simulate import per_rank_schedule
 from simulator.schedule.context import StepConfig
 from simulator.schedule.ir import Collective, Compute
+from simulator.tools.sweep import Candidate
 
 from .conftest import SCENARIOS
 
@@ -123,3 +124,16 @@ def test_fp8_primary_weights_under_a_sharded_optimizer_halve_what_the_fp8_layers
     assert saved == pytest.approx(2 * fp8)
     with pytest.raises(ScenarioError, match="training.fp8_all_gather"):
         load_scenario(SMALL, [*cluster, "training.dtype=fp8", "training.fp8_all_gather=true"])
+
+
+def test_a_sweep_tries_lighter_recompute_beside_a_fraction_of_full():
+    """A scenario's ``recompute_fraction`` is a share of the fully recomputed layers: a
+    sweep candidate with a lighter recompute drops it instead of being refused."""
+    base = ["training.recompute=full", "training.recompute_fraction=0.5"]
+    scenario = load_scenario(SMALL, base)
+    knobs = {**scenario.recipe.knobs(), "placement": tuple(scenario.layout.placement)}
+    for recompute in ("none", "selective", "full"):
+        candidate = Candidate.from_knobs({**knobs, "recompute": recompute})
+        recipe = load_scenario(SMALL, [*base, *candidate.overrides()]).recipe
+        assert recipe.recompute == recompute
+        assert recipe.recompute_fraction == (0.5 if recompute == "full" else 1.0)

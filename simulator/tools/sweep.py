@@ -256,8 +256,13 @@ class Candidate:
         )
 
     def overrides(self) -> list[str]:
-        """The ``key.path=value`` assignments that turn the scenario into this layout."""
-        return knob_overrides(self.fields())
+        """The ``key.path=value`` assignments that turn the scenario into this layout (a
+        lighter recompute than full also drops the scenario's ``recompute_fraction``,
+        which is a share of the fully recomputed layers)."""
+        assignments = knob_overrides(self.fields())
+        if self.recompute != "full":
+            assignments.append("training.recompute_fraction=1")
+        return assignments
 
     def label(self) -> str:
         """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``, as :meth:`Recipe.label`, then
