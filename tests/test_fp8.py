@@ -30,7 +30,10 @@ def test_an_fp8_gemm_runs_at_the_fp8_peak_and_saves_its_input_in_fp8():
         assert fp8[name].saved_bytes == bf16[name].saved_bytes / 2
         assert f"{name}.cast" in fp8  # its input cast to FP8 (and the gradient's, backward)
         ratio = compute.compute_seconds(fp8[name]) / compute.compute_seconds(bf16[name])
-        assert ratio == pytest.approx(989.4 / 1978.9)
+        # at the FP8 peak, at the share of bf16's efficiency FP8's microbenchmark reaches
+        gpu = scenario.cluster_spec.gpu
+        share = gpu.fp8_matmul_efficiency / gpu.matmul_efficiency
+        assert ratio == pytest.approx(989.4 / 1978.9 / share)
     assert not fp8["attn_core"].fp8  # attention stays in bf16
     assert set(FP8_GEMMS) >= {"qkv", "proj", "fc1", "fc2"}
 

@@ -191,6 +191,9 @@ class GPUSpec(_Spec):
     """HBM capacity, bytes."""
     matmul_efficiency: Fraction
     """Fraction of ``peak_flops`` that large bf16 GEMMs reach."""
+    fp8_matmul_efficiency: Fraction | None = None
+    """Fraction of ``fp8_peak_flops`` that large FP8 GEMMs reach (None: as bf16's,
+    ``matmul_efficiency``); the GEMM shape model applies to both."""
     attention_efficiency: Fraction | None = None
     """Fraction of ``peak_flops`` that the fused attention kernel reaches, the causal
     mask's skipped blocks aside (None: from the kernel's published benchmarks on this

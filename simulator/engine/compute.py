@@ -6,7 +6,8 @@ the op is:
 
 * a GEMM (``kind: gemm``, with its ``(m, n, k)`` shape and ``batch``): the shape model
   of :mod:`.gemm` (tile and wave quantisation over the GPU's SMs, short ``k``) on top
-  of the preset's ``matmul_efficiency``, or a calibration profile's measured table;
+  of the preset's ``matmul_efficiency``, or a calibration profile's measured table; an
+  FP8 GEMM at the FP8 peak times ``fp8_matmul_efficiency / matmul_efficiency``;
 * fused attention (``kind: attention``, shape ``(s_q, s_kv, d)`` over ``batch``
   heads): the causal rate the recipe's kernel (``training.attention_backend``, by
   default the stack's own) reaches on this kind of GPU at the op's head dimension and
@@ -109,6 +110,11 @@ class ComputeModel:
                     "training.attention_backend"
                 )
         self.sm_count = gpu.sm_count
+        # an FP8 GEMM reaches this share of what a bf16 GEMM of its shape reaches (of
+        # the FP8 peak rather than the bf16 one): the two dtypes' best microbenchmark
+        # rates over the same sweep
+        fp8_efficiency = gpu.fp8_matmul_efficiency or gpu.matmul_efficiency
+        self.fp8_ratio = fp8_efficiency / gpu.matmul_efficiency
         self.gemm = None
         shaped = gpu.sm_count is not None and gpu.gemm_tile is not None
         if shaped or gpu.gemm_table:
@@ -166,12 +172,12 @@ class ComputeModel:
                 op,
                 peak,
                 self.stream_bandwidth,
-                base=self.matmul_efficiency,
+                base=self.matmul_efficiency * (self.fp8_ratio if op.fp8 else 1.0),
                 sm_count=gemm.sm_count if gemm else None,
                 largest_tile=gemm.largest_tile if gemm else None,
             )
         if kind == "gemm":
-            peak = self.fp8_peak if op.fp8 else self.peak
+            peak = self.fp8_peak * self.fp8_ratio if op.fp8 else self.peak
             if shape is not None and self.gemm is not None:
                 m, n, k = shape
                 return op.flops / (peak * self.gemm(m, n, k, op.batch))
