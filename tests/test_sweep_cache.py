@@ -111,11 +111,14 @@ def test_a_relative_name_is_looked_up_wherever_a_loader_may_read_it(tmp_path, mo
 
 
 def _profile(path, efficiency):
-    path.write_text(
-        json.dumps(
-            {**A100_PROFILE, "gpu": {**A100_PROFILE["gpu"], "matmul_efficiency": efficiency}}
-        )
-    )
+    """A profile whose GEMMs reach ``efficiency`` (its measured table's too, which sets
+    every GEMM's time where a profile has one)."""
+    gpu = {
+        **A100_PROFILE["gpu"],
+        "matmul_efficiency": efficiency,
+        "gemm_table": [[4096, 4096, 4096, efficiency]],
+    }
+    path.write_text(json.dumps({**A100_PROFILE, "gpu": gpu}))
 
 
 def _scenario(folder, **changes):
