@@ -48,3 +48,20 @@ def test_a_measured_table_replaces_the_model_and_anchors_nearby_shapes():
     near = (4096, 4096, 2048)
     ratio = model(*near) / model(4096, 4096, 4096)
     assert table(*near) == pytest.approx(0.5 * ratio)
+
+
+@pytest.mark.parametrize("sm_count", [108, 132, 148])
+def test_the_model_peaks_over_a_matmul_sweep_at_whole_waves_of_the_deepest_k(sm_count):
+    # The presets divide a sweep's best measured rate by this peak: every dimension
+    # 256-20480 in steps of 256 (k deepest, which the short-k term favours).
+    sweep = range(256, 20481, 256)
+    peak = max(
+        gemm_efficiency(m, n, 20480, base=1.0, sm_count=sm_count, largest_tile=(256, 128))
+        for m in sweep
+        for n in sweep
+    )
+    assert peak == pytest.approx(20480 / (20480 + 256))
+    assert (
+        gemm_efficiency(4096, 9728, 2048, base=1.0, sm_count=sm_count, largest_tile=(256, 128))
+        < 0.9 * peak
+    )
