@@ -51,19 +51,42 @@ def test_forward_and_backward_combine_as_the_benchmarks_count_flops():
     assert cudnn.efficiency(128, 8192) == pytest.approx(combined(644, 541) * 1e12 / 989.4e12)
 
 
+def test_hoppers_cudnn_rate_falls_below_the_published_2k_as_measured_on_an_h200():
+    cudnn = table_for("cudnn", "H200-SXM5-141GB")
+    at_2k = cudnn.efficiency(128, 2048)
+    assert at_2k == pytest.approx(combined(484, 370) * 1e12 / 989.4e12)
+    # measured on an H200 (benchmarks/measurements/h200-kernels.json): 172.7 and 267.7
+    # TFLOP/s at 512 and 1024 where 2048 ran 377.9
+    assert cudnn.efficiency(128, 512) == pytest.approx(at_2k * 172.7 / 377.9)
+    assert cudnn.efficiency(128, 1024) == pytest.approx(at_2k * 267.7 / 377.9)
+    assert cudnn.efficiency(128, 256) == cudnn.efficiency(128, 512)  # the end point's beyond
+
+
 @pytest.mark.parametrize(
     ("framework", "gpu", "backend"),
     [
         ("megatron", "H100-SXM5-80GB", "cudnn"),  # TE prefers cuDNN on Hopper and later
         ("megatron", "GB200-Blackwell-186GB", "cudnn"),
         ("megatron", "A100-SXM4-80GB", "fa2"),
-        ("torchtitan", "H100-SXM5-80GB", "fa2"),  # SDPA's flash backend
-        ("fsdp1", "B200-SXM-180GB", "fa2"),
+        ("torchtitan", "H100-SXM5-80GB", "sdpa"),  # SDPA's flash backend, measured
+        ("fsdp1", "B200-SXM-180GB", "sdpa"),
+        ("deepspeed", "A100-SXM4-80GB", "fa2"),  # no SDPA table: FlashAttention-2's figures
     ],
 )
 def test_auto_takes_the_stacks_own_kernel(framework, gpu, backend):
     assert resolve_backend("auto", framework, gpu) == backend
     assert resolve_backend("cudnn", framework, gpu) == "cudnn"
+
+
+def test_sdpas_flash_backend_on_hopper_is_the_h200_measurement_below_standalone_fa2():
+    sdpa, fa2 = table_for("sdpa", "H100-SXM5-80GB"), table_for("fa2", "H100-SXM5-80GB")
+    # benchmarks/measurements/h200-kernels.json: 256.1 TFLOP/s at 4k, 108.0 at 512
+    assert sdpa.efficiency(128, 4096) == pytest.approx(256.1e12 / 989.4e12)
+    assert sdpa.efficiency(128, 512) == pytest.approx(108.0e12 / 989.4e12)
+    for seq in (512, 2048, 8192, 16384):
+        assert sdpa.efficiency(128, seq) < fa2.efficiency(128, seq)
+    # on Blackwell the fa2 tables are themselves SDPA's flash backend
+    assert table_for("sdpa", "B200").rates == table_for("fa2", "B200").rates
 
 
 def _attention_seconds(overrides: list[str]) -> float:

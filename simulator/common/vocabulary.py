@@ -89,7 +89,7 @@ FIDELITIES = ("analytic", "flow")
 ATTENTION_KERNELS = ("flash", "unfused")
 # The kernel behind ``attention: flash`` (simulator.engine.attention_kernels): the one
 # the software stack picks on the GPU, FlashAttention-2, or cuDNN's fused attention.
-ATTENTION_BACKENDS = ("auto", "fa2", "cudnn")
+ATTENTION_BACKENDS = ("auto", "fa2", "cudnn", "sdpa")
 TP_COMM_OVERLAP = ("none", "async", "pipelined")
 GRADIENT_DTYPES = ("fp32", "bf16")
 # The dtype of Adam's two moments: fp32 (mixed precision: Megatron-LM, PyTorch AMP and

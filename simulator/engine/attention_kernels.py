@@ -10,9 +10,11 @@ takes the one the run's software stack picks (:func:`resolve_backend`):
   FlashAttention "to give FusedAttention preference on Hopper+ for performance
   reasons" when both can run (compute capability 9.0 and up).
 * **torchtitan, fsdp1, deepspeed** (``F.scaled_dot_product_attention``): PyTorch's
-  flash backend, a FlashAttention-2 kernel, which SDPA's ``sdp_utils.cpp`` tries first
-  in PyTorch 2.4 and 2.5.1 to 2.10 (2.5.0 alone put cuDNN first on H100 and was
-  reverted, pytorch/pytorch#138522; cuDNN first again only with cuDNN above 9.15).
+  flash backend (``sdpa``), the FlashAttention-2 kernel as PyTorch vendors and builds
+  it, which SDPA's ``sdp_utils.cpp`` tries first in PyTorch 2.4 and 2.5.1 to 2.10 (2.5.0
+  alone put cuDNN first on H100 and was reverted, pytorch/pytorch#138522; cuDNN first
+  again only with cuDNN above 9.15). Where no measurement of it is tabulated (A100),
+  the standalone FlashAttention-2's figures stand for it (``fa2``).
 
 Each table holds a kernel's forward-plus-backward TFLOP/s with the causal mask at head
 dimension 128 (and 64 where published), over sequence lengths, on the GPU it was
@@ -33,7 +35,15 @@ Sources:
   labels of the causal panels, head dimension 64 and 128, 512 to 16k.
 * **cuDNN, Hopper**: NVIDIA/cudnn-frontend
   ``benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/llama3.1_20260227_034703.csv``
-  (cuDNN 9.19.1, H200, GQA 64/8 heads, head dimension 128, batch 1, causal), 2k to 32k.
+  (cuDNN 9.19.1, H200, GQA 64/8 heads, head dimension 128, batch 1, causal), 2k to 32k;
+  512 and 1024 follow parasim's own measurement of cuDNN 9.19 on an H200
+  (``benchmarks/kernel_sweep.py``), scaled to the published 2k point.
+* **SDPA's flash backend, Hopper**: parasim's own measurement on an H200
+  (``benchmarks/kernel_sweep.py``; ``benchmarks/measurements/h200-kernels.json``:
+  PyTorch 2.11.0+cu130, 16 heads of head dimension 128, batch × sequence = 16k tokens,
+  causal, forward and backward timed together), 512 to 16k. It runs 5% (16k) to 34%
+  (512) below the standalone FlashAttention-2's published H100 figures at the same
+  shapes.
 * **cuDNN and FlashAttention-2, B200**: cudnn-frontend
   ``benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv``
   (commit be6c079: cuDNN 9.13.1, PyTorch 2.9.0, GQA 128/8, head dimension 128, batch 1,
@@ -41,12 +51,14 @@ Sources:
 * **cuDNN and FlashAttention-2, GB200**: cudnn-frontend
   ``benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv``
   (commit b372d39: cuDNN 9.17.0, PyTorch 2.10, GQA 128/8, head dimension 128, batch 1,
-  causal): the cuDNN frontend and PyTorch SDPA's flash backend, 512 to 128k.
+  causal): the cuDNN frontend and PyTorch SDPA's flash backend, 512 to 128k. On B200
+  and GB200 the ``fa2`` and ``sdpa`` tables are both these SDPA measurements.
 
 Between the published points the rate is linear in ``log2(s)`` and in the head
 dimension; beyond them it is the nearest point's. Simplified: cuDNN's rate is taken at
 head dimension 128 for every head dimension (its published sweeps are at 128 only);
-a head dimension above 128 takes FlashAttention-2's rate at 128; forward and backward
+a head dimension above 128 takes FlashAttention-2's rate at 128; SDPA's Hopper rate
+is measured at head dimension 128 only and stands for every head dimension; forward and backward
 ops each run at the combined rate; the cudnn-frontend tables are measured at batch 1,
 whose short sequences are a small grid of work (the B200's 512-token rate is a
 twentieth of its 32k one). FlashAttention-3 is not tabulated: its backward figures are
@@ -122,6 +134,52 @@ def _split(seqs: tuple[int, ...], fwd_bwd: tuple[tuple[float, float], ...]):
     return _pairs(seqs, tuple(combined(f, b) for f, b in fwd_bwd))
 
 
+_CUDNN_H100 = _split(_SEQ_2K, ((484, 370), (591, 474), (644, 541), (673, 579), (688, 581)))
+# Below 2k, where the published sweep stops, the shape of parasim's own measurement of
+# the same cuDNN (9.19, through SDPA's cuDNN backend) on an H200 at 16k tokens per call
+# (benchmarks/measurements/h200-kernels.json: 172.7, 267.7 and 377.9 TFLOP/s at 512,
+# 1024 and 2048), scaled to the published 2k point: a short sequence gives each CTA
+# fewer key blocks to amortise its start over, so the rate falls, not stays.
+_CUDNN_H200_MEASURED = {512: 172.7, 1024: 267.7, 2048: 377.9}
+_CUDNN_H100_SHORT = tuple(
+    (seq, _CUDNN_H100[0][1] * _CUDNN_H200_MEASURED[seq] / _CUDNN_H200_MEASURED[2048])
+    for seq in (512, 1024)
+)
+
+# PyTorch SDPA's flash backend on Blackwell (cudnn-frontend's tables, see above)
+_SDPA_FLASH_B200 = {
+    128: _split(
+        _SEQ_B,
+        (
+            (74.6, 83.0),
+            (165.5, 107.7),
+            (242.4, 186.3),
+            (324.9, 256.4),
+            (373.4, 298.9),
+            (394.5, 320.0),
+            (403.7, 330.8),
+            (408.7, 335.4),
+            (411.0, 336.0),
+        ),
+    )
+}
+_SDPA_FLASH_GB200 = {
+    128: _split(
+        _SEQ_B,
+        (
+            (163, 146),
+            (255, 207),
+            (336, 268),
+            (387, 311),
+            (414, 338),
+            (430, 352),
+            (438, 360),
+            (442, 363),
+            (444, 363),
+        ),
+    )
+}
+
 TABLES: tuple[KernelTable, ...] = (
     KernelTable(
         "fa2",
@@ -141,12 +199,7 @@ TABLES: tuple[KernelTable, ...] = (
             128: _pairs(_SEQ_FA, (163, 221, 265, 294, 308, 328)),
         },
     ),
-    KernelTable(
-        "cudnn",
-        "h100",
-        989.4e12,
-        {128: _split(_SEQ_2K, ((484, 370), (591, 474), (644, 541), (673, 579), (688, 581)))},
-    ),
+    KernelTable("cudnn", "h100", 989.4e12, {128: _CUDNN_H100_SHORT + _CUDNN_H100}),
     KernelTable(
         "cudnn",
         "b200",
@@ -168,27 +221,8 @@ TABLES: tuple[KernelTable, ...] = (
             )
         },
     ),
-    KernelTable(
-        "fa2",
-        "b200",
-        2250e12,
-        {
-            128: _split(
-                _SEQ_B,
-                (
-                    (74.6, 83.0),
-                    (165.5, 107.7),
-                    (242.4, 186.3),
-                    (324.9, 256.4),
-                    (373.4, 298.9),
-                    (394.5, 320.0),
-                    (403.7, 330.8),
-                    (408.7, 335.4),
-                    (411.0, 336.0),
-                ),
-            )
-        },
-    ),
+    KernelTable("fa2", "b200", 2250e12, _SDPA_FLASH_B200),
+    KernelTable("sdpa", "b200", 2250e12, _SDPA_FLASH_B200),
     KernelTable(
         "cudnn",
         "gb200",
@@ -210,26 +244,10 @@ TABLES: tuple[KernelTable, ...] = (
             )
         },
     ),
+    KernelTable("fa2", "gb200", 2500e12, _SDPA_FLASH_GB200),
+    KernelTable("sdpa", "gb200", 2500e12, _SDPA_FLASH_GB200),
     KernelTable(
-        "fa2",
-        "gb200",
-        2500e12,
-        {
-            128: _split(
-                _SEQ_B,
-                (
-                    (163, 146),
-                    (255, 207),
-                    (336, 268),
-                    (387, 311),
-                    (414, 338),
-                    (430, 352),
-                    (438, 360),
-                    (442, 363),
-                    (444, 363),
-                ),
-            )
-        },
+        "sdpa", "h100", 989.4e12, {128: _pairs(_SEQ_FA, (108.0, 166.0, 214.8, 256.1, 284.1, 310.6))}
     ),
 )
 
@@ -255,9 +273,10 @@ def resolve_backend(backend: str, framework: str, gpu_name: str) -> str:
     """The kernel ``attention_backend`` means for ``framework`` on ``gpu_name``."""
     if backend != "auto":
         return backend
-    if framework == "megatron" and _gpu_kind(gpu_name) in ("h100", "b200", "gb200"):
-        return "cudnn"
-    return "fa2"
+    if framework == "megatron":
+        return "cudnn" if _gpu_kind(gpu_name) in ("h100", "b200", "gb200") else "fa2"
+    # the PyTorch stacks call SDPA: its flash backend where measured, else FA2's figures
+    return "sdpa" if table_for("sdpa", gpu_name) is not None else "fa2"
 
 
 def table_for(backend: str, gpu_name: str) -> KernelTable | None:

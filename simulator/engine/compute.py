@@ -7,7 +7,9 @@ the op is:
 * a GEMM (``kind: gemm``, with its ``(m, n, k)`` shape and ``batch``): the shape model
   of :mod:`.gemm` (tile and wave quantisation over the GPU's SMs, short ``k``) on top
   of the preset's ``matmul_efficiency``, or a calibration profile's measured table; an
-  FP8 GEMM at the FP8 peak times ``fp8_matmul_efficiency / matmul_efficiency``;
+  FP8 GEMM at the FP8 peak times ``fp8_matmul_efficiency / matmul_efficiency``, and
+  times the shape model's ratio between its FP8 and BF16 forms at the op's shape (the
+  FP8 form pays ``FP8_K_OVERHEAD_FACTOR`` times the short-k prologue, :mod:`.gemm`);
 * fused attention (``kind: attention``, shape ``(s_q, s_kv, d)`` over ``batch``
   heads): the causal rate the recipe's kernel (``training.attention_backend``, by
   default the stack's own) reaches on this kind of GPU at the op's head dimension and
@@ -43,7 +45,7 @@ from typing import Any
 
 from simulator.common.errors import ScenarioError
 from simulator.engine.attention_kernels import resolve_backend, table_for
-from simulator.engine.gemm import GemmEfficiency
+from simulator.engine.gemm import FP8_K_OVERHEAD_FACTOR, GemmEfficiency, gemm_efficiency
 from simulator.engine.grouped_gemm import GROUPED_KINDS, grouped_gemm_seconds
 from topologies import ClusterSpec
 
@@ -115,6 +117,8 @@ class ComputeModel:
         # rates over the same sweep
         fp8_efficiency = gpu.fp8_matmul_efficiency or gpu.matmul_efficiency
         self.fp8_ratio = fp8_efficiency / gpu.matmul_efficiency
+        self.k_overhead = gpu.gemm_k_overhead
+        self._fp8_shape_memo: dict[tuple[int, int, int, int], float] = {}
         self.gemm = None
         shaped = gpu.sm_count is not None and gpu.gemm_tile is not None
         if shaped or gpu.gemm_table:
@@ -175,16 +179,42 @@ class ComputeModel:
                 base=self.matmul_efficiency * (self.fp8_ratio if op.fp8 else 1.0),
                 sm_count=gemm.sm_count if gemm else None,
                 largest_tile=gemm.largest_tile if gemm else None,
+                k_overhead=self.k_overhead * (FP8_K_OVERHEAD_FACTOR if op.fp8 else 1.0),
             )
         if kind == "gemm":
             peak = self.fp8_peak * self.fp8_ratio if op.fp8 else self.peak
             if shape is not None and self.gemm is not None:
                 m, n, k = shape
-                return op.flops / (peak * self.gemm(m, n, k, op.batch))
+                efficiency = self.gemm(m, n, k, op.batch)
+                if op.fp8:
+                    efficiency *= self._fp8_shape(m, n, k, op.batch)
+                return op.flops / (peak * efficiency)
             return op.flops / (peak * self.matmul_efficiency)
         if kind == "attention":
             return self._attention_seconds(op)
         return op.flops / (self.peak * self.matmul_efficiency)
+
+    def _fp8_shape(self, m: int, n: int, k: int, batch: int) -> float:
+        """The shape model's FP8 efficiency over its BF16 one at ``(m, n, k)``: the
+        longer short-k prologue of FP8 tiles (1 where the GPU has no shape model)."""
+        gemm = self.gemm
+        if gemm is None or gemm.sm_count is None or gemm.largest_tile is None:
+            return 1.0
+        key = (m, n, k, batch)
+        ratio = self._fp8_shape_memo.get(key)
+        if ratio is None:
+            shape = {
+                "base": 1.0,
+                "sm_count": gemm.sm_count,
+                "largest_tile": gemm.largest_tile,
+                "batch": batch,
+            }
+            fp8 = gemm_efficiency(
+                m, n, k, k_overhead=self.k_overhead * FP8_K_OVERHEAD_FACTOR, **shape
+            )
+            ratio = fp8 / gemm_efficiency(m, n, k, k_overhead=self.k_overhead, **shape)
+            self._fp8_shape_memo[key] = ratio
+        return ratio
 
     def _attention_seconds(self, op) -> float:
         if self.attention_table is not None:

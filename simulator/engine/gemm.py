@@ -21,6 +21,12 @@ of peak a large, well-shaped GEMM reaches in public microbenchmarks, from the pr
   ``k / (k + K_OVERHEAD)``; when the output has fewer tiles than SMs, cuBLAS splits
   ``k`` across CTAs (split-K), which this model allows in powers of two.
 
+An FP8 GEMM runs the same model with ``FP8_K_OVERHEAD_FACTOR`` times the prologue and
+epilogue in elements of ``k``: its tensor cores do a k-slice's math in half the time,
+while filling the pipeline (the same bytes) and writing the BF16 output tile take as
+long as in BF16 (CUTLASS's Hopper FP8 mainloops stage 128-deep k-slices where the BF16
+ones stage 64).
+
 cuBLAS's heuristics pick the tile and split that run fastest, so the model does too;
 the result never exceeds the base efficiency. A calibration profile can replace the
 model by a table of measured efficiencies by shape (:class:`GemmEfficiency` takes it):
@@ -33,12 +39,24 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["K_OVERHEAD", "TILE_REUSE_CONSTANT", "tile_shapes", "gemm_efficiency", "GemmEfficiency"]
+__all__ = [
+    "K_OVERHEAD",
+    "FP8_K_OVERHEAD_FACTOR",
+    "TILE_REUSE_CONSTANT",
+    "tile_shapes",
+    "gemm_efficiency",
+    "GemmEfficiency",
+]
 
 # Prologue + epilogue of a CTA in units of k: a 4-deep cp.async/TMA pipeline of 64-deep
 # k-slices fills before the first MMA and drains after the last, then the epilogue
 # writes the tile (CUTLASS's default Ampere/Hopper mainloops: 4 stages x 64 = 256).
 K_OVERHEAD = 256.0
+# An FP8 GEMM's prologue and epilogue in elements of k, relative to BF16's: the same
+# bytes to stage and the same BF16 tile to write, at twice the math rate per element.
+# Measured on an H200 (benchmarks/kernel_sweep.py, RESULTS.md "Kernels on one H200"):
+# the model over 19 training shapes is 18% fast at a factor of 1, 10% at 2.
+FP8_K_OVERHEAD_FACTOR = 2.0
 # Puts a 128x128 tile at 0.9 of a 256x128 tile's speed on a shape both tile exactly.
 TILE_REUSE_CONSTANT = 42.7
 

@@ -1,0 +1,473 @@
+"""Measure GEMM, grouped-GEMM and attention kernels on one GPU, and set the measurements
+beside parasim's kernel models for that GPU's preset.
+
+Two steps, so that the machine with the GPU needs only torch:
+
+    python -m benchmarks.kernel_sweep measure --out kernels.json [--quick]
+    python -m benchmarks.kernel_sweep compare kernels.json --preset hgx-h200
+    python -m benchmarks.kernel_sweep compare benchmarks/measurements/h200-kernels.json \
+        --preset hgx-h200
+
+``measure`` times, with CUDA events (the wall clock on a CPU, where ``--quick`` keeps
+the shapes small enough to test the script):
+
+* dense BF16 GEMMs ``(m, n, k)``: squares, S. Bekman's best H100 shape, the projections
+  of 4096- and 8192-wide transformer layers at 8192 tokens, short ``k`` and shapes one
+  tile past a full wave of 132 SMs (where the shape model says the rate halves);
+* grouped BF16 GEMMs (``torch._grouped_mm``, where this torch has it) at the
+  Qwen3-30B-A3B expert shape (hidden 2048, expert FFN 768) with 128 experts split
+  over 8 ranks, at several tokens per expert;
+* causal attention forward plus backward through ``F.scaled_dot_product_attention``,
+  each backend it can force (FlashAttention-2, cuDNN), head dimension 128, 16 heads,
+  batch × sequence = 16k tokens as in FlashAttention-2's published figures;
+
+and samples the SM clock and board power (NVML) while a long GEMM runs, the clock the
+preset's ``sustained_clock_hz`` claims. Each kernel: three warm-ups, then the median of
+``repeats`` samples of back-to-back calls (about 2 ms each), so that the host's
+dispatch hides behind the GPU as in a training step (one call between two events would
+count it). Operands stay the same across calls, so a small GEMM's may sit in L2.
+
+Also measured, FP8 (e4m3) GEMMs at the same shapes (``torch._scaled_mm``, one scale
+per tensor) and BF16 GEMMs ``4096 × n × 4096`` for ``n`` from 256 to 8192 (the tile and
+wave steps of the shape model). The measurement of one H200 is kept in
+``benchmarks/measurements/``.
+
+``compare`` prints, per kernel, the measured rate and the rate the preset's models give
+for the same shape: ``peak · gemm_efficiency`` for GEMMs (simulator/engine/gemm.py),
+the grouped model of simulator/engine/grouped_gemm.py, the tabulated attention rate of
+simulator/engine/attention_kernels.py. These are microbenchmark rates, so the
+training step's ``sustained_fraction`` is not applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+GEMM_SHAPES: list[tuple[int, int, int]] = [
+    (4096, 4096, 4096),
+    (8192, 8192, 8192),
+    (16384, 16384, 16384),
+    (2048, 2048, 13312),  # S. Bekman's best H100 SXM shape
+    # 8192 tokens through a 4096-wide layer (Llama-3-8B: QKV 6144, FFN 14336)
+    (8192, 6144, 4096),
+    (8192, 4096, 4096),
+    (8192, 28672, 4096),
+    (8192, 4096, 14336),
+    # an 8192-wide layer (Llama-3-70B: QKV 10240, FFN 28672), TP 8 shards
+    (8192, 1280, 8192),
+    (8192, 8192, 1024),
+    (8192, 7168, 8192),
+    (8192, 8192, 3584),
+    # short k
+    (8192, 8192, 256),
+    (8192, 8192, 512),
+    (8192, 8192, 1024),
+    # waves of 256x128 tiles over 132 SMs: 11x12 = 132 tiles, then 133 (one past)
+    (2816, 1536, 8192),
+    (2816, 1664, 8192),
+    (5632, 3072, 8192),
+    (5632, 3200, 8192),
+]
+# n across 256..8192 at m = k = 4096: the tile and wave steps of the shape model
+WAVE_SHAPES: list[tuple[int, int, int]] = [(4096, n, 4096) for n in range(256, 8193, 256)]
+QUICK_GEMM_SHAPES = [(256, 256, 256), (512, 256, 384)]
+# Qwen3-30B-A3B: hidden 2048, expert FFN 768, 128 experts, 8 per rank at EP 16 / 16
+# at EP 8; rows per expert from a few hundred to a few thousand
+GROUPED_SHAPES: list[tuple[int, int, int, int]] = [  # groups, rows per group, n, k
+    (16, 512, 1536, 2048),  # gate+up: n = 2 x 768
+    (16, 2048, 1536, 2048),
+    (16, 4096, 1536, 2048),
+    (16, 2048, 2048, 768),  # down
+    (8, 4096, 1536, 2048),
+    (8, 8192, 2048, 768),
+]
+QUICK_GROUPED_SHAPES = [(2, 64, 64, 64)]
+ATTENTION_SEQUENCES = [512, 1024, 2048, 4096, 8192, 16384]
+QUICK_ATTENTION_SEQUENCES = [128]
+ATTENTION_TOKENS = 16384
+ATTENTION_HEADS = 16
+HEAD_DIM = 128
+
+
+def _timer(device: str):
+    """``timed(fn, repeats)``: seconds per call of ``fn``, the median of ``repeats``
+    samples, each sample enough back-to-back calls (about 2 ms of GPU work) that the
+    host's launch time hides behind the GPU's, as in a training step; a single call
+    between two events would count the host's dispatch as GPU time."""
+    import torch
+
+    def sample(fn, calls: int) -> float:
+        if device != "cuda":
+            began = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            return (time.perf_counter() - began) / calls
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+
+    def run(fn, repeats: int) -> float:
+        for _ in range(3):
+            fn()
+        single = sample(fn, 1)
+        calls = max(1, min(200, math.ceil(2e-3 / max(single, 1e-7))))
+        return statistics.median(sample(fn, calls) for _ in range(repeats))
+
+    return run
+
+
+def _time_kernel(fields, make, flops: float, timed, repeats: int, errors=(RuntimeError,)):
+    """One measured row: ``fields`` with the seconds and TFLOP/s of the call ``make()``
+    builds (its operands made inside, so that a dtype or kernel this device lacks is
+    reported in the row, not raised)."""
+    try:
+        seconds = timed(make(), repeats)
+    except errors as error:
+        return {**fields, "error": str(error)[:200]}
+    return {**fields, "seconds": seconds, "tflops": flops / seconds / 1e12}
+
+
+def _measure_gemms(device, dtype, shapes, repeats, timed) -> list[dict[str, Any]]:
+    import torch
+
+    def make(m, n, k):
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        return lambda: a @ b
+
+    return [
+        _time_kernel(
+            {"m": m, "n": n, "k": k}, partial(make, m, n, k), 2 * m * n * k, timed, repeats
+        )
+        for m, n, k in shapes
+    ]
+
+
+def _measure_fp8_gemms(device, shapes, repeats, timed) -> list[dict[str, Any]]:
+    """FP8 (e4m3) GEMMs through ``torch._scaled_mm`` with one scale per tensor, BF16 out."""
+    import torch
+
+    if device != "cuda":  # FP8 tensor cores only: a CPU emulates them, slowly
+        return []
+
+    def make(m, n, k):
+        a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major
+        one = torch.ones((), device=device)
+        return lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+
+    errors = (RuntimeError, AttributeError, TypeError)
+    return [
+        _time_kernel(
+            {"m": m, "n": n, "k": k}, partial(make, m, n, k), 2 * m * n * k, timed, repeats, errors
+        )
+        for m, n, k in shapes
+    ]
+
+
+def _measure_grouped(device, dtype, shapes, repeats, timed) -> list[dict[str, Any]]:
+    import torch
+
+    grouped_mm = getattr(torch, "_grouped_mm", None)
+    if grouped_mm is None:
+        return []
+
+    def make(groups, rows, n, k):
+        a = torch.randn(groups * rows, k, device=device, dtype=dtype)
+        w = torch.randn(groups, n, k, device=device, dtype=dtype).transpose(-2, -1)
+        offs = torch.arange(1, groups + 1, device=device, dtype=torch.int32) * rows
+        return lambda: grouped_mm(a, w, offs=offs)
+
+    errors = (RuntimeError, NotImplementedError)  # not built for this device
+    return [
+        _time_kernel(
+            {"groups": groups, "rows": rows, "n": n, "k": k},
+            partial(make, groups, rows, n, k),
+            2 * groups * rows * n * k,
+            timed,
+            repeats,
+            errors,
+        )
+        for groups, rows, n, k in shapes
+    ]
+
+
+def _measure_attention(device, dtype, sequences, repeats, timed) -> list[dict[str, Any]]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    if device != "cuda":
+        backends = {"math": SDPBackend.MATH}
+
+    def make(batch, seq, backend):
+        shape = (batch, ATTENTION_HEADS, seq, HEAD_DIM)
+        q, k, v = (
+            torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+        )
+        grad = torch.randn(shape, device=device, dtype=dtype)
+
+        def step():
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out.backward(grad)
+
+        return step
+
+    rows = []
+    for name, backend in backends.items():
+        for seq in sequences:
+            batch = max(1, ATTENTION_TOKENS // seq) if device == "cuda" else 1
+            # FlashAttention's benchmark count: forward 4·b·s²·h·d halved by the causal
+            # mask, backward 2.5 times the forward
+            flops = 3.5 * 4 * batch * seq * seq * ATTENTION_HEADS * HEAD_DIM / 2
+            fields = {"backend": name, "seq": seq, "batch": batch}
+            rows.append(
+                _time_kernel(fields, partial(make, batch, seq, backend), flops, timed, repeats)
+            )
+    return rows
+
+
+def _clock_under_load(device, dtype, seconds: float) -> dict[str, Any]:
+    """SM clock and board power sampled by NVML while 8192³ GEMMs run back to back."""
+    import torch
+
+    try:
+        import pynvml
+    except ImportError:
+        return {"error": "no pynvml"}
+    if device != "cuda":
+        return {"error": "no GPU"}
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+            power = pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3
+            samples.append((clock, power))
+            time.sleep(0.05)
+
+    a = torch.randn(8192, 8192, device=device, dtype=dtype)
+    b = torch.randn(8192, 8192, device=device, dtype=dtype)
+    for _ in range(5):
+        a @ b
+    torch.cuda.synchronize()
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    began, products = time.perf_counter(), 0
+    while time.perf_counter() - began < seconds:
+        for _ in range(20):
+            a @ b
+        products += 20
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - began
+    stop.set()
+    thread.join()
+    settled = samples[len(samples) // 4 :] or samples
+    limit = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
+    return {
+        "seconds": elapsed,
+        "tflops": 2 * 8192**3 * products / elapsed / 1e12,
+        "sm_clock_mhz_median": statistics.median(c for c, _ in settled),
+        "sm_clock_mhz_min": min(c for c, _ in settled),
+        "power_w_median": statistics.median(p for _, p in settled),
+        "power_limit_w": limit,
+        "samples": len(samples),
+    }
+
+
+def measure(out: Path, quick: bool, repeats: int) -> dict[str, Any]:
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16
+    timed = _timer(device)
+    found: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device == "cuda" else None,
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count
+        if device == "cuda"
+        else None,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    found["gemm_bf16"] = _measure_gemms(
+        device, dtype, QUICK_GEMM_SHAPES if quick else GEMM_SHAPES, repeats, timed
+    )
+    found["gemm_fp8"] = _measure_fp8_gemms(
+        device, QUICK_GEMM_SHAPES if quick else GEMM_SHAPES, repeats, timed
+    )
+    found["wave_bf16"] = _measure_gemms(
+        device, dtype, QUICK_GEMM_SHAPES if quick else WAVE_SHAPES, repeats, timed
+    )
+    found["grouped_bf16"] = _measure_grouped(
+        device, dtype, QUICK_GROUPED_SHAPES if quick else GROUPED_SHAPES, repeats, timed
+    )
+    found["attention_bf16"] = _measure_attention(
+        device, dtype, QUICK_ATTENTION_SEQUENCES if quick else ATTENTION_SEQUENCES, repeats, timed
+    )
+    found["clock_under_gemm"] = _clock_under_load(device, dtype, 1.0 if quick else 20.0)
+    out.write_text(json.dumps(found, indent=1) + "\n")
+    return found
+
+
+def compare(found: dict[str, Any], preset: str) -> list[str]:
+    """Markdown tables: each measured kernel beside the preset's model of it."""
+    from types import SimpleNamespace
+
+    from simulator.engine.attention_kernels import table_for
+    from simulator.engine.gemm import FP8_K_OVERHEAD_FACTOR
+    from simulator.engine.grouped_gemm import grouped_gemm_seconds
+    from topologies.build import load_cluster_spec
+
+    gpu = load_cluster_spec({"preset": preset, "nodes": 1}).gpu
+    tile = {"sm_count": gpu.sm_count, "largest_tile": gpu.gemm_tile}
+    lines = [f"{found['device']}, torch {found['torch']}, beside preset {preset}", ""]
+    bf16 = (gpu.peak_flops, gpu.matmul_efficiency, gpu.gemm_k_overhead)
+    fp8 = (
+        gpu.fp8_peak_flops,
+        gpu.fp8_matmul_efficiency,
+        gpu.gemm_k_overhead * FP8_K_OVERHEAD_FACTOR,
+    )
+    for key, title, (peak, base, k_overhead) in (
+        ("gemm_bf16", "BF16 GEMM", bf16),
+        ("gemm_fp8", "FP8 GEMM", fp8),
+        ("wave_bf16", "BF16 GEMM, n across waves", bf16),
+    ):
+        if not found.get(key) or peak is None:
+            continue
+        lines += [
+            f"| {title} m×n×k | measured TFLOP/s | model TFLOP/s | model / measured |",
+            "|---|---|---|---|",
+        ]
+        shaped = {"base": base, "k_overhead": k_overhead, **tile}
+        for row in found[key]:
+            label = f"{row['m']}×{row['n']}×{row['k']}"
+            lines.append(_row(label, row, partial(_gemm_rate, row, peak, shaped)))
+        lines += [_geomean(found[key], peak, shaped), ""]
+    if found["grouped_bf16"]:
+        lines += [
+            "| grouped: groups × rows, n×k | measured TFLOP/s | model TFLOP/s | model / measured |"
+        ]
+        lines.append("|---|---|---|---|")
+
+    def grouped_model(row):
+        flops = 2 * row["groups"] * row["rows"] * row["n"] * row["k"]
+        op = SimpleNamespace(
+            kind="grouped_gemm",
+            shape=(row["rows"], row["n"], row["k"]),
+            batch=row["groups"],
+            flops=flops,
+            fp8=False,
+        )
+        stream = gpu.hbm_bandwidth * gpu.hbm_efficiency
+        seconds = grouped_gemm_seconds(
+            op, gpu.peak_flops, stream, base=gpu.matmul_efficiency, **tile
+        )
+        return flops / seconds / 1e12
+
+    for row in found["grouped_bf16"]:
+        label = f"{row['groups']} × {row['rows']}, {row['n']}×{row['k']}"
+        lines.append(_row(label, row, partial(grouped_model, row)))
+    if found["attention_bf16"]:
+        lines += [
+            "",
+            "| attention: backend, sequence | measured TFLOP/s | table TFLOP/s "
+            "| table / measured |",
+        ]
+        lines.append("|---|---|---|---|")
+
+    def attention_model(row):
+        table = table_for({"flash": "fa2"}.get(row["backend"], row["backend"]), gpu.name)
+        return table.efficiency(HEAD_DIM, row["seq"]) * gpu.peak_flops / 1e12 if table else None
+
+    for row in found["attention_bf16"]:
+        lines.append(_row(f"{row['backend']}, {row['seq']}", row, partial(attention_model, row)))
+    clock = found.get("clock_under_gemm", {})
+    if "sm_clock_mhz_median" in clock:
+        lines += [
+            "",
+            f"8192³ GEMMs for {clock['seconds']:.0f} s: {clock['tflops']:.0f} TFLOP/s, "
+            f"SM clock median {clock['sm_clock_mhz_median']:.0f} MHz "
+            f"(min {clock['sm_clock_mhz_min']:.0f}), board power {clock['power_w_median']:.0f} W "
+            f"of a {clock['power_limit_w']:.0f} W limit; the preset's sustained clock "
+            f"{gpu.sustained_clock_hz / 1e6:.0f} MHz, boost {gpu.boost_clock_hz / 1e6:.0f} MHz",
+        ]
+    return lines
+
+
+def _gemm_rate(row: dict[str, Any], peak: float, shaped: dict[str, Any]) -> float:
+    """The shape model's rate for a measured GEMM row, TFLOP/s."""
+    from simulator.engine.gemm import gemm_efficiency
+
+    return peak * gemm_efficiency(row["m"], row["n"], row["k"], **shaped) / 1e12
+
+
+def _geomean(rows, peak: float, shaped: dict[str, Any]) -> str:
+    """The geometric mean of model / measured over ``rows``, its mean |log| and worst."""
+    logs = [math.log(_gemm_rate(r, peak, shaped) / r["tflops"]) for r in rows if "error" not in r]
+    if not logs:
+        return ""
+    worst = max(logs, key=abs)
+    return (
+        f"\nover {len(logs)} shapes: model / measured {math.exp(statistics.mean(logs)):.3f} "
+        "on geometric mean, "
+        f"mean |log| {statistics.mean(abs(x) for x in logs):.3f}, worst {math.exp(worst):.2f}"
+    )
+
+
+def _row(label: str, row: dict[str, Any], model: Callable[[], float | None]) -> str:
+    """A table row: the measured rate, the model's (``model()``) and their ratio."""
+    if "error" in row:
+        return f"| {label} | failed: {row['error'][:80]} | | |"
+    measured, modelled = row["tflops"], model()
+    if modelled is None:
+        return f"| {label} | {measured:.0f} | no table | |"
+    return f"| {label} | {measured:.0f} | {modelled:.0f} | {modelled / measured:.2f} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.kernel_sweep", description=__doc__.split("\n")[0]
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    measuring = commands.add_parser("measure")
+    measuring.add_argument("--out", type=Path, required=True)
+    measuring.add_argument("--quick", action="store_true")
+    measuring.add_argument("--repeats", type=int, default=10)
+    comparing = commands.add_parser("compare")
+    comparing.add_argument("measured", type=Path)
+    comparing.add_argument("--preset", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "measure":
+        found = measure(args.out, args.quick, args.repeats)
+        print(json.dumps({k: v for k, v in found.items() if not isinstance(v, list)}))
+        for key in ("gemm_bf16", "gemm_fp8", "wave_bf16", "grouped_bf16", "attention_bf16"):
+            for row in found[key]:
+                print(key, row)
+        return 0
+    print("\n".join(compare(json.loads(args.measured.read_text()), args.preset)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

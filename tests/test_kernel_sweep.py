@@ -1,0 +1,61 @@
+"""The kernel microbenchmark (``benchmarks/kernel_sweep.py``): it measures on this CPU in
+its quick form, and its comparison with the kernel models reads the H200 measurement
+kept in ``benchmarks/measurements/``."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from benchmarks import kernel_sweep
+from simulator.engine.gemm import FP8_K_OVERHEAD_FACTOR, K_OVERHEAD, gemm_efficiency
+
+H200 = Path(__file__).parent.parent / "benchmarks" / "measurements" / "h200-kernels.json"
+
+
+def test_the_quick_sweep_measures_every_kind_of_kernel_on_a_cpu(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "kernels.json"
+    found = kernel_sweep.measure(out, quick=True, repeats=2)
+    assert json.loads(out.read_text()) == found
+    assert found["device"] == "cpu"
+    for key in ("gemm_bf16", "wave_bf16", "attention_bf16"):
+        assert found[key] and all(row["seconds"] > 0 and row["tflops"] > 0 for row in found[key])
+    lines = kernel_sweep.compare(found, "hgx-h200")
+    assert any(line.startswith("| 256×256×256 |") for line in lines)
+
+
+def test_the_comparison_sets_each_measured_h200_kernel_beside_its_model():
+    found = json.loads(H200.read_text())
+    lines = kernel_sweep.compare(found, "hgx-h200")
+    text = "\n".join(lines)
+    rows = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
+    expected = sum(
+        len(found[key]) for key in ("gemm_bf16", "gemm_fp8", "wave_bf16", "grouped_bf16")
+    )
+    assert len(rows) == expected
+    assert "SM clock median 1470 MHz" in text
+
+
+def test_an_fp8_tiles_doubled_prologue_brings_the_model_nearer_the_measured_h200():
+    found = json.loads(H200.read_text())
+    tile = {"sm_count": 132, "largest_tile": (256, 128)}
+
+    def mean_abs_log(k_overhead):
+        # the base anchored as the preset anchors it: the sweep's best over the model's peak
+        base = 0.734 / (20480 / (20480 + k_overhead))
+        logs = [
+            math.log(
+                1978.9
+                * gemm_efficiency(r["m"], r["n"], r["k"], base=base, k_overhead=k_overhead, **tile)
+                / r["tflops"]
+            )
+            for r in found["gemm_fp8"]
+        ]
+        return statistics.mean(abs(x) for x in logs)
+
+    assert mean_abs_log(K_OVERHEAD * FP8_K_OVERHEAD_FACTOR) < mean_abs_log(K_OVERHEAD) - 0.03
