@@ -94,6 +94,20 @@ GROUPED_SHAPES: list[tuple[int, int, int, int]] = [  # groups, rows per group, n
 QUICK_GROUPED_SHAPES = [(2, 64, 64, 64)]
 ATTENTION_SEQUENCES = [512, 1024, 2048, 4096, 8192, 16384]
 QUICK_ATTENTION_SEQUENCES = [128]
+# The attention shapes of validation runs, per GPU: (batch, query heads, key/value heads,
+# sequence): Qwen3-30B-A3B (GQA 32/4), OLMo 2 1B, 7B and 13B at micro-batch 1,
+# fms-fsdp's Llama-2 7B at micro-batch 2, Llama 3 70B under TP 8 (8 query heads, 1 KV
+# head per rank) at 8k, GPT-3 175B under TP 8 at 2k
+ATTENTION_CASES: list[tuple[int, int, int, int]] = [
+    (1, 32, 4, 4096),
+    (1, 16, 16, 4096),
+    (1, 32, 32, 4096),
+    (1, 40, 40, 4096),
+    (2, 32, 32, 4096),
+    (1, 8, 1, 8192),
+    (1, 12, 12, 2048),
+]
+QUICK_ATTENTION_CASES = [(1, 4, 2, 128)]
 ATTENTION_TOKENS = 16384
 ATTENTION_HEADS = 16
 HEAD_DIM = 128
@@ -179,20 +193,28 @@ def _measure_fp8_gemms(device, shapes, repeats, timed) -> list[dict[str, Any]]:
     ]
 
 
-def _measure_grouped(device, dtype, shapes, repeats, timed) -> list[dict[str, Any]]:
+def _measure_grouped(device, dtype, shapes, repeats, timed, fp8=False) -> list[dict[str, Any]]:
+    """Grouped GEMMs: ``torch._grouped_mm`` in BF16, or ``torch._scaled_grouped_mm`` in
+    FP8 (e4m3, a scale per row of the tokens and per output column of each weight)."""
     import torch
 
-    grouped_mm = getattr(torch, "_grouped_mm", None)
-    if grouped_mm is None:
+    grouped_mm = getattr(torch, "_scaled_grouped_mm" if fp8 else "_grouped_mm", None)
+    if grouped_mm is None or (fp8 and device != "cuda"):
         return []
 
     def make(groups, rows, n, k):
-        a = torch.randn(groups * rows, k, device=device, dtype=dtype)
-        w = torch.randn(groups, n, k, device=device, dtype=dtype).transpose(-2, -1)
         offs = torch.arange(1, groups + 1, device=device, dtype=torch.int32) * rows
-        return lambda: grouped_mm(a, w, offs=offs)
+        if not fp8:
+            a = torch.randn(groups * rows, k, device=device, dtype=dtype)
+            w = torch.randn(groups, n, k, device=device, dtype=dtype).transpose(-2, -1)
+            return lambda: grouped_mm(a, w, offs=offs)
+        a = torch.randn(groups * rows, k, device=device).to(torch.float8_e4m3fn)
+        w = torch.randn(groups, n, k, device=device).to(torch.float8_e4m3fn).transpose(-2, -1)
+        scale_a = torch.ones(groups * rows, device=device)
+        scale_w = torch.ones(groups, n, device=device)
+        return lambda: grouped_mm(a, w, scale_a, scale_w, offs=offs, out_dtype=torch.bfloat16)
 
-    errors = (RuntimeError, NotImplementedError)  # not built for this device
+    errors = (RuntimeError, NotImplementedError, TypeError)  # not built for this device
     return [
         _time_kernel(
             {"groups": groups, "rows": rows, "n": n, "k": k},
@@ -206,7 +228,9 @@ def _measure_grouped(device, dtype, shapes, repeats, timed) -> list[dict[str, An
     ]
 
 
-def _measure_attention(device, dtype, sequences, repeats, timed) -> list[dict[str, Any]]:
+def _measure_attention(device, dtype, cases, repeats, timed) -> list[dict[str, Any]]:
+    """Causal SDPA forward and backward, each backend it can force, for each ``(batch,
+    query heads, key/value heads, sequence)`` case, head dimension 128."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -215,32 +239,47 @@ def _measure_attention(device, dtype, sequences, repeats, timed) -> list[dict[st
     if device != "cuda":
         backends = {"math": SDPBackend.MATH}
 
-    def make(batch, seq, backend):
-        shape = (batch, ATTENTION_HEADS, seq, HEAD_DIM)
-        q, k, v = (
-            torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
-        )
-        grad = torch.randn(shape, device=device, dtype=dtype)
+    def make(batch, heads, kv_heads, seq, backend):
+        def tensor(count):
+            shape = (batch, count, seq, HEAD_DIM)
+            return torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+
+        q, k, v = tensor(heads), tensor(kv_heads), tensor(kv_heads)
+        grad = torch.randn_like(q)
+        gqa = {"enable_gqa": True} if kv_heads != heads else {}
 
         def step():
             with sdpa_kernel([backend]):
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
             out.backward(grad)
 
         return step
 
     rows = []
     for name, backend in backends.items():
-        for seq in sequences:
-            batch = max(1, ATTENTION_TOKENS // seq) if device == "cuda" else 1
+        for batch, heads, kv_heads, seq in cases:
             # FlashAttention's benchmark count: forward 4·b·s²·h·d halved by the causal
             # mask, backward 2.5 times the forward
-            flops = 3.5 * 4 * batch * seq * seq * ATTENTION_HEADS * HEAD_DIM / 2
-            fields = {"backend": name, "seq": seq, "batch": batch}
-            rows.append(
-                _time_kernel(fields, partial(make, batch, seq, backend), flops, timed, repeats)
-            )
+            flops = 3.5 * 4 * batch * seq * seq * heads * HEAD_DIM / 2
+            fields = {"backend": name, "seq": seq, "batch": batch, "heads": heads}
+            fields["kv_heads"] = kv_heads
+            make_step = partial(make, batch, heads, kv_heads, seq, backend)
+            rows.append(_time_kernel(fields, make_step, flops, timed, repeats))
     return rows
+
+
+def _sweep_cases(sequences: list[int], device: str) -> list[tuple[int, int, int, int]]:
+    """The sequence sweep as attention cases: 16k tokens a call on a GPU, as the
+    published FlashAttention-2 figures run."""
+    return [
+        (
+            max(1, ATTENTION_TOKENS // seq) if device == "cuda" else 1,
+            ATTENTION_HEADS,
+            ATTENTION_HEADS,
+            seq,
+        )
+        for seq in sequences
+    ]
 
 
 def _clock_under_load(device, dtype, seconds: float) -> dict[str, Any]:
@@ -294,12 +333,44 @@ def _clock_under_load(device, dtype, seconds: float) -> dict[str, Any]:
     }
 
 
-def measure(out: Path, quick: bool, repeats: int) -> dict[str, Any]:
+SECTIONS = (
+    "gemm_bf16",
+    "gemm_fp8",
+    "wave_bf16",
+    "grouped_bf16",
+    "grouped_fp8",
+    "attention_bf16",
+    "attention_cases",
+    "clock_under_gemm",
+)
+
+
+def measure(
+    out: Path, quick: bool, repeats: int, only: tuple[str, ...] = SECTIONS
+) -> dict[str, Any]:
+    """Measure the ``only`` sections (all by default) and write them to ``out``."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16
     timed = _timer(device)
+    gemms = QUICK_GEMM_SHAPES if quick else GEMM_SHAPES
+    grouped = QUICK_GROUPED_SHAPES if quick else GROUPED_SHAPES
+    sweep = _sweep_cases(QUICK_ATTENTION_SEQUENCES if quick else ATTENTION_SEQUENCES, device)
+    sections = {
+        "gemm_bf16": lambda: _measure_gemms(device, dtype, gemms, repeats, timed),
+        "gemm_fp8": lambda: _measure_fp8_gemms(device, gemms, repeats, timed),
+        "wave_bf16": lambda: _measure_gemms(
+            device, dtype, QUICK_GEMM_SHAPES if quick else WAVE_SHAPES, repeats, timed
+        ),
+        "grouped_bf16": lambda: _measure_grouped(device, dtype, grouped, repeats, timed),
+        "grouped_fp8": lambda: _measure_grouped(device, dtype, grouped, repeats, timed, fp8=True),
+        "attention_bf16": lambda: _measure_attention(device, dtype, sweep, repeats, timed),
+        "attention_cases": lambda: _measure_attention(
+            device, dtype, QUICK_ATTENTION_CASES if quick else ATTENTION_CASES, repeats, timed
+        ),
+        "clock_under_gemm": lambda: _clock_under_load(device, dtype, 1.0 if quick else 20.0),
+    }
     found: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -310,22 +381,8 @@ def measure(out: Path, quick: bool, repeats: int) -> dict[str, Any]:
         else None,
         "date": time.strftime("%Y-%m-%d"),
     }
-    found["gemm_bf16"] = _measure_gemms(
-        device, dtype, QUICK_GEMM_SHAPES if quick else GEMM_SHAPES, repeats, timed
-    )
-    found["gemm_fp8"] = _measure_fp8_gemms(
-        device, QUICK_GEMM_SHAPES if quick else GEMM_SHAPES, repeats, timed
-    )
-    found["wave_bf16"] = _measure_gemms(
-        device, dtype, QUICK_GEMM_SHAPES if quick else WAVE_SHAPES, repeats, timed
-    )
-    found["grouped_bf16"] = _measure_grouped(
-        device, dtype, QUICK_GROUPED_SHAPES if quick else GROUPED_SHAPES, repeats, timed
-    )
-    found["attention_bf16"] = _measure_attention(
-        device, dtype, QUICK_ATTENTION_SEQUENCES if quick else ATTENTION_SEQUENCES, repeats, timed
-    )
-    found["clock_under_gemm"] = _clock_under_load(device, dtype, 1.0 if quick else 20.0)
+    for name in only:
+        found[name] = sections[name]()
     out.write_text(json.dumps(found, indent=1) + "\n")
     return found
 
@@ -334,7 +391,7 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
     """Markdown tables: each measured kernel beside the preset's model of it."""
     from types import SimpleNamespace
 
-    from simulator.engine.attention_kernels import table_for
+    from simulator.engine.attention_kernels import grid_fill, table_for
     from simulator.engine.gemm import FP8_K_OVERHEAD_FACTOR
     from simulator.engine.grouped_gemm import grouped_gemm_seconds
     from topologies.build import load_cluster_spec
@@ -343,14 +400,14 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
     tile = {"sm_count": gpu.sm_count, "largest_tile": gpu.gemm_tile}
     lines = [f"{found['device']}, torch {found['torch']}, beside preset {preset}", ""]
     bf16 = (gpu.peak_flops, gpu.matmul_efficiency, gpu.gemm_k_overhead)
-    fp8 = (
+    fp8_model = (
         gpu.fp8_peak_flops,
         gpu.fp8_matmul_efficiency,
         gpu.gemm_k_overhead * FP8_K_OVERHEAD_FACTOR,
     )
     for key, title, (peak, base, k_overhead) in (
         ("gemm_bf16", "BF16 GEMM", bf16),
-        ("gemm_fp8", "FP8 GEMM", fp8),
+        ("gemm_fp8", "FP8 GEMM", fp8_model),
         ("wave_bf16", "BF16 GEMM, n across waves", bf16),
     ):
         if not found.get(key) or peak is None:
@@ -364,44 +421,60 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
             label = f"{row['m']}×{row['n']}×{row['k']}"
             lines.append(_row(label, row, partial(_gemm_rate, row, peak, shaped)))
         lines += [_geomean(found[key], peak, shaped), ""]
-    if found["grouped_bf16"]:
-        lines += [
-            "| grouped: groups × rows, n×k | measured TFLOP/s | model TFLOP/s | model / measured |"
-        ]
-        lines.append("|---|---|---|---|")
 
-    def grouped_model(row):
+    def grouped_model(row, fp8):
         flops = 2 * row["groups"] * row["rows"] * row["n"] * row["k"]
+        shape = (row["rows"], row["n"], row["k"])
         op = SimpleNamespace(
-            kind="grouped_gemm",
-            shape=(row["rows"], row["n"], row["k"]),
-            batch=row["groups"],
-            flops=flops,
-            fp8=False,
+            kind="grouped_gemm", shape=shape, batch=row["groups"], flops=flops, fp8=fp8
         )
         stream = gpu.hbm_bandwidth * gpu.hbm_efficiency
-        seconds = grouped_gemm_seconds(
-            op, gpu.peak_flops, stream, base=gpu.matmul_efficiency, **tile
-        )
+        peak, base, k_overhead = fp8_model if fp8 else bf16
+        seconds = grouped_gemm_seconds(op, peak, stream, base=base, k_overhead=k_overhead, **tile)
         return flops / seconds / 1e12
 
-    for row in found["grouped_bf16"]:
-        label = f"{row['groups']} × {row['rows']}, {row['n']}×{row['k']}"
-        lines.append(_row(label, row, partial(grouped_model, row)))
-    if found["attention_bf16"]:
+    for key, title, fp8 in (("grouped_bf16", "BF16", False), ("grouped_fp8", "FP8", True)):
+        if not found.get(key) or (fp8 and gpu.fp8_peak_flops is None):
+            continue
         lines += [
-            "",
-            "| attention: backend, sequence | measured TFLOP/s | table TFLOP/s "
-            "| table / measured |",
+            f"| grouped {title}: groups × rows, n×k | measured TFLOP/s | model TFLOP/s "
+            "| model / measured |",
+            "|---|---|---|---|",
         ]
-        lines.append("|---|---|---|---|")
+        for row in found[key]:
+            label = f"{row['groups']} × {row['rows']}, {row['n']}×{row['k']}"
+            lines.append(_row(label, row, partial(grouped_model, row, fp8)))
+        lines.append("")
 
-    def attention_model(row):
-        table = table_for({"flash": "fa2"}.get(row["backend"], row["backend"]), gpu.name)
-        return table.efficiency(HEAD_DIM, row["seq"]) * gpu.peak_flops / 1e12 if table else None
+    def attention_model(row, names):
+        """The model's rate for the row's launch: the table's full-grid rate at the
+        fill of the row's own grid of CTAs."""
+        table = table_for(names.get(row["backend"], row["backend"]), gpu.name)
+        if table is None:
+            return None
+        batch, heads = row.get("batch", 1), row.get("heads", ATTENTION_HEADS)
+        fill = grid_fill(batch * heads * math.ceil(row["seq"] / 128), gpu.sm_count)
+        return table.full_grid_efficiency(HEAD_DIM, row["seq"]) * fill * gpu.peak_flops / 1e12
 
-    for row in found["attention_bf16"]:
-        lines.append(_row(f"{row['backend']}, {row['seq']}", row, partial(attention_model, row)))
+    # the sweep against the standalone FlashAttention-2's figures; the runs' shapes
+    # against the tables the model uses (SDPA's flash backend as measured in the sweep)
+    for key, names in (
+        ("attention_bf16", {"flash": "fa2"}),
+        ("attention_cases", {"flash": "sdpa"}),
+    ):
+        if not found.get(key):
+            continue
+        lines += [
+            "| attention: backend (table), batch × heads/KV heads × sequence "
+            "| measured TFLOP/s | model TFLOP/s | model / measured |",
+            "|---|---|---|---|",
+        ]
+        for row in found[key]:
+            heads = f"{row.get('heads', ATTENTION_HEADS)}/{row.get('kv_heads', ATTENTION_HEADS)}"
+            table = names.get(row["backend"], row["backend"])
+            label = f"{row['backend']} ({table}), {row.get('batch', 1)} × {heads} × {row['seq']}"
+            lines.append(_row(label, row, partial(attention_model, row, names)))
+        lines.append("")
     clock = found.get("clock_under_gemm", {})
     if "sm_clock_mhz_median" in clock:
         lines += [
@@ -454,15 +527,18 @@ def main(argv: list[str] | None = None) -> int:
     measuring.add_argument("--out", type=Path, required=True)
     measuring.add_argument("--quick", action="store_true")
     measuring.add_argument("--repeats", type=int, default=10)
+    measuring.add_argument(
+        "--only", nargs="+", choices=SECTIONS, default=SECTIONS, help="the sections to measure"
+    )
     comparing = commands.add_parser("compare")
     comparing.add_argument("measured", type=Path)
     comparing.add_argument("--preset", required=True)
     args = parser.parse_args(argv)
     if args.command == "measure":
-        found = measure(args.out, args.quick, args.repeats)
+        found = measure(args.out, args.quick, args.repeats, tuple(args.only))
         print(json.dumps({k: v for k, v in found.items() if not isinstance(v, list)}))
-        for key in ("gemm_bf16", "gemm_fp8", "wave_bf16", "grouped_bf16", "attention_bf16"):
-            for row in found[key]:
+        for key in args.only:
+            for row in found[key] if isinstance(found[key], list) else []:
                 print(key, row)
         return 0
     print("\n".join(compare(json.loads(args.measured.read_text()), args.preset)))

@@ -35,9 +35,15 @@ def test_the_comparison_sets_each_measured_h200_kernel_beside_its_model():
     text = "\n".join(lines)
     rows = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
     expected = sum(
-        len(found[key]) for key in ("gemm_bf16", "gemm_fp8", "wave_bf16", "grouped_bf16")
+        len(found[key])
+        for key in ("gemm_bf16", "gemm_fp8", "wave_bf16", "grouped_bf16", "grouped_fp8")
     )
     assert len(rows) == expected
+    attention = [line for line in lines if line.startswith(("| flash", "| cudnn"))]
+    assert len(attention) == len(found["attention_bf16"]) + len(found["attention_cases"])
+    # the model of SDPA's flash backend at the runs' own grids: within 6% of each
+    sdpa = [line for line in attention if line.startswith("| flash (sdpa)")]
+    assert sdpa and all(0.94 < float(line.split("|")[4]) < 1.06 for line in sdpa)
     assert "SM clock median 1470 MHz" in text
 
 

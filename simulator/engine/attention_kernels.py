@@ -54,30 +54,51 @@ Sources:
   causal): the cuDNN frontend and PyTorch SDPA's flash backend, 512 to 128k. On B200
   and GB200 the ``fa2`` and ``sdpa`` tables are both these SDPA measurements.
 
+Each benchmark launched its own grid of CTAs (one per 128 queries and head: 2,048 in
+FlashAttention-2's figures and parasim's sweep, ``s/2`` in the cudnn-frontend H200
+table, ``s`` in the Blackwell ones), and a kernel fills the SMs less well the fewer
+CTAs it has: a launch of ``G`` CTAs reaches ``G / (G + 1.5·SMs)`` of the full-grid rate
+(:func:`grid_fill`, :data:`ATTENTION_TAIL_WAVES`). A table's rate is taken out of its
+benchmark's fill and put at the op's, so a run's attention at 8 heads per rank under TP
+runs slower than the same sequence at 64 heads.
+
 Between the published points the rate is linear in ``log2(s)`` and in the head
 dimension; beyond them it is the nearest point's. Simplified: cuDNN's rate is taken at
-head dimension 128 for every head dimension (its published sweeps are at 128 only);
-a head dimension above 128 takes FlashAttention-2's rate at 128; SDPA's Hopper rate
-is measured at head dimension 128 only and stands for every head dimension; forward and backward
-ops each run at the combined rate; the cudnn-frontend tables are measured at batch 1,
-whose short sequences are a small grid of work (the B200's 512-token rate is a
-twentieth of its 32k one). FlashAttention-3 is not tabulated: its backward figures are
-published only as images whose mask we could not read; name it through
-``gpu.attention_efficiency``.
+head dimension 128 for every head dimension (its published sweeps are at 128 only); a
+head dimension above 128 takes FlashAttention-2's rate at 128; SDPA's Hopper rate is
+measured at head dimension 128 only and stands for every head dimension; forward and
+backward ops each run at the combined rate; the grid's fill is one curve for every
+kernel and GPU, fitted on the H200 (the B200's published 512-token rate is a twentieth
+of its 32k one, more than its grid of 512 CTAs explains). FlashAttention-3 is not
+tabulated: its backward figures are published only as images whose mask we could not
+read; name it through ``gpu.attention_efficiency``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
+    "ATTENTION_TAIL_WAVES",
+    "grid_fill",
     "KernelTable",
     "TABLES",
     "resolve_backend",
     "table_for",
     "combined",
 ]
+
+#: The fill of a launch's grid: an attention kernel of ``G`` CTAs on ``SMs`` SMs reaches
+#: ``G / (G + 1.5·SMs)`` of its full-grid rate. The causal CTAs differ in length (query
+#: block ``i`` visits ``i + 1`` key blocks), and the last ones run with the SMs part
+#: idle: about one and a half waves of tail. Fitted on parasim's own H200 measurement
+#: (benchmarks/measurements/h200-kernels.json, "attention_cases" against the sweep at
+#: 2,048 CTAs): seven shapes of validated runs from 192 to 2,048 CTAs, FlashAttention-2
+#: and cuDNN alike, within 2.6% on mean |log| (12.7% at worst) where wave quantisation
+#: alone is 16% (46%).
+ATTENTION_TAIL_WAVES = 1.5
 
 
 def combined(forward: float, backward: float) -> float:
@@ -86,15 +107,43 @@ def combined(forward: float, backward: float) -> float:
     return 3.5 / (1.0 / forward + 2.5 / backward)
 
 
+def grid_fill(ctas: float, sm_count: int) -> float:
+    """The share of an attention kernel's full-grid rate that a launch of ``ctas`` CTAs
+    reaches on ``sm_count`` SMs: ``ctas / (ctas + ATTENTION_TAIL_WAVES · SMs)``."""
+    return ctas / (ctas + ATTENTION_TAIL_WAVES * sm_count)
+
+
+def _published_ctas(heads: int, tokens: int | None = None):
+    """The CTAs of a benchmark's calls: ``heads`` query heads (``heads`` at head
+    dimension 128, scaled to keep the hidden size at others), a batch of ``tokens /
+    s`` sequences (1 without ``tokens``), one CTA per 128 queries."""
+
+    def ctas(seq_len: int, head_dim: int) -> int:
+        batch = max(1, tokens // seq_len) if tokens else 1
+        return batch * max(1, heads * 128 // head_dim) * max(1, math.ceil(seq_len / 128))
+
+    return ctas
+
+
 @dataclass(frozen=True)
 class KernelTable:
-    """One kernel's causal forward-plus-backward TFLOP/s on one GPU."""
+    """One kernel's causal forward-plus-backward TFLOP/s on one GPU, as published at
+    the grid of CTAs its benchmark launched."""
 
     backend: str
     gpu: str  # the kind of GPU it was measured on: a100 | h100 | b200 | gb200
     peak_flops: float  # that GPU's dense BF16 peak, FLOP/s
     # head dimension -> ((sequence length, TFLOP/s), ...), sequence lengths ascending
     rates: dict[int, tuple[tuple[int, float], ...]]
+    sm_count: int  # that GPU's SMs
+    # (sequence length, head dimension) -> CTAs of the benchmark's launch
+    source_ctas: Callable[[int, int], int]
+
+    def full_grid_efficiency(self, head_dim: int, seq_len: int) -> float:
+        """The share of the peak at ``head_dim`` and ``seq_len`` with the grid's fill
+        taken out (:func:`grid_fill`): what a launch of unbounded CTAs would reach."""
+        fill = grid_fill(self.source_ctas(seq_len, head_dim), self.sm_count)
+        return self.efficiency(head_dim, seq_len) / fill
 
     def efficiency(self, head_dim: int, seq_len: int) -> float:
         """The share of the peak at ``head_dim`` and ``seq_len``."""
@@ -140,11 +189,27 @@ _CUDNN_H100 = _split(_SEQ_2K, ((484, 370), (591, 474), (644, 541), (673, 579), (
 # (benchmarks/measurements/h200-kernels.json: 172.7, 267.7 and 377.9 TFLOP/s at 512,
 # 1024 and 2048), scaled to the published 2k point: a short sequence gives each CTA
 # fewer key blocks to amortise its start over, so the rate falls, not stays.
+# The measurement ran 2,048 CTAs at every length, the published table 64 heads at batch
+# 1 (s/2 CTAs): each point is set at the table's own grid (grid_fill).
 _CUDNN_H200_MEASURED = {512: 172.7, 1024: 267.7, 2048: 377.9}
 _CUDNN_H100_SHORT = tuple(
-    (seq, _CUDNN_H100[0][1] * _CUDNN_H200_MEASURED[seq] / _CUDNN_H200_MEASURED[2048])
+    (
+        seq,
+        _CUDNN_H100[0][1]
+        * _CUDNN_H200_MEASURED[seq]
+        / _CUDNN_H200_MEASURED[2048]
+        * grid_fill(seq // 2, 132)
+        / grid_fill(2048 // 2, 132),
+    )
     for seq in (512, 1024)
 )
+
+# The grids the published benchmarks launched: FlashAttention-2's figures 16k tokens a
+# call at hidden 2048 (16 heads of 128, 32 of 64); cudnn-frontend batch 1 with 64 query
+# heads (H200) or 128 (B200, GB200)
+_FA2_FIGURES = _published_ctas(16, 16384)
+_CUDNN_FRONTEND_H200 = _published_ctas(64)
+_CUDNN_FRONTEND_BLACKWELL = _published_ctas(128)
 
 # PyTorch SDPA's flash backend on Blackwell (cudnn-frontend's tables, see above)
 _SDPA_FLASH_B200 = {
@@ -189,6 +254,8 @@ TABLES: tuple[KernelTable, ...] = (
             64: _pairs(_SEQ_FA, (88, 119, 140, 156, 165, 171)),
             128: _pairs(_SEQ_FA, (99, 133, 155, 173, 182, 189)),
         },
+        108,
+        _FA2_FIGURES,
     ),
     KernelTable(
         "fa2",
@@ -198,8 +265,12 @@ TABLES: tuple[KernelTable, ...] = (
             64: _pairs(_SEQ_FA, (141, 192, 232, 257, 273, 284)),
             128: _pairs(_SEQ_FA, (163, 221, 265, 294, 308, 328)),
         },
+        132,
+        _FA2_FIGURES,
     ),
-    KernelTable("cudnn", "h100", 989.4e12, {128: _CUDNN_H100_SHORT + _CUDNN_H100}),
+    KernelTable(
+        "cudnn", "h100", 989.4e12, {128: _CUDNN_H100_SHORT + _CUDNN_H100}, 132, _CUDNN_FRONTEND_H200
+    ),
     KernelTable(
         "cudnn",
         "b200",
@@ -220,9 +291,11 @@ TABLES: tuple[KernelTable, ...] = (
                 ),
             )
         },
+        148,
+        _CUDNN_FRONTEND_BLACKWELL,
     ),
-    KernelTable("fa2", "b200", 2250e12, _SDPA_FLASH_B200),
-    KernelTable("sdpa", "b200", 2250e12, _SDPA_FLASH_B200),
+    KernelTable("fa2", "b200", 2250e12, _SDPA_FLASH_B200, 148, _CUDNN_FRONTEND_BLACKWELL),
+    KernelTable("sdpa", "b200", 2250e12, _SDPA_FLASH_B200, 148, _CUDNN_FRONTEND_BLACKWELL),
     KernelTable(
         "cudnn",
         "gb200",
@@ -243,11 +316,18 @@ TABLES: tuple[KernelTable, ...] = (
                 ),
             )
         },
+        148,
+        _CUDNN_FRONTEND_BLACKWELL,
     ),
-    KernelTable("fa2", "gb200", 2500e12, _SDPA_FLASH_GB200),
-    KernelTable("sdpa", "gb200", 2500e12, _SDPA_FLASH_GB200),
+    KernelTable("fa2", "gb200", 2500e12, _SDPA_FLASH_GB200, 148, _CUDNN_FRONTEND_BLACKWELL),
+    KernelTable("sdpa", "gb200", 2500e12, _SDPA_FLASH_GB200, 148, _CUDNN_FRONTEND_BLACKWELL),
     KernelTable(
-        "sdpa", "h100", 989.4e12, {128: _pairs(_SEQ_FA, (108.0, 166.0, 214.8, 256.1, 284.1, 310.6))}
+        "sdpa",
+        "h100",
+        989.4e12,
+        {128: _pairs(_SEQ_FA, (108.0, 166.0, 214.8, 256.1, 284.1, 310.6))},
+        132,
+        _published_ctas(16, 16384),
     ),
 )
 

@@ -17,9 +17,10 @@ the op is:
   op's FLOPs counted as those benchmarks count them; or, where the GPU gives
   ``attention_efficiency`` (a calibration profile's measurement), that share of the
   peak with the causal mask skipping the key blocks above the diagonal: of ``n =
-  s/128`` key blocks per query block, ``(n + 1)/2n`` are computed on average. Either
-  way the CTAs (one per query block and head) fill the SMs in waves as a GEMM's tiles
-  do;
+  s/128`` key blocks per query block, ``(n + 1)/2n`` are computed on average. A
+  tabulated rate is taken at the fill of the op's own grid of CTAs (one per query
+  block and head) rather than the benchmark's (:func:`.attention_kernels.grid_fill`);
+  a measured share fills the SMs in whole waves, as a GEMM's tiles do;
 * everything else (elementwise, optimizer): its bytes, at the bandwidth streaming
   kernels reach.
 
@@ -44,7 +45,7 @@ import math
 from typing import Any
 
 from simulator.common.errors import ScenarioError
-from simulator.engine.attention_kernels import resolve_backend, table_for
+from simulator.engine.attention_kernels import grid_fill, resolve_backend, table_for
 from simulator.engine.gemm import FP8_K_OVERHEAD_FACTOR, GemmEfficiency, gemm_efficiency
 from simulator.engine.grouped_gemm import GROUPED_KINDS, grouped_gemm_seconds
 from topologies import ClusterSpec
@@ -218,17 +219,23 @@ class ComputeModel:
 
     def _attention_seconds(self, op) -> float:
         if self.attention_table is not None:
-            # the benchmarks' rate, their FLOPs the causal half of the op's
+            # the benchmarks' rate, their FLOPs the causal half of the op's, at the fill
+            # of the op's own grid of CTAs rather than the benchmark's
             s_q, s_kv, head_dim = op.shape or (ATTENTION_BLOCK, ATTENTION_BLOCK, 128)
-            efficiency = self.attention_table.efficiency(head_dim, s_kv)
-            causal = 0.5
-        else:
-            efficiency = self.attention_efficiency
-            if op.shape is None:
-                return op.flops / (self.peak * efficiency)
-            s_q, s_kv, _ = op.shape
-            causal = causal_fraction(s_kv)
-        if self.sm_count is not None and op.shape is not None:
+            table = self.attention_table
+            if self.sm_count is None or op.shape is None:
+                return op.flops * 0.5 / (self.peak * table.efficiency(head_dim, s_kv))
+            ctas = op.batch * max(1, math.ceil(s_q / ATTENTION_BLOCK))
+            efficiency = table.full_grid_efficiency(head_dim, s_kv) * grid_fill(ctas, self.sm_count)
+            return op.flops * 0.5 / (self.peak * efficiency)
+        # a measured (or given) share of the peak, the causal mask's skipped blocks aside,
+        # its CTAs in whole waves
+        efficiency = self.attention_efficiency
+        if op.shape is None:
+            return op.flops / (self.peak * efficiency)
+        s_q, s_kv, _ = op.shape
+        causal = causal_fraction(s_kv)
+        if self.sm_count is not None:
             ctas = op.batch * max(1, math.ceil(s_q / ATTENTION_BLOCK))
             waves = math.ceil(ctas / self.sm_count)
             efficiency *= ctas / (waves * self.sm_count)
