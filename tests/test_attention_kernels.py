@@ -133,7 +133,7 @@ def test_the_kernel_sets_the_attention_time():
 
 def test_a_kernel_with_no_published_table_on_the_gpu_is_one_line_naming_the_field():
     with pytest.raises(
-        ParasimError, match=r"^cluster.gpu.attention_efficiency: no published cudnn"
+        ParasimError, match=r"^cluster.gpu.attention_efficiency: no tabulated cudnn"
     ):
         run_scenario(load_scenario(SCENARIOS / "small.yaml", ["training.attention_backend=cudnn"]))
     # a measured efficiency stands for any kernel

@@ -107,7 +107,7 @@ class ComputeModel:
             self.attention_table = table_for(backend, gpu.name)
             if self.attention_table is None:
                 raise ScenarioError(
-                    f"cluster.gpu.attention_efficiency: no published {backend} attention "
+                    f"cluster.gpu.attention_efficiency: no tabulated {backend} attention "
                     f"benchmark for the {gpu.name} in parasim; give the share of peak_flops "
                     "its fused attention reaches (or calibrate), or another "
                     "training.attention_backend"
