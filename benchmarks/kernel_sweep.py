@@ -108,6 +108,18 @@ ATTENTION_CASES: list[tuple[int, int, int, int]] = [
     (1, 12, 12, 2048),
 ]
 QUICK_ATTENTION_CASES = [(1, 4, 2, 128)]
+# One Llama-style block (torchtitan's: RMSNorm in fp32, separate Q/K/V and gate/up
+# projections, complex RoPE, SDPA, SwiGLU) forward and backward, bf16 parameters, as
+# validated runs shape it: (name, hidden, heads, KV heads, FFN, sequence, micro-batch,
+# eager or compile)
+LAYER_CASES: list[tuple[str, int, int, int, int, int, int, str]] = [
+    ("olmo2-1b", 2048, 16, 16, 8192, 4096, 1, "compile"),
+    ("olmo2-7b", 4096, 32, 32, 11008, 4096, 1, "compile"),
+    ("olmo2-13b", 5120, 40, 40, 13824, 4096, 1, "compile"),
+    ("olmo2-13b", 5120, 40, 40, 13824, 4096, 1, "eager"),
+    ("llama2-7b", 4096, 32, 32, 11008, 4096, 2, "eager"),
+]
+QUICK_LAYER_CASES = [("tiny", 256, 4, 4, 512, 128, 1, "eager")]
 ATTENTION_TOKENS = 16384
 ATTENTION_HEADS = 16
 HEAD_DIM = 128
@@ -268,6 +280,79 @@ def _measure_attention(device, dtype, cases, repeats, timed) -> list[dict[str, A
     return rows
 
 
+def _measure_layers(device, dtype, cases, repeats, timed) -> list[dict[str, Any]]:
+    """Forward and backward of one block per case (see :data:`LAYER_CASES`)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim))
+
+        def forward(self, x):
+            y = x.float()
+            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return y.type_as(x) * self.weight
+
+    def rope(x, freqs):
+        z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(z * freqs).flatten(3).type_as(x)
+
+    class Block(nn.Module):
+        def __init__(self, hidden, heads, kv_heads, ffn):
+            super().__init__()
+            self.heads, self.kv_heads = heads, kv_heads
+            self.norm1, self.norm2 = RMSNorm(hidden), RMSNorm(hidden)
+            self.wq = nn.Linear(hidden, heads * HEAD_DIM, bias=False)
+            self.wk = nn.Linear(hidden, kv_heads * HEAD_DIM, bias=False)
+            self.wv = nn.Linear(hidden, kv_heads * HEAD_DIM, bias=False)
+            self.wo = nn.Linear(heads * HEAD_DIM, hidden, bias=False)
+            self.w1 = nn.Linear(hidden, ffn, bias=False)
+            self.w3 = nn.Linear(hidden, ffn, bias=False)
+            self.w2 = nn.Linear(ffn, hidden, bias=False)
+
+        def forward(self, x, freqs):
+            b, s, _ = x.shape
+            h = self.norm1(x)
+            q = rope(self.wq(h).view(b, s, self.heads, HEAD_DIM), freqs)
+            k = rope(self.wk(h).view(b, s, self.kv_heads, HEAD_DIM), freqs)
+            v = self.wv(h).view(b, s, self.kv_heads, HEAD_DIM)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            gqa = {"enable_gqa": True} if self.kv_heads != self.heads else {}
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+            x = x + self.wo(o.transpose(1, 2).reshape(b, s, -1))
+            h = self.norm2(x)
+            return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+    def make(hidden, heads, kv_heads, ffn, seq, batch, mode):
+        block = Block(hidden, heads, kv_heads, ffn).to(device=device, dtype=dtype)
+        run = torch.compile(block) if mode == "compile" else block
+        x = torch.randn(batch, seq, hidden, device=device, dtype=dtype, requires_grad=True)
+        angles = torch.outer(
+            torch.arange(seq, device=device).float(),
+            1e4 ** (-torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM),
+        )
+        freqs = torch.polar(torch.ones_like(angles), angles).view(1, seq, 1, -1)
+        grad = torch.randn_like(x)
+        return lambda: run(x, freqs).backward(grad)
+
+    rows = []
+    for name, hidden, heads, kv_heads, ffn, seq, batch, mode in cases:
+        fields = {"name": name, "hidden": hidden, "heads": heads, "kv_heads": kv_heads}
+        fields |= {"ffn": ffn, "seq": seq, "batch": batch, "mode": mode}
+        attention = 4 * batch * seq * seq * heads * HEAD_DIM / 2  # causal
+        linear = 2 * batch * seq * hidden * (2 * heads * HEAD_DIM + 2 * kv_heads * HEAD_DIM)
+        linear += 2 * batch * seq * 3 * hidden * ffn
+        flops = 3 * (linear + attention)  # forward and backward, the causal half counted
+        args = (hidden, heads, kv_heads, ffn, seq, batch, mode)
+        row = _time_kernel(fields, partial(make, *args), flops, timed, repeats, (Exception,))
+        print("layer", row, flush=True)  # a compile can be slow: show each as it lands
+        rows.append(row)
+    return rows
+
+
 def _sweep_cases(sequences: list[int], device: str) -> list[tuple[int, int, int, int]]:
     """The sequence sweep as attention cases: 16k tokens a call on a GPU, as the
     published FlashAttention-2 figures run."""
@@ -342,6 +427,7 @@ SECTIONS = (
     "attention_bf16",
     "attention_cases",
     "clock_under_gemm",
+    "layer_bf16",
 )
 
 
@@ -370,6 +456,9 @@ def measure(
             device, dtype, QUICK_ATTENTION_CASES if quick else ATTENTION_CASES, repeats, timed
         ),
         "clock_under_gemm": lambda: _clock_under_load(device, dtype, 1.0 if quick else 20.0),
+        "layer_bf16": lambda: _measure_layers(
+            device, dtype, QUICK_LAYER_CASES if quick else LAYER_CASES, repeats, timed
+        ),
     }
     found: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -475,6 +564,24 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
             label = f"{row['backend']} ({table}), {row.get('batch', 1)} × {heads} × {row['seq']}"
             lines.append(_row(label, row, partial(attention_model, row, names)))
         lines.append("")
+    if found.get("layer_bf16"):
+        lines += [
+            "| one block, forward and backward | measured ms | model ms | model / measured "
+            "| model at sustained_fraction 1, ms | / measured |",
+            "|---|---|---|---|---|---|",
+        ]
+    for row in found.get("layer_bf16", []):
+        label = f"{row['name']}, {row['mode']}, micro-batch {row['batch']}"
+        if "error" in row:
+            lines.append(f"| {label} | failed: {row['error'][:80]} | | | | |")
+            continue
+        modelled = _layer_seconds(row, preset), _layer_seconds(row, preset, sustained=1.0)
+        measured = row["seconds"]
+        lines.append(
+            f"| {label} | {measured * 1e3:.2f} | {modelled[0] * 1e3:.2f} "
+            f"| {modelled[0] / measured:.2f} | {modelled[1] * 1e3:.2f} "
+            f"| {modelled[1] / measured:.2f} |"
+        )
     clock = found.get("clock_under_gemm", {})
     if "sm_clock_mhz_median" in clock:
         lines += [
@@ -486,6 +593,37 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
             f"{gpu.sustained_clock_hz / 1e6:.0f} MHz, boost {gpu.boost_clock_hz / 1e6:.0f} MHz",
         ]
     return lines
+
+
+def _layer_seconds(row: dict[str, Any], preset: str, sustained: float | None = None) -> float:
+    """The model's seconds for one block's forward and backward as the row ran it: a
+    one-GPU torchtitan scenario of the row's shape (eager or compiled), its second
+    layer's compute ops summed; ``sustained`` replaces the preset's
+    ``sustained_fraction`` (1: the microbenchmark rates alone)."""
+    from simulator.engine.compute import ComputeModel
+    from simulator.request.scenario import scenario_from_dict
+    from simulator.run.simulate import per_rank_schedule
+
+    cluster: dict[str, Any] = {"preset": preset, "nodes": 1, "gpus_per_node": 1}
+    cluster["nic"] = {"per_node": 1}
+    if sustained is not None:
+        cluster["gpu"] = {"sustained_fraction": sustained}
+    model = {"layers": 4, "hidden": row["hidden"], "heads": row["heads"]}
+    model |= {"kv_heads": row["kv_heads"], "ffn_hidden": row["ffn"], "seq_len": row["seq"]}
+    model |= {"vocab": 32000, "mlp": "swiglu", "norm": "rmsnorm", "position": "rope"}
+    model |= {"bias": False, "tie_embeddings": False, "dropout": False}
+    training = {"global_batch": row["batch"], "micro_batch": row["batch"]}
+    training |= {"recompute": "none", "sharding": "none", "framework": "torchtitan"}
+    training["compile"] = row["mode"] == "compile"
+    raw = {"name": "layer", "cluster": cluster, "model": model, "training": training}
+    raw["parallel"] = {"tp": 1, "pp": 1, "dp": 1}
+    scenario = scenario_from_dict(raw, source="kernel_sweep")
+    schedule = per_rank_schedule(scenario)
+    compute = ComputeModel(scenario.cluster_spec, schedule.meta)
+    ops = schedule.programs[0].ops
+    return sum(
+        compute.duration(op) for op in ops if op.type == "compute" and op.label.startswith("L1.")
+    )
 
 
 def _gemm_rate(row: dict[str, Any], peak: float, shaped: dict[str, Any]) -> float:

@@ -65,3 +65,18 @@ def test_an_fp8_tiles_doubled_prologue_brings_the_model_nearer_the_measured_h200
         return statistics.mean(abs(x) for x in logs)
 
     assert mean_abs_log(K_OVERHEAD * FP8_K_OVERHEAD_FACTOR) < mean_abs_log(K_OVERHEAD) - 0.03
+
+
+def test_one_measured_h200_block_is_the_kernel_models_at_the_microbenchmark_rate():
+    # five blocks of validated runs (OLMo 2 1B/7B/13B compiled, 13B and Llama-2 7B
+    # eager), forward and backward on one H200: the model at sustained_fraction 1
+    found = json.loads(H200.read_text())
+    for row in found["layer_bf16"]:
+        modelled = kernel_sweep._layer_seconds(row, "hgx-h200", sustained=1.0)
+        assert 0.9 < modelled / row["seconds"] < 1.1, row["name"]
+    # and the preset's training-step share on top of it
+    row = found["layer_bf16"][1]
+    ratio = kernel_sweep._layer_seconds(row, "hgx-h200") / kernel_sweep._layer_seconds(
+        row, "hgx-h200", sustained=1.0
+    )
+    assert 1.2 < ratio < 1.3
