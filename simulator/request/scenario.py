@@ -115,8 +115,8 @@ class TrainingSpec(_Strict):
     fp8_all_gather: bool = False
     # the attention kernel: FlashAttention, or Megatron-LM's unfused path before it
     attention: Literal[ATTENTION_KERNELS] = "flash"
-    # the fused kernel behind flash: the stack's own on the GPU (auto), FlashAttention-2
-    # or cuDNN's (simulator.engine.attention_kernels)
+    # the fused kernel behind flash: the stack's own on the GPU (auto), FlashAttention-2,
+    # cuDNN's or PyTorch SDPA's flash backend (simulator.engine.attention_kernels)
     attention_backend: Literal[ATTENTION_BACKENDS] = "auto"
     # DDP-style gradient buckets reduced during the backward, or one reduction after it
     grad_reduce_overlap: bool = True
