@@ -125,6 +125,19 @@ def test_an_interrupted_wait_stops_the_child_before_the_interruption_goes_on(tmp
             os.kill(child, signal.SIGKILL)
 
 
+def test_stopping_a_child_that_an_interrupted_wait_already_reaped_is_quiet():
+    """Ctrl-C can land just after ``waitpid`` reaped the child and before it returned:
+    the status is lost, and stopping the child then must not turn the interruption
+    into an OSError ("No child processes") that reads as an unwritable folder."""
+    if not hasattr(os, "fork") or usable_cores() < 2:
+        pytest.skip("no second core to fork onto")
+    forked = start_forked(lambda: 1)
+    os.waitpid(forked._pid, 0)  # reaped behind its back, as the cut-short wait did
+    forked.stop()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # nothing left to reap
+
+
 def test_an_interrupted_wait_for_several_writers_stops_every_one(tmp_path):
     """The run's files aside are written by a process each: Ctrl-C while the first is
     waited for stops the others too, before the interruption goes on."""

@@ -74,7 +74,10 @@ class Forked(Generic[T]):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:  # it had ended already
             pass
-        os.waitpid(pid, 0)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped already, by a wait that Ctrl-C cut short
+            pass
 
     def _collect(self) -> tuple[bool, Any]:
         assert self._pid is not None and self._pipe is not None
