@@ -119,6 +119,14 @@ LAYER_CASES: list[tuple[str, int, int, int, int, int, int, str]] = [
     ("olmo2-13b", 5120, 40, 40, 13824, 4096, 1, "eager"),
     ("llama2-7b", 4096, 32, 32, 11008, 4096, 2, "eager"),
 ]
+# A whole one-GPU training step (embedding, blocks, final norm, output layer, cross-
+# entropy, AdamW on bf16 parameters with bf16 moments): (name, hidden, heads, FFN,
+# layers, vocabulary, sequence, micro-batch, eager or compile)
+STEP_CASES: list[tuple[str, int, int, int, int, int, int, int, str]] = [
+    ("olmo2-1b", 2048, 16, 8192, 16, 100352, 4096, 1, "eager"),
+    ("olmo2-1b", 2048, 16, 8192, 16, 100352, 4096, 1, "compile"),
+]
+QUICK_STEP_CASES = [("tiny", 256, 4, 512, 2, 1024, 128, 1, "eager")]
 QUICK_LAYER_CASES = [("tiny", 256, 4, 4, 512, 128, 1, "eager")]
 ATTENTION_TOKENS = 16384
 ATTENTION_HEADS = 16
@@ -280,8 +288,9 @@ def _measure_attention(device, dtype, cases, repeats, timed) -> list[dict[str, A
     return rows
 
 
-def _measure_layers(device, dtype, cases, repeats, timed) -> list[dict[str, Any]]:
-    """Forward and backward of one block per case (see :data:`LAYER_CASES`)."""
+def _measure_layers(device, dtype, cases, repeats, timed, steps=()) -> list[dict[str, Any]]:
+    """Forward and backward of one block per case (see :data:`LAYER_CASES`), and whole
+    one-GPU training steps per case of ``steps`` (see :data:`STEP_CASES`)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -338,7 +347,54 @@ def _measure_layers(device, dtype, cases, repeats, timed) -> list[dict[str, Any]
         grad = torch.randn_like(x)
         return lambda: run(x, freqs).backward(grad)
 
+    class Model(nn.Module):
+        def __init__(self, hidden, heads, ffn, layers, vocab):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, hidden)
+            self.blocks = nn.ModuleList(Block(hidden, heads, heads, ffn) for _ in range(layers))
+            self.norm = RMSNorm(hidden)
+            self.out = nn.Linear(hidden, vocab, bias=False)
+
+        def forward(self, tokens, freqs):
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = block(x, freqs)
+            return self.out(self.norm(x))
+
+    def frequencies(seq):
+        angles = torch.outer(
+            torch.arange(seq, device=device).float(),
+            1e4 ** (-torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM),
+        )
+        return torch.polar(torch.ones_like(angles), angles).view(1, seq, 1, -1)
+
+    def make_step(hidden, heads, ffn, layers, vocab, seq, batch, mode):
+        model = Model(hidden, heads, ffn, layers, vocab).to(device=device, dtype=dtype)
+        run = torch.compile(model) if mode == "compile" else model
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device == "cuda")
+        tokens = torch.randint(0, vocab, (batch, seq), device=device)
+        freqs = frequencies(seq)
+
+        def step():
+            logits = run(tokens, freqs)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
     rows = []
+    for name, hidden, heads, ffn, layers, vocab, seq, batch, mode in steps:
+        fields = {"name": name, "hidden": hidden, "heads": heads, "ffn": ffn, "layers": layers}
+        fields |= {"vocab": vocab, "seq": seq, "batch": batch, "mode": mode}
+        per_layer = 2 * batch * seq * hidden * 4 * heads * HEAD_DIM + 6 * batch * seq * hidden * ffn
+        per_layer += 4 * batch * seq * seq * heads * HEAD_DIM / 2
+        flops = 3 * (layers * per_layer + 2 * batch * seq * hidden * vocab)
+        args = (hidden, heads, ffn, layers, vocab, seq, batch, mode)
+        row = _time_kernel(fields, partial(make_step, *args), flops, timed, repeats, (Exception,))
+        print("step", row, flush=True)
+        rows.append(row)
     for name, hidden, heads, kv_heads, ffn, seq, batch, mode in cases:
         fields = {"name": name, "hidden": hidden, "heads": heads, "kv_heads": kv_heads}
         fields |= {"ffn": ffn, "seq": seq, "batch": batch, "mode": mode}
@@ -428,6 +484,7 @@ SECTIONS = (
     "attention_cases",
     "clock_under_gemm",
     "layer_bf16",
+    "step_bf16",
 )
 
 
@@ -458,6 +515,9 @@ def measure(
         "clock_under_gemm": lambda: _clock_under_load(device, dtype, 1.0 if quick else 20.0),
         "layer_bf16": lambda: _measure_layers(
             device, dtype, QUICK_LAYER_CASES if quick else LAYER_CASES, repeats, timed
+        ),
+        "step_bf16": lambda: _measure_layers(
+            device, dtype, (), repeats, timed, QUICK_STEP_CASES if quick else STEP_CASES
         ),
     }
     found: dict[str, Any] = {
@@ -564,24 +624,30 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
             label = f"{row['backend']} ({table}), {row.get('batch', 1)} × {heads} × {row['seq']}"
             lines.append(_row(label, row, partial(attention_model, row, names)))
         lines.append("")
-    if found.get("layer_bf16"):
+    for key, title, seconds in (
+        ("layer_bf16", "one block, forward and backward", _layer_seconds),
+        ("step_bf16", "one-GPU training step", _step_seconds),
+    ):
+        if not found.get(key):
+            continue
         lines += [
-            "| one block, forward and backward | measured ms | model ms | model / measured "
+            f"| {title} | measured ms | model ms | model / measured "
             "| model at sustained_fraction 1, ms | / measured |",
             "|---|---|---|---|---|---|",
         ]
-    for row in found.get("layer_bf16", []):
-        label = f"{row['name']}, {row['mode']}, micro-batch {row['batch']}"
-        if "error" in row:
-            lines.append(f"| {label} | failed: {row['error'][:80]} | | | | |")
-            continue
-        modelled = _layer_seconds(row, preset), _layer_seconds(row, preset, sustained=1.0)
-        measured = row["seconds"]
-        lines.append(
-            f"| {label} | {measured * 1e3:.2f} | {modelled[0] * 1e3:.2f} "
-            f"| {modelled[0] / measured:.2f} | {modelled[1] * 1e3:.2f} "
-            f"| {modelled[1] / measured:.2f} |"
-        )
+        for row in found[key]:
+            label = f"{row['name']}, {row['mode']}, micro-batch {row['batch']}"
+            if "error" in row:
+                lines.append(f"| {label} | failed: {row['error'][:80]} | | | | |")
+                continue
+            modelled = seconds(row, preset), seconds(row, preset, sustained=1.0)
+            measured = row["seconds"]
+            lines.append(
+                f"| {label} | {measured * 1e3:.2f} | {modelled[0] * 1e3:.2f} "
+                f"| {modelled[0] / measured:.2f} | {modelled[1] * 1e3:.2f} "
+                f"| {modelled[1] / measured:.2f} |"
+            )
+        lines.append("")
     clock = found.get("clock_under_gemm", {})
     if "sm_clock_mhz_median" in clock:
         lines += [
@@ -595,35 +661,50 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
     return lines
 
 
-def _layer_seconds(row: dict[str, Any], preset: str, sustained: float | None = None) -> float:
-    """The model's seconds for one block's forward and backward as the row ran it: a
-    one-GPU torchtitan scenario of the row's shape (eager or compiled), its second
-    layer's compute ops summed; ``sustained`` replaces the preset's
-    ``sustained_fraction`` (1: the microbenchmark rates alone)."""
-    from simulator.engine.compute import ComputeModel
+def _one_gpu_scenario(row: dict[str, Any], preset: str, sustained: float | None) -> Any:
+    """A one-GPU torchtitan scenario of a measured block's or step's shape (eager or
+    compiled, bf16 parameters and AdamW moments for a step); ``sustained`` replaces the
+    preset's ``sustained_fraction`` (1: the microbenchmark rates alone)."""
     from simulator.request.scenario import scenario_from_dict
-    from simulator.run.simulate import per_rank_schedule
 
     cluster: dict[str, Any] = {"preset": preset, "nodes": 1, "gpus_per_node": 1}
     cluster["nic"] = {"per_node": 1}
     if sustained is not None:
         cluster["gpu"] = {"sustained_fraction": sustained}
-    model = {"layers": 4, "hidden": row["hidden"], "heads": row["heads"]}
-    model |= {"kv_heads": row["kv_heads"], "ffn_hidden": row["ffn"], "seq_len": row["seq"]}
-    model |= {"vocab": 32000, "mlp": "swiglu", "norm": "rmsnorm", "position": "rope"}
-    model |= {"bias": False, "tie_embeddings": False, "dropout": False}
+    model = {"layers": row.get("layers", 4), "hidden": row["hidden"], "heads": row["heads"]}
+    model |= {"kv_heads": row.get("kv_heads", row["heads"]), "ffn_hidden": row["ffn"]}
+    model |= {"seq_len": row["seq"], "vocab": row.get("vocab", 32000), "mlp": "swiglu"}
+    model |= {"norm": "rmsnorm", "position": "rope", "bias": False}
+    model |= {"tie_embeddings": False, "dropout": False}
     training = {"global_batch": row["batch"], "micro_batch": row["batch"]}
     training |= {"recompute": "none", "sharding": "none", "framework": "torchtitan"}
+    training |= {"optimizer_dtype": "bf16", "master_weights": False}
     training["compile"] = row["mode"] == "compile"
-    raw = {"name": "layer", "cluster": cluster, "model": model, "training": training}
+    raw = {"name": "kernel-sweep", "cluster": cluster, "model": model, "training": training}
     raw["parallel"] = {"tp": 1, "pp": 1, "dp": 1}
-    scenario = scenario_from_dict(raw, source="kernel_sweep")
+    return scenario_from_dict(raw, source="kernel_sweep")
+
+
+def _layer_seconds(row: dict[str, Any], preset: str, sustained: float | None = None) -> float:
+    """The model's seconds for one block's forward and backward as the row ran it: its
+    one-GPU scenario's second layer's compute ops summed."""
+    from simulator.engine.compute import ComputeModel
+    from simulator.run.simulate import per_rank_schedule
+
+    scenario = _one_gpu_scenario(row, preset, sustained)
     schedule = per_rank_schedule(scenario)
     compute = ComputeModel(scenario.cluster_spec, schedule.meta)
     ops = schedule.programs[0].ops
     return sum(
         compute.duration(op) for op in ops if op.type == "compute" and op.label.startswith("L1.")
     )
+
+
+def _step_seconds(row: dict[str, Any], preset: str, sustained: float | None = None) -> float:
+    """The model's step time for a measured one-GPU training step."""
+    from simulator.run.simulate import run_scenario
+
+    return run_scenario(_one_gpu_scenario(row, preset, sustained)).result.step_time_s
 
 
 def _gemm_rate(row: dict[str, Any], peak: float, shaped: dict[str, Any]) -> float:

@@ -80,3 +80,11 @@ def test_one_measured_h200_block_is_the_kernel_models_at_the_microbenchmark_rate
         row, "hgx-h200", sustained=1.0
     )
     assert 1.2 < ratio < 1.3
+
+
+def test_a_measured_one_gpu_training_step_is_near_the_model_at_the_microbenchmark_rate():
+    # embedding, 16 blocks, output layer, cross-entropy and AdamW on one H200
+    found = json.loads(H200.read_text())
+    for row in found["step_bf16"]:
+        modelled = kernel_sweep._step_seconds(row, "hgx-h200", sustained=1.0)
+        assert 0.95 < modelled / row["seconds"] < 1.15, row["mode"]
