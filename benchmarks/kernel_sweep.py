@@ -27,10 +27,13 @@ preset's ``sustained_clock_hz`` claims. Each kernel: three warm-ups, then the me
 dispatch hides behind the GPU as in a training step (one call between two events would
 count it). Operands stay the same across calls, so a small GEMM's may sit in L2.
 
-Also measured, FP8 (e4m3) GEMMs at the same shapes (``torch._scaled_mm``, one scale
-per tensor) and BF16 GEMMs ``4096 × n × 4096`` for ``n`` from 256 to 8192 (the tile and
-wave steps of the shape model). The measurement of one H200 is kept in
-``benchmarks/measurements/``.
+Also measured: one Llama-style block forward and backward, eager and compiled, at the
+shapes of validated runs; a whole one-GPU training step (embedding, blocks, output
+layer, loss, AdamW); one block with a torchtitan-style MoE; each set beside the model's
+time for a one-GPU torchtitan scenario of the same shape. And FP8 (e4m3) GEMMs at the
+same shapes (``torch._scaled_mm``, one scale per tensor) and BF16 GEMMs ``4096 × n ×
+4096`` for ``n`` from 256 to 8192 (the tile and wave steps of the shape model). The
+measurement of one H200 is kept in ``benchmarks/measurements/``.
 
 ``compare`` prints, per kernel, the measured rate and the rate the preset's models give
 for the same shape: ``peak · gemm_efficiency`` for GEMMs (simulator/engine/gemm.py),
@@ -127,6 +130,14 @@ STEP_CASES: list[tuple[str, int, int, int, int, int, int, int, str]] = [
     ("olmo2-1b", 2048, 16, 8192, 16, 100352, 4096, 1, "compile"),
 ]
 QUICK_STEP_CASES = [("tiny", 256, 4, 512, 2, 1024, 128, 1, "eager")]
+# One block with a mixture-of-experts MLP as torchtitan runs it (router in fp32, top-k,
+# argsort, an index gather, torch._grouped_mm for w1, w3 and w2, the scores multiplied in
+# fp32, index_add back), routing forced to balance as the Megatron-LM recipes force it:
+# (name, hidden, heads, KV heads, experts, top-k, expert FFN, sequence, micro-batch)
+MOE_CASES: list[tuple[str, int, int, int, int, int, int, int, int]] = [
+    ("qwen3-30b-a3b", 2048, 32, 4, 128, 8, 768, 4096, 1),
+]
+QUICK_MOE_CASES = [("tiny-moe", 256, 4, 2, 8, 2, 128, 128, 1)]
 QUICK_LAYER_CASES = [("tiny", 256, 4, 4, 512, 128, 1, "eager")]
 ATTENTION_TOKENS = 16384
 ATTENTION_HEADS = 16
@@ -288,9 +299,12 @@ def _measure_attention(device, dtype, cases, repeats, timed) -> list[dict[str, A
     return rows
 
 
-def _measure_layers(device, dtype, cases, repeats, timed, steps=()) -> list[dict[str, Any]]:
-    """Forward and backward of one block per case (see :data:`LAYER_CASES`), and whole
-    one-GPU training steps per case of ``steps`` (see :data:`STEP_CASES`)."""
+def _measure_layers(
+    device, dtype, cases, repeats, timed, steps=(), moes=()
+) -> list[dict[str, Any]]:
+    """Forward and backward of one block per case (see :data:`LAYER_CASES`), whole
+    one-GPU training steps per case of ``steps`` (:data:`STEP_CASES`), and blocks with a
+    mixture-of-experts MLP per case of ``moes`` (:data:`MOE_CASES`)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -332,8 +346,10 @@ def _measure_layers(device, dtype, cases, repeats, timed, steps=()) -> list[dict
             gqa = {"enable_gqa": True} if self.kv_heads != self.heads else {}
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
             x = x + self.wo(o.transpose(1, 2).reshape(b, s, -1))
-            h = self.norm2(x)
-            return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+            return x + self.mlp(self.norm2(x))
+
+        def mlp(self, h):
+            return self.w2(F.silu(self.w1(h)) * self.w3(h))
 
     def make(hidden, heads, kv_heads, ffn, seq, batch, mode):
         block = Block(hidden, heads, kv_heads, ffn).to(device=device, dtype=dtype)
@@ -346,6 +362,51 @@ def _measure_layers(device, dtype, cases, repeats, timed, steps=()) -> list[dict
         freqs = torch.polar(torch.ones_like(angles), angles).view(1, seq, 1, -1)
         grad = torch.randn_like(x)
         return lambda: run(x, freqs).backward(grad)
+
+    class MoE(nn.Module):
+        def __init__(self, hidden, experts, top_k, ffn):
+            super().__init__()
+            self.experts, self.top_k = experts, top_k
+            self.gate = nn.Linear(hidden, experts, bias=False)
+            self.w1 = nn.Parameter(torch.randn(experts, ffn, hidden) * 0.02)
+            self.w3 = nn.Parameter(torch.randn(experts, ffn, hidden) * 0.02)
+            self.w2 = nn.Parameter(torch.randn(experts, hidden, ffn) * 0.02)
+
+        def forward(self, x):
+            tokens = x.shape[0]
+            scores = F.softmax(self.gate(x).float(), dim=-1)
+            top_scores, _ = torch.topk(scores, self.top_k, dim=-1)
+            # balanced routing (each expert gets tokens·k/E rows), the chosen experts'
+            # scores kept: the recipes force the load to balance
+            chosen = torch.arange(tokens * self.top_k, device=x.device) % self.experts
+            order = torch.argsort(chosen, stable=True)
+            counts = torch.bincount(chosen, minlength=self.experts)
+            offs = torch.cumsum(counts, 0).to(torch.int32)
+            token_index = order // self.top_k
+            routed = x[token_index]
+            gate = torch._grouped_mm(routed, self.w1.transpose(-2, -1), offs=offs)
+            up = torch._grouped_mm(routed, self.w3.transpose(-2, -1), offs=offs)
+            out = torch._grouped_mm(F.silu(gate) * up, self.w2.transpose(-2, -1), offs=offs)
+            weights = top_scores.flatten()[order].unsqueeze(-1)
+            out = (out.float() * weights).to(x.dtype)
+            return torch.zeros_like(x).index_add_(0, token_index, out)
+
+    class MoEBlock(Block):
+        def __init__(self, hidden, heads, kv_heads, experts, top_k, ffn):
+            super().__init__(hidden, heads, kv_heads, 128)
+            del self.w1, self.w2, self.w3
+            self.moe = MoE(hidden, experts, top_k, ffn)
+
+        def mlp(self, h):
+            return self.moe(h.flatten(0, 1)).view_as(h)
+
+    def make_moe(hidden, heads, kv_heads, experts, top_k, ffn, seq, batch):
+        block = MoEBlock(hidden, heads, kv_heads, experts, top_k, ffn)
+        block = block.to(device=device, dtype=dtype)
+        x = torch.randn(batch, seq, hidden, device=device, dtype=dtype, requires_grad=True)
+        freqs = frequencies(seq)
+        grad = torch.randn_like(x)
+        return lambda: block(x, freqs).backward(grad)
 
     class Model(nn.Module):
         def __init__(self, hidden, heads, ffn, layers, vocab):
@@ -394,6 +455,18 @@ def _measure_layers(device, dtype, cases, repeats, timed, steps=()) -> list[dict
         args = (hidden, heads, ffn, layers, vocab, seq, batch, mode)
         row = _time_kernel(fields, partial(make_step, *args), flops, timed, repeats, (Exception,))
         print("step", row, flush=True)
+        rows.append(row)
+    for name, hidden, heads, kv_heads, experts, top_k, ffn, seq, batch in moes:
+        fields = {"name": name, "hidden": hidden, "heads": heads, "kv_heads": kv_heads}
+        fields |= {"experts": experts, "top_k": top_k, "ffn": ffn, "seq": seq}
+        fields |= {"batch": batch, "mode": "eager"}
+        tokens = batch * seq
+        linear = 2 * tokens * hidden * (2 * heads + 2 * kv_heads) * HEAD_DIM
+        linear += 6 * tokens * top_k * hidden * ffn + 2 * tokens * hidden * experts
+        flops = 3 * (linear + 4 * batch * seq * seq * heads * HEAD_DIM / 2)
+        args = (hidden, heads, kv_heads, experts, top_k, ffn, seq, batch)
+        row = _time_kernel(fields, partial(make_moe, *args), flops, timed, repeats, (Exception,))
+        print("moe", row, flush=True)
         rows.append(row)
     for name, hidden, heads, kv_heads, ffn, seq, batch, mode in cases:
         fields = {"name": name, "hidden": hidden, "heads": heads, "kv_heads": kv_heads}
@@ -485,6 +558,7 @@ SECTIONS = (
     "clock_under_gemm",
     "layer_bf16",
     "step_bf16",
+    "moe_layer_bf16",
 )
 
 
@@ -518,6 +592,9 @@ def measure(
         ),
         "step_bf16": lambda: _measure_layers(
             device, dtype, (), repeats, timed, QUICK_STEP_CASES if quick else STEP_CASES
+        ),
+        "moe_layer_bf16": lambda: _measure_layers(
+            device, dtype, (), repeats, timed, (), QUICK_MOE_CASES if quick else MOE_CASES
         ),
     }
     found: dict[str, Any] = {
@@ -627,6 +704,7 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
     for key, title, seconds in (
         ("layer_bf16", "one block, forward and backward", _layer_seconds),
         ("step_bf16", "one-GPU training step", _step_seconds),
+        ("moe_layer_bf16", "one MoE block, forward and backward", _layer_seconds),
     ):
         if not found.get(key):
             continue
@@ -671,8 +749,14 @@ def _one_gpu_scenario(row: dict[str, Any], preset: str, sustained: float | None)
     cluster["nic"] = {"per_node": 1}
     if sustained is not None:
         cluster["gpu"] = {"sustained_fraction": sustained}
-    model = {"layers": row.get("layers", 4), "hidden": row["hidden"], "heads": row["heads"]}
-    model |= {"kv_heads": row.get("kv_heads", row["heads"]), "ffn_hidden": row["ffn"]}
+    model: dict[str, Any] = {"layers": row.get("layers", 4), "hidden": row["hidden"]}
+    model |= {"heads": row["heads"], "head_dim": HEAD_DIM}
+    if "experts" in row:  # the recipes' forced balance: uniform routing
+        routing = {"kind": "uniform"}
+        model["moe"] = {"experts": row["experts"], "top_k": row["top_k"]}
+        model["moe"] |= {"expert_ffn_hidden": row["ffn"], "routing": routing}
+    model |= {"kv_heads": row.get("kv_heads", row["heads"])}
+    model["ffn_hidden"] = row["ffn"] if "experts" not in row else 4 * row["hidden"]
     model |= {"seq_len": row["seq"], "vocab": row.get("vocab", 32000), "mlp": "swiglu"}
     model |= {"norm": "rmsnorm", "position": "rope", "bias": False}
     model |= {"tie_embeddings": False, "dropout": False}
@@ -680,6 +764,10 @@ def _one_gpu_scenario(row: dict[str, Any], preset: str, sustained: float | None)
     training |= {"recompute": "none", "sharding": "none", "framework": "torchtitan"}
     training |= {"optimizer_dtype": "bf16", "master_weights": False}
     training["compile"] = row["mode"] == "compile"
+    # the kernel that ran: PyTorch 2.11 with cuDNN 9.19 sends SDPA to cuDNN by default
+    # (the profile of the MoE block, benchmarks/measurements/moe-block-profile.txt, shows
+    # cudnn_generated_..._sdpa_sm90_flash_* kernels), not to its flash backend
+    training["attention_backend"] = "cudnn"
     raw = {"name": "kernel-sweep", "cluster": cluster, "model": model, "training": training}
     raw["parallel"] = {"tp": 1, "pp": 1, "dp": 1}
     return scenario_from_dict(raw, source="kernel_sweep")

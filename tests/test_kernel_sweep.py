@@ -69,11 +69,13 @@ def test_an_fp8_tiles_doubled_prologue_brings_the_model_nearer_the_measured_h200
 
 def test_one_measured_h200_block_is_the_kernel_models_at_the_microbenchmark_rate():
     # five blocks of validated runs (OLMo 2 1B/7B/13B compiled, 13B and Llama-2 7B
-    # eager), forward and backward on one H200: the model at sustained_fraction 1
+    # eager), forward and backward on one H200, SDPA on cuDNN as it ran: the model at
+    # sustained_fraction 1 is 8-10% fast (half of it cuDNN's published table, which
+    # SDPA's path to cuDNN runs below)
     found = json.loads(H200.read_text())
     for row in found["layer_bf16"]:
         modelled = kernel_sweep._layer_seconds(row, "hgx-h200", sustained=1.0)
-        assert 0.9 < modelled / row["seconds"] < 1.1, row["name"]
+        assert 0.85 < modelled / row["seconds"] < 1.0, row["name"]
     # and the preset's training-step share on top of it
     row = found["layer_bf16"][1]
     ratio = kernel_sweep._layer_seconds(row, "hgx-h200") / kernel_sweep._layer_seconds(
@@ -87,4 +89,4 @@ def test_a_measured_one_gpu_training_step_is_near_the_model_at_the_microbenchmar
     found = json.loads(H200.read_text())
     for row in found["step_bf16"]:
         modelled = kernel_sweep._step_seconds(row, "hgx-h200", sustained=1.0)
-        assert 0.95 < modelled / row["seconds"] < 1.15, row["mode"]
+        assert 0.9 < modelled / row["seconds"] < 1.05, row["mode"]
