@@ -299,187 +299,89 @@ def _measure_attention(device, dtype, cases, repeats, timed) -> list[dict[str, A
     return rows
 
 
-def _measure_layers(
-    device, dtype, cases, repeats, timed, steps=(), moes=()
-) -> list[dict[str, Any]]:
-    """Forward and backward of one block per case (see :data:`LAYER_CASES`), whole
-    one-GPU training steps per case of ``steps`` (:data:`STEP_CASES`), and blocks with a
-    mixture-of-experts MLP per case of ``moes`` (:data:`MOE_CASES`)."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
+def _block_flops(batch, seq, hidden, heads, kv_heads, mlp_flops_per_token) -> float:
+    """A block's forward and backward FLOPs: its projections, the causal half of its
+    attention, and its MLP (``mlp_flops_per_token`` forward)."""
+    tokens = batch * seq
+    forward = 2 * tokens * hidden * (2 * heads + 2 * kv_heads) * HEAD_DIM
+    forward += 4 * batch * seq * seq * heads * HEAD_DIM / 2 + tokens * mlp_flops_per_token
+    return 3 * forward
 
-    class RMSNorm(nn.Module):
-        def __init__(self, dim):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(dim))
 
-        def forward(self, x):
-            y = x.float()
-            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
-            return y.type_as(x) * self.weight
-
-    def rope(x, freqs):
-        z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-        return torch.view_as_real(z * freqs).flatten(3).type_as(x)
-
-    class Block(nn.Module):
-        def __init__(self, hidden, heads, kv_heads, ffn):
-            super().__init__()
-            self.heads, self.kv_heads = heads, kv_heads
-            self.norm1, self.norm2 = RMSNorm(hidden), RMSNorm(hidden)
-            self.wq = nn.Linear(hidden, heads * HEAD_DIM, bias=False)
-            self.wk = nn.Linear(hidden, kv_heads * HEAD_DIM, bias=False)
-            self.wv = nn.Linear(hidden, kv_heads * HEAD_DIM, bias=False)
-            self.wo = nn.Linear(heads * HEAD_DIM, hidden, bias=False)
-            self.w1 = nn.Linear(hidden, ffn, bias=False)
-            self.w3 = nn.Linear(hidden, ffn, bias=False)
-            self.w2 = nn.Linear(ffn, hidden, bias=False)
-
-        def forward(self, x, freqs):
-            b, s, _ = x.shape
-            h = self.norm1(x)
-            q = rope(self.wq(h).view(b, s, self.heads, HEAD_DIM), freqs)
-            k = rope(self.wk(h).view(b, s, self.kv_heads, HEAD_DIM), freqs)
-            v = self.wv(h).view(b, s, self.kv_heads, HEAD_DIM)
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            gqa = {"enable_gqa": True} if self.kv_heads != self.heads else {}
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
-            x = x + self.wo(o.transpose(1, 2).reshape(b, s, -1))
-            return x + self.mlp(self.norm2(x))
-
-        def mlp(self, h):
-            return self.w2(F.silu(self.w1(h)) * self.w3(h))
-
-    def make(hidden, heads, kv_heads, ffn, seq, batch, mode):
-        block = Block(hidden, heads, kv_heads, ffn).to(device=device, dtype=dtype)
-        run = torch.compile(block) if mode == "compile" else block
-        x = torch.randn(batch, seq, hidden, device=device, dtype=dtype, requires_grad=True)
-        angles = torch.outer(
-            torch.arange(seq, device=device).float(),
-            1e4 ** (-torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM),
-        )
-        freqs = torch.polar(torch.ones_like(angles), angles).view(1, seq, 1, -1)
-        grad = torch.randn_like(x)
-        return lambda: run(x, freqs).backward(grad)
-
-    class MoE(nn.Module):
-        def __init__(self, hidden, experts, top_k, ffn):
-            super().__init__()
-            self.experts, self.top_k = experts, top_k
-            self.gate = nn.Linear(hidden, experts, bias=False)
-            self.w1 = nn.Parameter(torch.randn(experts, ffn, hidden) * 0.02)
-            self.w3 = nn.Parameter(torch.randn(experts, ffn, hidden) * 0.02)
-            self.w2 = nn.Parameter(torch.randn(experts, hidden, ffn) * 0.02)
-
-        def forward(self, x):
-            tokens = x.shape[0]
-            scores = F.softmax(self.gate(x).float(), dim=-1)
-            top_scores, _ = torch.topk(scores, self.top_k, dim=-1)
-            # balanced routing (each expert gets tokens·k/E rows), the chosen experts'
-            # scores kept: the recipes force the load to balance
-            chosen = torch.arange(tokens * self.top_k, device=x.device) % self.experts
-            order = torch.argsort(chosen, stable=True)
-            counts = torch.bincount(chosen, minlength=self.experts)
-            offs = torch.cumsum(counts, 0).to(torch.int32)
-            token_index = order // self.top_k
-            routed = x[token_index]
-            gate = torch._grouped_mm(routed, self.w1.transpose(-2, -1), offs=offs)
-            up = torch._grouped_mm(routed, self.w3.transpose(-2, -1), offs=offs)
-            out = torch._grouped_mm(F.silu(gate) * up, self.w2.transpose(-2, -1), offs=offs)
-            weights = top_scores.flatten()[order].unsqueeze(-1)
-            out = (out.float() * weights).to(x.dtype)
-            return torch.zeros_like(x).index_add_(0, token_index, out)
-
-    class MoEBlock(Block):
-        def __init__(self, hidden, heads, kv_heads, experts, top_k, ffn):
-            super().__init__(hidden, heads, kv_heads, 128)
-            del self.w1, self.w2, self.w3
-            self.moe = MoE(hidden, experts, top_k, ffn)
-
-        def mlp(self, h):
-            return self.moe(h.flatten(0, 1)).view_as(h)
-
-    def make_moe(hidden, heads, kv_heads, experts, top_k, ffn, seq, batch):
-        block = MoEBlock(hidden, heads, kv_heads, experts, top_k, ffn)
-        block = block.to(device=device, dtype=dtype)
-        x = torch.randn(batch, seq, hidden, device=device, dtype=dtype, requires_grad=True)
-        freqs = frequencies(seq)
-        grad = torch.randn_like(x)
-        return lambda: block(x, freqs).backward(grad)
-
-    class Model(nn.Module):
-        def __init__(self, hidden, heads, ffn, layers, vocab):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, hidden)
-            self.blocks = nn.ModuleList(Block(hidden, heads, heads, ffn) for _ in range(layers))
-            self.norm = RMSNorm(hidden)
-            self.out = nn.Linear(hidden, vocab, bias=False)
-
-        def forward(self, tokens, freqs):
-            x = self.embed(tokens)
-            for block in self.blocks:
-                x = block(x, freqs)
-            return self.out(self.norm(x))
-
-    def frequencies(seq):
-        angles = torch.outer(
-            torch.arange(seq, device=device).float(),
-            1e4 ** (-torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM),
-        )
-        return torch.polar(torch.ones_like(angles), angles).view(1, seq, 1, -1)
-
-    def make_step(hidden, heads, ffn, layers, vocab, seq, batch, mode):
-        model = Model(hidden, heads, ffn, layers, vocab).to(device=device, dtype=dtype)
-        run = torch.compile(model) if mode == "compile" else model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device == "cuda")
-        tokens = torch.randint(0, vocab, (batch, seq), device=device)
-        freqs = frequencies(seq)
-
-        def step():
-            logits = run(tokens, freqs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        return step
-
+def _measure_cases(label: str, cases, make, flops_of, timed, repeats) -> list[dict[str, Any]]:
+    """One row per case: ``fields, args = case`` timed as ``make(*args)``, each shown as
+    it lands (a compile can be slow)."""
     rows = []
-    for name, hidden, heads, ffn, layers, vocab, seq, batch, mode in steps:
-        fields = {"name": name, "hidden": hidden, "heads": heads, "ffn": ffn, "layers": layers}
-        fields |= {"vocab": vocab, "seq": seq, "batch": batch, "mode": mode}
-        per_layer = 2 * batch * seq * hidden * 4 * heads * HEAD_DIM + 6 * batch * seq * hidden * ffn
-        per_layer += 4 * batch * seq * seq * heads * HEAD_DIM / 2
-        flops = 3 * (layers * per_layer + 2 * batch * seq * hidden * vocab)
-        args = (hidden, heads, ffn, layers, vocab, seq, batch, mode)
-        row = _time_kernel(fields, partial(make_step, *args), flops, timed, repeats, (Exception,))
-        print("step", row, flush=True)
-        rows.append(row)
-    for name, hidden, heads, kv_heads, experts, top_k, ffn, seq, batch in moes:
-        fields = {"name": name, "hidden": hidden, "heads": heads, "kv_heads": kv_heads}
-        fields |= {"experts": experts, "top_k": top_k, "ffn": ffn, "seq": seq}
-        fields |= {"batch": batch, "mode": "eager"}
-        tokens = batch * seq
-        linear = 2 * tokens * hidden * (2 * heads + 2 * kv_heads) * HEAD_DIM
-        linear += 6 * tokens * top_k * hidden * ffn + 2 * tokens * hidden * experts
-        flops = 3 * (linear + 4 * batch * seq * seq * heads * HEAD_DIM / 2)
-        args = (hidden, heads, kv_heads, experts, top_k, ffn, seq, batch)
-        row = _time_kernel(fields, partial(make_moe, *args), flops, timed, repeats, (Exception,))
-        print("moe", row, flush=True)
-        rows.append(row)
-    for name, hidden, heads, kv_heads, ffn, seq, batch, mode in cases:
-        fields = {"name": name, "hidden": hidden, "heads": heads, "kv_heads": kv_heads}
-        fields |= {"ffn": ffn, "seq": seq, "batch": batch, "mode": mode}
-        attention = 4 * batch * seq * seq * heads * HEAD_DIM / 2  # causal
-        linear = 2 * batch * seq * hidden * (2 * heads * HEAD_DIM + 2 * kv_heads * HEAD_DIM)
-        linear += 2 * batch * seq * 3 * hidden * ffn
-        flops = 3 * (linear + attention)  # forward and backward, the causal half counted
-        args = (hidden, heads, kv_heads, ffn, seq, batch, mode)
-        row = _time_kernel(fields, partial(make, *args), flops, timed, repeats, (Exception,))
-        print("layer", row, flush=True)  # a compile can be slow: show each as it lands
+    for fields, args in cases:
+        row = _time_kernel(
+            fields, partial(make, *args), flops_of(fields), timed, repeats, (Exception,)
+        )
+        print(label, row, flush=True)
         rows.append(row)
     return rows
+
+
+def _measure_layers(device, dtype, cases, repeats, timed) -> list[dict[str, Any]]:
+    """Forward and backward of one block per case (see :data:`LAYER_CASES`)."""
+    from benchmarks.torch_blocks import block_step
+
+    keyed = [
+        (
+            {"name": name, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "ffn": ffn}
+            | {"seq": seq, "batch": batch, "mode": mode},
+            (device, dtype, hidden, heads, kv_heads, ffn, seq, batch, mode),
+        )
+        for name, hidden, heads, kv_heads, ffn, seq, batch, mode in cases
+    ]
+
+    def flops(f):
+        args = (f["batch"], f["seq"], f["hidden"], f["heads"], f["kv_heads"])
+        return _block_flops(*args, 6 * f["hidden"] * f["ffn"])
+
+    return _measure_cases("layer", keyed, block_step, flops, timed, repeats)
+
+
+def _measure_moe_blocks(device, dtype, cases, repeats, timed) -> list[dict[str, Any]]:
+    """Forward and backward of one block with an MoE MLP per case (:data:`MOE_CASES`)."""
+    from benchmarks.torch_blocks import moe_block_step
+
+    keyed = [
+        (
+            {"name": name, "hidden": hidden, "heads": heads, "kv_heads": kv_heads}
+            | {"experts": experts, "top_k": top_k, "ffn": ffn, "seq": seq, "batch": batch}
+            | {"mode": "eager"},
+            (device, dtype, hidden, heads, kv_heads, experts, top_k, ffn, seq, batch),
+        )
+        for name, hidden, heads, kv_heads, experts, top_k, ffn, seq, batch in cases
+    ]
+
+    def flops(f):
+        args = (f["batch"], f["seq"], f["hidden"], f["heads"], f["kv_heads"])
+        per_token = 6 * f["top_k"] * f["hidden"] * f["ffn"] + 2 * f["hidden"] * f["experts"]
+        return _block_flops(*args, per_token)
+
+    return _measure_cases("moe", keyed, moe_block_step, flops, timed, repeats)
+
+
+def _measure_steps(device, dtype, cases, repeats, timed) -> list[dict[str, Any]]:
+    """Whole one-GPU training steps per case (:data:`STEP_CASES`)."""
+    from benchmarks.torch_blocks import training_step
+
+    keyed = [
+        (
+            {"name": name, "hidden": hidden, "heads": heads, "ffn": ffn, "layers": layers}
+            | {"vocab": vocab, "seq": seq, "batch": batch, "mode": mode},
+            (device, dtype, hidden, heads, ffn, layers, vocab, seq, batch, mode),
+        )
+        for name, hidden, heads, ffn, layers, vocab, seq, batch, mode in cases
+    ]
+
+    def flops(f):
+        args = (f["batch"], f["seq"], f["hidden"], f["heads"], f["heads"])
+        blocks = f["layers"] * _block_flops(*args, 6 * f["hidden"] * f["ffn"])
+        return blocks + 3 * 2 * f["batch"] * f["seq"] * f["hidden"] * f["vocab"]
+
+    return _measure_cases("step", keyed, training_step, flops, timed, repeats)
 
 
 def _sweep_cases(sequences: list[int], device: str) -> list[tuple[int, int, int, int]]:
@@ -590,11 +492,11 @@ def measure(
         "layer_bf16": lambda: _measure_layers(
             device, dtype, QUICK_LAYER_CASES if quick else LAYER_CASES, repeats, timed
         ),
-        "step_bf16": lambda: _measure_layers(
-            device, dtype, (), repeats, timed, QUICK_STEP_CASES if quick else STEP_CASES
+        "step_bf16": lambda: _measure_steps(
+            device, dtype, QUICK_STEP_CASES if quick else STEP_CASES, repeats, timed
         ),
-        "moe_layer_bf16": lambda: _measure_layers(
-            device, dtype, (), repeats, timed, (), QUICK_MOE_CASES if quick else MOE_CASES
+        "moe_layer_bf16": lambda: _measure_moe_blocks(
+            device, dtype, QUICK_MOE_CASES if quick else MOE_CASES, repeats, timed
         ),
     }
     found: dict[str, Any] = {
@@ -614,50 +516,58 @@ def measure(
 
 
 def compare(found: dict[str, Any], preset: str) -> list[str]:
-    """Markdown tables: each measured kernel beside the preset's model of it."""
-    from types import SimpleNamespace
-
-    from simulator.engine.attention_kernels import grid_fill, table_for
-    from simulator.engine.gemm import FP8_K_OVERHEAD_FACTOR
-    from simulator.engine.grouped_gemm import grouped_gemm_seconds
+    """Markdown tables: each measured kernel beside the rate the preset's compute model
+    (:class:`~simulator.engine.compute.ComputeModel`, at ``sustained_fraction`` 1: these
+    are microbenchmark rates) gives the same op."""
+    from simulator.common.errors import ScenarioError
+    from simulator.engine.compute import ComputeModel
+    from simulator.schedule.ir import Compute
     from topologies.build import load_cluster_spec
 
-    gpu = load_cluster_spec({"preset": preset, "nodes": 1}).gpu
-    tile = {"sm_count": gpu.sm_count, "largest_tile": gpu.gemm_tile}
+    spec = load_cluster_spec({"preset": preset, "nodes": 1, "gpu": {"sustained_fraction": 1.0}})
+    gpu = spec.gpu
+    models: dict[str, ComputeModel | None] = {}
+
+    def rate(op: Compute, backend: str = "auto") -> float | None:
+        """The model's TFLOP/s for ``op`` (an attention op's causal half, as counted)."""
+        if backend not in models:
+            try:
+                models[backend] = ComputeModel(spec, {"attention_backend": backend})
+            except ScenarioError:  # no table of that kernel on this GPU
+                models[backend] = None
+        model = models[backend]
+        if model is None:
+            return None
+        counted = op.flops * (0.5 if op.kind == "attention" else 1.0)
+        return counted / model.compute_seconds(op) / 1e12
+
+    def gemm(row, fp8):
+        m, n, k = row["m"], row["n"], row["k"]
+        return Compute(0, "compute", 2.0 * m * n * k, 0.0, "gemm", shape=(m, n, k), fp8=fp8)
+
     lines = [f"{found['device']}, torch {found['torch']}, beside preset {preset}", ""]
-    bf16 = (gpu.peak_flops, gpu.matmul_efficiency, gpu.gemm_k_overhead)
-    fp8_model = (
-        gpu.fp8_peak_flops,
-        gpu.fp8_matmul_efficiency,
-        gpu.gemm_k_overhead * FP8_K_OVERHEAD_FACTOR,
-    )
-    for key, title, (peak, base, k_overhead) in (
-        ("gemm_bf16", "BF16 GEMM", bf16),
-        ("gemm_fp8", "FP8 GEMM", fp8_model),
-        ("wave_bf16", "BF16 GEMM, n across waves", bf16),
+    for key, title, fp8 in (
+        ("gemm_bf16", "BF16 GEMM", False),
+        ("gemm_fp8", "FP8 GEMM", True),
+        ("wave_bf16", "BF16 GEMM, n across waves", False),
     ):
-        if not found.get(key) or peak is None:
+        if not found.get(key) or (fp8 and gpu.fp8_peak_flops is None):
             continue
         lines += [
             f"| {title} m×n×k | measured TFLOP/s | model TFLOP/s | model / measured |",
             "|---|---|---|---|",
         ]
-        shaped = {"base": base, "k_overhead": k_overhead, **tile}
         for row in found[key]:
             label = f"{row['m']}×{row['n']}×{row['k']}"
-            lines.append(_row(label, row, partial(_gemm_rate, row, peak, shaped)))
-        lines += [_geomean(found[key], peak, shaped), ""]
+            lines.append(_row(label, row, lambda row=row, fp8=fp8: rate(gemm(row, fp8))))
+        lines += [_geomean(found[key], lambda row, fp8=fp8: rate(gemm(row, fp8))), ""]
 
-    def grouped_model(row, fp8):
-        flops = 2 * row["groups"] * row["rows"] * row["n"] * row["k"]
+    def grouped(row, fp8):
+        flops = 2.0 * row["groups"] * row["rows"] * row["n"] * row["k"]
         shape = (row["rows"], row["n"], row["k"])
-        op = SimpleNamespace(
-            kind="grouped_gemm", shape=shape, batch=row["groups"], flops=flops, fp8=fp8
+        return Compute(
+            0, "compute", flops, 0.0, "grouped_gemm", shape=shape, batch=row["groups"], fp8=fp8
         )
-        stream = gpu.hbm_bandwidth * gpu.hbm_efficiency
-        peak, base, k_overhead = fp8_model if fp8 else bf16
-        seconds = grouped_gemm_seconds(op, peak, stream, base=base, k_overhead=k_overhead, **tile)
-        return flops / seconds / 1e12
 
     for key, title, fp8 in (("grouped_bf16", "BF16", False), ("grouped_fp8", "FP8", True)):
         if not found.get(key) or (fp8 and gpu.fp8_peak_flops is None):
@@ -669,18 +579,16 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
         ]
         for row in found[key]:
             label = f"{row['groups']} × {row['rows']}, {row['n']}×{row['k']}"
-            lines.append(_row(label, row, partial(grouped_model, row, fp8)))
+            lines.append(_row(label, row, lambda row=row, fp8=fp8: rate(grouped(row, fp8))))
         lines.append("")
 
-    def attention_model(row, names):
-        """The model's rate for the row's launch: the table's full-grid rate at the
-        fill of the row's own grid of CTAs."""
-        table = table_for(names.get(row["backend"], row["backend"]), gpu.name)
-        if table is None:
-            return None
-        batch, heads = row.get("batch", 1), row.get("heads", ATTENTION_HEADS)
-        fill = grid_fill(batch * heads * math.ceil(row["seq"] / 128), gpu.sm_count)
-        return table.full_grid_efficiency(HEAD_DIM, row["seq"]) * fill * gpu.peak_flops / 1e12
+    def attention(row):
+        batch = row.get("batch", 1) * row.get("heads", ATTENTION_HEADS)
+        seq = row["seq"]
+        flops = 4.0 * batch * seq * seq * HEAD_DIM
+        return Compute(
+            0, "compute", flops, 0.0, "attention", shape=(seq, seq, HEAD_DIM), batch=batch
+        )
 
     # the sweep against the standalone FlashAttention-2's figures; the runs' shapes
     # against the tables the model uses (SDPA's flash backend as measured in the sweep)
@@ -699,7 +607,7 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
             heads = f"{row.get('heads', ATTENTION_HEADS)}/{row.get('kv_heads', ATTENTION_HEADS)}"
             table = names.get(row["backend"], row["backend"])
             label = f"{row['backend']} ({table}), {row.get('batch', 1)} × {heads} × {row['seq']}"
-            lines.append(_row(label, row, partial(attention_model, row, names)))
+            lines.append(_row(label, row, lambda row=row, table=table: rate(attention(row), table)))
         lines.append("")
     for key, title, seconds in (
         ("layer_bf16", "one block, forward and backward", _layer_seconds),
@@ -795,16 +703,9 @@ def _step_seconds(row: dict[str, Any], preset: str, sustained: float | None = No
     return run_scenario(_one_gpu_scenario(row, preset, sustained)).result.step_time_s
 
 
-def _gemm_rate(row: dict[str, Any], peak: float, shaped: dict[str, Any]) -> float:
-    """The shape model's rate for a measured GEMM row, TFLOP/s."""
-    from simulator.engine.gemm import gemm_efficiency
-
-    return peak * gemm_efficiency(row["m"], row["n"], row["k"], **shaped) / 1e12
-
-
-def _geomean(rows, peak: float, shaped: dict[str, Any]) -> str:
+def _geomean(rows, rate_of: Callable[[dict[str, Any]], float | None]) -> str:
     """The geometric mean of model / measured over ``rows``, its mean |log| and worst."""
-    logs = [math.log(_gemm_rate(r, peak, shaped) / r["tflops"]) for r in rows if "error" not in r]
+    logs = [math.log(rate_of(r) / r["tflops"]) for r in rows if "error" not in r]
     if not logs:
         return ""
     worst = max(logs, key=abs)

@@ -183,6 +183,17 @@ def _split(seqs: tuple[int, ...], fwd_bwd: tuple[tuple[float, float], ...]):
     return _pairs(seqs, tuple(combined(f, b) for f, b in fwd_bwd))
 
 
+# The grids the published benchmarks launched: FlashAttention-2's figures 16k tokens a
+# call at hidden 2048 (16 heads of 128, 32 of 64); cudnn-frontend batch 1 with 64 query
+# heads (H200) or 128 (B200, GB200)
+_FA2_FIGURES = _published_ctas(16, 16384)
+_CUDNN_FRONTEND_H200 = _published_ctas(64)
+_CUDNN_FRONTEND_BLACKWELL = _published_ctas(128)
+
+# the SMs of the GPUs the tables were measured on, as the presets give them
+_HOPPER_SMS = 132  # H100 and H200 (the GH100 die)
+_BLACKWELL_SMS = 148  # B200 and GB200
+
 _CUDNN_H100 = _split(_SEQ_2K, ((484, 370), (591, 474), (644, 541), (673, 579), (688, 581)))
 # Below 2k, where the published sweep stops, the shape of parasim's own measurement of
 # the same cuDNN (9.19, through SDPA's cuDNN backend) on an H200 at 16k tokens per call
@@ -198,18 +209,11 @@ _CUDNN_H100_SHORT = tuple(
         _CUDNN_H100[0][1]
         * _CUDNN_H200_MEASURED[seq]
         / _CUDNN_H200_MEASURED[2048]
-        * grid_fill(seq // 2, 132)
-        / grid_fill(2048 // 2, 132),
+        * grid_fill(_CUDNN_FRONTEND_H200(seq, 128), _HOPPER_SMS)
+        / grid_fill(_CUDNN_FRONTEND_H200(2048, 128), _HOPPER_SMS),
     )
     for seq in (512, 1024)
 )
-
-# The grids the published benchmarks launched: FlashAttention-2's figures 16k tokens a
-# call at hidden 2048 (16 heads of 128, 32 of 64); cudnn-frontend batch 1 with 64 query
-# heads (H200) or 128 (B200, GB200)
-_FA2_FIGURES = _published_ctas(16, 16384)
-_CUDNN_FRONTEND_H200 = _published_ctas(64)
-_CUDNN_FRONTEND_BLACKWELL = _published_ctas(128)
 
 # PyTorch SDPA's flash backend on Blackwell (cudnn-frontend's tables, see above)
 _SDPA_FLASH_B200 = {
@@ -265,11 +269,16 @@ TABLES: tuple[KernelTable, ...] = (
             64: _pairs(_SEQ_FA, (141, 192, 232, 257, 273, 284)),
             128: _pairs(_SEQ_FA, (163, 221, 265, 294, 308, 328)),
         },
-        132,
+        _HOPPER_SMS,
         _FA2_FIGURES,
     ),
     KernelTable(
-        "cudnn", "h100", 989.4e12, {128: _CUDNN_H100_SHORT + _CUDNN_H100}, 132, _CUDNN_FRONTEND_H200
+        "cudnn",
+        "h100",
+        989.4e12,
+        {128: _CUDNN_H100_SHORT + _CUDNN_H100},
+        _HOPPER_SMS,
+        _CUDNN_FRONTEND_H200,
     ),
     KernelTable(
         "cudnn",
@@ -291,11 +300,15 @@ TABLES: tuple[KernelTable, ...] = (
                 ),
             )
         },
-        148,
+        _BLACKWELL_SMS,
         _CUDNN_FRONTEND_BLACKWELL,
     ),
-    KernelTable("fa2", "b200", 2250e12, _SDPA_FLASH_B200, 148, _CUDNN_FRONTEND_BLACKWELL),
-    KernelTable("sdpa", "b200", 2250e12, _SDPA_FLASH_B200, 148, _CUDNN_FRONTEND_BLACKWELL),
+    KernelTable(
+        "fa2", "b200", 2250e12, _SDPA_FLASH_B200, _BLACKWELL_SMS, _CUDNN_FRONTEND_BLACKWELL
+    ),
+    KernelTable(
+        "sdpa", "b200", 2250e12, _SDPA_FLASH_B200, _BLACKWELL_SMS, _CUDNN_FRONTEND_BLACKWELL
+    ),
     KernelTable(
         "cudnn",
         "gb200",
@@ -316,18 +329,22 @@ TABLES: tuple[KernelTable, ...] = (
                 ),
             )
         },
-        148,
+        _BLACKWELL_SMS,
         _CUDNN_FRONTEND_BLACKWELL,
     ),
-    KernelTable("fa2", "gb200", 2500e12, _SDPA_FLASH_GB200, 148, _CUDNN_FRONTEND_BLACKWELL),
-    KernelTable("sdpa", "gb200", 2500e12, _SDPA_FLASH_GB200, 148, _CUDNN_FRONTEND_BLACKWELL),
+    KernelTable(
+        "fa2", "gb200", 2500e12, _SDPA_FLASH_GB200, _BLACKWELL_SMS, _CUDNN_FRONTEND_BLACKWELL
+    ),
+    KernelTable(
+        "sdpa", "gb200", 2500e12, _SDPA_FLASH_GB200, _BLACKWELL_SMS, _CUDNN_FRONTEND_BLACKWELL
+    ),
     KernelTable(
         "sdpa",
         "h100",
         989.4e12,
         {128: _pairs(_SEQ_FA, (108.0, 166.0, 214.8, 256.1, 284.1, 310.6))},
-        132,
-        _published_ctas(16, 16384),
+        _HOPPER_SMS,
+        _FA2_FIGURES,  # parasim's sweep ran the FlashAttention-2 figures' grid
     ),
 )
 
