@@ -398,55 +398,190 @@ def _sweep_cases(sequences: list[int], device: str) -> list[tuple[int, int, int,
     ]
 
 
+class _Sampler:
+    """NVML samples of the SM clock, board power and GPU temperature every 50 ms in a
+    thread, while a load runs (none where there is no GPU or no ``pynvml``)."""
+
+    def __init__(self, device: str):
+        self.handle = None
+        self.samples: list[tuple[float, float, float, float]] = []  # (t, MHz, W, °C)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if device != "cuda":
+            return
+        try:
+            import pynvml
+            import torch
+        except ImportError:
+            return
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+
+    @property
+    def power_limit_w(self) -> float | None:
+        if self.handle is None:
+            return None
+        return self.nvml.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1e3
+
+    def _run(self) -> None:
+        nvml, handle = self.nvml, self.handle
+        while not self._stop.is_set():
+            self.samples.append(
+                (
+                    time.perf_counter(),
+                    nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+                    nvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
+                    nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+                )
+            )
+            time.sleep(0.05)
+
+    def __enter__(self) -> _Sampler:
+        if self.handle is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def between(self, began: float, ended: float) -> dict[str, float]:
+        """Median clock, power and temperature of the samples in ``[began, ended]``."""
+        inside = [s for s in self.samples if began <= s[0] <= ended]
+        if not inside:
+            return {}
+        return {
+            "sm_clock_mhz": statistics.median(s[1] for s in inside),
+            "power_w": statistics.median(s[2] for s in inside),
+            "temperature_c": statistics.median(s[3] for s in inside),
+        }
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _load_over_time(
+    device: str, fn: Callable[[], Any], flops: float, seconds: float, window: float
+) -> dict[str, Any]:
+    """``fn`` run back to back for ``seconds`` (after three warm-up calls), its rate in
+    windows of about ``window`` seconds with the clock, power and temperature of each."""
+    for _ in range(3):
+        fn()
+    _synchronize(device)
+    windows: list[dict[str, float]] = []
+    with _Sampler(device) as sampler:
+        time.sleep(0.2)  # the idle board's reading before the load
+        idle = sampler.between(0.0, time.perf_counter())
+        started = began = time.perf_counter()
+        calls = 0
+        while began - started < seconds:
+            calls = 0
+            while True:
+                fn()
+                calls += 1
+                if calls % 4 == 0:
+                    _synchronize(device)
+                    if time.perf_counter() - began >= window:
+                        break
+            ended = time.perf_counter()
+            row = {"t": ended - started, "calls": calls, "tflops": flops * calls / (ended - began) / 1e12}
+            windows.append(row | sampler.between(began, ended))
+            began = ended
+    return {
+        "seconds": began - started,
+        "power_limit_w": sampler.power_limit_w,
+        "idle": idle,
+        "windows": windows,
+    }
+
+
+def _settled(windows: list[dict[str, float]]) -> list[dict[str, float]]:
+    """The last quarter of a load's windows: its steady state."""
+    return windows[len(windows) * 3 // 4 :] or windows
+
+
 def _clock_under_load(device, dtype, seconds: float) -> dict[str, Any]:
     """SM clock and board power sampled by NVML while 8192³ GEMMs run back to back."""
     import torch
 
-    try:
-        import pynvml
-    except ImportError:
-        return {"error": "no pynvml"}
     if device != "cuda":
         return {"error": "no GPU"}
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-    samples: list[tuple[float, float]] = []
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
-            power = pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3
-            samples.append((clock, power))
-            time.sleep(0.05)
-
     a = torch.randn(8192, 8192, device=device, dtype=dtype)
     b = torch.randn(8192, 8192, device=device, dtype=dtype)
-    for _ in range(5):
-        a @ b
-    torch.cuda.synchronize()
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    began, products = time.perf_counter(), 0
-    while time.perf_counter() - began < seconds:
-        for _ in range(20):
-            a @ b
-        products += 20
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - began
-    stop.set()
-    thread.join()
-    settled = samples[len(samples) // 4 :] or samples
-    limit = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
+    run = _load_over_time(device, lambda: a @ b, 2 * 8192**3, seconds, 0.25)
+    if not run["windows"] or "sm_clock_mhz" not in run["windows"][0]:
+        return {"error": "no pynvml"}
+    settled = run["windows"][len(run["windows"]) // 4 :]
     return {
-        "seconds": elapsed,
-        "tflops": 2 * 8192**3 * products / elapsed / 1e12,
-        "sm_clock_mhz_median": statistics.median(c for c, _ in settled),
-        "sm_clock_mhz_min": min(c for c, _ in settled),
-        "power_w_median": statistics.median(p for _, p in settled),
-        "power_limit_w": limit,
-        "samples": len(samples),
+        "seconds": run["seconds"],
+        "tflops": statistics.mean(w["tflops"] for w in run["windows"]),
+        "sm_clock_mhz_median": statistics.median(w["sm_clock_mhz"] for w in settled),
+        "sm_clock_mhz_min": min(w["sm_clock_mhz"] for w in settled),
+        "power_w_median": statistics.median(w["power_w"] for w in settled),
+        "power_limit_w": run["power_limit_w"],
+        "samples": len(run["windows"]),
     }
+
+
+# Loads held for SUSTAINED_SECONDS each, from a board left idle for COOL_SECONDS before
+# each: an 8192³ BF16 GEMM, the one-GPU OLMo 2 1B training step and one Llama-2-7B block
+# at micro-batch 2 (fms-fsdp's shape), both eager: how far a training step's rate falls
+# from its first fraction of a second (what a short microbenchmark sees) to its steady
+# state under the board's power limit.
+SUSTAINED_SECONDS = 35.0
+COOL_SECONDS = 15.0
+SUSTAINED_WINDOW = 0.25
+
+
+def _sustained_loads(device, dtype, quick: bool) -> list[dict[str, Any]]:
+    """Each load of :data:`SUSTAINED_SECONDS` over time (see there)."""
+    import torch
+
+    from benchmarks.torch_blocks import block_step, training_step
+
+    size = 256 if quick else 8192
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    step_case = QUICK_STEP_CASES[0] if quick else STEP_CASES[0]
+    name, hidden, heads, ffn, layers, vocab, seq, batch, mode = step_case
+    step_fields = {"hidden": hidden, "heads": heads, "ffn": ffn, "layers": layers}
+    step_fields |= {"vocab": vocab, "seq": seq, "batch": batch}
+    step_flops = layers * _block_flops(batch, seq, hidden, heads, heads, 6 * hidden * ffn)
+    step_flops += 3 * 2 * batch * seq * hidden * vocab
+    block_case = QUICK_LAYER_CASES[0] if quick else LAYER_CASES[4]
+    bname, bhidden, bheads, bkv, bffn, bseq, bbatch, bmode = block_case
+    block_flops = _block_flops(bbatch, bseq, bhidden, bheads, bkv, 6 * bhidden * bffn)
+    loads = [
+        ({"load": f"gemm {size}³"}, lambda: (lambda: a @ b), 2 * size**3),
+        (
+            {"load": f"step {name} {mode}"} | step_fields,
+            lambda: training_step(device, dtype, hidden, heads, ffn, layers, vocab, seq, batch, mode),
+            step_flops,
+        ),
+        (
+            {"load": f"block {bname} {bmode} micro-batch {bbatch}"},
+            lambda: block_step(device, dtype, bhidden, bheads, bkv, bffn, bseq, bbatch, bmode),
+            block_flops,
+        ),
+    ]
+    seconds = 1.0 if quick else SUSTAINED_SECONDS
+    rows = []
+    for fields, make, flops in loads:
+        time.sleep(0.1 if quick else COOL_SECONDS)
+        try:
+            row = fields | _load_over_time(device, make(), flops, seconds, SUSTAINED_WINDOW)
+        except Exception as error:  # a load this device cannot run is reported, not raised
+            row = fields | {"error": str(error)[:200]}
+        print("sustained", {k: v for k, v in row.items() if k != "windows"}, flush=True)
+        rows.append(row)
+    return rows
 
 
 SECTIONS = (
@@ -461,6 +596,7 @@ SECTIONS = (
     "layer_bf16",
     "step_bf16",
     "moe_layer_bf16",
+    "sustained",
 )
 
 
@@ -498,6 +634,7 @@ def measure(
         "moe_layer_bf16": lambda: _measure_moe_blocks(
             device, dtype, QUICK_MOE_CASES if quick else MOE_CASES, repeats, timed
         ),
+        "sustained": lambda: _sustained_loads(device, dtype, quick),
     }
     found: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -634,6 +771,7 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
                 f"| {modelled[1] / measured:.2f} |"
             )
         lines.append("")
+    lines += _sustained_lines(found.get("sustained", []))
     clock = found.get("clock_under_gemm", {})
     if "sm_clock_mhz_median" in clock:
         lines += [
@@ -645,6 +783,36 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
             f"{gpu.sustained_clock_hz / 1e6:.0f} MHz, boost {gpu.boost_clock_hz / 1e6:.0f} MHz",
         ]
     return lines
+
+
+def _sustained_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A table of the sustained loads: each one's rate in its first window, at its best
+    and in its steady state (the last quarter), with the clock and power there."""
+    if not rows:
+        return []
+    lines = [
+        "| load held | first window TFLOP/s | best | steady state | steady / best "
+        "| SM clock first → steady, MHz | board power, steady |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        windows = row.get("windows") or []
+        if not windows:
+            lines.append(f"| {row['load']} | failed: {row.get('error', 'no windows')[:80]} |||||")
+            continue
+        settled = _settled(windows)
+        steady = statistics.median(w["tflops"] for w in settled)
+        best = max(w["tflops"] for w in windows)
+        clock = power = "n/a"
+        if "sm_clock_mhz" in windows[0]:
+            first_clock = windows[0]["sm_clock_mhz"]
+            clock = f"{first_clock:.0f} → {statistics.median(w['sm_clock_mhz'] for w in settled):.0f}"
+            power = f"{statistics.median(w['power_w'] for w in settled):.0f} W"
+        lines.append(
+            f"| {row['load']} | {windows[0]['tflops']:.0f} | {best:.0f} | {steady:.0f} "
+            f"| {steady / best:.3f} | {clock} | {power} |"
+        )
+    return [*lines, ""]
 
 
 def _one_gpu_scenario(row: dict[str, Any], preset: str, sustained: float | None) -> Any:
