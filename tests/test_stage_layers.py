@@ -65,13 +65,33 @@ def test_pipeline_ranks_hold_every_parameter_once_with_virtual_stages_and_moe(ti
     [
         ("[4, 4]", r"parallel.stage_layers: 2 entries, but pp\(4\)"),
         ("[5, 6, 6, 6]", r"sums to 23, not layers\(24\)"),
-        ("[0, 8, 8, 8]", r"every stage needs at least one layer, got 0"),
-        ("[-2, 10, 8, 8]", r"every stage needs at least one layer, got -2"),
+        ("[8, 0, 8, 8]", r"stage 1 holds no layer; only the first stage \(the embedding\)"),
+        ("[-2, 10, 8, 8]", r"a stage holds -2 layers"),
     ],
 )
 def test_bad_stage_layers_are_refused(split, message):
     with pytest.raises(ScenarioError, match=message):
         load_scenario(PIPE, [*FOUR, f"parallel.stage_layers={split}"])
+
+
+@pytest.mark.parametrize("split", [[0, 8, 8, 8], [8, 8, 8, 0]])
+def test_an_end_stage_may_hold_only_the_embedding_or_the_loss(split):
+    """Megatron-Core's pipeline layouts (``Et|(tt|)*30L``) give the last stage the loss
+    alone, or the first the embedding alone: that stage computes its part only."""
+    scenario = load_scenario(
+        PIPE, [*FOUR, f"parallel.stage_layers={split}", "simulation.fold=false"]
+    )
+    schedule = build_schedule(scenario)
+    empty = split.index(0)
+    rank = scenario.layout.rank_of(pp=empty)
+    assert layers_run(schedule, rank) == set()
+    labels = {op.label.split(".")[0] for op in schedule.programs[rank].ops if type(op) is Compute}
+    head = {"embedding"} if empty == 0 else {"final_ln", "logits", "loss"}
+    assert labels == {*head, "optimizer"}
+    result = run_scenario(scenario).result
+    even = run_scenario(load_scenario(PIPE, [*FOUR, "simulation.fold=false"])).result
+    # a stage with nothing to do is a pipeline stage's worth of bubble on the others
+    assert result.step_time_s > even.step_time_s
 
 
 def test_uneven_layers_without_a_split_are_split_as_sweep_splits_them():

@@ -384,15 +384,23 @@ def _check_divisibility(model: ModelSpec, training: TrainingSpec, layout: Layout
 
 
 def check_stage_layers(split: list[int], stages: int, layers: int, what: str) -> None:
-    """``parallel.stage_layers`` gives each of ``stages`` stages at least one layer and
-    ``layers`` in all; ``what`` names where the stage count comes from."""
+    """``parallel.stage_layers`` gives each of ``stages`` stages its layers, ``layers`` in
+    all; ``what`` names where the stage count comes from. Only the first stage (which
+    holds the embedding) and the last (the final norm, output layer and loss) may hold no
+    transformer layer, as Megatron-Core's ``--pipeline-model-parallel-layout`` allows
+    (``Et|(tt|)*30L``: a last stage of the loss alone); a middle stage needs one."""
     if len(split) != stages:
         raise ScenarioError(
             f"parallel.stage_layers: {len(split)} entries, but {what} = {stages} stages"
         )
-    if min(split) < 1:
+    if min(split) < 0:
+        raise ScenarioError(f"parallel.stage_layers: a stage holds {min(split)} layers")
+    empty = [stage for stage, count in enumerate(split) if count == 0]
+    middle = [stage for stage in empty if 0 < stage < stages - 1]
+    if middle or len(empty) == stages:
         raise ScenarioError(
-            f"parallel.stage_layers: every stage needs at least one layer, got {min(split)}"
+            f"parallel.stage_layers: stage {(middle or empty)[0]} holds no layer; only the "
+            f"first stage (the embedding) and the last (the loss) may be without one"
         )
     if sum(split) != layers:
         raise ScenarioError(
