@@ -491,7 +491,11 @@ def _load_over_time(
                     if time.perf_counter() - began >= window:
                         break
             ended = time.perf_counter()
-            row = {"t": ended - started, "calls": calls, "tflops": flops * calls / (ended - began) / 1e12}
+            row = {
+                "t": ended - started,
+                "calls": calls,
+                "tflops": flops * calls / (ended - began) / 1e12,
+            }
             windows.append(row | sampler.between(began, ended))
             began = ended
     return {
@@ -559,10 +563,12 @@ def _sustained_loads(device, dtype, quick: bool) -> list[dict[str, Any]]:
     bname, bhidden, bheads, bkv, bffn, bseq, bbatch, bmode = block_case
     block_flops = _block_flops(bbatch, bseq, bhidden, bheads, bkv, 6 * bhidden * bffn)
     loads = [
-        ({"load": f"gemm {size}³"}, lambda: (lambda: a @ b), 2 * size**3),
+        ({"load": f"gemm {size}³"}, lambda: lambda: a @ b, 2 * size**3),
         (
             {"load": f"step {name} {mode}"} | step_fields,
-            lambda: training_step(device, dtype, hidden, heads, ffn, layers, vocab, seq, batch, mode),
+            lambda: training_step(
+                device, dtype, hidden, heads, ffn, layers, vocab, seq, batch, mode
+            ),
             step_flops,
         ),
         (
@@ -806,7 +812,9 @@ def _sustained_lines(rows: list[dict[str, Any]]) -> list[str]:
         clock = power = "n/a"
         if "sm_clock_mhz" in windows[0]:
             first_clock = windows[0]["sm_clock_mhz"]
-            clock = f"{first_clock:.0f} → {statistics.median(w['sm_clock_mhz'] for w in settled):.0f}"
+            clock = (
+                f"{first_clock:.0f} → {statistics.median(w['sm_clock_mhz'] for w in settled):.0f}"
+            )
             power = f"{statistics.median(w['power_w'] for w in settled):.0f} W"
         lines.append(
             f"| {row['load']} | {windows[0]['tflops']:.0f} | {best:.0f} | {steady:.0f} "
