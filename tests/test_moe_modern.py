@@ -95,6 +95,61 @@ def test_node_limited_routing_never_crosses_to_more_nodes_than_allowed():
     assert (limited.counts == free.counts).all()  # the experts' loads are the same
 
 
+@pytest.mark.parametrize("experts,ep", [(128, 8), (256, 32), (64, 16)])
+def test_deepep_sends_a_token_once_to_each_gpu_of_its_node_that_holds_one_of_its_experts(
+    experts, ep
+):
+    from math import comb
+
+    from simulator.arithmetic.moe import moe_layer_traffic
+
+    spec = MoESpec(experts=experts, top_k=8, dispatcher="deepep")
+    each = MoESpec(experts=experts, top_k=8)
+    tokens, hidden = 4096, 2048
+    deduplicated = moe_layer_traffic(spec, ep, tokens, hidden, 2, 0, 0, 0)
+    copies = moe_layer_traffic(each, ep, tokens, hidden, 2, 0, 0, 0)
+    # a uniform router: a GPU holding e of E experts gets 1 - C(E-e, 8)/C(E, 8) of the
+    # tokens, where each assignment would move a copy: k·e/E of them
+    per = experts // ep
+    reach = 1 - comb(experts - per, 8) / comb(experts, 8)
+    assert deduplicated.splits.sum() / copies.splits.sum() == pytest.approx(
+        reach / (8 * per / experts), rel=1e-3
+    )
+    # the experts' loads, and so their compute, do not change
+    assert (deduplicated.counts == copies.counts).all()
+    assert (deduplicated.splits.T == deduplicated.combine_splits).all()
+
+
+def test_deepep_crosses_to_each_other_node_once():
+    from simulator.arithmetic.moe import moe_layer_traffic
+
+    spec = MoESpec(experts=128, top_k=8, dispatcher="deepep")
+    ep, tokens, hidden = 32, 4096, 1024
+    nodes = [rank // 8 for rank in range(ep)]  # 4 nodes of 8
+    traffic = moe_layer_traffic(spec, ep, tokens, hidden, 2, 0, 0, 0, nodes=nodes)
+    copies = moe_layer_traffic(MoESpec(experts=128, top_k=8), ep, tokens, hidden, 2, 0, 0, 0)
+    for i in range(ep):
+        for node in range(4):
+            if node == nodes[i]:
+                continue
+            there = [j for j in range(ep) if nodes[j] == node]
+            crossing = traffic.splits[i, there].sum() / (hidden * 2)
+            assert crossing <= tokens  # at most one copy of each token per node
+            assert crossing > 0.85 * tokens  # 32 of 128 experts: 91% of tokens reach it
+            assert crossing < copies.splits[i, there].sum() / (hidden * 2) / 2
+
+
+def test_a_deepep_run_spends_less_time_in_its_all_to_alls():
+    overrides = [*SMALL_MOE, "model.moe.top_k=4"]
+    plain = run_scenario(load_scenario(MIXTRAL, overrides)).result
+    deepep = run_scenario(
+        load_scenario(MIXTRAL, [*overrides, "model.moe.dispatcher=deepep"])
+    ).result
+    assert deepep.step_time_s < plain.step_time_s
+    with pytest.raises(Exception, match="dispatcher"):
+        load_scenario(MIXTRAL, [*SMALL_MOE, "model.moe.dispatcher=nccl"])
+
+
 def test_the_first_layers_stay_dense_and_heads_can_be_wider_than_hidden():
     from simulator.request.moe import is_moe_layer
 

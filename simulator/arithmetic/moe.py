@@ -82,6 +82,7 @@ __all__ = [
     "MoELayerTraffic",
     "moe_layer_traffic",
     "dispatch_splits",
+    "reach_probability",
     "expert_ffn",
     "router_op",
     "expert_ops",
@@ -351,7 +352,9 @@ def moe_layer_traffic(
     bytes_per_token = hidden * bytes_per_element
     mean = received.mean()
     splits = counts * bytes_per_token
-    if spec.max_nodes_per_token is not None and nodes is not None:
+    if spec.dispatcher == "deepep":
+        splits = _deepep_splits(spec, counts, tokens, nodes, bytes_per_token)
+    elif spec.max_nodes_per_token is not None and nodes is not None:
         splits = _node_limited_splits(spec, counts, tokens, nodes, bytes_per_token)
     return MoELayerTraffic(
         counts=counts,
@@ -389,6 +392,64 @@ def _node_limited_splits(
                 continue
             crossing = min(float(tokens[i]), assignments / per_node)
             splits[i, there] = sent[there] / assignments * crossing * bytes_per_token
+    return splits
+
+
+def reach_probability(spec: MoESpec, share: float) -> float:
+    """The chance that a token has at least one of its ``top_k`` experts among a set
+    holding ``share`` of its router's assignments: ``1 − Π_r (1 − share·E/(E − r))``
+    over its ``k`` picks, each without replacement among ``E`` experts. Exact for a
+    uniform router (a set of ``e`` experts: ``1 − C(E − e, k)/C(E, k)``); for a skewed
+    one it spreads the set's share evenly over its experts."""
+    experts, k = spec.experts, spec.top_k
+    if share <= 0:
+        return 0.0
+    missed = 1.0
+    for r in range(k):
+        missed *= max(0.0, 1.0 - share * experts / (experts - r))
+    return 1.0 - missed
+
+
+def _deepep_splits(
+    spec: MoESpec,
+    counts: np.ndarray,
+    tokens: list[int],
+    nodes: Sequence[int] | None,
+    bytes_per_token: int,
+) -> np.ndarray:
+    """Dispatch bytes as DeepEP sends them (DeepSeek's DeepEP, ``Buffer.dispatch``: a
+    token goes once to each GPU of its own node that holds one of its experts, its
+    top-k indices and weights beside it, and once over RDMA to each other node holding
+    one, where NVLink forwards it; the receiving GPU copies it to each local expert).
+    Each pair's bytes are the expected tokens that reach it (:func:`reach_probability`
+    of the pair's share of the source's assignments); with node-limited routing a token
+    crosses to each of its at most ``max_nodes_per_token`` nodes as
+    :func:`_node_limited_splits` counts. A node's bytes are spread over its GPUs as the
+    source's assignments there are; the NVLink forwarding inside it is not counted."""
+    ep = len(counts)
+    node_of = np.asarray(nodes) if nodes is not None else np.zeros(ep, dtype=np.int64)
+    limited = spec.max_nodes_per_token is not None and nodes is not None
+    if limited:
+        splits = _node_limited_splits(spec, counts, tokens, nodes, bytes_per_token)
+    else:
+        splits = counts.astype(float) * bytes_per_token
+    for i, sent in enumerate(counts):
+        assignments = float(sent.sum())
+        if assignments == 0 or tokens[i] == 0:
+            continue
+        per_source = tokens[i] * spec.top_k  # the source's assignments before drops
+        for node in set(node_of.tolist()):
+            there = node_of == node
+            if node == node_of[i]:  # NVLink: once per GPU
+                for j in np.flatnonzero(there):
+                    reach = reach_probability(spec, sent[j] / per_source)
+                    splits[i, j] = tokens[i] * reach * bytes_per_token
+            elif not limited:  # RDMA: once per node
+                on_node = float(sent[there].sum())
+                if on_node == 0:
+                    continue
+                crossing = tokens[i] * reach_probability(spec, on_node / per_source)
+                splits[i, there] = sent[there] / on_node * crossing * bytes_per_token
     return splits
 
 

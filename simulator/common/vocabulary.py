@@ -34,6 +34,7 @@ __all__ = [
     "POSITION_KINDS",
     "SHARDING_LEVELS",
     "FRAMEWORKS",
+    "MOE_DISPATCHERS",
 ]
 
 # Pipeline schedules with a built-in order (simulator.schedule.pipeline), and every
@@ -107,6 +108,13 @@ SHARDING_LEVELS = ("none", "optimizer", "gradients", "full")
 # Hugging Face-style model, and DeepSpeed's ZeRO engine around one. The first is the
 # default.
 FRAMEWORKS = ("megatron", "torchtitan", "fsdp1", "deepspeed")
+
+# How an MoE layer's tokens travel to their experts (``model.moe.dispatcher``):
+# ``alltoall`` sends one copy of a token per expert assignment (Megatron-Core's alltoall
+# token dispatcher, torchtitan's and DeepSpeed-MoE's all-to-alls), ``deepep`` one per
+# destination GPU inside a node and one per destination node across nodes (DeepSeek's
+# DeepEP and its hybrid-ep branch, Megatron-Core's flex dispatcher).
+MOE_DISPATCHERS = ("alltoall", "deepep")
 
 # Block choices (``model:``).
 MLP_KINDS = ("gelu", "swiglu")

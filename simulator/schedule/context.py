@@ -107,8 +107,12 @@ class StepConfig:
 
     def _ep_nodes(self, group: int) -> list[int] | None:
         """The node of each rank of EP group ``group`` (of the first TP and pipeline
-        rank: the others sit alike), when the routing is node-limited."""
-        if self.gpus_per_node is None or self.moe is None or not self.moe.max_nodes_per_token:
+        rank: the others sit alike), when the routing is node-limited or the dispatcher
+        sends a token once per node."""
+        moe = self.moe
+        if self.gpus_per_node is None or moe is None:
+            return None
+        if not moe.max_nodes_per_token and moe.dispatcher != "deepep":
             return None
         layout, ep = self.layout, self.layout.ep
         ranks = [layout.rank_of(dp=group * ep + j) for j in range(ep)]
