@@ -102,6 +102,32 @@ def test_fsdp2_reduces_in_fp32_by_default_as_torchtitan_does():
     assert first.bytes == 4 * params
 
 
+@pytest.mark.parametrize(
+    "framework,every",
+    [("torchtitan", True), ("fsdp1", True), ("deepspeed", True), ("megatron", False)],
+)
+def test_the_pytorch_stacks_reduce_scatter_in_every_micro_batch_s_backward(framework, every):
+    # four micro-batches: FSDP2 (OLMo-core's and torchtitan's gradient accumulation),
+    # FSDP1 and ZeRO-3 reduce in each backward; Megatron-Core accumulates and reduces once
+    four = [*ONE, "training.micro_batch=1", f"training.framework={framework}"]
+    scenario, ops = _program(four)
+    assert scenario.recipe.microbatches == 4
+    reduces = _collectives(ops, "reduce_scatter")
+    per_microbatch = {op.tags.get("microbatch") for op in reduces}
+    assert per_microbatch == ({0, 1, 2, 3} if every else {3})
+    if framework in ("torchtitan", "fsdp1"):  # one per unit, each micro-batch alike
+        assert len(reduces) == 4 * len({op.label.split(".")[0] for op in reduces})
+
+
+def test_fsdp2_under_pipeline_parallelism_reduces_in_the_last_backward_only():
+    # torch.distributed.pipelining's stages turn gradient sync off until the last backward
+    staged = [*ONE, "training.micro_batch=1", "training.framework=torchtitan"]
+    scenario, ops = _program([*staged, "parallel.pp=2", "parallel.dp=2"])
+    assert scenario.recipe.microbatches == 8
+    reduces = _collectives(ops, "reduce_scatter")
+    assert reduces and {op.tags.get("microbatch") for op in reduces} == {7}
+
+
 def test_fsdp1_gathers_flat_units_at_most_two_in_flight():
     scenario, ops = _program([*ONE, "training.framework=fsdp1"])
     layers = scenario.model.layers

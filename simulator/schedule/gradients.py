@@ -150,8 +150,9 @@ class DataParallelGradients:
         """After ``layer``'s backward: with full sharding, in the stage's last backward,
         reduce-scatter its units' gradients as the framework does; otherwise they went to
         :meth:`grad_ready` op by op, which buckets them."""
-        if self.sharded is not None and final:
-            self.sharded.after_layer_backward(layer, microbatch, final)
+        sharded = self.sharded
+        if sharded is not None and (final or sharded.reduces_every_microbatch):
+            sharded.after_layer_backward(layer, microbatch, final)
 
     def grad_ready(
         self, params: int, producer: int, microbatch: int, final: bool, expert: bool = False
@@ -160,7 +161,7 @@ class DataParallelGradients:
         the stage's last backward, when they are whole and can be reduced."""
         lowering = self.lowering
         if self.sharded is not None:
-            if final:
+            if final or self.sharded.reduces_every_microbatch:
                 self.sharded.grad_ready(params, producer, microbatch, expert)
             return
         group = lowering.edp_group if expert else lowering.dp_group

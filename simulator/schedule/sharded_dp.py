@@ -46,13 +46,15 @@ before a layer, the reduce-scatters after its backward, and what runs beside the
   in the order backward completes them, each reduce-scattered (expert gradients over
   ``edp``) once full, the rest after the backward.
 
+With several micro-batches the PyTorch stacks reduce-scatter after every micro-batch's
+backward (FSDP2 without pipeline parallelism, FSDP1, ZeRO-3: ``reduces_every_microbatch``),
+Megatron-Core once, after the stage's last.
+
 With expert parallelism every framework shards an MoE block's routed experts over the
 expert-data-parallel group and the rest over ``dp`` (with ``ep = 1`` the experts are
 part of the block). Simplified, for every framework: a layer's ops wait for every unit
 of the layer (the lowering hooks layers, not ops: DeepSpeed's ``o_proj`` waits with
-``q_proj``); the embedding and output ops do not wait for their unit's gather; with
-several micro-batches the gradients are reduce-scattered once, after the stage's last
-backward; the copies on their own streams do not slow the compute they overlap.
+``q_proj``); the embedding and output ops do not wait for their unit's gather; the copies on their own streams do not slow the compute they overlap.
 DeepSpeed's parameter reuse (``max_reuse_distance``), the trace across the forward /
 backward boundary and the coordinator's host work per module are not modelled.
 """
@@ -91,6 +93,13 @@ FSDP2_COPY_OUT_BYTES = 2 * ACT_BYTES
 class BlockSharding:
     """Megatron-Core's full sharding: FSDP2's units and prefetch without its copies (see
     the module docstring)."""
+
+    @property
+    def reduces_every_microbatch(self) -> bool:
+        """Whether a unit's gradients are reduce-scattered after every micro-batch's
+        backward (and accumulated sharded) rather than once, after the stage's last
+        backward: Megatron-Core accumulates the whole gradient and reduces once."""
+        return False
 
     def __init__(self, gradients: Any):
         self.gradients = gradients
@@ -189,9 +198,10 @@ class BlockSharding:
         )
 
     def after_layer_backward(self, layer: int, microbatch: int, final: bool) -> None:
-        """After ``layer``'s backward in the stage's last backward: reduce-scatter each
-        unit's gradients (with HSDP, then all-reduce the dense shard across replicas)."""
-        if not final:
+        """After ``layer``'s backward (in the stage's last backward only, unless
+        :attr:`reduces_every_microbatch`): reduce-scatter each unit's gradients (with
+        HSDP, then all-reduce the dense shard across replicas)."""
+        if not (final or self.reduces_every_microbatch):
             return
         for unit in self.units(layer):
             if not unit.persistent:
@@ -253,6 +263,15 @@ class BlockSharding:
 class Fsdp2Sharding(BlockSharding):
     """torchtitan's FSDP2: :class:`BlockSharding` with the copy-in before each gather,
     the copy-out before the layer and the reduce-scatter's copy-in (module docstring)."""
+
+    @property
+    def reduces_every_microbatch(self) -> bool:
+        """FSDP2 reduce-scatters in every backward unless told not to: OLMo-core's and
+        torchtitan's gradient accumulation leave it on (OLMo-core e27ba7455,
+        ``trainer._train_microbatch_context``: ``no_sync`` for DDP only), while
+        ``torch.distributed.pipelining``'s stages turn it off until the last backward
+        (``backward_maybe_with_nosync``)."""
+        return self.lowering.layout.pp == 1
 
     def __init__(self, gradients: Any):
         super().__init__(gradients)
@@ -325,6 +344,11 @@ class Fsdp1Sharding(BlockSharding):
     # queued (_limiter_utils._FreeEventQueue._max_num_inflight_all_gathers = 2)
     INFLIGHT = 2
 
+    @property
+    def reduces_every_microbatch(self) -> bool:
+        """It reduce-scatters in every backward, without ``no_sync``."""
+        return True
+
     def __init__(self, gradients: Any):
         super().__init__(gradients)
         # writer -> the ends of the units freed so far, in order (the free events)
@@ -364,6 +388,11 @@ class Fsdp1Sharding(BlockSharding):
 class ZeroStage3Sharding(BlockSharding):
     """DeepSpeed ZeRO-3: module-by-module gathers with the coordinator's prefetch, and
     bucketed reduce-scatters (module docstring)."""
+
+    @property
+    def reduces_every_microbatch(self) -> bool:
+        """It reduce-scatters in every backward, without ``no_sync``."""
+        return True
 
     def __init__(self, gradients: Any):
         super().__init__(gradients)
@@ -417,7 +446,13 @@ class ZeroStage3Sharding(BlockSharding):
         return ops
 
     def after_layer_backward(self, layer: int, microbatch: int, final: bool) -> None:
-        """Gradients go to the buckets op by op (:meth:`grad_ready`)."""
+        """Gradients go to the buckets op by op (:meth:`grad_ready`); the end of a
+        micro-batch's backward before the last flushes what they hold
+        (``independent_gradient_partition_epilogue``; the last backward's go at
+        :meth:`end_step`)."""
+        if not final and layer == self.recipe.layers_of(self.lowering.stage)[0]:
+            for group in list(self.bucket_elements):
+                self._flush(group, self.lowering.last, microbatch)
 
     def grad_ready(self, params: int, producer: Any, microbatch: int, expert: bool) -> None:
         """Add the gradient to its group's bucket; reduce-scatter the bucket once it holds
