@@ -54,7 +54,8 @@ With expert parallelism every framework shards an MoE block's routed experts ove
 expert-data-parallel group and the rest over ``dp`` (with ``ep = 1`` the experts are
 part of the block). Simplified, for every framework: a layer's ops wait for every unit
 of the layer (the lowering hooks layers, not ops: DeepSpeed's ``o_proj`` waits with
-``q_proj``); the embedding and output ops do not wait for their unit's gather; the copies on their own streams do not slow the compute they overlap.
+``q_proj``); the embedding and output ops do not wait for their unit's gather; the
+copies on their own streams do not slow the compute they overlap.
 DeepSpeed's parameter reuse (``max_reuse_distance``), the trace across the forward /
 backward boundary and the coordinator's host work per module are not modelled.
 """
