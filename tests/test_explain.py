@@ -295,6 +295,8 @@ def test_node_limited_routing_is_not_reported_whatever_its_limit():
     path = TEACHING / "ep-routing-mistake.yaml"
     # 4 nodes and a limit of 4: a token may reach every node, but crosses to each once
     assert explain(path, ["model.moe.max_nodes_per_token=4"]) == []
+    # DeepEP's dispatch crosses to each node once too
+    assert "ep-routing-spread" not in [f.id for f in explain(path, ["model.moe.dispatcher=deepep"])]
     # with top-2 routing a token reaches 2 nodes at most: nothing to limit
     assert [f.id for f in explain(path, ["model.moe.top_k=2"])] == []
 

@@ -130,8 +130,13 @@ RECIPE_FIELDS: tuple[str, ...] = (
 #: The router settings under ``model`` that are how tokens reach their experts rather
 #: than what the model is, and that trainers set for speed: the capacity factor
 #: (GShard, Switch: assignments over it skip the expert through the residual) and
-#: node-limited routing (DeepSeek-V3 trains with it at no measured loss of quality).
-ROUTER_FIELDS: tuple[str, ...] = ("model.moe.capacity_factor", "model.moe.max_nodes_per_token")
+#: node-limited routing (DeepSeek-V3 trains with it at no measured loss of quality),
+#: and the dispatcher (DeepEP sends the same tokens, fewer copies).
+ROUTER_FIELDS: tuple[str, ...] = (
+    "model.moe.capacity_factor",
+    "model.moe.max_nodes_per_token",
+    "model.moe.dispatcher",
+)
 
 
 def changes_recipe(fix: dict[str, Any]) -> list[str]:
@@ -722,8 +727,8 @@ NODE_LIMIT = 4
 def _routing_reach(case: Case) -> tuple[int, int] | None:
     """``(nodes an EP group spans, nodes a token's assignments may reach)`` when every
     assignment crosses the network on its own, else None: with
-    ``moe.max_nodes_per_token`` set a token crosses to each of its nodes once (the
-    limit is the recipe's own choice, even where it does not bind)."""
+    ``moe.max_nodes_per_token`` set (the limit is the recipe's own choice, even where it
+    does not bind) or DeepEP's dispatcher a token crosses to each of its nodes once."""
     layout, per_node, moe = case.layout, case.per_node, case.scenario.moe
     if moe is None or layout.ep == 1:
         return None
@@ -731,8 +736,8 @@ def _routing_reach(case: Case) -> tuple[int, int] | None:
     if not spanning:
         return None
     nodes = max(_nodes_of(m, per_node) for m in spanning)
-    if moe.max_nodes_per_token is not None:
-        return None  # node-limited routing: one copy per node already
+    if moe.max_nodes_per_token is not None or moe.dispatcher == "deepep":
+        return None  # node-limited routing or DeepEP's dispatch: one copy per node already
     return nodes, min(moe.top_k, nodes)
 
 
@@ -768,6 +773,12 @@ def _fix_ep_routing(case: Case) -> Remedy:
         for m in (NODE_LIMIT, NODE_LIMIT // 2)
         if m < reach
     ]
+    candidates.append(
+        (
+            {"model.moe.dispatcher": "deepep"},
+            "DeepEP's dispatch: each token crosses to each of its nodes once, the same routing",
+        )
+    )
     notes = [
         "node-limited routing picks a token's experts among its best-scoring nodes first; "
         "DeepSeek-V3 trains with 4 of 8 nodes at no measured loss of quality, and parasim "
