@@ -590,6 +590,72 @@ def _sustained_loads(device, dtype, quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+HOST_CALLS = 2000
+
+
+def _kernels_of(device: str, fn: Callable[[], Any]) -> int | None:
+    """How many GPU kernels one call of ``fn`` launches (``torch.profiler``); None on a
+    CPU."""
+    if device != "cuda":
+        return None
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def _host_costs(device, dtype, quick: bool) -> dict[str, Any]:
+    """What the host spends per kernel it issues from eager PyTorch, and on one
+    device-to-host synchronisation: the constants of ``simulator/arithmetic/stacks.py``
+    (``EAGER_DISPATCH_S``). Each op is tiny (a 1,024-element tensor), so the GPU idles
+    and the wall time of issuing ``HOST_CALLS`` of them back to back is the host's: an
+    add without autograd, the same op recorded by autograd, one forward-and-backward
+    kernel pair of a 3-op chain through autograd, a ``torch.compile``d 3-op chain (one
+    fused kernel from Inductor's wrapper), and ``.item()`` after a kernel (the round
+    trip a D2H sync costs)."""
+    import torch
+
+    calls = 50 if quick else HOST_CALLS
+    x = torch.randn(1024, device=device, dtype=dtype)
+    w = torch.randn(1024, device=device, dtype=dtype, requires_grad=True)
+
+    def per_call(fn, n: int = calls) -> float:
+        for _ in range(10):
+            fn()
+        _synchronize(device)
+        began = time.perf_counter()
+        for _ in range(n):
+            fn()
+        _synchronize(device)
+        return (time.perf_counter() - began) / n
+
+    def chain():
+        return ((x * w).sigmoid() + 1.0).sum()
+
+    found: dict[str, Any] = {}
+    with torch.no_grad():
+        found["add_no_grad_s"] = per_call(lambda: x.add(1.0))
+    found["add_autograd_s"] = per_call(lambda: w.add(1.0))
+    # forward (mul, sigmoid, add, sum: 4 kernels) and backward (about 5 kernels)
+    found["chain_forward_backward_s"] = per_call(lambda: chain().backward(), max(10, calls // 4))
+    found["chain_kernels"] = _kernels_of(device, lambda: chain().backward())
+    if not quick:  # Inductor takes seconds to compile even this
+        try:
+            compiled = torch.compile(lambda t: (t * 2.0).sigmoid() + 1.0)
+            found["compiled_chain_s"] = per_call(lambda: compiled(x))
+        except Exception as error:  # no compiler on this machine: reported, not raised
+            found["compiled_chain_error"] = str(error)[:200]
+
+    def round_trip():
+        x.add(1.0).sum().item()
+
+    found["item_round_trip_s"] = per_call(round_trip, max(10, calls // 4))
+    return found
+
+
 SECTIONS = (
     "gemm_bf16",
     "gemm_fp8",
@@ -603,6 +669,7 @@ SECTIONS = (
     "step_bf16",
     "moe_layer_bf16",
     "sustained",
+    "host",
 )
 
 
@@ -641,6 +708,7 @@ def measure(
             device, dtype, QUICK_MOE_CASES if quick else MOE_CASES, repeats, timed
         ),
         "sustained": lambda: _sustained_loads(device, dtype, quick),
+        "host": lambda: _host_costs(device, dtype, quick),
     }
     found: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -778,6 +846,7 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
             )
         lines.append("")
     lines += _sustained_lines(found.get("sustained", []))
+    lines += _host_lines(found.get("host", {}))
     clock = found.get("clock_under_gemm", {})
     if "sm_clock_mhz_median" in clock:
         lines += [
@@ -821,6 +890,32 @@ def _sustained_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"| {steady / best:.3f} | {clock} | {power} |"
         )
     return [*lines, ""]
+
+
+def _host_lines(host: dict[str, Any]) -> list[str]:
+    """The host's cost per issued kernel and per synchronisation, beside the stacks'."""
+    if "add_autograd_s" not in host:
+        return []
+    from simulator.arithmetic.stacks import COMPILED_DISPATCH_S, EAGER_DISPATCH_S
+
+    kernels = host.get("chain_kernels")
+    chain = host["chain_forward_backward_s"]
+    per = f", {chain / kernels * 1e6:.1f} µs a kernel" if kernels else ""
+    compiled = host.get("compiled_chain_s")
+    return [
+        "| host, per call | µs |",
+        "|---|---|",
+        f"| a small op, no autograd | {host['add_no_grad_s'] * 1e6:.1f} |",
+        f"| the same op recorded by autograd | {host['add_autograd_s'] * 1e6:.1f} |",
+        f"| a 3-op chain forward and backward ({kernels} kernels{per}) | {chain * 1e6:.1f} |",
+        f"| a compiled 3-op chain (one kernel) | "
+        f"{'n/a' if compiled is None else f'{compiled * 1e6:.1f}'} |",
+        f"| `.item()` after a kernel (a D2H round trip) | {host['item_round_trip_s'] * 1e6:.1f} |",
+        "",
+        f"The stacks' host dispatch per kernel: eager {EAGER_DISPATCH_S * 1e6:.0f} µs, "
+        f"compiled {COMPILED_DISPATCH_S * 1e6:.0f} µs (simulator/arithmetic/stacks.py).",
+        "",
+    ]
 
 
 def _one_gpu_scenario(row: dict[str, Any], preset: str, sustained: float | None) -> Any:

@@ -31,6 +31,8 @@ def test_the_quick_sweep_measures_every_kind_of_kernel_on_a_cpu(tmp_path):
     assert [row["load"].split()[0] for row in found["sustained"]] == ["gemm", "step", "block"]
     assert all(len(row["windows"]) >= 2 for row in found["sustained"])
     assert any(line.startswith("| step tiny eager |") for line in lines)
+    assert found["host"]["add_autograd_s"] > 0 and found["host"]["item_round_trip_s"] > 0
+    assert any(line.startswith("| the same op recorded by autograd |") for line in lines)
 
 
 def test_the_comparison_sets_each_measured_h200_kernel_beside_its_model():
@@ -109,3 +111,12 @@ def test_a_training_step_held_on_one_h200_keeps_its_first_seconds_rate():
         assert statistics.median(w["power_w"] for w in settled) > 0.97 * row["power_limit_w"]
     assert steady["gemm"] < 0.96
     assert steady["step"] > 0.95 and steady["block"] > 0.95
+
+
+def test_the_eager_stacks_dispatch_cost_is_the_measured_autograd_op():
+    from simulator.arithmetic.stacks import EAGER_DISPATCH_S
+
+    host = json.loads(H200.read_text())["host"]
+    assert EAGER_DISPATCH_S == pytest.approx(host["add_autograd_s"], rel=0.05)
+    lines = kernel_sweep.compare(json.loads(H200.read_text()), "hgx-h200")
+    assert any("eager 13 µs" in line for line in lines)

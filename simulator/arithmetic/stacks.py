@@ -42,11 +42,15 @@ Python, 1 µs of pybind11, 1–3 µs of autograd recording, 1–2 µs of the ATe
 dispatcher and 1–3 µs of launch, 5–25 µs in all by one public breakdown
 (jiahuanglin.xyz, "From PyTorch op to kernel launch"); the PyTorch documentation of
 CUDA graphs ("CUDA Graphs", torch.cuda docs) names the same CPU overhead as the reason
-graphs exist. We take :data:`EAGER_DISPATCH_S` = 8 µs a kernel for the eager stacks,
-towards the low end of that range since training kernels are issued by module code
-that is already warm, and :data:`COMPILED_DISPATCH_S` = 3 µs for kernels an
-Inductor-compiled graph launches from its generated wrapper (no dispatcher, no
-autograd recording per op: only the launcher and the driver). A kernel starts no
+graphs exist. :data:`EAGER_DISPATCH_S` = 13 µs a kernel for the eager stacks is
+measured: on the host of an H200 node (a 16-core Xeon virtual machine, PyTorch 2.11),
+issuing a small op recorded by autograd took 13.2 µs, 11.3 µs without autograd
+(``benchmarks/kernel_sweep.py``, section ``host``; benchmarks/RESULTS.md). Kernels
+an Inductor-compiled graph launches from its generated wrapper pay no dispatcher and
+no autograd recording per op, only the launcher and the driver:
+:data:`COMPILED_DISPATCH_S` = 3 µs (a whole compiled call of one kernel took 48 µs
+on the same host, most of it the call's guards and wrapper, which this per-kernel
+figure spreads over a block's kernels: simplified). A kernel starts no
 earlier than the host has issued it; a model whose kernels are shorter than that
 becomes host-bound (the engine's ``host_index``). A calibration profile's
 ``gpu.host_overhead`` replaces the stack's figure. Megatron-Core's host is taken to
@@ -76,7 +80,7 @@ __all__ = [
     "restack",
 ]
 
-EAGER_DISPATCH_S = 8e-6
+EAGER_DISPATCH_S = 13e-6
 COMPILED_DISPATCH_S = 3e-6
 
 
