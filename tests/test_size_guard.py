@@ -66,6 +66,20 @@ def test_a_step_costs_its_ops_and_its_clusters_gpus():
     assert fields == loaded
 
 
+def test_an_moe_step_costs_more_ops_and_a_split_per_ep_peer():
+    mixtral = SCENARIOS / "mixtral-ep.yaml"
+    moe = simulate.scenario_size(load_scenario(mixtral))
+    dense = simulate.step_size(moe.gpus, 1, 1, 1, moe.folded, False)
+    assert moe.ep == load_scenario(mixtral).layout.ep > 1
+    per_op = simulate.BYTES_PER_OP + simulate.BYTES_PER_OP_PER_EP_RANK * moe.ep
+    assert moe.bytes == pytest.approx(moe.ops * per_op + moe.gpus * simulate.BYTES_PER_GPU)
+    assert simulate.OPS_PER_MOE_LAYER_PASS > simulate.OPS_PER_LAYER_PASS
+    assert dense.ep == 1
+    # the estimate from the fields agrees with the loaded scenario's, MoE included
+    fields = simulate.request_size(read_scenario_file(mixtral), str(SCENARIOS))
+    assert fields == moe
+
+
 def test_fields_that_do_not_resolve_leave_the_refusal_to_the_loader():
     raw = read_scenario_file(GPT3)
     for overrides in (

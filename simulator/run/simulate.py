@@ -176,6 +176,14 @@ def would_fold(simulation: SimulationSpec, moe: bool, cp: int, world: int) -> bo
 # machine's memory or above MAX_STEP_SECONDS is refused without force.
 OPS_PER_LAYER_PASS = 40
 BYTES_PER_OP = 400
+# An MoE layer's pass puts more ops on a rank (router, permutes, the all-to-alls, the
+# expert GEMMs) and its all-to-alls hold a split per EP peer: Qwen3-235B-A22B's recipe
+# cut to 8 layers built 1.26× the dense estimate's ops at EP 64 and 1.13× at EP 8
+# (Qwen3-30B-A3B), held at 768 and 445 bytes an op through the simulation (2-core VM,
+# 2026-12-04). Hence 52 ops a pass and 6 bytes an op for each EP rank; without them the
+# full Qwen3-235B step was let through at 11.5 GiB and outgrew 23.5 GiB.
+OPS_PER_MOE_LAYER_PASS = 52
+BYTES_PER_OP_PER_EP_RANK = 6
 SECONDS_PER_OP = 1e-5
 SECONDS_PER_BLOCKED_OP = 5e-7
 BYTES_PER_GPU = 8e3
@@ -195,11 +203,13 @@ class StepSize:
     gpus: int
     folded: bool = False
     blocked: bool = False
+    ep: int = 1  # the EP group's size, whose all-to-alls hold a split per peer
 
     @property
     def bytes(self) -> float:
         """The memory the step holds while it is simulated."""
-        return self.ops * BYTES_PER_OP + self.gpus * BYTES_PER_GPU
+        per_op = BYTES_PER_OP + (BYTES_PER_OP_PER_EP_RANK * self.ep if self.ep > 1 else 0)
+        return self.ops * per_op + self.gpus * BYTES_PER_GPU
 
     @property
     def seconds(self) -> float:
@@ -226,14 +236,24 @@ def _duration(seconds: float) -> str:
 
 
 def step_size(
-    world: int, pp: int, layers: int, microbatches: int, folded: bool, analytic: bool
+    world: int,
+    pp: int,
+    layers: int,
+    microbatches: int,
+    folded: bool,
+    analytic: bool,
+    *,
+    moe: bool = False,
+    ep: int = 1,
 ) -> StepSize:
     """The :class:`StepSize` of a step of ``microbatches`` over ``pp`` stages of
     ``layers`` layers on ``world`` GPUs; ``folded``: one rank per stage is simulated
-    (:func:`folds`), in blocks when ``analytic`` too (:func:`build_schedule`)."""
+    (:func:`folds`), in blocks when ``analytic`` too (:func:`build_schedule`); ``moe``:
+    the layers are MoE layers (every one, to bound) over EP groups of ``ep``."""
     ranks = pp if folded else world
-    ops = ranks * (layers / pp) * (microbatches * OPS_PER_LAYER_PASS + 10)
-    return StepSize(ops, world, folded, folded and analytic)
+    per_pass = OPS_PER_MOE_LAYER_PASS if moe else OPS_PER_LAYER_PASS
+    ops = ranks * (layers / pp) * (microbatches * per_pass + 10)
+    return StepSize(ops, world, folded, folded and analytic, ep if moe else 1)
 
 
 def scenario_size(scenario: Scenario) -> StepSize:
@@ -241,7 +261,16 @@ def scenario_size(scenario: Scenario) -> StepSize:
     layout = scenario.layout
     analytic = scenario.spec.simulation.fidelity == "analytic"
     layers, micro = scenario.model.layers, scenario.microbatches
-    return step_size(layout.world, layout.pp, layers, micro, folds(scenario), analytic)
+    return step_size(
+        layout.world,
+        layout.pp,
+        layers,
+        micro,
+        folds(scenario),
+        analytic,
+        moe=scenario.moe is not None,
+        ep=layout.ep,
+    )
 
 
 def estimated_ops(scenario: Scenario) -> float:
@@ -268,7 +297,16 @@ def request_size(raw: Any, base_dir: str | Path | None = None) -> StepSize | Non
     microbatches = max(1, training.global_batch // (dp * training.micro_batch))
     folded = would_fold(spec.simulation, moe is not None, parallel.cp, world)
     analytic = spec.simulation.fidelity == "analytic"
-    return step_size(world, parallel.pp, model.layers, microbatches, folded, analytic)
+    return step_size(
+        world,
+        parallel.pp,
+        model.layers,
+        microbatches,
+        folded,
+        analytic,
+        moe=moe is not None,
+        ep=parallel.ep,
+    )
 
 
 def size_problem(size: StepSize, steps: str = "the step") -> str | None:

@@ -1149,15 +1149,18 @@ def sweep_sizes(base: SweepBase, candidates: list[Candidate], fidelity: str) -> 
     simulation = base.simulation.model_copy(update={"fidelity": fidelity})
     analytic, moe = fidelity == "analytic", base.experts is not None
     folded = {cp: would_fold(simulation, moe, cp, base.world) for cp in {c.cp for c in candidates}}
-    known: dict[tuple[int, int, int, int], StepSize] = {}
+    known: dict[tuple[int, int, int, int, int], StepSize] = {}
     sizes = []
     for candidate in candidates:
         pp, dp, micro, cp = candidate.pp, candidate.dp, candidate.micro_batch, candidate.cp
-        size = known.get((pp, dp, micro, cp))
+        ep = candidate.ep
+        size = known.get((pp, dp, micro, cp, ep))
         if size is None:
             microbatches = max(1, base.global_batch // (dp * micro))
-            size = step_size(base.world, pp, base.layers, microbatches, folded[cp], analytic)
-            known[(pp, dp, micro, cp)] = size
+            size = step_size(
+                base.world, pp, base.layers, microbatches, folded[cp], analytic, moe=moe, ep=ep
+            )
+            known[(pp, dp, micro, cp, ep)] = size
         sizes.append(size)
     return sizes
 
