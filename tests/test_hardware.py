@@ -397,7 +397,13 @@ def test_a_hung_rank_ends_the_run_within_the_timeout(tmp_path, monkeypatch):
     )
     assert hung, message
     assert timeout_s <= int(hung.group(1)) <= 2 * timeout_s
-    assert f"within the {timeout_s} s timeout (a peer stopped responding)" in message
+    # its peer ends at its collective's timeout, or, on a busy machine where that comes
+    # later, at its own watchdog's: either way the report names the timeout for it too
+    peer = f"within the {timeout_s} s timeout (a peer stopped responding)" in message
+    watched = re.search(
+        rf"rank 0: stopped responding at op \d+ .*\(timeout {timeout_s} s\)", message
+    )
+    assert peer or watched, message
     assert "wrong result" not in message
 
 
