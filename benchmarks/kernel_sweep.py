@@ -653,7 +653,53 @@ def _host_costs(device, dtype, quick: bool) -> dict[str, Any]:
         x.add(1.0).sum().item()
 
     found["item_round_trip_s"] = per_call(round_trip, max(10, calls // 4))
+    found["blocks"] = _block_issue_times(device, dtype, quick)
     return found
+
+
+def _block_issue_times(device, dtype, quick: bool) -> list[dict[str, Any]]:
+    """For one eager dense block and one torchtitan-style MoE block (forward and
+    backward, the shapes of ``LAYER_CASES[4]`` and ``MOE_CASES[0]``): how long the host
+    takes to issue it (the call returning, the GPU still busy), how long until the GPU
+    is done, and how many kernels it launched. Issue time near the GPU's is a host-bound
+    block."""
+    from benchmarks.torch_blocks import block_step, moe_block_step
+
+    dense = QUICK_LAYER_CASES[0] if quick else LAYER_CASES[4]
+    name, hidden, heads, kv, ffn, seq, batch, mode = dense
+    moe = QUICK_MOE_CASES[0] if quick else MOE_CASES[0]
+    mname, mhidden, mheads, mkv, experts, top_k, mffn, mseq, mbatch = moe
+    moe_args = (mhidden, mheads, mkv, experts, top_k, mffn, mseq, mbatch)
+    blocks = [
+        (
+            f"block {name} {mode} micro-batch {batch}",
+            lambda: block_step(device, dtype, hidden, heads, kv, ffn, seq, batch, mode),
+        ),
+        (
+            f"moe block {mname} eager micro-batch {mbatch}",
+            lambda: moe_block_step(device, dtype, *moe_args),
+        ),
+    ]
+    rows = []
+    for label, make in blocks:
+        try:
+            fn = make()
+            for _ in range(3):
+                fn()
+            issue, done = [], []
+            for _ in range(2 if quick else 7):
+                _synchronize(device)
+                began = time.perf_counter()
+                fn()
+                issue.append(time.perf_counter() - began)
+                _synchronize(device)
+                done.append(time.perf_counter() - began)
+            row = {"block": label, "issue_s": statistics.median(issue)}
+            row |= {"done_s": statistics.median(done), "kernels": _kernels_of(device, fn)}
+        except Exception as error:  # a block this device cannot run is reported
+            row = {"block": label, "error": str(error)[:200]}
+        rows.append(row)
+    return rows
 
 
 SECTIONS = (
@@ -912,10 +958,30 @@ def _host_lines(host: dict[str, Any]) -> list[str]:
         f"{'n/a' if compiled is None else f'{compiled * 1e6:.1f}'} |",
         f"| `.item()` after a kernel (a D2H round trip) | {host['item_round_trip_s'] * 1e6:.1f} |",
         "",
+        *_block_issue_lines(host.get("blocks", [])),
         f"The stacks' host dispatch per kernel: eager {EAGER_DISPATCH_S * 1e6:.0f} µs, "
         f"compiled {COMPILED_DISPATCH_S * 1e6:.0f} µs (simulator/arithmetic/stacks.py).",
         "",
     ]
+
+
+def _block_issue_lines(blocks: list[dict[str, Any]]) -> list[str]:
+    """A table of the blocks' host issue time beside their GPU time."""
+    rows = [b for b in blocks if "error" not in b]
+    if not rows:
+        return []
+    lines = [
+        "| one block, forward and backward | kernels | host issues it, ms | GPU done, ms "
+        "| host µs a kernel |",
+        "|---|---|---|---|---|",
+    ]
+    for b in rows:
+        per = f"{b['issue_s'] / b['kernels'] * 1e6:.0f}" if b.get("kernels") else "n/a"
+        lines.append(
+            f"| {b['block']} | {b.get('kernels')} | {b['issue_s'] * 1e3:.2f} "
+            f"| {b['done_s'] * 1e3:.2f} | {per} |"
+        )
+    return [*lines, ""]
 
 
 def _one_gpu_scenario(row: dict[str, Any], preset: str, sustained: float | None) -> Any:
