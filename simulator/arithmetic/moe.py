@@ -428,17 +428,17 @@ def _deepep_splits(
     source's assignments there are; the NVLink forwarding inside it is not counted."""
     ep = len(counts)
     node_of = np.asarray(nodes) if nodes is not None else np.zeros(ep, dtype=np.int64)
+    node_ids = sorted(set(node_of.tolist()))
     limited = spec.max_nodes_per_token is not None and nodes is not None
     if limited:
         splits = _node_limited_splits(spec, counts, tokens, nodes, bytes_per_token)
     else:
         splits = counts.astype(float) * bytes_per_token
     for i, sent in enumerate(counts):
-        assignments = float(sent.sum())
-        if assignments == 0 or tokens[i] == 0:
+        if sent.sum() == 0 or tokens[i] == 0:
             continue
         per_source = tokens[i] * spec.top_k  # the source's assignments before drops
-        for node in set(node_of.tolist()):
+        for node in node_ids:
             there = node_of == node
             if node == node_of[i]:  # NVLink: once per GPU
                 for j in np.flatnonzero(there):

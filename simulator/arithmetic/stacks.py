@@ -53,8 +53,8 @@ backward took 7.1 ms to issue; a torchtitan-style MoE block's 215 took 8.9 ms, a
 cost per kernel it counts, and counts fewer kernels than an MoE block issues. Kernels
 an Inductor-compiled graph launches from its generated wrapper pay no dispatcher and
 no autograd recording per op, only the launcher and the driver:
-:data:`COMPILED_DISPATCH_S` = 3 µs (a whole compiled call of one kernel took 48 µs
-on the same host, most of it the call's guards and wrapper, which this per-kernel
+:data:`COMPILED_DISPATCH_S` = 3 µs (a whole compiled call of one kernel took 48 and 55
+µs on the same hosts, most of it the call's guards and wrapper, which this per-kernel
 figure spreads over a block's kernels: simplified). A kernel starts no
 earlier than the host has issued it; a model whose kernels are shorter than that
 becomes host-bound (the engine's ``host_index``). A calibration profile's

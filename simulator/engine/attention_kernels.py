@@ -303,11 +303,12 @@ TABLES: tuple[KernelTable, ...] = (
         _BLACKWELL_SMS,
         _CUDNN_FRONTEND_BLACKWELL,
     ),
-    KernelTable(
-        "fa2", "b200", 2250e12, _SDPA_FLASH_B200, _BLACKWELL_SMS, _CUDNN_FRONTEND_BLACKWELL
-    ),
-    KernelTable(
-        "sdpa", "b200", 2250e12, _SDPA_FLASH_B200, _BLACKWELL_SMS, _CUDNN_FRONTEND_BLACKWELL
+    # on Blackwell FlashAttention-2 is what SDPA's flash backend runs: one table for both
+    *(
+        KernelTable(
+            name, "b200", 2250e12, _SDPA_FLASH_B200, _BLACKWELL_SMS, _CUDNN_FRONTEND_BLACKWELL
+        )
+        for name in ("fa2", "sdpa")
     ),
     KernelTable(
         "cudnn",
@@ -332,11 +333,12 @@ TABLES: tuple[KernelTable, ...] = (
         _BLACKWELL_SMS,
         _CUDNN_FRONTEND_BLACKWELL,
     ),
-    KernelTable(
-        "fa2", "gb200", 2500e12, _SDPA_FLASH_GB200, _BLACKWELL_SMS, _CUDNN_FRONTEND_BLACKWELL
-    ),
-    KernelTable(
-        "sdpa", "gb200", 2500e12, _SDPA_FLASH_GB200, _BLACKWELL_SMS, _CUDNN_FRONTEND_BLACKWELL
+    # on Blackwell FlashAttention-2 is what SDPA's flash backend runs: one table for both
+    *(
+        KernelTable(
+            name, "gb200", 2500e12, _SDPA_FLASH_GB200, _BLACKWELL_SMS, _CUDNN_FRONTEND_BLACKWELL
+        )
+        for name in ("fa2", "sdpa")
     ),
     KernelTable(
         "sdpa",

@@ -203,12 +203,12 @@ class StepSize:
     gpus: int
     folded: bool = False
     blocked: bool = False
-    ep: int = 1  # the EP group's size, whose all-to-alls hold a split per peer
+    ep: int = 0  # the EP peers an MoE all-to-all holds a split for (0: no MoE layers)
 
     @property
     def bytes(self) -> float:
         """The memory the step holds while it is simulated."""
-        per_op = BYTES_PER_OP + (BYTES_PER_OP_PER_EP_RANK * self.ep if self.ep > 1 else 0)
+        per_op = BYTES_PER_OP + BYTES_PER_OP_PER_EP_RANK * self.ep
         return self.ops * per_op + self.gpus * BYTES_PER_GPU
 
     @property
@@ -253,7 +253,7 @@ def step_size(
     ranks = pp if folded else world
     per_pass = OPS_PER_MOE_LAYER_PASS if moe else OPS_PER_LAYER_PASS
     ops = ranks * (layers / pp) * (microbatches * per_pass + 10)
-    return StepSize(ops, world, folded, folded and analytic, ep if moe else 1)
+    return StepSize(ops, world, folded, folded and analytic, ep if moe else 0)
 
 
 def scenario_size(scenario: Scenario) -> StepSize:
