@@ -95,6 +95,24 @@ GROUPED_SHAPES: list[tuple[int, int, int, int]] = [  # groups, rows per group, n
     (8, 8192, 2048, 768),
 ]
 QUICK_GROUPED_SHAPES = [(2, 64, 64, 64)]
+# The same experts as Transformer Engine's GroupedLinear runs them for Megatron-Core
+# (one cuBLAS GEMM per expert, round-robin over 4 streams: nvte_multi_tensor_gemm), for
+# the forward (rows, n, k), the input gradient (rows, k, n) and the weight gradient
+# (n, k, rows) of the Qwen3-30B-A3B experts at EP 8 (16 experts of 2048 rows) and EP 16
+# (8 experts of 8192 rows, micro-batch 4)
+EXPERT_LOOP_SHAPES: list[tuple[int, int, int, int]] = [  # groups, m, n, k
+    (16, 2048, 1536, 2048),
+    (16, 2048, 2048, 1536),
+    (16, 1536, 2048, 2048),
+    (16, 2048, 2048, 768),
+    (16, 2048, 768, 2048),
+    (16, 2048, 768, 2048),
+    (8, 8192, 1536, 2048),
+    (8, 8192, 2048, 768),
+    (16, 512, 1536, 2048),
+]
+QUICK_EXPERT_LOOP_SHAPES = [(4, 64, 64, 64)]
+EXPERT_STREAMS = 4
 ATTENTION_SEQUENCES = [512, 1024, 2048, 4096, 8192, 16384]
 QUICK_ATTENTION_SEQUENCES = [128]
 # The attention shapes of validation runs, per GPU: (batch, query heads, key/value heads,
@@ -257,6 +275,66 @@ def _measure_grouped(device, dtype, shapes, repeats, timed, fp8=False) -> list[d
         )
         for groups, rows, n, k in shapes
     ]
+
+
+def _measure_expert_loop(device, dtype, shapes, repeats, timed) -> list[dict[str, Any]]:
+    """Each shape's experts three ways, GPU time only: one ``torch._grouped_mm``; one
+    GEMM per expert round-robin over :data:`EXPERT_STREAMS` streams (as Transformer
+    Engine's GroupedLinear issues them), and the same loop on one stream, both captured
+    in a CUDA graph and replayed so the host's launches do not count."""
+    import torch
+
+    if device != "cuda":
+        return []
+    grouped_mm = getattr(torch, "_grouped_mm", None)
+
+    def graphed(groups, m, n, k, streams):
+        a = [torch.randn(m, k, device=device, dtype=dtype) for _ in range(groups)]
+        b = [torch.randn(k, n, device=device, dtype=dtype) for _ in range(groups)]
+        out = [torch.empty(m, n, device=device, dtype=dtype) for _ in range(groups)]
+        side = [torch.cuda.Stream() for _ in range(streams)]
+
+        def body():
+            main = torch.cuda.current_stream()
+            for stream in side:
+                stream.wait_stream(main)
+            for index in range(groups):
+                with torch.cuda.stream(side[index % streams]):
+                    torch.mm(a[index], b[index], out=out[index])
+            for stream in side:
+                main.wait_stream(stream)
+
+        body()  # warm cuBLAS's handles and workspaces outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            body()
+        return graph.replay
+
+    def grouped(groups, m, n, k):
+        if grouped_mm is None:
+            raise RuntimeError("this torch has no torch._grouped_mm")
+        offs = torch.arange(1, groups + 1, device=device, dtype=torch.int32) * m
+        a = torch.randn(groups * m, k, device=device, dtype=dtype)
+        b = torch.randn(groups, n, k, device=device, dtype=dtype).transpose(-2, -1)
+        return lambda: grouped_mm(a, b, offs=offs)
+
+    rows = []
+    for groups, m, n, k in shapes:
+        flops = 2.0 * groups * m * n * k
+        fields = {"groups": groups, "m": m, "n": n, "k": k}
+        row = dict(fields)
+        for name, make in (
+            ("grouped", partial(grouped, groups, m, n, k)),
+            ("streams", partial(graphed, groups, m, n, k, EXPERT_STREAMS)),
+            ("one_stream", partial(graphed, groups, m, n, k, 1)),
+        ):
+            timing = _time_kernel({}, make, flops, timed, repeats, (RuntimeError, TypeError))
+            row[f"{name}_tflops"] = timing.get("tflops")
+            if "error" in timing:
+                row[f"{name}_error"] = timing["error"]
+        rows.append(row)
+    return rows
 
 
 def _measure_attention(device, dtype, cases, repeats, timed) -> list[dict[str, Any]]:
@@ -679,6 +757,10 @@ def _block_issue_times(device, dtype, quick: bool) -> list[dict[str, Any]]:
             f"moe block {mname} eager micro-batch {mbatch}",
             lambda: moe_block_step(device, dtype, *moe_args),
         ),
+        (
+            f"moe block {mname} eager micro-batch {mbatch}, counts read on the host",
+            lambda: moe_block_step(device, dtype, *moe_args, sync=True),
+        ),
     ]
     rows = []
     for label, make in blocks:
@@ -708,6 +790,7 @@ SECTIONS = (
     "wave_bf16",
     "grouped_bf16",
     "grouped_fp8",
+    "expert_loop",
     "attention_bf16",
     "attention_cases",
     "clock_under_gemm",
@@ -739,6 +822,13 @@ def measure(
         ),
         "grouped_bf16": lambda: _measure_grouped(device, dtype, grouped, repeats, timed),
         "grouped_fp8": lambda: _measure_grouped(device, dtype, grouped, repeats, timed, fp8=True),
+        "expert_loop": lambda: _measure_expert_loop(
+            device,
+            dtype,
+            QUICK_EXPERT_LOOP_SHAPES if quick else EXPERT_LOOP_SHAPES,
+            repeats,
+            timed,
+        ),
         "attention_bf16": lambda: _measure_attention(device, dtype, sweep, repeats, timed),
         "attention_cases": lambda: _measure_attention(
             device, dtype, QUICK_ATTENTION_CASES if quick else ATTENTION_CASES, repeats, timed
@@ -839,6 +929,8 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
             lines.append(_row(label, row, lambda row=row, fp8=fp8: rate(grouped(row, fp8))))
         lines.append("")
 
+    lines += _expert_loop_lines(found.get("expert_loop", []), spec)
+
     def attention(row):
         batch = row.get("batch", 1) * row.get("heads", ATTENTION_HEADS)
         seq = row["seq"]
@@ -904,6 +996,50 @@ def compare(found: dict[str, Any], preset: str) -> list[str]:
             f"{gpu.sustained_clock_hz / 1e6:.0f} MHz, boost {gpu.boost_clock_hz / 1e6:.0f} MHz",
         ]
     return lines
+
+
+def _expert_loop_lines(rows: list[dict[str, Any]], spec) -> list[str]:
+    """The experts as one grouped kernel and as Transformer Engine's loop (a GEMM per
+    expert over :data:`EXPERT_STREAMS` streams, and on one), measured, beside the
+    model of each (``expert_streams`` 0 and 4, at ``sustained_fraction`` 1)."""
+    from simulator.engine.compute import ComputeModel
+    from simulator.schedule.ir import Compute
+
+    if not rows:
+        return []
+    models = {s: ComputeModel(spec, {"expert_streams": s}) for s in (0, EXPERT_STREAMS)}
+
+    def modelled(row, streams: int) -> float:
+        flops = 2.0 * row["groups"] * row["m"] * row["n"] * row["k"]
+        op = Compute(
+            0,
+            "compute",
+            flops,
+            0.0,
+            "grouped_gemm",
+            shape=(row["m"], row["n"], row["k"]),
+            batch=row["groups"],
+        )
+        return flops / models[streams].compute_seconds(op) / 1e12
+
+    def shown(value: float | None) -> str:
+        return "failed" if value is None else f"{value:.0f}"
+
+    lines = [
+        "| experts × m×n×k | grouped kernel, measured | model | loop on "
+        f"{EXPERT_STREAMS} streams, measured | model | model / measured | one stream, "
+        "measured |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        loop, grouped = row.get("streams_tflops"), row.get("grouped_tflops")
+        ratio = "" if loop is None else f"{modelled(row, EXPERT_STREAMS) / loop:.2f}"
+        lines.append(
+            f"| {row['groups']} × {row['m']}×{row['n']}×{row['k']} | {shown(grouped)} "
+            f"| {modelled(row, 0):.0f} | {shown(loop)} | {modelled(row, EXPERT_STREAMS):.0f} "
+            f"| {ratio} | {shown(row.get('one_stream_tflops'))} |"
+        )
+    return [*lines, ""]
 
 
 def _sustained_lines(rows: list[dict[str, Any]]) -> list[str]:

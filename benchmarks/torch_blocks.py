@@ -82,9 +82,13 @@ class Block(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, hidden: int, experts: int, top_k: int, ffn: int):
+    """A torchtitan-style MoE MLP. ``sync``: read the per-expert row counts on the host
+    in every forward (``counts.tolist()``), as a dropless MoE does that sizes its expert
+    GEMMs or its all-to-all splits on the host: the host then waits for the GPU."""
+
+    def __init__(self, hidden: int, experts: int, top_k: int, ffn: int, sync: bool = False):
         super().__init__()
-        self.experts, self.top_k = experts, top_k
+        self.experts, self.top_k, self.sync = experts, top_k, sync
         self.gate = nn.Linear(hidden, experts, bias=False)
         self.w1 = nn.Parameter(torch.randn(experts, ffn, hidden) * 0.02)
         self.w3 = nn.Parameter(torch.randn(experts, ffn, hidden) * 0.02)
@@ -99,6 +103,8 @@ class MoE(nn.Module):
         chosen = torch.arange(tokens * self.top_k, device=x.device) % self.experts
         order = torch.argsort(chosen, stable=True)
         counts = torch.bincount(chosen, minlength=self.experts)
+        if self.sync:
+            counts.tolist()  # a device-to-host copy the host waits for
         offs = torch.cumsum(counts, 0).to(torch.int32)
         token_index = order // self.top_k
         routed = x[token_index]
@@ -111,9 +117,18 @@ class MoE(nn.Module):
 
 
 class MoEBlock(Block):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, experts: int, top_k: int, ffn: int):
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        experts: int,
+        top_k: int,
+        ffn: int,
+        sync: bool = False,
+    ):
         super().__init__(hidden, heads, kv_heads, ffn=0)
-        self.moe = MoE(hidden, experts, top_k, ffn)
+        self.moe = MoE(hidden, experts, top_k, ffn, sync)
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         return self.moe(h.flatten(0, 1)).view_as(h)
@@ -147,9 +162,13 @@ def block_step(device, dtype, hidden, heads, kv_heads, ffn, seq, batch, mode) ->
     return _backward_of(run, device, dtype, hidden, seq, batch)
 
 
-def moe_block_step(device, dtype, hidden, heads, kv_heads, experts, top_k, ffn, seq, batch):
-    """Forward and backward of one block with the MoE MLP, eager."""
-    block = MoEBlock(hidden, heads, kv_heads, experts, top_k, ffn).to(device=device, dtype=dtype)
+def moe_block_step(
+    device, dtype, hidden, heads, kv_heads, experts, top_k, ffn, seq, batch, sync=False
+):
+    """Forward and backward of one block with the MoE MLP, eager (``sync``: the host
+    reads the expert row counts in the forward, :class:`MoE`)."""
+    block = MoEBlock(hidden, heads, kv_heads, experts, top_k, ffn, sync)
+    block = block.to(device=device, dtype=dtype)
     return _backward_of(block, device, dtype, hidden, seq, batch)
 
 

@@ -47,6 +47,24 @@ def test_grouped_gemm_efficiency_falls_as_rows_per_expert_shrink():
     )
 
 
+def test_transformer_engines_loop_fills_the_gpu_with_four_experts_at_a_time():
+    # Megatron-Core's experts: one GEMM per expert over 4 streams. Many rows per
+    # expert fill the SMs either way; a few hundred leave SMs idle that one grouped
+    # kernel over all 16 experts would fill
+    many = dict(m=2048, n=1536, k=2048, groups=16)
+    few = dict(m=512, n=1536, k=2048, groups=16)
+    for shape in (many, few):
+        loop = grouped_gemm_efficiency(**shape, **H100, streams=4)
+        assert loop <= grouped_gemm_efficiency(**shape, **H100)
+    assert grouped_gemm_efficiency(**many, **H100, streams=4) == pytest.approx(
+        grouped_gemm_efficiency(**many, **H100)
+    )
+    assert grouped_gemm_efficiency(**few, **H100, streams=4) < 0.8 * grouped_gemm_efficiency(
+        **few, **H100
+    )
+    assert STACKS["megatron"].expert_streams == 4 and STACKS["torchtitan"].expert_streams == 0
+
+
 @pytest.mark.parametrize(
     ("groups", "m", "n", "k", "published"),
     [  # DeepGEMM README (commit 55ab91f), grouped FP8 GEMMs on H800, TFLOP/s
@@ -209,3 +227,12 @@ def test_fine_grained_moe_runs_slower_than_dense_of_the_same_active_flops(framew
     )
     assert fine.model_flops_per_step == pytest.approx(dense.model_flops_per_step, rel=0.02)
     assert fine.step_time_s > 1.4 * dense.step_time_s
+
+
+def test_each_stack_tells_the_compute_model_how_it_issues_its_experts():
+    from simulator.run.simulate import per_rank_schedule
+
+    for framework, streams in (("megatron", 4), ("torchtitan", 0)):
+        raw, _ = _fine_and_dense(framework)
+        schedule = per_rank_schedule(scenario_from_dict(raw, source="test"))
+        assert schedule.meta["expert_streams"] == streams

@@ -720,13 +720,19 @@ class MoEStack:
     aux_loss: bool  # the load-balancing loss, when model.moe.aux_loss does not say
     einsum_dispatch: bool  # dispatch/combine as dense einsums over (tokens, experts x capacity)
     pads_to_capacity: bool  # every expert's input padded to its capacity, always
+    # a grouped GEMM's experts as one kernel (0), or one GEMM per expert issued
+    # round-robin over this many streams (Transformer Engine's GroupedLinear)
+    expert_streams: int = 0
 
 
 #: The MoE layer of each ``training.framework``, from the code it runs:
 #:
 #: - ``megatron`` (Megatron-LM commit d98e8a6, megatron/core/transformer/moe/):
 #:   ``--moe-grouped-gemm`` (``TEGroupedMLP``: TE ``GroupedLinear``, gate and up in
-#:   ``linear_fc1``), ``--moe-permute-fusion`` (TE ``moe_permute_with_probs``,
+#:   ``linear_fc1``; TE's ``general_grouped_gemm`` reaches ``nvte_multi_tensor_gemm``,
+#:   which issues one cuBLASLt GEMM per local expert round-robin over 4 compute streams:
+#:   TransformerEngine d0067d0, ``common/gemm/cublaslt_gemm.cu`` and
+#:   ``common/util/multi_stream.cpp``), ``--moe-permute-fusion`` (TE ``moe_permute_with_probs``,
 #:   ``moe_unpermute``; ``token_dispatcher.MoEAlltoAllTokenDispatcher``: "Permutation 1"
 #:   before the all-to-all, ``sort_chunks_by_idxs`` — "Permutation 2" — after it when a
 #:   rank holds several experts, the reverse before the combine), the ``aux_loss``
@@ -747,7 +753,7 @@ class MoEStack:
 #:   runs on its full capacity (``drop_tokens=False``: the busiest expert's load) in a
 #:   loop over the local experts (``Experts.forward``), the ``l_aux`` loss always.
 STACKS: dict[str, MoEStack] = {
-    "megatron": MoEStack(True, True, True, True, True, False, False),
+    "megatron": MoEStack(True, True, True, True, True, False, False, expert_streams=4),
     "torchtitan": MoEStack(True, False, True, False, False, False, False),
     "fsdp1": MoEStack(False, False, False, False, True, False, False),
     "deepspeed": MoEStack(False, False, False, False, True, True, True),

@@ -82,8 +82,9 @@ class ComputeModel:
 
     def __init__(self, spec: ClusterSpec, meta: dict[str, Any] | None = None):
         """``meta``: the schedule's, for what the software stack decides: the host's
-        time to issue a kernel (``host_dispatch_s``) and the attention kernel
-        (``attention_backend``, ``framework``)."""
+        time to issue a kernel (``host_dispatch_s``), the attention kernel
+        (``attention_backend``, ``framework``) and how it issues a grouped GEMM's experts
+        (``expert_streams``)."""
         meta = meta or {}
         gpu = spec.gpu
         # the tensor-core rate a training step sustains: the datasheet peak, at the clock
@@ -97,6 +98,8 @@ class ComputeModel:
         # the host's time to issue a kernel: the GPU's measured figure (a calibration
         # profile's), else the software stack's (simulator.arithmetic.stacks)
         self.host_overhead = gpu.host_overhead or meta.get("host_dispatch_s", 0.0)
+        # a grouped GEMM's experts as one kernel (0) or a GEMM each over this many streams
+        self.expert_streams = int(meta.get("expert_streams", 0))
         self.matmul_efficiency = gpu.matmul_efficiency
         self.attention_efficiency = gpu.attention_efficiency
         self.attention_table = None
@@ -181,6 +184,7 @@ class ComputeModel:
                 sm_count=gemm.sm_count if gemm else None,
                 largest_tile=gemm.largest_tile if gemm else None,
                 k_overhead=self.k_overhead * (FP8_K_OVERHEAD_FACTOR if op.fp8 else 1.0),
+                streams=self.expert_streams,
             )
         if kind == "gemm":
             peak = self.fp8_peak * self.fp8_ratio if op.fp8 else self.peak

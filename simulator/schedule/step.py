@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from simulator.arithmetic.moe import stack_of as moe_stack_of
 from simulator.arithmetic.stacks import stack_of
 from simulator.request.layout import Layout
 from simulator.request.model import ModelSpec
@@ -194,6 +195,8 @@ def _schedule(
         # the fused attention kernel asked for, and the stack that picks it under auto
         "attention_backend": config.recipe.attention_backend,
         "framework": config.recipe.framework,
+        # how the stack issues a grouped GEMM's experts (simulator.arithmetic.moe)
+        "expert_streams": moe_stack_of(config.recipe.framework).expert_streams,
         "pipeline_orders": {str(s): [str(a) for a in actions] for s, actions in orders.items()},
     }
     return Schedule(
