@@ -103,6 +103,29 @@ def test_the_eager_loss_is_a_cross_entropy_on_fp32_logits():
     assert eager.bytes == pytest.approx(18.0 * logits)
     assert eager.saved_bytes == pytest.approx(4.0 * logits)
     assert (eager.kernels, eager.backward_kernels) == (3, 3)
+    # the stacks compile their blocks, not the loss: compiled or not, the same chain
+    assert restack([loss], stack_of("torchtitan", compiled=True)) == [eager]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_loss_kernels_follow_training_cross_entropy(framework):
+    loss = loss_op(LLAMA, 1, 1)
+    logits = LLAMA.seq_len * LLAMA.vocab
+    (fused,) = restack([loss], stack_of(framework, cross_entropy="fused"))
+    (te,) = restack([loss], stack_of(framework, cross_entropy="te"))
+    # one fused kernel pair: two reads of the bf16 logits forward, a read and a write
+    # backward, the bf16 logits kept rather than an fp32 copy; TE's keeps its fp32
+    # gradient from the forward
+    assert fused.bytes == pytest.approx(4.0 * logits)
+    assert fused.saved_bytes == pytest.approx(2.0 * logits)
+    (fused_bwd,) = backward_of(fused)
+    assert fused_bwd.bytes == pytest.approx(4.0 * logits) and fused_bwd.kernels == 1
+    assert te.bytes == pytest.approx(8.0 * logits) and te.saved_bytes == pytest.approx(4.0 * logits)
+    # Megatron-LM's own vocabulary-parallel cross-entropy runs six fp32 passes
+    if framework == "megatron":
+        (own,) = restack([loss], stack_of(framework))
+        assert own.bytes == pytest.approx(38.0 * logits)
+        assert own.bytes > 9 * fused.bytes
 
 
 def test_every_framework_has_a_stack_and_a_dispatch_cost():

@@ -103,7 +103,7 @@ def _layer_ops(config: StepConfig, layer: int) -> list[OpCost]:
         layout.cp,
         recipe.cp_kind,
         recipe.fp8,
-        stack_of(recipe.framework, recipe.compile),
+        stack_of(recipe.framework, recipe.compile, recipe.cross_entropy),
     )
     if config.moe is None or not is_moe_layer(config.moe, layer):
         return ops
@@ -171,10 +171,11 @@ def stage_activation_bytes(
     if stage == 0:
         total += embedding_op(model, b, layout.tp).saved_bytes
     if stage == config.stages - 1:
+        r = config.recipe
         head = [final_norm_op(model, b, shard), loss_op(model, b, layout.tp)]
         total += sum(
             op.saved_bytes
-            for op in restack(head, stack_of(config.recipe.framework, config.recipe.compile))
+            for op in restack(head, stack_of(r.framework, r.compile, r.cross_entropy))
         )
         total += logits_forward_op(model, b, layout.tp, shard).saved_bytes
     return total

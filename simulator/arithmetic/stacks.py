@@ -81,6 +81,8 @@ __all__ = [
     "STACKS",
     "EAGER_DISPATCH_S",
     "COMPILED_DISPATCH_S",
+    "FUSED_CROSS_ENTROPY",
+    "TE_CROSS_ENTROPY",
     "stack_of",
     "restack",
 ]
@@ -133,6 +135,23 @@ EAGER_GELU = Kernels(1, 4.0, 1, 6.0, 2.0)
 # scatter into zeros (4), log_softmax's backward (8, 4), the cast back (4, 2): 3
 # kernels, 22 B.
 EAGER_CROSS_ENTROPY = Kernels(3, 18.0, 3, 22.0, 4.0)
+# One fused softmax-cross-entropy kernel pair, per logit (``training.cross_entropy:
+# fused``): Apex's xentropy as flash-attention's training scripts run it
+# (training/src/losses/cross_entropy_apex.py at flash-attention 4a6eaa9f, with
+# inplace_backward), or the loss under torch.compile (OLMo-core's compile_loss,
+# torchtune's compile): the forward reads the bf16 logits twice (the row's max, then
+# the sum of exponentials) and keeps them (2 B) with one log-sum-exp per row, to
+# recompute the softmax in the backward, which reads them once and writes their
+# gradient once: 4 B each way.
+FUSED_CROSS_ENTROPY = Kernels(1, 4.0, 1, 4.0, 2.0)
+# Transformer Engine's Triton cross-entropy (``te``; Megatron-Core's
+# --cross-entropy-loss-fusion --cross-entropy-fusion-impl te;
+# transformer_engine/pytorch/triton/cross_entropy.py at TE d0067d0): the forward's
+# online-softmax kernel reads the logits (2), its second kernel reads them again and
+# writes their gradient in fp32 (2 + 4), which it keeps for the backward (4); the
+# backward scales that gradient in place (4 + 4) and autograd casts it to the logits'
+# bf16 (4 + 2): 8 B in 2 kernels, 14 B in 2.
+TE_CROSS_ENTROPY = Kernels(2, 8.0, 2, 14.0, 4.0)
 
 
 @dataclass(frozen=True)
@@ -161,6 +180,9 @@ class Stack:
 def _stack(framework: str, compiled: bool) -> Stack:
     pytorch = framework != "megatron"
     eager = pytorch and not compiled
+    # the PyTorch stacks compile their blocks, not the loss (torchtitan's apply_compile
+    # wraps each TransformerBlock; fms-fsdp's and HF trainers' loss runs outside the
+    # compiled model): F.cross_entropy on fp32 logits either way
     rope = TITAN_ROPE if framework == "torchtitan" else HF_ROPE
     return Stack(
         framework=framework,
@@ -169,7 +191,7 @@ def _stack(framework: str, compiled: bool) -> Stack:
         rope=rope if eager else None,
         swiglu=EAGER_SWIGLU if eager else None,
         gelu=EAGER_GELU if eager else None,
-        loss=EAGER_CROSS_ENTROPY if eager else None,
+        loss=EAGER_CROSS_ENTROPY if pytorch else None,
         qkv_kernels=3 if pytorch else 1,
         fc1_kernels=2 if pytorch else 1,
         dispatch_s=0.0 if not pytorch else COMPILED_DISPATCH_S if compiled else EAGER_DISPATCH_S,
@@ -183,9 +205,16 @@ STACKS = {
 }
 
 
-def stack_of(framework: str, compiled: bool = False) -> Stack:
-    """The :class:`Stack` of a framework, compiled or not."""
-    return STACKS[(framework, compiled)]
+_LOSSES = {"fused": FUSED_CROSS_ENTROPY, "te": TE_CROSS_ENTROPY}
+
+
+def stack_of(framework: str, compiled: bool = False, cross_entropy: str = "auto") -> Stack:
+    """The :class:`Stack` of a framework, compiled or not, with its loss's kernels
+    (``training.cross_entropy``; ``auto``: the stack's own)."""
+    stack = STACKS[(framework, compiled)]
+    if cross_entropy == "auto":
+        return stack
+    return replace(stack, loss=_LOSSES[cross_entropy])
 
 
 def _chain(op, kernels: Kernels, elements: float):

@@ -28,6 +28,7 @@ __all__ = [
     "GRADIENT_DTYPES",
     "ATTENTION_BACKENDS",
     "OPTIMIZER_DTYPES",
+    "CROSS_ENTROPY_KERNELS",
     "TRAINING_DTYPES",
     "MLP_KINDS",
     "NORM_KINDS",
@@ -98,6 +99,11 @@ GRADIENT_DTYPES = ("fp32", "bf16")
 # with --exp-avg-dtype bf16, Apex DistributedFusedAdam with dtype bf16, pure-bf16
 # training such as torchtune's dtype=bf16)
 OPTIMIZER_DTYPES = ("fp32", "bf16")
+# How the loss runs over the logits (simulator.arithmetic.stacks): the stack's own
+# (auto: Megatron-LM's vocabulary-parallel cross-entropy, or F.cross_entropy on fp32
+# logits), one fused softmax-cross-entropy kernel pair (fused: Apex's xentropy,
+# torch.compile of the loss, Triton kernels), or Transformer Engine's (te)
+CROSS_ENTROPY_KERNELS = ("auto", "fused", "te")
 TRAINING_DTYPES = ("bf16", "fp16", "fp8")
 # ZeRO stages by what they shard across data parallelism: nothing, the optimizer
 # state (ZeRO-1), also the gradients (ZeRO-2), also the weights (ZeRO-3, FSDP).

@@ -32,6 +32,7 @@ from simulator.common.vocabulary import (
     ATTENTION_BACKENDS,
     ATTENTION_KERNELS,
     CP_KINDS,
+    CROSS_ENTROPY_KERNELS,
     FRAMEWORKS,
     GRADIENT_DTYPES,
     OPTIMIZER_DTYPES,
@@ -148,6 +149,7 @@ _EXTRAS = (
     "recompute_fraction",
     "optimizer_dtype",
     "master_weights",
+    "cross_entropy",
 )
 _CHOICES = {
     "schedule": SCHEDULES,
@@ -161,6 +163,7 @@ _CHOICES = {
     "cp_kind": CP_KINDS,
     "dtype": TRAINING_DTYPES,
     "framework": FRAMEWORKS,
+    "cross_entropy": CROSS_ENTROPY_KERNELS,
 }
 
 
@@ -201,6 +204,8 @@ class Recipe:
     # the software stack (simulator.arithmetic.stacks) and whether torch.compile runs
     framework: str = "megatron"
     compile: bool = False
+    # the loss's kernels over the logits (simulator.arithmetic.stacks)
+    cross_entropy: str = "auto"
     # a custom schedule's order, per pipeline rank (None: the schedule builds it)
     orders: tuple[tuple[Action, ...], ...] | None = None
 

@@ -30,6 +30,7 @@ from simulator.common.vocabulary import (
     ATTENTION_BACKENDS,
     ATTENTION_KERNELS,
     CP_KINDS,
+    CROSS_ENTROPY_KERNELS,
     FIDELITIES,
     FRAMEWORKS,
     GRADIENT_DTYPES,
@@ -138,6 +139,9 @@ class TrainingSpec(_Strict):
     framework: Literal[FRAMEWORKS] = "megatron"
     # torch.compile on the model (the PyTorch stacks): elementwise chains fuse
     compile: bool = False
+    # the loss's kernels over the logits: the stack's own (auto), one fused
+    # softmax-cross-entropy kernel pair (fused), Transformer Engine's (te)
+    cross_entropy: Literal[CROSS_ENTROPY_KERNELS] = "auto"
 
 
 class ParallelSpec(_Strict):
@@ -522,6 +526,7 @@ def _recipe(
         first_grad_bucket_bytes=training.first_grad_bucket_bytes,
         framework=training.framework,
         compile=training.compile,
+        cross_entropy=training.cross_entropy,
         orders=orders,
     )
 

@@ -98,7 +98,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         b = config.micro_batch
         recipe = config.recipe
         cp, cp_kind = layout.cp, recipe.cp_kind
-        stack = stack_of(recipe.framework, recipe.compile)
+        stack = stack_of(recipe.framework, recipe.compile, recipe.cross_entropy)
         self.fwd_ops = layer_forward_ops(
             model, b, self.tp, self.sp, recipe.attention, cp, cp_kind, recipe.fp8, stack
         )
