@@ -241,21 +241,25 @@ def memory_per_rank(
     for pipeline_rank in range(layout.pp):
         params = pipeline_rank_parameters(recipe, model, moe, pipeline_rank)
         terms = {name: float(params * size) for name, size in sizes.items()}
+        # with EP the routed experts shard over their expert-data-parallel group (dp / ep
+        # ranks), not over dp: what sharding saves on them is 1/edp, not 1/dp
+        # (Megatron-Core's distributed optimizer, FSDP: simulator.schedule.sharded_dp)
+        sharded_experts = layout.ep > 1 and layout.shard_degree > 1
+        experts = (
+            rank_expert_parameters(recipe, model, moe, pipeline_rank) if sharded_experts else 0
+        )
+        edp = max(1, layout.shard_degree // layout.ep)
+        extra = experts * (1 / edp - 1 / layout.shard_degree)  # parameters' worth, per term
         if recipe.shards_optimizer:
             terms["optimizer_state"] /= layout.shard_degree
+            terms["optimizer_state"] += extra * sizes["optimizer_state"]
         units = _largest_units(recipe, model, moe, pipeline_rank) if recipe.shards_weights else 0.0
         if recipe.shards_gradients:
             terms["gradients"] = _sharded_gradients(recipe, params, units)
+            terms["gradients"] += extra * sizes["gradients"]
         if recipe.shards_weights:
             terms["weights"] = _sharded_weights(recipe, params, units)
-            if layout.ep > 1 and layout.shard_degree > 1:
-                # FSDP with EP: the routed experts shard over their expert-data-parallel
-                # group (dp / ep ranks), not over dp (simulator.schedule.sharded_dp)
-                experts = rank_expert_parameters(recipe, model, moe, pipeline_rank)
-                edp = layout.shard_degree // layout.ep
-                terms["weights"] += (
-                    experts * BYTES_PER_PARAM["weights"] * (1 / edp - 1 / layout.shard_degree)
-                )
+            terms["weights"] += extra * BYTES_PER_PARAM["weights"]
         if recipe.fp8 and not (recipe.fp8_all_gather and not recipe.shards_weights):
             # Transformer Engine keeps each FP8 layer's weight in FP8 and, for Hopper's
             # TN-only FP8 GEMMs, its transpose too: 2 bytes per such parameter beside the

@@ -53,7 +53,11 @@ from simulator.arithmetic.counts import layer_fp8_parameters, pipeline_rank_para
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
 from simulator.request.recipe import DDP_BUCKET_BYTES
 from simulator.schedule.sharded_dp import sharding_for
-from simulator.schedule.sharding_units import DEEPSPEED_ALLGATHER_BUCKET, DEEPSPEED_REDUCE_BUCKET
+from simulator.schedule.sharding_units import (
+    DEEPSPEED_ALLGATHER_BUCKET,
+    DEEPSPEED_REDUCE_BUCKET,
+    rank_expert_parameters,
+)
 
 __all__ = ["DataParallelGradients", "ADAM_FLOPS_PER_PARAM"]
 
@@ -77,6 +81,15 @@ class DataParallelGradients:
         self.parameters = pipeline_rank_parameters(
             config.recipe, config.model, config.moe, lowering.pipeline_rank
         )
+        # the routed experts' share of them, whose gradients, optimizer state and
+        # updated weights belong to the expert-data-parallel group (dp / ep ranks:
+        # Megatron-Core's distributed optimizer keeps the expert parameters in buffers
+        # of their own over it), where the rest belong to dp
+        self.expert_parameters = (
+            rank_expert_parameters(config.recipe, config.model, config.moe, lowering.pipeline_rank)
+            if lowering.edp_group != lowering.dp_group
+            else 0
+        )
         # gradient buckets, per group that reduces them (dense: dp; experts: edp)
         self.bucket_bytes: dict[str, float] = {}
         self.bucket_index: dict[str, int] = {}
@@ -84,7 +97,7 @@ class DataParallelGradients:
         self.gathers = (
             self.recipe.sharding in ("optimizer", "gradients") and lowering.dp_group is not None
         )
-        self.early_gather: int | None = None
+        self.early_gather: list[int] | None = None
         self.units = self.recipe.shards_weights and lowering.dp_group is not None
         # HSDP: units shard over the dp_shard group and their gradient shards are
         # all-reduced over the dp_replicate group; plain FSDP shards over all of dp
@@ -116,28 +129,42 @@ class DataParallelGradients:
         if not (self.gathers and self.recipe.param_gather_overlap):
             return
         w = self.lowering.w
-        self.early_gather = w.collective(
-            "all_gather",
-            self.lowering.dp_group,
-            self._gathered_bytes(),
-            "dp",
-            "dp.param_all_gather",
-            (),
-            w.tags(stage=first_stage, axis="dp", phase="fwd"),
-        )
-
-    def _gathered_bytes(self) -> float:
-        """What a sharded optimizer's parameter all-gather moves: the rank's bf16 weights,
-        the FP8 layers' in FP8 with ``fp8_all_gather`` (Megatron-Core's
-        --fp8-param-gather)."""
-        total = self.parameters * ACT_BYTES
-        if self.recipe.fp8_all_gather:
-            config = self.lowering.config
-            total -= sum(
-                layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
-                for layer in self.recipe.rank_layers(self.lowering.pipeline_rank)
+        self.early_gather = [
+            w.collective(
+                "all_gather",
+                group,
+                size,
+                "dp",
+                f"{axis}.param_all_gather",
+                (),
+                w.tags(stage=first_stage, axis="dp", phase="fwd"),
             )
-        return total
+            for group, axis, size in self._gathered()
+        ]
+
+    def _gathered(self) -> list[tuple[str, str, float]]:
+        """What a sharded optimizer's parameter all-gathers move, as ``(group, label,
+        bytes)``: the rank's bf16 weights over ``dp``, its routed experts' over ``edp``
+        (none where a rank holds its experts' whole state), the FP8 layers' in FP8 with
+        ``fp8_all_gather`` (Megatron-Core's --fp8-param-gather; every routed expert
+        weight is an FP8 GEMM's)."""
+        lowering = self.lowering
+        experts = float(self.expert_parameters)
+        dense = (self.parameters - experts) * ACT_BYTES
+        expert = experts * ACT_BYTES
+        if self.recipe.fp8_all_gather:
+            config = lowering.config
+            fp8 = sum(
+                layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
+                for layer in self.recipe.rank_layers(lowering.pipeline_rank)
+            )
+            expert_fp8 = experts if self.recipe.fp8 else 0.0
+            dense -= fp8 - expert_fp8
+            expert -= expert_fp8
+        gathers = [(lowering.dp_group, "dp", dense)]
+        if experts and lowering.edp_group is not None:
+            gathers.append((lowering.edp_group, "edp", expert))
+        return [entry for entry in gathers if entry[2] > 0]
 
     def before_layer(self, layer: int, microbatch: int, phase: str) -> None:
         """Before ``layer`` runs its forward (or its backward, or the forward that full
@@ -204,8 +231,11 @@ class DataParallelGradients:
         lowering = self.lowering
         for group in list(self.bucket_bytes):
             self._flush_bucket(group, lowering.last, last_microbatch)
-        dp = lowering.layout.shard_degree if self.recipe.shards_optimizer else 1
-        local = self.parameters / dp
+        layout = lowering.layout
+        dp = layout.shard_degree if self.recipe.shards_optimizer else 1
+        experts = self.expert_parameters
+        edp = max(1, dp // layout.ep) if experts else dp
+        local = (self.parameters - experts) / dp + experts / edp
         grad_bytes = self.recipe.grad_bytes
         grad_norm = OpCost("grad_norm", "elementwise", 2.0 * local, grad_bytes * local, 0.0)
         optimizer = OpCost(
@@ -219,7 +249,8 @@ class DataParallelGradients:
         if self.sharded is not None:
             self.sharded.end_step(last_microbatch)
             lowering.waits.extend(self.sharded.reduces)
-        lowering.wait_for(self.early_gather)
+        for gather in self.early_gather or ():
+            lowering.wait_for(gather)
         lowering.w.action_open = True
         lowering.run(grad_norm, "optimizer.grad_norm", phase="optimizer")
         lowering.run(optimizer, "optimizer.step", phase="optimizer")
@@ -228,29 +259,28 @@ class DataParallelGradients:
             # write FP8 and its transpose (Transformer Engine casts on the first
             # micro-batch and reuses the copy)
             config = lowering.config
-            fp8 = (
-                sum(
-                    layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
-                    for layer in self.recipe.rank_layers(lowering.pipeline_rank)
-                )
-                / dp
+            fp8 = sum(
+                layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
+                for layer in self.recipe.rank_layers(lowering.pipeline_rank)
             )
+            expert_fp8 = experts if self.recipe.fp8 else 0
+            fp8 = (fp8 - expert_fp8) / dp + expert_fp8 / edp
             cast = OpCost("fp8_weight_cast", "elementwise", 2.0 * fp8, 4.0 * fp8, 0.0)
             lowering.run(cast, "optimizer.fp8_weight_cast", phase="optimizer")
         if self.gathers and self.early_gather is None:
-            # ZeRO-1: every rank updated 1/dp of the weights; gather the updated bf16
-            # weights (DeepSpeed: in calls of allgather_bucket_size elements,
-            # stage_1_and_2.py's all_gather_dp_groups)
+            # ZeRO-1: every rank updated 1/dp of the weights (its experts' 1/edp); gather
+            # the updated bf16 weights (DeepSpeed: in calls of allgather_bucket_size
+            # elements, stage_1_and_2.py's all_gather_dp_groups)
             w = lowering.w
-            total = self._gathered_bytes()
-            calls = max(1, math.ceil(total / self.gather_chunk)) if self.gather_chunk else 1
-            for index in range(calls):
-                w.collective(
-                    "all_gather",
-                    lowering.dp_group,
-                    total / calls,
-                    "dp",
-                    "dp.param_all_gather" + (f"{index}" if calls > 1 else ""),
-                    (lowering.last,),
-                    w.tags(stage=lowering.stage, axis="dp", phase="optimizer"),
-                )
+            for group, axis, total in self._gathered():
+                calls = max(1, math.ceil(total / self.gather_chunk)) if self.gather_chunk else 1
+                for index in range(calls):
+                    w.collective(
+                        "all_gather",
+                        group,
+                        total / calls,
+                        "dp",
+                        f"{axis}.param_all_gather" + (f"{index}" if calls > 1 else ""),
+                        (lowering.last,),
+                        w.tags(stage=lowering.stage, axis="dp", phase="optimizer"),
+                    )
