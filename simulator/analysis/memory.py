@@ -270,9 +270,9 @@ def memory_per_rank(
                 layer_fp8_parameters(recipe, model, moe, layer)
                 for layer in recipe.rank_layers(pipeline_rank)
             )
-            terms["weights"] += (
-                2.0 * fp8_params / (layout.shard_degree if recipe.shards_weights else 1)
-            )
+            if recipe.shards_weights:  # every routed expert weight is an FP8 GEMM's
+                fp8_params = fp8_params / layout.shard_degree + extra
+            terms["weights"] += 2.0 * fp8_params
         in_flight, by_stage = held_activations(orders[pipeline_rank])
         activations = sum(per_stage[stage] * count for stage, count in by_stage.items())
         held = [layer for stage in by_stage for layer in recipe.layers_of(stage)]
