@@ -34,7 +34,10 @@ and the bytes autograd saves for its backward. With ``compile``, Inductor fuses 
 chain into one kernel that reads its inputs and writes its outputs once, as the fused
 kernels do: the ops are Megatron's, a kernel each (the partitioner recomputes cheap
 pointwise ops in the backward instead of saving them, so the saved bytes are the fused
-kernels' too).
+kernels' too). The loss is not among them: the stacks compile their blocks, and the
+loss stays the eager chain unless ``training.cross_entropy`` names a fused kernel
+(``fused``: Apex's xentropy, a compiled loss, a Triton kernel; ``te``: Transformer
+Engine's).
 
 **Host dispatch.** Every kernel an eager stack launches costs the host the trip from
 Python through the dispatcher and autograd to ``cudaLaunchKernel``: about 1 µs of
