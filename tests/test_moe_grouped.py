@@ -135,6 +135,31 @@ def test_megatron_layer_runs_grouped_gemms_and_fused_permutes():
     )
 
 
+def test_megatrons_flex_dispatcher_permutes_once_after_the_dispatch():
+    # DeepEP / HybridEP send the tokens unpermuted; the received ones are permuted once
+    # into the local experts' rows, and unpermuted once before the combine, where the
+    # all-to-all dispatcher permutes before it and sorts the chunks after it
+    flex = moe_layer_ops(
+        FINE.model_copy(update={"dispatcher": "deepep"}),
+        2048,
+        np.full(16, 2048),
+        tokens=4096,
+        sent=4096 * 8,
+        framework="megatron",
+        mlp="swiglu",
+        bias=False,
+    )
+    assert flex.dispatch == () and flex.combine == ()
+    assert [op.name for op in flex.received] == ["moe_permute"]
+    assert [op.name for op in flex.returned] == ["moe_unpermute"]
+    plain = _layer("megatron")
+    assert flex.received[0].bytes == plain.received[0].bytes  # the received rows, read and written
+    reorder = sum(
+        op.bytes for op in (*plain.dispatch, *plain.received, *plain.returned, *plain.combine)
+    )
+    assert sum(op.bytes for op in (*flex.received, *flex.returned)) < 0.6 * reorder
+
+
 def test_torchtitan_layer_runs_eager_index_ops_and_separate_w1_w3():
     ops = _layer("torchtitan")
     names = [op.name for op in ops.all]

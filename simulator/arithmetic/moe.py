@@ -923,6 +923,16 @@ def moe_layer_ops(
         combine.append(
             _gemm_op("moe_combine_einsum", tokens, h, slots, saved=ACT_BYTES * slots * h)
         )
+    elif stack.grouped_gemm and fused and spec.dispatcher == "deepep":
+        # Megatron-Core's flex dispatcher (DeepEP, HybridEP without
+        # moe_permute_fusion_into_hybridep): the tokens go out unpermuted, one copy per
+        # destination; the received tokens are permuted once into their local experts'
+        # rows and unpermuted (weighted by their probabilities) before the combine
+        # (token_dispatcher.py's MoEFlexTokenDispatcher at 9c5258f1)
+        received.append(_moved("moe_permute", float(real) * h, _GATHER[True], saved=index_bytes))
+        returned.append(
+            _moved("moe_unpermute", float(real) * h, (2.0 + 2.0 / k, 6.0), saved=index_bytes)
+        )
     elif stack.grouped_gemm:  # a loop's per-expert gathers and index_add_ are its permute
         if not fused:
             dispatch.append(_moved("moe_sort", 2.0 * k * tokens, (8.0, 0.0)))  # argsort, int64
@@ -932,7 +942,8 @@ def moe_layer_ops(
             scores = _GATHER[True] if compiled else _SCORE_FP32
             combine.append(_moved("moe_scores", float(sent) * h, scores))
         combine.append(_moved("moe_unpermute", float(sent) * h, unpermute, saved=index_bytes))
-    if stack.sort_after_dispatch and groups > 1:
+    flex = fused and spec.dispatcher == "deepep"
+    if stack.sort_after_dispatch and groups > 1 and not flex:
         received.append(_moved("moe_sort_chunks", float(real) * h, _GATHER[fused]))
         returned.append(_moved("moe_unsort_chunks", float(real) * h, _GATHER[fused]))
     if fp8 and stack.grouped_gemm and fused and computed != real:
