@@ -248,7 +248,7 @@ def memory_per_rank(
         experts = (
             rank_expert_parameters(recipe, model, moe, pipeline_rank) if sharded_experts else 0
         )
-        edp = max(1, layout.shard_degree // layout.ep)
+        edp = layout.expert_shard_degree
         extra = experts * (1 / edp - 1 / layout.shard_degree)  # parameters' worth, per term
         if recipe.shards_optimizer:
             terms["optimizer_state"] /= layout.shard_degree

@@ -900,6 +900,8 @@ def moe_layer_ops(
     local, e, k = f // tp, spec.experts, spec.top_k
     aux = stack.aux_loss if spec.aux_loss is None else spec.aux_loss
     fused = stack.fused_permute
+    # Megatron-Core's flex dispatcher (DeepEP, HybridEP): one permute after the dispatch
+    flex = fused and spec.dispatcher == "deepep"
     index_bytes = 4.0 * k * tokens  # the int32 map from assignments back to tokens
 
     router: list[OpCost] = [
@@ -923,7 +925,7 @@ def moe_layer_ops(
         combine.append(
             _gemm_op("moe_combine_einsum", tokens, h, slots, saved=ACT_BYTES * slots * h)
         )
-    elif stack.grouped_gemm and fused and spec.dispatcher == "deepep":
+    elif stack.grouped_gemm and flex:
         # Megatron-Core's flex dispatcher (DeepEP, HybridEP without
         # moe_permute_fusion_into_hybridep): the tokens go out unpermuted, one copy per
         # destination; the received tokens are permuted once into their local experts'
@@ -942,7 +944,6 @@ def moe_layer_ops(
             scores = _GATHER[True] if compiled else _SCORE_FP32
             combine.append(_moved("moe_scores", float(sent) * h, scores))
         combine.append(_moved("moe_unpermute", float(sent) * h, unpermute, saved=index_bytes))
-    flex = fused and spec.dispatcher == "deepep"
     if stack.sort_after_dispatch and groups > 1 and not flex:
         received.append(_moved("moe_sort_chunks", float(real) * h, _GATHER[fused]))
         returned.append(_moved("moe_unsort_chunks", float(real) * h, _GATHER[fused]))

@@ -226,6 +226,12 @@ class Layout:
         HSDP, else every rank holding the same weights (``dp``, times ``cp``)."""
         return self.dp_shard or self.replicas
 
+    @property
+    def expert_shard_degree(self) -> int:
+        """Ranks a routed expert's sharded weight or optimizer state is split over: its
+        expert-data-parallel group, ``shard_degree / ep`` (1 when EP spans it)."""
+        return max(1, self.shard_degree // self.ep)
+
     def group_members(self, axis: str, rank: int) -> tuple[int, ...]:
         return self._groups[self._group_of[(axis, rank)]]
 

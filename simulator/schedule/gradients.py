@@ -234,7 +234,7 @@ class DataParallelGradients:
         layout = lowering.layout
         dp = layout.shard_degree if self.recipe.shards_optimizer else 1
         experts = self.expert_parameters
-        edp = max(1, dp // layout.ep) if experts else dp
+        edp = layout.expert_shard_degree if self.recipe.shards_optimizer else 1
         local = (self.parameters - experts) / dp + experts / edp
         grad_bytes = self.recipe.grad_bytes
         grad_norm = OpCost("grad_norm", "elementwise", 2.0 * local, grad_bytes * local, 0.0)
