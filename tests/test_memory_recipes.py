@@ -137,3 +137,70 @@ def test_a_sweep_tries_lighter_recompute_beside_a_fraction_of_full():
         recipe = load_scenario(SMALL, [*base, *candidate.overrides()]).recipe
         assert recipe.recompute == recompute
         assert recipe.recompute_fraction == (0.5 if recompute == "full" else 1.0)
+
+
+@pytest.mark.parametrize(
+    "framework, cross_entropy, per_logit",
+    [
+        ("megatron", "auto", 2.0),  # the vocabulary-parallel loss: bf16 logits beside it
+        ("torchtitan", "auto", 8.0),  # eager F.cross_entropy: two fp32 gradients at once
+        ("torchtitan", "fused", 2.0),
+        ("torchtitan", "fused-fp32", 6.0),  # torchtune: fp32 logits, compiled loss
+        ("fsdp1", "te", 2.0),
+    ],
+)
+def test_the_loss_holds_its_working_buffers_on_the_last_stage_only(
+    framework, cross_entropy, per_logit
+):
+    overrides = [
+        f"training.framework={framework}",
+        f"training.cross_entropy={cross_entropy}",
+        "parallel.tp=1",
+        "parallel.pp=2",
+        "parallel.dp=4",
+        "training.global_batch=32",
+    ]
+    scenario = load_scenario(SMALL, overrides)
+    memory = memory_per_rank(scenario.recipe, scenario.model, scenario.moe, 80e9)
+    first, last = memory.per_stage
+    model, b = scenario.model, scenario.recipe.micro_batch
+    assert first.terms_bytes["transient"] == 0.0
+    assert last.terms_bytes["transient"] == pytest.approx(
+        b * model.seq_len * model.vocab * per_logit
+    )
+    assert last.total_bytes == pytest.approx(sum(last.terms_bytes.values()))
+
+
+def test_one_gpu_without_accumulation_holds_no_gradient_at_the_loss():
+    """torch's ``zero_grad`` frees the gradients; on one GPU with one micro-batch a step
+    makes them as its backward frees the activations, so the peak is the larger moment."""
+    one_gpu = [
+        "parallel.tp=1",
+        "parallel.dp=1",
+        "training.global_batch=4",
+        "training.micro_batch=4",
+        "cluster.gpus_per_node=1",
+        "cluster.nic.per_node=1",
+    ]
+    eager = _terms(load_scenario(SMALL, [*one_gpu, "training.framework=torchtitan"]))
+    assert eager["gradients"] == 0.0 and eager["activations"] > 0.0
+    megatron = _terms(load_scenario(SMALL, one_gpu))  # its gradient buffer stays
+    assert megatron["gradients"] > 0.0
+    accumulating = _terms(
+        load_scenario(SMALL, [*one_gpu, "training.framework=torchtitan", "training.micro_batch=2"])
+    )
+    assert accumulating["gradients"] > 0.0
+    # with almost no activations the step's end, all gradients made, is the peak
+    tiny = _terms(
+        load_scenario(
+            SMALL,
+            [
+                *one_gpu,
+                "training.framework=torchtitan",
+                "training.global_batch=1",
+                "training.micro_batch=1",
+                "model.seq_len=8",
+            ],
+        )
+    )
+    assert tiny["gradients"] > 0.0 and tiny["activations"] == tiny["transient"] == 0.0

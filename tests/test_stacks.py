@@ -121,6 +121,11 @@ def test_the_loss_kernels_follow_training_cross_entropy(framework):
     (fused_bwd,) = backward_of(fused)
     assert fused_bwd.bytes == pytest.approx(4.0 * logits) and fused_bwd.kernels == 1
     assert te.bytes == pytest.approx(8.0 * logits) and te.saved_bytes == pytest.approx(4.0 * logits)
+    # on logits the model cast to fp32 (torchtune): the eager cast beside the fused pair,
+    # the fp32 logits kept
+    (fp32,) = restack([loss], stack_of(framework, cross_entropy="fused-fp32"))
+    assert (fp32.kernels, fp32.bytes) == (2, pytest.approx(14.0 * logits))
+    assert fp32.saved_bytes == pytest.approx(4.0 * logits)
     # Megatron-LM's own vocabulary-parallel cross-entropy runs six fp32 passes
     if framework == "megatron":
         (own,) = restack([loss], stack_of(framework))

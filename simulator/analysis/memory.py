@@ -20,6 +20,13 @@
   Full recompute keeps each layer's input and, during a layer's backward, that one
   layer's full activations.
 * NCCL's buffers: 128 MiB per communicator the rank belongs to (see below).
+* What the loss holds while it runs (``transient``, on the rank of the last stage),
+  beyond what it keeps for the backward: per logit, the fp32 copy and the gradients of
+  an eager ``F.cross_entropy`` on fp32 logits (8 B), the bf16 logits or gradient beside
+  a fused loss (2 B) (:func:`simulator.arithmetic.stacks.loss_peak_bytes`). The loss
+  of the last micro-batch runs while the rank holds its peak of activations, so it
+  adds to that peak: over a 128K vocabulary and 8K tokens an eager loss holds 8 GiB
+  more for a moment.
 
 Not counted: allocator fragmentation, the CUDA context and cuBLAS workspaces
 (docs/modelling.md).
@@ -42,10 +49,11 @@ from simulator.arithmetic.layer_ops import (
     layer_forward_ops,
     layer_saved_bytes,
     logits_forward_op,
+    loss_elements,
     loss_op,
 )
 from simulator.arithmetic.moe import expert_ops, shared_expert_ops
-from simulator.arithmetic.stacks import restack, stack_of
+from simulator.arithmetic.stacks import loss_peak_bytes, restack, stack_of
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec, is_moe_layer
 from simulator.request.orders import Action
@@ -181,6 +189,20 @@ def stage_activation_bytes(
     return total
 
 
+def _gradients_grow_in_backward(config: StepConfig) -> bool:
+    """Whether a rank holds no gradient when its step's first loss runs: a PyTorch
+    stack (``optimizer.zero_grad()`` frees the gradients, ``set_to_none`` by default
+    since PyTorch 2.0) on one GPU without data parallelism (no DDP bucket or FSDP shard
+    kept across steps) and one micro-batch per step (no accumulated gradient).
+    Megatron-Core keeps its gradient buffer for the whole run."""
+    return (
+        config.recipe.framework != "megatron"
+        and config.layout.dp == 1
+        and config.layout.pp == 1
+        and config.microbatches == 1
+    )
+
+
 def _largest_units(recipe: Recipe, model: ModelSpec, moe: MoESpec | None, rank: int) -> float:
     """Parameters of the two largest units a pipeline rank holds (full sharding gathers
     a unit and prefetches the next; its gradients are whole until reduce-scattered)."""
@@ -225,6 +247,7 @@ def memory_per_rank(
     verdict against ``capacity_bytes``."""
     config = StepConfig(recipe, model, moe)
     layout = config.layout
+    stack = stack_of(recipe.framework, recipe.compile, recipe.cross_entropy)
     orders = config.pipeline_orders()
     communicators = sum(1 for size in (layout.tp, layout.dp, layout.cp) if size > 1)
     communicators += (layout.pp > 1) + (layout.cp > 1 and layout.dp > 1)  # pp, dp × cp
@@ -283,6 +306,19 @@ def memory_per_rank(
                 layer_activation_bytes(config, layer, "none") for layer in kinds.values()
             )
         terms["activations"] = activations
+        # the loss runs beside the held activations (on the last stage's rank)
+        terms["transient"] = (
+            loss_elements(config.local, config.micro_batch, layout.tp) * loss_peak_bytes(stack)
+            if config.stages - 1 in by_stage
+            else 0.0
+        )
+        if _gradients_grow_in_backward(config):
+            # the gradients are made as the backward frees the activations: the peak is
+            # the larger of the loss's moment (no gradient yet) and the step's end
+            if terms["gradients"] <= activations + terms["transient"]:
+                terms["gradients"] = 0.0
+            else:
+                terms["activations"] = terms["transient"] = 0.0
         terms["communication_buffers"] = float(communicators * NCCL_BUFFERS_PER_COMMUNICATOR)
         total = sum(terms.values())
         ranks.append(

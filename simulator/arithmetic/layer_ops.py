@@ -65,6 +65,7 @@ __all__ = [
     "final_norm_op",
     "logits_forward_op",
     "loss_op",
+    "loss_elements",
     "layer_saved_bytes",
     "checkpoint_bytes",
 ]
@@ -498,13 +499,17 @@ def logits_forward_op(model: ModelSpec, micro_batch: int, tp: int, shard: int = 
     return _gemm("logits", tokens, model.vocab // tp, model.hidden, saved=saved)
 
 
+def loss_elements(model: ModelSpec, micro_batch: int, tp: int) -> float:
+    """Logits one rank's loss reads per micro-batch (the vocabulary split over TP)."""
+    return micro_batch * model.seq_len * model.vocab / tp
+
+
 def loss_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
     """Megatron-LM's vocabulary-parallel cross-entropy over the local logits in fp32:
     cast (6 B/element), max (4), subtract (8), exp (8), sum (4), normalise (8) = 38
     B/element; it keeps the fp32 softmax (4 B/element) for the backward, which scales it
     in place and casts the gradient to bf16 (14 B/element)."""
-    elements = micro_batch * model.seq_len * model.vocab / tp
-    return _elementwise("loss", elements, 6, 38, 14, 4)
+    return _elementwise("loss", loss_elements(model, micro_batch, tp), 6, 38, 14, 4)
 
 
 def checkpoint_bytes(model: ModelSpec, micro_batch: int, tp: int, sp: bool = False) -> float:

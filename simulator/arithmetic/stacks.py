@@ -84,10 +84,13 @@ __all__ = [
     "STACKS",
     "EAGER_DISPATCH_S",
     "COMPILED_DISPATCH_S",
+    "EAGER_BF16_CROSS_ENTROPY",
     "FUSED_CROSS_ENTROPY",
+    "FUSED_FP32_CROSS_ENTROPY",
     "TE_CROSS_ENTROPY",
     "stack_of",
     "restack",
+    "loss_peak_bytes",
 ]
 
 EAGER_DISPATCH_S = 14e-6
@@ -98,13 +101,16 @@ COMPILED_DISPATCH_S = 3e-6
 class Kernels:
     """An elementwise chain as a stack runs it, per element of the op's tensor:
     ``forward`` and ``backward`` kernel counts, HBM bytes moved by all of them
-    (``forward_bytes``, ``backward_bytes``) and bytes saved for the backward."""
+    (``forward_bytes``, ``backward_bytes``), bytes saved for the backward, and the
+    bytes held beyond those at the chain's busiest moment (``peak``: its inputs and
+    intermediates while a kernel runs, forward or backward)."""
 
     forward: int
     forward_bytes: float
     backward: int
     backward_bytes: float
     saved: float
+    peak: float = 0.0
 
 
 # torchtitan's and the Hugging Face model's RMSNorm in eager mode, per element of x
@@ -136,8 +142,17 @@ EAGER_GELU = Kernels(1, 4.0, 1, 6.0, 2.0)
 # max and sum pass reading 4 + 4, writing 4), the NLL gather (nothing per element):
 # 3 kernels, 18 B; it keeps the fp32 log-probabilities (4 B). Backward: NLL's
 # scatter into zeros (4), log_softmax's backward (8, 4), the cast back (4, 2): 3
-# kernels, 22 B.
-EAGER_CROSS_ENTROPY = Kernels(3, 18.0, 3, 22.0, 4.0)
+# kernels, 22 B. Its busiest moment is log_softmax's backward: the gradient NLL wrote
+# (4) and the one it writes (4) beside the saved log-probabilities: 8 B beyond them
+# (the forward holds the bf16 logits and their fp32 copy beside its output: 6).
+EAGER_CROSS_ENTROPY = Kernels(3, 18.0, 3, 22.0, 4.0, peak=8.0)
+# F.cross_entropy straight on bf16 logits (``eager-bf16``: fms-fsdp's train loop on the
+# fms LLaMA's logits, which it does not upcast: fms_fsdp/utils/train_utils.py at
+# ed74fd5): log_softmax reads the row twice and writes bf16 log-probabilities (2 + 2 +
+# 2), which it keeps (2); the NLL gather is per row. Backward: NLL's scatter into
+# zeros (2), log_softmax's backward (2 + 2 read, 2 written): 2 kernels, 8 B; its
+# busiest moment holds those two bf16 gradients beside the kept output: 4.
+EAGER_BF16_CROSS_ENTROPY = Kernels(1, 6.0, 2, 8.0, 2.0, peak=4.0)
 # One fused softmax-cross-entropy kernel pair, per logit (``training.cross_entropy:
 # fused``): Apex's xentropy as flash-attention's training scripts run it
 # (training/src/losses/cross_entropy_apex.py at flash-attention 4a6eaa9f, with
@@ -145,16 +160,32 @@ EAGER_CROSS_ENTROPY = Kernels(3, 18.0, 3, 22.0, 4.0)
 # torchtune's compile): the forward reads the bf16 logits twice (the row's max, then
 # the sum of exponentials) and keeps them (2 B) with one log-sum-exp per row, to
 # recompute the softmax in the backward, which reads them once and writes their
-# gradient once: 4 B each way.
-FUSED_CROSS_ENTROPY = Kernels(1, 4.0, 1, 4.0, 2.0)
+# gradient once: 4 B each way. Beyond the kept logits it holds only the bf16 gradient
+# it writes (2; Apex's inplace_backward writes it over the logits, none).
+FUSED_CROSS_ENTROPY = Kernels(1, 4.0, 1, 4.0, 2.0, peak=2.0)
+# The fused pair on logits the model casts to fp32 before the loss (``fused-fp32``:
+# torchtune's decoder ends in ``self.output(h).float()``, torchtune/modules/
+# transformer.py at 1814feb17, and its recipes wrap the loss in torch.compile,
+# ``training.compile_loss``): the eager cast (2 + 4) and the fused forward reading the
+# fp32 logits twice (8), which it keeps (4); the backward reads them and writes the
+# fp32 gradient (4 + 4), cast back to bf16 (4 + 2). Beyond the kept logits its
+# backward holds the fp32 gradient and its bf16 cast: 6.
+FUSED_FP32_CROSS_ENTROPY = Kernels(2, 14.0, 2, 14.0, 4.0, peak=6.0)
 # Transformer Engine's Triton cross-entropy (``te``; Megatron-Core's
 # --cross-entropy-loss-fusion --cross-entropy-fusion-impl te;
 # transformer_engine/pytorch/triton/cross_entropy.py at TE d0067d0): the forward's
 # online-softmax kernel reads the logits (2), its second kernel reads them again and
 # writes their gradient in fp32 (2 + 4), which it keeps for the backward (4); the
 # backward scales that gradient in place (4 + 4) and autograd casts it to the logits'
-# bf16 (4 + 2): 8 B in 2 kernels, 14 B in 2.
-TE_CROSS_ENTROPY = Kernels(2, 8.0, 2, 14.0, 4.0)
+# bf16 (4 + 2): 8 B in 2 kernels, 14 B in 2. Beyond the kept gradient it holds the
+# bf16 logits in the forward (Megatron's GPTModel.forward still refers to them) and
+# the bf16 gradient in the backward: 2.
+TE_CROSS_ENTROPY = Kernels(2, 8.0, 2, 14.0, 4.0, peak=2.0)
+# Megatron-Core's own vocabulary-parallel cross-entropy (``layer_ops.loss_op``; the
+# stacks' ``loss`` is None): it casts the logits to fp32 and turns that copy into the
+# softmax in place, which it keeps (4); beyond it the bf16 logits while it runs, and
+# the gradient cast back to their bf16 in the backward: 2 B per logit.
+VOCAB_PARALLEL_LOSS_PEAK = 2.0
 
 
 @dataclass(frozen=True)
@@ -208,7 +239,12 @@ STACKS = {
 }
 
 
-_LOSSES = {"fused": FUSED_CROSS_ENTROPY, "te": TE_CROSS_ENTROPY}
+_LOSSES = {
+    "eager-bf16": EAGER_BF16_CROSS_ENTROPY,
+    "fused": FUSED_CROSS_ENTROPY,
+    "fused-fp32": FUSED_FP32_CROSS_ENTROPY,
+    "te": TE_CROSS_ENTROPY,
+}
 
 
 def stack_of(framework: str, compiled: bool = False, cross_entropy: str = "auto") -> Stack:
@@ -218,6 +254,12 @@ def stack_of(framework: str, compiled: bool = False, cross_entropy: str = "auto"
     if cross_entropy == "auto":
         return stack
     return replace(stack, loss=_LOSSES[cross_entropy])
+
+
+def loss_peak_bytes(stack: Stack) -> float:
+    """Bytes per logit the stack's loss holds at its busiest moment beyond what it
+    saves for the backward (the memory model's ``transient`` term)."""
+    return VOCAB_PARALLEL_LOSS_PEAK if stack.loss is None else stack.loss.peak
 
 
 def _chain(op, kernels: Kernels, elements: float):

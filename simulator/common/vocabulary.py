@@ -101,9 +101,11 @@ GRADIENT_DTYPES = ("fp32", "bf16")
 OPTIMIZER_DTYPES = ("fp32", "bf16")
 # How the loss runs over the logits (simulator.arithmetic.stacks): the stack's own
 # (auto: Megatron-LM's vocabulary-parallel cross-entropy, or F.cross_entropy on fp32
-# logits), one fused softmax-cross-entropy kernel pair (fused: Apex's xentropy,
-# torch.compile of the loss, Triton kernels), or Transformer Engine's (te)
-CROSS_ENTROPY_KERNELS = ("auto", "fused", "te")
+# logits), F.cross_entropy straight on the bf16 logits (eager-bf16: fms-fsdp's LLaMA),
+# one fused softmax-cross-entropy kernel pair (fused: Apex's xentropy, torch.compile of
+# the loss, Triton kernels), the same on logits the model cast to fp32 before it
+# (fused-fp32: torchtune's decoder and compiled loss), or Transformer Engine's (te)
+CROSS_ENTROPY_KERNELS = ("auto", "eager-bf16", "fused", "fused-fp32", "te")
 TRAINING_DTYPES = ("bf16", "fp16", "fp8")
 # ZeRO stages by what they shard across data parallelism: nothing, the optimizer
 # state (ZeRO-1), also the gradients (ZeRO-2), also the weights (ZeRO-3, FSDP).

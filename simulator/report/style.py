@@ -56,6 +56,7 @@ MEMORY_COLORS: dict[str, str] = {
     "gradients": "#72B7B2",
     "optimizer_state": "#54A24B",
     "activations": "#F58518",
+    "transient": "#FF9DA6",
     "communication_buffers": "#9D755D",
 }
 
