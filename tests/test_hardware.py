@@ -53,6 +53,16 @@ LAYOUTS = {
     "tp-pp-dp": ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.pp=2", "parallel.dp=1"],
     "tp-dp": ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.dp=2"],
     "zb-h1": ["parallel.tp=1", "parallel.pp=2", "parallel.dp=1", "parallel.schedule=zb-h1"],
+    # two chunks per rank as a V: the turn's hand-over stays on rank 1, rank 0 holds
+    # both the embedding and the loss
+    "zbv": [
+        "parallel.tp=1",
+        "parallel.pp=2",
+        "parallel.dp=1",
+        "parallel.schedule=zbv",
+        "parallel.virtual_stages=2",
+        "model.layers=4",
+    ],
     # FSDP: each layer's weights gathered before its forward and backward, its
     # gradients reduce-scattered after its backward
     "fsdp": ["parallel.tp=1", "parallel.dp=2", "training.sharding=full"],

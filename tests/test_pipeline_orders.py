@@ -19,6 +19,7 @@ from simulator.request.orders import (
     load_csv_order,
     validate_order,
 )
+from simulator.request.placement import Placement
 from simulator.schedule.ir import Compute, Program, Recv, Schedule, Send
 from simulator.schedule.pipeline import (
     gpipe_order,
@@ -27,6 +28,7 @@ from simulator.schedule.pipeline import (
     pipeline_order,
     zb_h1_order,
     zb_h2_order,
+    zbv_order,
 )
 
 from .helpers import FREE_NETWORK, cluster, seconds_to_flops
@@ -110,9 +112,19 @@ def test_in_flight_counts_chunks_separately():
 
 
 def test_pipeline_order_names_and_errors():
-    assert set(PIPELINE_SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"}
+    assert set(PIPELINE_SCHEDULES) == {
+        "gpipe",
+        "1f1b",
+        "interleaved-1f1b",
+        "zb-h1",
+        "zb-h2",
+        "zbv",
+    }
     assert pipeline_order("1f1b", 4, 8) == one_f_one_b_order(4, 8)
     assert pipeline_order("zb-h2", 4, 8) == zb_h2_order(4, 8)
+    assert pipeline_order("zbv", 4, 8, virtual=2) == zbv_order(4, 8)
+    with pytest.raises(ValueError, match=r"'zbv' places 2 model chunks per rank"):
+        pipeline_order("zbv", 4, 8)
     with pytest.raises(ValueError, match="unknown pipeline schedule 'pipedream'"):
         pipeline_order("pipedream", 4, 8)
     with pytest.raises(ValueError, match=r"virtual stages \(2\).*'1f1b'"):
@@ -373,15 +385,22 @@ def test_torch_loads_and_runs_our_csv(
 # ---------------------------------------------------------------- bubbles
 
 
-def replay_schedule(order, ranks: int, microbatches: int, flops: dict[str, float]) -> Schedule:
+def replay_schedule(
+    order, ranks: int, microbatches: int, flops: dict[str, float], style: str = "loop"
+) -> Schedule:
     """Each action one compute op of ``flops[type]``; activations and gradients travel as
-    zero-byte sends between neighbouring stages (``s`` on rank ``s % ranks``).
+    zero-byte sends between neighbouring stages on different ranks (placed in
+    ``style``); two stages on one rank hand over through the rank's own order.
 
     Every (direction, chunk) has its own send and receive stream, so a rank waiting for
     one chunk's input never holds up another chunk's; a transfer's tag names its
     sending stage, micro-batch and direction."""
     stages = 1 + max(a.stage for actions in order.values() for a in actions)
+    placement = Placement(ranks, stages // ranks, style)
     phase = {"F": "fwd", "B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
+
+    def crosses(stage: int, other: int) -> bool:
+        return not placement.same_rank(stage, other)
 
     def tag(stage: int, mb: int, direction: int) -> int:
         return (stage * microbatches + mb) * 2 + direction
@@ -390,16 +409,16 @@ def replay_schedule(order, ranks: int, microbatches: int, flops: dict[str, float
     for rank, actions in order.items():
         ops: list = []
         for action in actions:
-            stage, mb, chunk = action.stage, action.microbatch, action.stage // ranks
+            stage, mb, chunk = action.stage, action.microbatch, placement.chunk_of(action.stage)
             deps: tuple[int, ...] = ()
-            if action.type == "F" and stage > 0:
-                peer, key = (stage - 1) % ranks, tag(stage - 1, mb, 0)
+            if action.type == "F" and stage > 0 and crosses(stage, stage - 1):
+                peer, key = placement.rank_of(stage - 1), tag(stage - 1, mb, 0)
                 ops.append(
                     Recv(len(ops), f"pp_recv_fwd.c{chunk}", peer, 0, key, tags={"axis": "pp"})
                 )
                 deps = (len(ops) - 1,)
-            if action.type in ("B", "I") and stage < stages - 1:
-                peer, key = (stage + 1) % ranks, tag(stage + 1, mb, 1)
+            if action.type in ("B", "I") and stage < stages - 1 and crosses(stage, stage + 1):
+                peer, key = placement.rank_of(stage + 1), tag(stage + 1, mb, 1)
                 ops.append(
                     Recv(len(ops), f"pp_recv_bwd.c{chunk}", peer, 0, key, tags={"axis": "pp"})
                 )
@@ -417,8 +436,8 @@ def replay_schedule(order, ranks: int, microbatches: int, flops: dict[str, float
                 )
             )
             done = (len(ops) - 1,)
-            if action.type == "F" and stage < stages - 1:
-                peer, key = (stage + 1) % ranks, tag(stage, mb, 0)
+            if action.type == "F" and stage < stages - 1 and crosses(stage, stage + 1):
+                peer, key = placement.rank_of(stage + 1), tag(stage, mb, 0)
                 ops.append(
                     Send(
                         len(ops),
@@ -430,8 +449,8 @@ def replay_schedule(order, ranks: int, microbatches: int, flops: dict[str, float
                         tags={"axis": "pp"},
                     )
                 )
-            if action.type in ("B", "I") and stage > 0:
-                peer, key = (stage - 1) % ranks, tag(stage, mb, 1)
+            if action.type in ("B", "I") and stage > 0 and crosses(stage, stage - 1):
+                peer, key = placement.rank_of(stage - 1), tag(stage, mb, 1)
                 ops.append(
                     Send(
                         len(ops),
@@ -447,11 +466,11 @@ def replay_schedule(order, ranks: int, microbatches: int, flops: dict[str, float
     return Schedule(programs=programs, groups={})
 
 
-def run_free(order, ranks: int, microbatches: int, seconds: dict[str, float]):
+def run_free(order, ranks: int, microbatches: int, seconds: dict[str, float], style="loop"):
     """Replay with free communication: the step time and each rank's bubble (seconds)."""
     machine = cluster(nodes=1, **FREE_NETWORK)
     flops = {kind: seconds_to_flops(machine, t) for kind, t in seconds.items()}
-    schedule = replay_schedule(order, ranks, microbatches, flops)
+    schedule = replay_schedule(order, ranks, microbatches, flops, style)
     times = simulate(schedule, machine)
     bubbles = {}
     for rank, program in schedule.programs.items():
@@ -547,3 +566,52 @@ def test_zb_h2_has_no_bubble_inside_a_stage(stages, microbatches):
         for previous_end, start in zip(ends, starts[1:], strict=False):
             assert start == pytest.approx(previous_end, rel=1e-9)
         assert bubbles[rank] == pytest.approx((stages - 1) * t, rel=1e-9)
+
+
+# ---------------------------------------------------------------- ZB-V
+
+
+@pytest.mark.parametrize(
+    "ranks,microbatches",
+    [(1, 1), (2, 1), (2, 3), (2, 8), (3, 5), (4, 2), (4, 8), (4, 11), (8, 16), (8, 20)],
+)
+def test_zbv_matches_torch(torch_schedules, ranks, microbatches):
+    """``ScheduleZBVZeroBubble`` builds its order in its constructor from two stages per
+    rank placed as a V."""
+    placement = Placement(ranks, 2, "v")
+    local = [
+        SimpleNamespace(**{**vars(stage_stand_in(s, 2 * ranks, ranks)), "group_rank": 0})
+        for s in placement.stages_of(0)
+    ]
+    schedule = torch_schedules.ScheduleZBVZeroBubble(local, microbatches)
+    ours = zbv_order(ranks, microbatches)
+    assert torch_compute_order(schedule.pipeline_order) == as_text(ours)
+    validate_order(ours, 2 * ranks, microbatches, "v")
+
+
+@pytest.mark.parametrize("ranks,microbatches", [(2, 4), (4, 8), (4, 16), (8, 16), (8, 24)])
+def test_zbv_holds_one_f_one_b_s_first_stage_on_every_rank(ranks, microbatches):
+    """ZB-V's peak is ``p`` micro-batches of a rank's layers, 1F1B's first stage's, on
+    every rank (Qi et al., ICLR 2024, section 6): ``2p`` activations of half a stage."""
+    order = zbv_order(ranks, microbatches)
+    assert [in_flight_peak(order[rank]) for rank in range(ranks)] == [2 * ranks] * ranks
+    one_f_one_b = one_f_one_b_order(ranks, microbatches)
+    assert in_flight_peak(one_f_one_b[0]) == ranks
+
+
+@pytest.mark.parametrize("ranks,microbatches", [(2, 4), (2, 9), (4, 8), (4, 13), (8, 16), (8, 32)])
+def test_zbv_bubble(ranks, microbatches):
+    """With ``T_F = T_B = T_W = T`` per stage (``T/2`` a chunk) and free communication
+    every rank idles ``(p−1)·T/2``, half ZB-H1's ``(p−1)·T`` (Qi et al., ICLR 2024,
+    section 6); the turn of the V hands over on its rank without a send."""
+    chunk = 1e-3
+    seconds = {"F": chunk, "I": chunk, "W": chunk, "B": 2 * chunk}
+    order = zbv_order(ranks, microbatches)
+    schedule, times, bubbles = run_free(order, ranks, microbatches, seconds, style="v")
+    busy = 2 * microbatches * 3 * chunk
+    assert times.step_time == pytest.approx(busy + (ranks - 1) * chunk, rel=1e-9)
+    for bubble in bubbles.values():
+        assert bubble == pytest.approx((ranks - 1) * chunk, rel=1e-9, abs=1e-15)
+    # rank p−1 holds both sides of the turn (stages p−1 and p): no send between them
+    turn = schedule.programs[ranks - 1].ops
+    assert not any(type(op) is Send and op.peer == ranks - 1 for op in turn)

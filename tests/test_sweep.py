@@ -204,8 +204,11 @@ def test_enumeration_follows_the_documented_space():
             microbatches = 32 // (c.dp * c.micro_batch)
             assert c.virtual_stages in (2, 4)
             assert 24 % (c.pp * c.virtual_stages) == 0 and microbatches % c.pp == 0
+        elif c.schedule == "zbv":  # two chunks a rank, as a V
+            assert c.pp > 1 and c.virtual_stages == 2 and 24 % (2 * c.pp) == 0
         else:
             assert c.virtual_stages == 1
+    assert any(c.schedule == "zbv" for c in candidates)
     assert len(set(candidates)) == len(candidates)
     # placements that give the same rank grid are tried once
     grids: dict[tuple, set] = {}

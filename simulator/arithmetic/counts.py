@@ -195,8 +195,8 @@ def unit_parameters(recipe: Recipe, model: ModelSpec, moe: MoESpec | None, layer
     if layer == recipe.layers - 1:
         count += final_norm_op(model, 1).weight_params
         # an untied output layer, or Megatron-LM's copy of the tied word embeddings on
-        # the last stage when it is not the first
-        if not model.tie_embeddings or recipe.stages > 1:
+        # the last stage when it is not on the first stage's rank
+        if not model.tie_embeddings or recipe.placement.rank_of(recipe.stages - 1) != 0:
             count += logits_forward_op(model, 1, tp).weight_params
     return count
 
@@ -221,10 +221,10 @@ def pipeline_rank_parameters(
         count += sum(experts - dense_mlp for layer in layers if is_moe_layer(moe, layer))
     if pipeline_rank == 0:
         count += embedding_op(model, 1, tp).weight_params
-    if pipeline_rank == (recipe.stages - 1) % layout.pp:
+    if pipeline_rank == recipe.placement.rank_of(recipe.stages - 1):
         count += final_norm_op(model, 1).weight_params
         # an untied output layer, or Megatron-LM's copy of the tied word embeddings on
-        # the last stage when it is not the first
-        if not model.tie_embeddings or recipe.stages > 1:
+        # the last stage when it is not on the first stage's rank
+        if not model.tie_embeddings or recipe.placement.rank_of(recipe.stages - 1) != 0:
             count += logits_forward_op(model, 1, tp).weight_params
     return count

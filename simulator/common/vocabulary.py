@@ -10,6 +10,10 @@ from __future__ import annotations
 
 __all__ = [
     "PIPELINE_SCHEDULES",
+    "PLACEMENT_STYLES",
+    "V_SHAPED_SCHEDULES",
+    "CHUNKS_PER_RANK",
+    "SPLIT_BACKWARD_SCHEDULES",
     "SCHEDULES",
     "RECOMPUTE_MODES",
     "PHASES",
@@ -40,7 +44,17 @@ __all__ = [
 
 # Pipeline schedules with a built-in order (simulator.schedule.pipeline), and every
 # value ``parallel.schedule`` takes (``custom`` reads the order from a CSV file).
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv")
+# How a pipeline's global stages sit on its ranks (simulator.request.placement): looped
+# (stage s on rank s % p) or V-shaped (the chunks zig-zag over the ranks)
+PLACEMENT_STYLES = ("loop", "v")
+# The schedules whose two chunks per rank are placed as a V
+V_SHAPED_SCHEDULES: tuple[str, ...] = ("zbv",)
+# Model chunks per rank of the schedules that place a fixed number (interleaved 1F1B
+# takes any, parallel.virtual_stages)
+CHUNKS_PER_RANK: dict[str, int] = {"zbv": 2}
+# The schedules that split the backward into I (input gradients) and deferred W passes
+SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "zb-h2", "zbv")
 SCHEDULES = (*PIPELINE_SCHEDULES, "custom")
 
 # Activation recompute, lightest first: each one reruns more of the forward.

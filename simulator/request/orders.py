@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from simulator.request.placement import Placement
 from topologies.files import read_config_text
 
 __all__ = [
@@ -145,12 +146,15 @@ def dump_csv_order(order: Mapping[int, Sequence[Action]], path: str | Path) -> N
             writer.writerow([str(action) for action in order[rank]])
 
 
-def validate_order(order: Mapping[int, Sequence[Action]], stages: int, microbatches: int) -> None:
+def validate_order(
+    order: Mapping[int, Sequence[Action]], stages: int, microbatches: int, style: str = "loop"
+) -> None:
     """Check an order is complete and can run; raise a one-line ValueError otherwise.
 
     ``stages`` counts the global stages, ``p·v`` for ``p`` ranks of ``v`` model chunks;
     the ranks are the order's keys, which must be ``0..p-1`` with ``p`` dividing
-    ``stages``. Every action must sit on rank ``s % p`` for its stage ``s``, and every
+    ``stages``. Every action must sit on the rank that holds its stage (placement
+    ``style``: ``loop``, stage ``s`` on rank ``s % p``, or ``v``), and every
     stage must run for each micro-batch one ``F`` and then either one ``B`` or one ``I``
     followed by one ``W``. Finally the ranks are replayed against each other (a forward
     waits for the previous stage's, a backward for the next stage's) to make sure no
@@ -163,16 +167,17 @@ def validate_order(order: Mapping[int, Sequence[Action]], stages: int, microbatc
     p = len(ranks)
     if stages % p:
         raise ValueError(f"pipeline order has {p} ranks, which do not divide stages({stages})")
+    placement = Placement(p, stages // p, style)
     done: dict[tuple[int, int], set[str]] = {}
     for rank in ranks:
         for action in order[rank]:
             where = f"rank {rank}: {action}"
             if action.type not in COMPUTE_TYPES:
                 raise ValueError(f"{where} is not a compute action (F, B, I or W)")
-            if not 0 <= action.stage < stages or action.stage % p != rank:
+            if not 0 <= action.stage < stages or placement.rank_of(action.stage) != rank:
                 raise ValueError(
                     f"{where}: stage {action.stage} does not live on rank {rank} "
-                    f"({p} ranks, {stages} stages, stage s on rank s % {p})"
+                    f"({p} ranks, {stages} stages, placed {style})"
                 )
             if not 0 <= action.microbatch < microbatches:
                 raise ValueError(f"{where}: micro-batch out of range 0..{microbatches - 1}")
@@ -189,7 +194,7 @@ def validate_order(order: Mapping[int, Sequence[Action]], stages: int, microbatc
                 raise ValueError(f"{where}: a micro-batch has either B or I and W, not both")
             seen.add(action.type)
     for stage in range(stages):
-        rank = stage % p
+        rank = placement.rank_of(stage)
         for mb in range(microbatches):
             seen = done.get((stage, mb), set())
             if "F" not in seen:

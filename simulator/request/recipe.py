@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Any
 
 from simulator.common.errors import ScenarioError
@@ -44,6 +45,7 @@ from simulator.common.vocabulary import (
 )
 from simulator.request.layout import Layout
 from simulator.request.orders import Action
+from simulator.request.placement import Placement, placement_style
 
 __all__ = [
     "Recipe",
@@ -267,14 +269,19 @@ class Recipe:
         index = layer - self._first_layer[stage] + 1  # type: ignore[attr-defined]
         return math.floor(index * fraction + 0.5) > math.floor((index - 1) * fraction + 0.5)
 
+    @cached_property
+    def placement(self) -> Placement:
+        """Where the global stages live: ``pp`` ranks of ``virtual_stages`` chunks, in
+        the schedule's style (:mod:`simulator.request.placement`)."""
+        return Placement(self.layout.pp, self.virtual_stages, placement_style(self.schedule))
+
     def rank_layers(self, pipeline_rank: int) -> list[int]:
         """The layers pipeline rank ``pipeline_rank`` holds: those of its global stages
-        ``r, r + pp, …`` (with virtual stages, not contiguous). The builder, the
-        parameter count and memory all ask this one function."""
-        pp = self.layout.pp
+        (with virtual stages, not contiguous). The builder, the parameter count and
+        memory all ask this one function."""
         return [
             layer
-            for stage in range(pipeline_rank, self.stages, pp)
+            for stage in self.placement.stages_of(pipeline_rank)
             for layer in self.layers_of(stage)
         ]
 

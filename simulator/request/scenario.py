@@ -29,6 +29,7 @@ from simulator.common.vocabulary import (
     ALGORITHMS,
     ATTENTION_BACKENDS,
     ATTENTION_KERNELS,
+    CHUNKS_PER_RANK,
     CP_KINDS,
     CROSS_ENTROPY_KERNELS,
     FIDELITIES,
@@ -44,6 +45,7 @@ from simulator.common.vocabulary import (
     RECOMPUTE_MODES,
     SCHEDULES,
     SHARDING_LEVELS,
+    SPLIT_BACKWARD_SCHEDULES,
     TP_COMM_OVERLAP,
     TRAINING_DTYPES,
 )
@@ -427,6 +429,17 @@ def _check_schedule(
                 f"parallel.schedule: interleaved-1f1b needs micro-batches({microbatches}) "
                 f"divisible by pp({pp}) (global_batch / (dp * micro_batch))"
             )
+    elif parallel.schedule in CHUNKS_PER_RANK:
+        chunks = CHUNKS_PER_RANK[parallel.schedule]
+        if pp < 2:
+            raise ScenarioError(
+                f"parallel.schedule: {parallel.schedule} needs a pipeline (pp >= 2, got pp({pp}))"
+            )
+        if v != chunks:
+            raise ScenarioError(
+                f"parallel.virtual_stages: {parallel.schedule} places {chunks} model chunks "
+                f"on each pipeline rank; set virtual_stages: {chunks} (got {v})"
+            )
     elif v != 1:
         raise ScenarioError(
             f"parallel.virtual_stages: {v} virtual stages need schedule interleaved-1f1b "
@@ -456,7 +469,7 @@ def _check_schedule(
             f"parallel.dp_shard: HSDP (dp_shard {layout.dp_shard}) with expert parallelism "
             f"(ep {layout.ep}) is not modelled; use one of them"
         )
-    if sharding == "full" and parallel.schedule in ("zb-h1", "zb-h2"):
+    if sharding == "full" and parallel.schedule in SPLIT_BACKWARD_SCHEDULES:
         raise ScenarioError(
             f"training.sharding: full with schedule {parallel.schedule} is not modelled "
             "(FSDP's reduce-scatter would wait for the deferred weight gradients); use "

@@ -157,11 +157,13 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         """The rank (in this rank's pipeline) that holds global ``stage``."""
         rank = self.neighbours.get(stage)
         if rank is None:
-            rank = self.neighbours[stage] = self.layout.stage_rank(self.rank, stage % self.pp)
+            pipeline_rank = self.config.recipe.placement.rank_of(stage)
+            rank = self.neighbours[stage] = self.layout.stage_rank(self.rank, pipeline_rank)
         return rank
 
     def _stream(self, name: str, stage: int) -> str:
-        return name if self.config.recipe.virtual_stages == 1 else f"{name}.c{stage // self.pp}"
+        placement = self.config.recipe.placement
+        return name if placement.chunks == 1 else f"{name}.c{placement.chunk_of(stage)}"
 
     def _tag(self, stage: int, mb: int, direction: int) -> int:
         return (stage * self.config.microbatches + mb) * 2 + direction
@@ -635,7 +637,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                 last_grad[(action.stage, action.type == "I")] = action
         finals = set(last_grad.values())
         self.gradients.begin_step(order[0].stage)
-        lowered = with_communication(order, self.stages)
+        lowered = with_communication(order, self.config.recipe.placement)
         for index, action in enumerate(lowered):
             kind = action.type
             if kind in ("RECV_F", "RECV_B"):

@@ -25,6 +25,7 @@ Without interleaving rank and stage coincide.
   Training on GPU Clusters Using Megatron-LM", SC'21). The order is the one
   ``torch.distributed.pipelining.ScheduleInterleaved1F1B`` builds. Idle fraction with
   equal stages and free communication: ``(p−1)/(v·m + p−1)``.
+* ZB-V: two chunks per rank placed as a V, with ZB-H1's split backward (below).
 * ZB-H1 and ZB-H2: the backward split into ``I`` (gradient for the input) and ``W``
   (gradient for the weights), with the ``W`` passes moved to fill the bubbles (Qi, Wan,
   Huang, Lin, "Zero Bubble Pipeline Parallelism", ICLR 2024, section 2). ZB-H1 keeps
@@ -41,8 +42,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from simulator.common.vocabulary import PIPELINE_SCHEDULES
+from simulator.common.vocabulary import CHUNKS_PER_RANK, PIPELINE_SCHEDULES
 from simulator.request.orders import Action, check_sizes
+from simulator.request.placement import Placement
 
 __all__ = [
     "gpipe_order",
@@ -50,6 +52,7 @@ __all__ = [
     "interleaved_1f1b_order",
     "zb_h1_order",
     "zb_h2_order",
+    "zbv_order",
     "pipeline_order",
 ]
 
@@ -104,6 +107,7 @@ def interleaved_1f1b_order(stages: int, microbatches: int, virtual: int) -> dict
             f"{microbatches % stages}"
         )
     total = microbatches * virtual
+    placement = Placement(stages, virtual)
     orders: dict[int, list[Action]] = {}
     for rank in range(stages):
         warmup = min((virtual - 1) * stages + 2 * (stages - 1 - rank), total)
@@ -113,7 +117,7 @@ def interleaved_1f1b_order(stages: int, microbatches: int, virtual: int) -> dict
             if kind == "B":
                 chunk = virtual - 1 - chunk
             microbatch = (k // (stages * virtual)) * stages + k % stages
-            return Action(chunk * stages + rank, kind, microbatch)
+            return Action(placement.stage_of(rank, chunk), kind, microbatch)
 
         actions = [action(k, "F") for k in range(warmup)]
         for k in range(total - warmup):
@@ -178,11 +182,93 @@ def zb_h2_order(stages: int, microbatches: int) -> dict[int, list[Action]]:
     return _zero_bubble_order(stages, microbatches, 2)
 
 
+def zbv_order(stages: int, microbatches: int) -> dict[int, list[Action]]:
+    """ZB-V (Qi, Wan, Huang, Lin, "Pipeline Parallelism with Controllable Memory",
+    NeurIPS 2024; "Zero Bubble Pipeline Parallelism", ICLR 2024, section 6): two model
+    chunks per rank placed as a V (:mod:`simulator.request.placement`), so rank ``r``
+    holds stages ``r`` and ``2p−1−r`` and the first and last stage share rank 0; the
+    backward split into ``I`` and ``W`` as in ZB-H1.
+
+    ``stages`` is the number of pipeline ranks ``p``. Rank ``r`` runs ``2(p−r)−1``
+    forwards of chunk 0, then ``r`` pairs of forwards (chunk 1, chunk 0), then ``p−r``
+    rounds of chunk 1's ``F, I, W``; in the steady state one ``F, I, W`` of chunk 0 and
+    one of chunk 1; then drains ``I`` of both chunks and the pending ``W`` passes. With
+    ``m ≥ 2p`` every rank holds at most ``2p`` chunk activations, ``p`` micro-batches'
+    worth of its layers: 1F1B's first stage's peak, on every rank. With ``T_F = T_B =
+    T_W = T`` per stage (``T/2`` per chunk) and free communication every rank idles
+    ``(p−1)·T/2``, against ZB-H1's ``(p−1)·T`` and 1F1B's ``3(p−1)·T``. This is the
+    order ``torch.distributed.pipelining.ScheduleZBVZeroBubble`` builds (its idle slots
+    dropped): like torch, it plans ``max(2p−1, m)`` micro-batches and keeps those below
+    ``m``.
+    """
+    check_sizes(stages, microbatches)
+    placement = Placement(stages, 2, "v")
+    planned = max(2 * stages - 1, microbatches)
+    return {
+        rank: [
+            action
+            for action in _ZbvRank(stages, rank, *placement.stages_of(rank)).plan(planned)
+            if action.microbatch < microbatches
+        ]
+        for rank in range(stages)
+    }
+
+
+class _ZbvRank:
+    """One rank's ZB-V order as torch builds it, counting each chunk's passes."""
+
+    def __init__(self, ranks: int, rank: int, first: int, second: int):
+        self.ranks, self.rank, self.first, self.second = ranks, rank, first, second
+        self.count = {(first, "F"): 0, (second, "F"): 0, (first, "I"): 0, (second, "I"): 0}
+        self.weights = {first: 0, second: 0}
+        self.actions: list[Action] = []
+
+    def run(self, stage: int, kind: str) -> None:
+        key = (stage, kind)
+        self.actions.append(Action(stage, kind, self.count[key]))
+        self.count[key] += 1
+
+    def weigh(self, stage: int) -> None:
+        self.actions.append(Action(stage, "W", self.weights[stage]))
+        self.weights[stage] += 1
+
+    def plan(self, planned: int) -> list[Action]:
+        p, r, first, second, count = self.ranks, self.rank, self.first, self.second, self.count
+        for _ in range(2 * (p - r) - 1):
+            self.run(first, "F")
+        for _ in range(r):
+            self.run(second, "F")
+            self.run(first, "F")
+        for _ in range(p - r):
+            self.run(second, "F")
+            self.run(second, "I")
+            self.weigh(second)
+        while count[(second, "F")] < count[(first, "F")] or count[(first, "F")] < planned:
+            if count[(first, "F")] < planned:
+                self.run(first, "F")
+            self.run(first, "I")
+            self.weigh(first)
+            self.run(second, "F")
+            self.run(second, "I")
+            self.weigh(second)
+        for _ in range(r):
+            self.run(first, "I")
+            self.run(second, "I")
+        for _ in range(p - r):
+            self.run(first, "I")
+            self.weigh(first)
+        for stage in (second, first):
+            while self.weights[stage] < count[(stage, "I")]:
+                self.weigh(stage)
+        return self.actions
+
+
 _BUILDERS: dict[str, Callable[[int, int], dict[int, list[Action]]]] = {
     "gpipe": gpipe_order,
     "1f1b": one_f_one_b_order,
     "zb-h1": zb_h1_order,
     "zb-h2": zb_h2_order,
+    "zbv": zbv_order,
 }
 
 
@@ -209,8 +295,14 @@ def _pipeline_order(
             f"unknown pipeline schedule {schedule!r} "
             f"(expected one of {', '.join(PIPELINE_SCHEDULES)})"
         )
-    if virtual != 1:
+    chunks = CHUNKS_PER_RANK.get(schedule, 1)
+    if virtual != chunks and chunks == 1:
         raise ValueError(
             f"virtual stages ({virtual}) need the interleaved-1f1b schedule, not {schedule!r}"
+        )
+    if virtual != chunks:
+        raise ValueError(
+            f"schedule {schedule!r} places {chunks} model chunks per rank, not "
+            f"virtual stages ({virtual})"
         )
     return _BUILDERS[schedule](stages, microbatches)

@@ -27,9 +27,10 @@ validator then judges it):
                  for all the variations of that ``tp · pp · dp`` and the validator
                  says why it is invalid
 ``schedule``     ``1f1b`` alone when ``pp = 1``; otherwise ``1f1b``, ``gpipe``,
-                 ``zb-h1`` and ``interleaved-1f1b`` with 2 and 4 virtual stages where
+                 ``zb-h1``, ``zbv`` (two chunks a rank, where ``layers % (2·pp) ==
+                 0``) and ``interleaved-1f1b`` with 2 and 4 virtual stages where
                  ``layers % (pp · v) == 0`` and ``micro-batches % pp == 0``
-                 (``interleaved-1f1b`` needs ``pp > 1``, even when pinned)
+                 (``interleaved-1f1b`` and ``zbv`` need ``pp > 1``, even when pinned)
 ``recompute``    ``none``, ``selective``, ``full``
 ``placement``    ``[tp,dp,pp]``, ``[tp,pp,dp]`` and ``[dp,tp,pp]`` (TP across nodes,
                  the classic mistake); orders that differ only in where an axis of
@@ -119,11 +120,13 @@ from simulator.common.errors import ParasimError, ScenarioError
 from simulator.common.machine import machine_memory
 from simulator.common.vocabulary import (
     BATCH_POLICIES,
+    CHUNKS_PER_RANK,
     CP_KINDS,
     PIPELINE_SCHEDULES,
     PLACEMENT_AXES,
     RECOMPUTE_MODES,
     SHARDING_LEVELS,
+    SPLIT_BACKWARD_SCHEDULES,
     SWEEP_FIX_KEYS,
 )
 from simulator.request.layout import FEWEST_UNEVEN_LAYERS, balanced_stages
@@ -184,7 +187,7 @@ _FIX_ALIASES = {"mb": "micro_batch", "v": "virtual_stages", "rc": "recompute"}
 # searched by default, in this order: every built-in schedule but ZB-H2, which holds
 # more micro-batches in flight than ZB-H1 for the last of the bubble (--fix
 # schedule=zb-h2 searches it)
-SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1")
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zbv")
 assert set(SCHEDULES) < set(PIPELINE_SCHEDULES)
 PLACEMENTS = (PLACEMENT_AXES, ("tp", "pp", "dp"), ("dp", "tp", "pp"))
 MAX_MICRO_BATCH = 8
@@ -194,7 +197,7 @@ MAX_MICRO_BATCH = 8
 LONG_SEQUENCE = 16384
 VIRTUAL_STAGES = (2, 4)
 # full sharding's reduce-scatter would wait for the weight gradients these defer
-_ZERO_BUBBLE = ("zb-h1", "zb-h2")
+_ZERO_BUBBLE = SPLIT_BACKWARD_SCHEDULES
 _RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE_MODES)}
 _SHARDING_RANK = {name: i for i, name in enumerate(SHARDING_LEVELS)}
 # ZeRO-2 moves what ZeRO-1 moves and saves memory only: the same step time
@@ -571,6 +574,11 @@ def _schedules(
             for v in VIRTUAL_STAGES:
                 if layers % (pp * v) == 0 and microbatches is not None and microbatches % pp == 0:
                     pairs.append((name, v))
+        elif name in CHUNKS_PER_RANK:  # ZB-V: its two chunks a rank, as a V
+            chunks = CHUNKS_PER_RANK[name]
+            if pp > 1 and fixed.get("virtual_stages", chunks) == chunks:
+                if layers % (pp * chunks) == 0:
+                    pairs.append((name, chunks))
         elif fixed.get("virtual_stages", 1) == 1:
             pairs.append((name, 1))
     return pairs
