@@ -287,7 +287,7 @@ def violations(run: RunResult) -> list[str]:
         if not math.isclose(total, step, rel_tol=1e-6, abs_tol=1e-12):
             broken.append(f"rank {row.rank}: categories sum to {total}, step {step}")
             break
-    # MFU and HFU count causal attention's full s² (DESIGN.md); what the kernels run,
+    # MFU and HFU count causal attention's full s² (docs/modelling.md); what the kernels run,
     # the masked half skipped, must fit in the GPUs' peak; and MFU and HFU are the
     # TFLOP/s per GPU the result states over the peak it states
     world = run.scenario.layout.world

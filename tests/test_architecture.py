@@ -2,8 +2,8 @@
 no import cycle exists, and an import inside a function is only for an optional heavy
 package (torch, plotly, kaleido), never to dodge a cycle or reach upward.
 
-The layers, lowest first, are the folders of ``simulator/`` (DESIGN.md, "Layout of the
-repository"; docs/guide.md, "The code, layer by layer"), with ``topologies/`` below
+The layers, lowest first, are the folders of ``simulator/`` (docs/guide.md, "The code,
+layer by layer"), with ``topologies/`` below
 them all and ``hardware/`` between the reports and the command line. Imports are read
 from the source with :mod:`ast`, so the test needs no package importable and sees
 imports inside functions too.

@@ -16,7 +16,7 @@ import pytest
 from simulator.analysis.memory import memory_per_rank
 from simulator.cli import sweep as sweep_command
 from simulator.common.errors import ParasimError, ScenarioError
-from simulator.request.scenario import load_scenario
+from simulator.request.scenario import load_scenario, read_scenario_file
 from simulator.run.simulate import run_scenario
 from simulator.tools import sweep
 from topologies.units import format_time
@@ -582,7 +582,7 @@ def test_a_placement_moves_ranks_not_bytes(scenario, overrides):
     assert all(estimate == estimates[0] for estimate in estimates)
     assert estimates[0].peak_bytes_per_gpu > 0
 
-    raw = sweep.read_raw(SCENARIOS / scenario)
+    raw = read_scenario_file(SCENARIOS / scenario)
     items = [
         [*overrides, f"parallel.placement=[{','.join(p)}]", f"training.micro_batch={m}"]
         for m in (1, 2)

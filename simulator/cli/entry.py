@@ -11,9 +11,9 @@ any other.
 When the command is done, every object left is frozen out of the garbage collector
 (``gc.freeze``): the interpreter's last collection at exit would walk them all (a
 step's schedule, times and trace, and plotly's modules) only for the operating system
-to reclaim the memory anyway. That last walk took 1.3–1.8 s after a gpt3-175b run on
-128 GPUs in flow fidelity and 0.3 s after ``scenarios/small.yaml`` (2-core VM). Files
-are closed by then, and exit handlers still run. For the same reason, writing a run's
+to reclaim the memory anyway: seconds after a large run (benchmarks/RESULTS.md, "The
+console script leaves what a command made to the system at exit"). Files are closed by
+then, and exit handlers still run. For the same reason, writing a run's
 files leaves the collector at its slower pace rather than walk, at the block's end,
 all that the step made (:func:`simulator.common.collector.end_with_command`)."""
 

@@ -12,11 +12,11 @@ allocations instead: cycles are still found, only later, and the previous thresh
 return on exit. It works as a ``with`` block or as a decorator, and is used around the
 work of one step (simulating it, building its trace, writing its files), not around a
 whole search: a sweep's pool workers run faster collecting each candidate's leftovers
-at the usual pace between candidates (27.7 s against 29.8 s and 31.8 s against 33.5 s
-for the 1,024-GPU sweep, each pair in turn). A search's block holds a whole candidate,
+at the usual pace between candidates (benchmarks/RESULTS.md, the third round of
+"What the user waits for"). A search's block holds a whole candidate,
 to the point where its schedule and times are dropped: ended while they are still
 alive, a block leaves them all to the next collection of the generation its young
-collections moved them to (about 9 ms a layout of the sweep, a sixth of its CPU).
+collections moved them to (a sixth of a sweep's CPU, measured in the same place).
 
 Returning to the usual pace costs one walk of everything the block made: the young
 collections it did let through moved their survivors a generation up, and the next

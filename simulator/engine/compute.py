@@ -1,7 +1,7 @@
 """Compute time of one op on one GPU.
 
 ``time = max(flops / (peak · efficiency), bytes / (hbm_bandwidth · hbm_efficiency))
-+ launch_overhead``, the roofline of DESIGN.md, where the efficiency depends on what
++ launch_overhead``, a roofline (docs/modelling.md, "Compute"), where the efficiency depends on what
 the op is:
 
 * a GEMM (``kind: gemm``, with its ``(m, n, k)`` shape and ``batch``): the shape model

@@ -41,6 +41,20 @@ from topologies import Cluster
 __all__ = ["simulate", "SimulationTimes", "EngineOptions"]
 
 
+class _CountingEnvironment(simpy.Environment):
+    """SimPy's environment, counting the events it schedules (the run's ``events``
+    statistic): every timeout, triggered event and process start goes through
+    :meth:`schedule`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduled = 0
+
+    def schedule(self, event, priority=simpy.core.NORMAL, delay=0) -> None:
+        self.scheduled += 1
+        super().schedule(event, priority, delay)
+
+
 @dataclass
 class SimulationTimes:
     """Per-rank lists, indexed by op id, of each op's ready, start and end instants."""
@@ -115,7 +129,7 @@ class _Engine:
         }
         self.choices: dict[str, int] = {}
         self._plans: dict[tuple, tuple] = {}  # (group, kind, bytes) -> NCCL plan, reused
-        self.env = simpy.Environment()
+        self.env = _CountingEnvironment()
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
         self.compute = ComputeModel(cluster.spec, schedule.meta)
         self.alone = AloneTimes.of_schedule(cluster, schedule, options.algorithm, options.protocol)
@@ -570,7 +584,7 @@ def simulate(
             "blocks": engine.blocks_run,
             "transfers": engine.network.transfers_started,
             "rate_recomputations": engine.network.recomputations,
-            "events": next(engine.env._eid),  # SimPy's running count of scheduled events
+            "events": engine.env.scheduled,
         },
         collective_choices=dict(sorted(engine.choices.items())),
         link_utilisation=_Utilisation(engine.network),

@@ -199,10 +199,6 @@ class Layout:
             base + d * dp_stride + t * tp_stride for d in range(self.dp) for t in range(self.tp)
         )
 
-    def _members(self, axis: str, rank: int) -> tuple[int, ...]:
-        base = rank - self.coords(rank)[axis] * self._strides[axis]
-        return tuple(base + i * self._strides[axis] for i in range(self.size(axis)))
-
     @property
     def groups(self) -> dict[str, tuple[int, ...]]:
         """Every process group, name → member ranks (ascending along the axis), as a
@@ -235,10 +231,13 @@ class Layout:
     def group_members(self, axis: str, rank: int) -> tuple[int, ...]:
         return self._groups[self._group_of[(axis, rank)]]
 
-    def stage_rank(self, rank: int, stage: int) -> int:
-        """The rank holding pipeline ``stage`` in ``rank``'s pipeline."""
+    def stage_rank(self, rank: int, pipeline_rank: int) -> int:
+        """The rank at ``pipeline_rank`` of ``rank``'s pipeline (which global stages it
+        holds is the recipe's :class:`~simulator.request.placement.Placement`)."""
         coords = self.coords(rank)
-        return self.rank_of(tp=coords["tp"], dp=coords["dp"], pp=stage, cp=coords.get("cp", 0))
+        return self.rank_of(
+            tp=coords["tp"], dp=coords["dp"], pp=pipeline_rank, cp=coords.get("cp", 0)
+        )
 
     def describe(self) -> str:
         order = "·".join(f"{axis}{self.size(axis)}" for axis in self.placement)

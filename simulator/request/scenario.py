@@ -1,6 +1,6 @@
 """Scenario files: reading, overriding, validating and resolving them.
 
-A scenario (DESIGN.md, "Scenario file (v1)") names a cluster, a model, the training
+A scenario (docs/guide.md, "The scenario file") names a cluster, a model, the training
 recipe, the parallel layout and the simulation settings. :func:`load_scenario` reads
 the YAML (at most :data:`~topologies.files.LARGEST_SCENARIO` bytes, within the bounds of
 :func:`topologies.config_text.read_yaml`: no key given twice, no runaway nesting, value

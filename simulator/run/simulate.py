@@ -2,7 +2,7 @@
 
 This is the whole path from scenario to numbers in one place: build the Schedule IR
 for every rank, replay it on the modelled cluster, account every rank's time, estimate
-memory, and compute the headline figures (DESIGN.md, "Command line").
+memory, and compute the headline figures (docs/guide.md, "One step, end to end").
 """
 
 from __future__ import annotations
@@ -80,9 +80,8 @@ __all__ = [
 FULL_TRACE_OP_LIMIT = 300_000
 # A trace of more than this many ops over more than MAX_TRACE_STAGES pipeline stages
 # keeps the ranks of that many stages, evenly spaced: a deep pipeline's middle stages
-# run alike, and each op costs its files about ten microseconds to write (1T-parameter
-# GPT on 3,072 GPUs, pp=64: 197,255 ops, about 2 s of trace.json alone; see
-# benchmarks/RESULTS.md). --full-trace keeps every one.
+# run alike, and each op costs its files about ten microseconds to write (the 1T GPT's
+# trace in benchmarks/RESULTS.md). --full-trace keeps every one.
 STAGE_CAP_OPS = 100_000
 MAX_TRACE_STAGES = 16
 # Flow fidelity folds symmetric ranks by default above this many ranks: every rank of a
@@ -165,15 +164,13 @@ def would_fold(simulation: SimulationSpec, moe: bool, cp: int, world: int) -> bo
 # The size guard (run_scenario, and the commands before they load a scenario): what a
 # step costs before it is built. Ops: an upper bound on the ops one layer's forward and
 # backward pass puts on a rank (compute, TP collectives, sends; blocks only make it
-# smaller), each about 350 bytes to hold (pipeline-demo at 450 micro-batches: 2.47 M
-# ops, 0.86 GB peak RSS) and about 9 us to simulate op by op (the same step in flow
-# fidelity: 3.46e6 ops estimated, 32 s), 0.4 us in analytic blocks (0.17 s). GPUs: the
-# modelled cluster holds every GPU (its links in the network graph, its rank in the
-# grid, its pipeline transfers and collectives priced), however few ranks are
-# simulated: gpt3-175b in analytic fidelity on 8,192 / 32,768 / 131,072 GPUs took 2.7 /
-# 20 / 101 s and 80 / 270 / 860 MB above the interpreter's (0.33 / 0.62 / 0.77 ms and
-# 10 / 8 / 6.6 KB a GPU; 2-core VM, 2026-12-03). A step estimated above half the
-# machine's memory or above MAX_STEP_SECONDS is refused without force.
+# smaller), each about 350 bytes to hold and about 9 us to simulate op by op, 0.4 us in
+# analytic blocks. GPUs: the modelled cluster holds every GPU (its links in the network
+# graph, its rank in the grid, its pipeline transfers and collectives priced), however
+# few ranks are simulated: under a millisecond and about 10 KB a GPU. The measurements
+# behind these figures are in benchmarks/RESULTS.md ("What a step costs to hold and to
+# simulate"). A step estimated above half the machine's memory or above
+# MAX_STEP_SECONDS is refused without force.
 OPS_PER_LAYER_PASS = 40
 BYTES_PER_OP = 400
 # An MoE layer's pass puts more ops on a rank (router, permutes, the all-to-alls, the

@@ -178,7 +178,6 @@ __all__ = [
     "check_chunk",
     "simulate_chunk",
     "simulate_overrides",
-    "read_raw",
 ]
 
 #: Dimensions ``--fix`` can pin, in the order a layout string shows them.
@@ -651,12 +650,6 @@ class SweepBase:
         return [*self.extra_overrides, *candidate.overrides(), *fixed]
 
 
-def read_raw(path: str | Path) -> dict[str, Any]:
-    """The parsed YAML of a scenario file
-    (:func:`simulator.request.scenario.read_scenario_file`)."""
-    return read_scenario_file(path)
-
-
 def _cluster_spec(raw: dict[str, Any], base_dir: str):
     try:
         return load_cluster_spec(raw.get("cluster"), prefix="cluster", base_dir=base_dir)
@@ -705,7 +698,7 @@ def prepare(
     path = Path(scenario_path)
     base_dir = str(path.parent)
     overrides = list(overrides or [])
-    raw = apply_overrides(read_raw(path), overrides)
+    raw = apply_overrides(read_scenario_file(path), overrides)
     spec = _spec(raw)
     cluster = _cluster_spec(raw, base_dir)
     per_node = cluster.gpus_per_node
