@@ -41,7 +41,7 @@ collective, already added to the fits.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
@@ -49,9 +49,9 @@ from .config_text import ConfigTextError, read_json
 from .errors import TopologyError
 from .files import ConfigFileError, read_config_text
 from .spec import (
-    COMM_KINDS,
-    COMM_SCOPES,
     LARGEST_TABLE,
+    CommKind,
+    CommScope,
     Count,
     Fraction,
     GemmRow,
@@ -128,7 +128,7 @@ class Profile(_Open):
     device: ProfileDevice
     software: ProfileSoftware
     gpu: ProfileGPU
-    comm: dict[Literal[COMM_KINDS], dict[Literal[COMM_SCOPES], ProfileFit]] = {}
+    comm: dict[CommKind, dict[CommScope, ProfileFit]] = {}
 
 
 def load_profile(path: str | Path, prefix: str = "cluster.profile") -> Profile:

@@ -34,7 +34,7 @@ times a device can take.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import networkx as nx
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
@@ -90,7 +90,7 @@ LARGEST_K_OVERHEAD = 65_536.0
 #: The communication kinds a calibration fits: the collectives the Schedule IR names
 #: (``simulator.common.vocabulary.COLLECTIVE_KINDS``, which ``topologies`` may not
 #: import; a test keeps the two equal) and point-to-point transfers.
-COMM_KINDS = (
+CommKind = Literal[
     "all_reduce",
     "all_gather",
     "reduce_scatter",
@@ -98,9 +98,11 @@ COMM_KINDS = (
     "broadcast",
     "barrier",
     "p2p",
-)
+]
+COMM_KINDS: tuple[str, ...] = get_args(CommKind)
 #: The scopes a fit is measured in.
-COMM_SCOPES = ("intra_node", "inter_node")
+CommScope = Literal["intra_node", "inter_node"]
+COMM_SCOPES: tuple[str, ...] = get_args(CommScope)
 
 
 def _positive(value: float) -> float:
@@ -445,7 +447,7 @@ class CalibrationSpec(_Spec):
     """
 
     source: str = ""
-    comm: dict[Literal[COMM_KINDS], ScopedFits] = {}
+    comm: dict[CommKind, ScopedFits] = {}
     note: str = ""
     """What the profile could not measure for this cluster (said in the result)."""
 

@@ -8,7 +8,30 @@ the code that implements it. Orders are meaningful where said.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 __all__ = [
+    "MlpKind",
+    "NormKind",
+    "PositionKind",
+    "MoeDispatcher",
+    "TrainingDtype",
+    "RecomputeMode",
+    "OptimizerDtype",
+    "ShardingLevel",
+    "AttentionKernel",
+    "AttentionBackend",
+    "TpCommOverlap",
+    "GradientDtype",
+    "Framework",
+    "CrossEntropyKernel",
+    "CpKind",
+    "GridAxis",
+    "Fidelity",
+    "Algorithm",
+    "NcclProtocol",
+    "PipelineSchedule",
+    "Schedule",
     "PIPELINE_SCHEDULES",
     "PLACEMENT_STYLES",
     "V_SHAPED_SCHEDULES",
@@ -44,7 +67,8 @@ __all__ = [
 
 # Pipeline schedules with a built-in order (simulator.schedule.pipeline), and every
 # value ``parallel.schedule`` takes (``custom`` reads the order from a CSV file).
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv")
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv"]
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 # How a pipeline's global stages sit on its ranks (simulator.request.placement): looped
 # (stage s on rank s % p) or V-shaped (the chunks zig-zag over the ranks)
 PLACEMENT_STYLES = ("loop", "v")
@@ -55,10 +79,12 @@ V_SHAPED_SCHEDULES: tuple[str, ...] = ("zbv",)
 CHUNKS_PER_RANK: dict[str, int] = {"zbv": 2}
 # The schedules that split the backward into I (input gradients) and deferred W passes
 SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "zb-h2", "zbv")
-SCHEDULES = (*PIPELINE_SCHEDULES, "custom")
+Schedule = Literal[PipelineSchedule, "custom"]
+SCHEDULES: tuple[str, ...] = (*PIPELINE_SCHEDULES, "custom")
 
 # Activation recompute, lightest first: each one reruns more of the forward.
-RECOMPUTE_MODES = ("none", "selective", "full")
+RecomputeMode = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[str, ...] = get_args(RecomputeMode)
 
 # What part of the step an op belongs to (its ``phase`` tag), in step order.
 PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight", "recompute", "optimizer")
@@ -70,11 +96,13 @@ PHASE_OF_PART = {"B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
 # parallelism's cp joins them when the sequence is split (GRID_AXES, Megatron-LM's
 # order).
 PLACEMENT_AXES = ("tp", "dp", "pp")
-GRID_AXES = ("tp", "cp", "dp", "pp")
+GridAxis = Literal["tp", "cp", "dp", "pp"]
+GRID_AXES: tuple[str, ...] = get_args(GridAxis)
 # Context parallelism: K/V blocks passed around a ring (Liu et al., "Ring Attention",
 # 2023) or all-to-alls that trade sequence for heads (DeepSpeed-Ulysses, Jacobs et al.,
 # 2023).
-CP_KINDS = ("ring", "ulysses")
+CpKind = Literal["ring", "ulysses"]
+CP_KINDS: tuple[str, ...] = get_args(CpKind)
 # Axes of the process groups: the grid's, SP's collectives on the TP group, the expert
 # (ep) and expert-data-parallel (edp) groups MoE splits each DP group into, and HSDP's
 # shard and replicate groups.
@@ -95,53 +123,69 @@ COLLECTIVE_KINDS = (
     "barrier",
 )
 # NCCL's algorithms and protocols (src/graph/tuning.cc), as parasim models them.
-ALGORITHMS = ("ring", "tree", "nvls", "direct", "hierarchical")
-PROTOCOLS = ("LL", "LL128", "Simple")
+Algorithm = Literal["ring", "tree", "nvls", "direct", "hierarchical"]
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+NcclProtocol = Literal["LL", "LL128", "Simple"]
+PROTOCOLS: tuple[str, ...] = get_args(NcclProtocol)
 
 # Simulation fidelities: every op alone in closed form, or flows sharing links.
-FIDELITIES = ("analytic", "flow")
+Fidelity = Literal["analytic", "flow"]
+FIDELITIES: tuple[str, ...] = get_args(Fidelity)
 
 # Training recipe choices (``training:``).
-ATTENTION_KERNELS = ("flash", "unfused")
+AttentionKernel = Literal["flash", "unfused"]
+ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 # The kernel behind ``attention: flash`` (simulator.engine.attention_kernels): the one
 # the software stack picks on the GPU, FlashAttention-2, or cuDNN's fused attention.
-ATTENTION_BACKENDS = ("auto", "fa2", "cudnn", "sdpa")
-TP_COMM_OVERLAP = ("none", "async", "pipelined")
-GRADIENT_DTYPES = ("fp32", "bf16")
+AttentionBackend = Literal["auto", "fa2", "cudnn", "sdpa"]
+ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
+TpCommOverlap = Literal["none", "async", "pipelined"]
+TP_COMM_OVERLAP: tuple[str, ...] = get_args(TpCommOverlap)
+GradientDtype = Literal["fp32", "bf16"]
+GRADIENT_DTYPES: tuple[str, ...] = get_args(GradientDtype)
 # The dtype of Adam's two moments: fp32 (mixed precision: Megatron-LM, PyTorch AMP and
 # FSDP MixedPrecision, DeepSpeed) or bf16 (Megatron-Core's precision-aware optimizer
 # with --exp-avg-dtype bf16, Apex DistributedFusedAdam with dtype bf16, pure-bf16
 # training such as torchtune's dtype=bf16)
-OPTIMIZER_DTYPES = ("fp32", "bf16")
+OptimizerDtype = Literal["fp32", "bf16"]
+OPTIMIZER_DTYPES: tuple[str, ...] = get_args(OptimizerDtype)
 # How the loss runs over the logits (simulator.arithmetic.stacks): the stack's own
 # (auto: Megatron-LM's vocabulary-parallel cross-entropy, or F.cross_entropy on fp32
 # logits), F.cross_entropy straight on the bf16 logits (eager-bf16: fms-fsdp's LLaMA),
 # one fused softmax-cross-entropy kernel pair (fused: Apex's xentropy, torch.compile of
 # the loss, Triton kernels), the same on logits the model cast to fp32 before it
 # (fused-fp32: torchtune's decoder and compiled loss), or Transformer Engine's (te)
-CROSS_ENTROPY_KERNELS = ("auto", "eager-bf16", "fused", "fused-fp32", "te")
-TRAINING_DTYPES = ("bf16", "fp16", "fp8")
+CrossEntropyKernel = Literal["auto", "eager-bf16", "fused", "fused-fp32", "te"]
+CROSS_ENTROPY_KERNELS: tuple[str, ...] = get_args(CrossEntropyKernel)
+TrainingDtype = Literal["bf16", "fp16", "fp8"]
+TRAINING_DTYPES: tuple[str, ...] = get_args(TrainingDtype)
 # ZeRO stages by what they shard across data parallelism: nothing, the optimizer
 # state (ZeRO-1), also the gradients (ZeRO-2), also the weights (ZeRO-3, FSDP).
-SHARDING_LEVELS = ("none", "optimizer", "gradients", "full")
+ShardingLevel = Literal["none", "optimizer", "gradients", "full"]
+SHARDING_LEVELS: tuple[str, ...] = get_args(ShardingLevel)
 # The software stacks a run names (``training.framework``), each a set of concrete
 # choices read from its code (simulator.arithmetic.stacks): Megatron-Core with
 # Transformer Engine, torchtitan (eager PyTorch modules, FSDP2), PyTorch FSDP1 around a
 # Hugging Face-style model, and DeepSpeed's ZeRO engine around one. The first is the
 # default.
-FRAMEWORKS = ("megatron", "torchtitan", "fsdp1", "deepspeed")
+Framework = Literal["megatron", "torchtitan", "fsdp1", "deepspeed"]
+FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 
 # How an MoE layer's tokens travel to their experts (``model.moe.dispatcher``):
 # ``alltoall`` sends one copy of a token per expert assignment (Megatron-Core's alltoall
 # token dispatcher, torchtitan's and DeepSpeed-MoE's all-to-alls), ``deepep`` one per
 # destination GPU inside a node and one per destination node across nodes (DeepSeek's
 # DeepEP and its hybrid-ep branch, Megatron-Core's flex dispatcher).
-MOE_DISPATCHERS = ("alltoall", "deepep")
+MoeDispatcher = Literal["alltoall", "deepep"]
+MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
 
 # Block choices (``model:``).
-MLP_KINDS = ("gelu", "swiglu")
-NORM_KINDS = ("layernorm", "rmsnorm")
-POSITION_KINDS = ("learned", "rope")
+MlpKind = Literal["gelu", "swiglu"]
+MLP_KINDS: tuple[str, ...] = get_args(MlpKind)
+NormKind = Literal["layernorm", "rmsnorm"]
+NORM_KINDS: tuple[str, ...] = get_args(NormKind)
+PositionKind = Literal["learned", "rope"]
+POSITION_KINDS: tuple[str, ...] = get_args(PositionKind)
 
 # What ``parasim sweep --fix`` may pin (simulator.tools.sweep), and the modes of
 # ``parasim scale`` (simulator.tools.scale): here, so the parser builds without them.

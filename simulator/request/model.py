@@ -25,7 +25,7 @@ and the reference formulas the op sums must reproduce in their limiting cases
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (
     Field,
@@ -34,7 +34,11 @@ from pydantic import (
     model_validator,
 )
 
-from simulator.common.vocabulary import MLP_KINDS, NORM_KINDS, POSITION_KINDS
+from simulator.common.vocabulary import (
+    MlpKind,
+    NormKind,
+    PositionKind,
+)
 from topologies.validation import ConfigModel
 
 __all__ = [
@@ -58,9 +62,9 @@ class ModelSpec(ConfigModel):
     vocab: int = Field(gt=0)
     ffn_hidden: int | None = Field(default=None, gt=0)
     kv_heads: int | None = Field(default=None, gt=0)
-    mlp: Literal[MLP_KINDS] = "gelu"
-    norm: Literal[NORM_KINDS] = "layernorm"
-    position: Literal[POSITION_KINDS] = "learned"
+    mlp: MlpKind = "gelu"
+    norm: NormKind = "layernorm"
+    position: PositionKind = "learned"
     bias: bool = True
     tie_embeddings: bool = True
     dropout: bool = True

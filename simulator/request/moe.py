@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simulator.common.errors import ScenarioError
-from simulator.common.vocabulary import MOE_DISPATCHERS
+from simulator.common.vocabulary import MoeDispatcher
 from topologies.validation import ConfigModel
 
 __all__ = [
@@ -113,7 +113,7 @@ class MoESpec(_Strict):
     max_nodes_per_token: int | None = Field(default=None, gt=0)
     # how tokens travel (simulator.common.vocabulary.MOE_DISPATCHERS): a copy per
     # assignment (alltoall) or per destination GPU and node (deepep)
-    dispatcher: Literal[MOE_DISPATCHERS] = "alltoall"
+    dispatcher: MoeDispatcher = "alltoall"
     overlap_shared_experts: bool = False
     # the load-balancing (auxiliary) loss over the router's T x E probabilities (Switch,
     # GShard); None: the stack's default (simulator.arithmetic.moe.STACKS)

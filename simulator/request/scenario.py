@@ -20,34 +20,34 @@ import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, ValidationError
 
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import (
-    ALGORITHMS,
-    ATTENTION_BACKENDS,
-    ATTENTION_KERNELS,
     CHUNKS_PER_RANK,
-    CP_KINDS,
-    CROSS_ENTROPY_KERNELS,
-    FIDELITIES,
-    FRAMEWORKS,
-    GRADIENT_DTYPES,
-    GRID_AXES,
-    MLP_KINDS,
-    NORM_KINDS,
-    OPTIMIZER_DTYPES,
     PLACEMENT_AXES,
-    POSITION_KINDS,
-    PROTOCOLS,
-    RECOMPUTE_MODES,
-    SCHEDULES,
-    SHARDING_LEVELS,
     SPLIT_BACKWARD_SCHEDULES,
-    TP_COMM_OVERLAP,
-    TRAINING_DTYPES,
+    Algorithm,
+    AttentionBackend,
+    AttentionKernel,
+    CpKind,
+    CrossEntropyKernel,
+    Fidelity,
+    Framework,
+    GradientDtype,
+    GridAxis,
+    MlpKind,
+    NcclProtocol,
+    NormKind,
+    OptimizerDtype,
+    PositionKind,
+    RecomputeMode,
+    Schedule,
+    ShardingLevel,
+    TpCommOverlap,
+    TrainingDtype,
 )
 from simulator.request.layout import FEWEST_UNEVEN_LAYERS, Layout, balanced_stages
 from simulator.request.model import MODEL_PRESETS, ModelSpec
@@ -94,8 +94,8 @@ class _Strict(ConfigModel):
 class TrainingSpec(_Strict):
     global_batch: int = Field(gt=0)
     micro_batch: int = Field(default=1, gt=0)
-    dtype: Literal[TRAINING_DTYPES] = "bf16"
-    recompute: Literal[RECOMPUTE_MODES] = "none"
+    dtype: TrainingDtype = "bf16"
+    recompute: RecomputeMode = "none"
     # with recompute full: the share of each stage's layers checkpointed and rerun in the
     # backward, evenly spaced (Megatron-LM's --recompute-method block with
     # --recompute-num-layers, fms-fsdp's selective_checkpointing, torchtitan's
@@ -103,11 +103,11 @@ class TrainingSpec(_Strict):
     recompute_fraction: float = Field(default=1.0, gt=0, le=1)
     # the dtype of Adam's two moments, and whether it keeps an fp32 master copy of the
     # weights (false: it updates the bf16 weights in place, pure-bf16 training)
-    optimizer_dtype: Literal[OPTIMIZER_DTYPES] = "fp32"
+    optimizer_dtype: OptimizerDtype = "fp32"
     master_weights: bool = True
     # what data parallelism shards: nothing, the optimizer state (ZeRO-1), also the
     # gradients (ZeRO-2), also the weights (ZeRO-3, FSDP); None: as optimizer_sharding says
-    sharding: Literal[SHARDING_LEVELS] | None = None
+    sharding: ShardingLevel | None = None
     optimizer_sharding: bool = False  # the older spelling of sharding: optimizer
     # full sharding: free each layer's gathered weights after its forward and gather them
     # again for its backward (FSDP2's reshard_after_forward), or keep them to the backward
@@ -117,33 +117,33 @@ class TrainingSpec(_Strict):
     # Megatron-Core's --fp8-param-gather, NeMo's fp8_params)
     fp8_all_gather: bool = False
     # the attention kernel: FlashAttention, or Megatron-LM's unfused path before it
-    attention: Literal[ATTENTION_KERNELS] = "flash"
+    attention: AttentionKernel = "flash"
     # the fused kernel behind flash: the stack's own on the GPU (auto), FlashAttention-2,
     # cuDNN's or PyTorch SDPA's flash backend (simulator.engine.attention_kernels)
-    attention_backend: Literal[ATTENTION_BACKENDS] = "auto"
+    attention_backend: AttentionBackend = "auto"
     # DDP-style gradient buckets reduced during the backward, or one reduction after it
     grad_reduce_overlap: bool = True
     # whether the backward TP all-reduce (SP: reduce-scatter) hides behind the weight
     # gradient GEMM (Megatron-LM's asynchronous TP communication) or is waited for at
     # once; pipelined: Transformer Engine's userbuffers also overlap the forward's SP
     # all-gathers and reduce-scatters with their GEMMs (Megatron-Core --tp-comm-overlap)
-    tp_comm_overlap: Literal[TP_COMM_OVERLAP] = "async"
+    tp_comm_overlap: TpCommOverlap = "async"
     # with optimizer_sharding: the updated weights are all-gathered beside the next
     # forward (Megatron-Core --overlap-param-gather) instead of after the optimizer
     param_gather_overlap: bool = False
     # the dtype gradients are accumulated and reduced in: Megatron-LM keeps fp32 main
     # gradients for bf16 training and torchtitan's FSDP reduces in fp32 by default
-    grad_reduce_dtype: Literal[GRADIENT_DTYPES] = "fp32"
+    grad_reduce_dtype: GradientDtype = "fp32"
     grad_bucket_bytes: Bytes = float(DDP_BUCKET_BYTES)
     first_grad_bucket_bytes: Bytes = float(DDP_FIRST_BUCKET_BYTES)
     # the software stack that runs the step: its kernels, attention backend, sharded
     # data parallelism and host dispatch (simulator.arithmetic.stacks)
-    framework: Literal[FRAMEWORKS] = "megatron"
+    framework: Framework = "megatron"
     # torch.compile on the model (the PyTorch stacks): elementwise chains fuse
     compile: bool = False
     # the loss's kernels over the logits: the stack's own (auto), one fused
     # softmax-cross-entropy kernel pair (fused), Transformer Engine's (te)
-    cross_entropy: Literal[CROSS_ENTROPY_KERNELS] = "auto"
+    cross_entropy: CrossEntropyKernel = "auto"
 
 
 class ParallelSpec(_Strict):
@@ -154,27 +154,27 @@ class ParallelSpec(_Strict):
     # context parallelism: each sequence split over cp ranks, attention by a ring of K/V
     # blocks or by Ulysses' all-to-alls; world = tp · cp · pp · dp
     cp: int = Field(default=1, gt=0)
-    cp_kind: Literal[CP_KINDS] = "ring"
+    cp_kind: CpKind = "ring"
     # HSDP (torchtitan's ParallelDims): full sharding inside groups of dp_shard replicas,
     # replication across dp_replicate such groups; dp = dp_shard · dp_replicate
     dp_shard: int | None = Field(default=None, gt=0)
     dp_replicate: int | None = Field(default=None, gt=0)
     sp: bool = False
-    schedule: Literal[SCHEDULES] = "1f1b"
+    schedule: Schedule = "1f1b"
     virtual_stages: int = Field(default=1, gt=0)
     schedule_file: str | None = None  # custom: torch.distributed.pipelining CSV order
     # layers of each global pipeline stage (pp · virtual_stages entries), when the model
     # is not split evenly (Megatron-DeepSpeed's and Megatron-Core's uneven first and last
     # stages); None: layers / (pp · virtual_stages) each
     stage_layers: list[int] | None = None
-    placement: list[Literal[GRID_AXES]] = list(PLACEMENT_AXES)
+    placement: list[GridAxis] = list(PLACEMENT_AXES)
 
 
 class SimulationSpec(_Strict):
-    fidelity: Literal[FIDELITIES] = "flow"
+    fidelity: Fidelity = "flow"
     seed: int = Field(default=0, ge=0)
-    algorithm: Literal[ALGORITHMS] | None = None
-    protocol: Literal[PROTOCOLS] | None = None
+    algorithm: Algorithm | None = None
+    protocol: NcclProtocol | None = None
     # simulate one rank per pipeline stage for the symmetric others (None: analytic
     # always folds; flow folds above FLOW_FOLD_WORLD ranks)
     fold: bool | None = None
@@ -191,9 +191,9 @@ class ModelSection(_Strict):
     ffn_hidden: int | None = Field(default=None, gt=0)
     kv_heads: int | None = Field(default=None, gt=0)
     head_dim: int | None = Field(default=None, gt=0)
-    mlp: Literal[MLP_KINDS] | None = None
-    norm: Literal[NORM_KINDS] | None = None
-    position: Literal[POSITION_KINDS] | None = None
+    mlp: MlpKind | None = None
+    norm: NormKind | None = None
+    position: PositionKind | None = None
     bias: bool | None = None
     tie_embeddings: bool | None = None
     dropout: bool | None = None

@@ -22,10 +22,15 @@ layer ops are built from the rank's view of the model). Attention needs all of i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
 from simulator.schedule.ir import Recv, Send
+
+if TYPE_CHECKING:
+    from simulator.request.layout import Layout
+    from simulator.schedule.context import StepConfig
+    from simulator.schedule.writer import ProgramWriter
 
 __all__ = ["ContextParallelLowering"]
 
@@ -38,6 +43,17 @@ _PHASE_CODE = {"fwd": 0, "recompute": 1}
 class ContextParallelLowering:
     """The context-parallel part of :class:`~simulator.schedule.layers.RankLowering` (a
     mixin: it writes through the same program writer and helpers)."""
+
+    # what RankLowering provides
+    config: StepConfig
+    layout: Layout
+    rank: int
+    w: ProgramWriter
+    last: int
+    waits: list[int]
+    stage: int
+    tp: int
+    _kv_local: int
 
     def _cp_setup(self) -> None:
         layout = self.layout

@@ -15,7 +15,8 @@ combine's. Expert weight gradients go to the expert-data-parallel group.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,12 +31,35 @@ from simulator.arithmetic.moe import (
     shared_expert_ops,
 )
 
+if TYPE_CHECKING:
+    from simulator.request.model import ModelSpec
+    from simulator.request.moe import MoESpec
+    from simulator.schedule.context import StepConfig
+    from simulator.schedule.writer import ProgramWriter
+
 __all__ = ["ExpertLowering"]
 
 
 class ExpertLowering:
     """The MoE part of :class:`~simulator.schedule.layers.RankLowering` (a mixin: it
     writes through the same program writer and layer helpers)."""
+
+    # what RankLowering provides
+    config: StepConfig
+    model: ModelSpec
+    moe: MoESpec
+    w: ProgramWriter
+    last: int
+    waits: list[int]
+    stage: int
+    tp: int
+    ep: int
+    ep_group: str | None
+    ep_index: int
+    ep_group_index: int
+    wait_for: Callable[[int | None], None]
+    _forward_op: Callable[[OpCost, int, int, dict[str, Any]], None]
+    _grads: Callable[..., None]
 
     # -- mixture of experts -----------------------------------------------------------
     def _moe_ops(self, layer: int, mb: int) -> tuple[MoELayerOps, MoELayerTraffic, np.ndarray]:
