@@ -3,6 +3,8 @@ them, asked by every module that needs a stage's rank."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from simulator.arithmetic.counts import pipeline_rank_parameters
@@ -13,7 +15,7 @@ from simulator.request.scenario import load_scenario
 from simulator.schedule.actions import with_communication
 from simulator.schedule.pipeline import zbv_order
 
-from .conftest import SCENARIOS
+from .conftest import ROOT, SCENARIOS
 
 PIPELINE = SCENARIOS / "pipeline-demo.yaml"
 
@@ -82,3 +84,19 @@ def test_zbv_puts_the_embedding_and_the_output_layer_on_rank_0():
 def test_zbv_asks_for_its_two_chunks(overrides, message):
     with pytest.raises(ScenarioError, match=message):
         load_scenario(PIPELINE, overrides)
+
+
+def test_no_module_places_stages_by_hand():
+    """``stage % p`` and ``stage // p`` live in the placement alone: a module that needs
+    a stage's rank or chunk asks :class:`Placement` (a V-shaped schedule would otherwise
+    run on the wrong ranks there)."""
+    by_hand = re.compile(r"\b(action\.)?stage\)?\s*(%|//)\s*\w")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for folder in ("simulator", "hardware")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.name != "placement.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if by_hand.search(line.split("#")[0]) and "``" not in line
+    ]
+    assert not offenders, "\n".join(offenders)
