@@ -205,14 +205,13 @@ def test_blocks_time_a_step_exactly_as_its_ops(name, overrides):
     """A pipeline action written as one block gives the same times and accounting as
     the action written op by op."""
     from simulator.run.simulate import assemble_result
-    from simulator.schedule.step import build_step
+    from simulator.schedule.step import LoweringPlan, build_step
 
     scenario = load_scenario(SCENARIOS / name, [*overrides, "simulation.fidelity=analytic"])
     results = []
     for blocks in (False, True):
-        schedule = build_step(
-            scenario.recipe, scenario.model, moe=scenario.moe, fold=True, blocks=blocks
-        )
+        plan = LoweringPlan(fold=True, blocks=blocks)
+        schedule = build_step(scenario.recipe, scenario.model, moe=scenario.moe, plan=plan)
         times = simulate(schedule, scenario.cluster, EngineOptions("analytic"))
         results.append(assemble_result(scenario, schedule, times, "analytic"))
     ops, blocked = results

@@ -51,7 +51,7 @@ from simulator.request.scenario import (
     scenario_model,
 )
 from simulator.schedule.ir import Block, Compute, Schedule
-from simulator.schedule.step import build_step
+from simulator.schedule.step import LoweringPlan, build_step
 from topologies import TopologyError, load_cluster_spec
 
 __all__ = [
@@ -109,17 +109,20 @@ def build_schedule(scenario: Scenario, numbers_only: bool = False) -> Schedule:
     written in blocks of layers where bodies hold their times (``layer_blocks``)."""
     fold = folds(scenario)
     analytic = scenario.spec.simulation.fidelity == "analytic"
+    plan = LoweringPlan(
+        fold=fold,
+        blocks=fold and analytic,
+        images=analytic,
+        share_bodies=numbers_only,
+        layer_blocks=numbers_only and bodies_hold_times(scenario),
+    )
     return build_step(
         scenario.recipe,
         scenario.model,
         moe=scenario.moe,
         seed=scenario.spec.simulation.seed,
         gpus_per_node=scenario.cluster_spec.gpus_per_node,
-        fold=fold,
-        blocks=fold and analytic,
-        images=analytic,
-        share_bodies=numbers_only,
-        layer_blocks=numbers_only and bodies_hold_times(scenario),
+        plan=plan,
     )
 
 

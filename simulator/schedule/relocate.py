@@ -18,7 +18,7 @@ and only the last few grids' (:data:`KEPT`): a run of one scenario has nothing t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import fields
 
 from simulator.request.layout import Layout
@@ -35,9 +35,9 @@ KEPT = 4
 _LOWERED: dict[tuple, tuple[Layout, dict[int, tuple[int, list[Op]]], dict, dict]] = {}
 
 
-def _key(config: StepConfig, flags: tuple[bool, ...]) -> tuple:
+def _key(config: StepConfig, plan: Hashable) -> tuple:
     """Everything the lowering reads but the placement: the recipe's other fields, the
-    grid's sizes, the model, the routing seed, the node size and the builder's flags."""
+    grid's sizes, the model, the routing seed, the node size and the builder's plan."""
     recipe, layout = config.recipe, config.layout
     return (
         tuple(getattr(recipe, f.name) for f in fields(recipe) if f.name != "layout"),
@@ -45,18 +45,18 @@ def _key(config: StepConfig, flags: tuple[bool, ...]) -> tuple:
         config.model.model_dump_json(),
         config.seed,
         config.gpus_per_node,
-        flags,
+        plan,
     )
 
 
 def keep_templates(
-    config: StepConfig, flags: tuple[bool, ...], templates: dict[int, tuple[int, list[Op]]]
+    config: StepConfig, plan: Hashable, templates: dict[int, tuple[int, list[Op]]]
 ) -> None:
     """Keep ``templates`` (pipeline rank -> (rank, ops)), lowered on ``config``'s layout,
     and ``config``'s body templates, for the grid's other placements."""
     if len(_LOWERED) >= KEPT:
         _LOWERED.pop(next(iter(_LOWERED)))  # the oldest grid
-    _LOWERED[_key(config, flags)] = (config.layout, templates, dict(config.body_templates), {})
+    _LOWERED[_key(config, plan)] = (config.layout, templates, dict(config.body_templates), {})
 
 
 def _placed(ops: Sequence[Op], known: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
@@ -68,13 +68,11 @@ def _placed(ops: Sequence[Op], known: dict[int, tuple[int, ...]]) -> tuple[int, 
     return found
 
 
-def known_templates(
-    config: StepConfig, flags: tuple[bool, ...]
-) -> dict[int, tuple[int, list[Op]]] | None:
+def known_templates(config: StepConfig, plan: Hashable) -> dict[int, tuple[int, list[Op]]] | None:
     """The templates of ``config``'s grid relocated onto its layout, with its body
     templates filled in to match; None when this grid was not lowered here. Compute ops,
     and block bodies of compute alone, are shared with the kept lowering."""
-    known = _LOWERED.get(_key(config, flags))
+    known = _LOWERED.get(_key(config, plan))
     if known is None:
         return None
     source, templates, body_templates, placed = known

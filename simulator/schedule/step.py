@@ -20,6 +20,7 @@ action lists print as torch's CSV cells do.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simulator.arithmetic.moe import stack_of as moe_stack_of
@@ -34,9 +35,37 @@ from simulator.schedule.context import StepConfig
 from simulator.schedule.ir import Block, Collective, Program, Schedule, retargeter
 from simulator.schedule.layers import RankLowering
 
-__all__ = ["build_step", "STREAMS"]
+__all__ = ["build_step", "LoweringPlan", "STREAMS"]
 
 STREAMS = ("compute", "tp", "dp", "pp_recv_fwd", "pp_send_fwd", "pp_recv_bwd", "pp_send_bwd")
+
+
+@dataclass(frozen=True)
+class LoweringPlan:
+    """How :func:`build_step` writes a step, besides what the step is.
+
+    ``fold``: only one representative rank per pipeline stage gets a program; the
+    others are symmetric to it, and the schedule records which ranks and groups each
+    representative stands for. ``blocks`` (analytic fidelity): each pipeline action
+    that does not hand gradients to data parallelism is written as one
+    :class:`~simulator.schedule.ir.Block`. ``images`` (analytic fidelity): an unfolded
+    schedule records the same, for every rank and group the symmetric ones of its
+    stage that run at the same moment, which analytic fidelity prices together.
+    ``share_bodies`` (with ``blocks``): a block body is lowered once for every stage of
+    its shape and each stage runs it on its own groups: the same times, but the stages'
+    bodies keep the first one's layer and stage numbers in their labels and tags, so
+    such a schedule is for numbers, not traces; and a grid lowered on one placement is
+    relocated onto the others (:mod:`simulator.schedule.relocate`). ``layer_blocks``
+    (with ``share_bodies``): the actions that hand gradients to data parallelism are
+    written in blocks of layers, their data parallelism waiting for points inside them
+    (``RankLowering._layer_block``). The default plan writes every op of every rank.
+    """
+
+    fold: bool = False
+    blocks: bool = False
+    images: bool = False
+    share_bodies: bool = False
+    layer_blocks: bool = False
 
 
 def build_step(
@@ -46,37 +75,21 @@ def build_step(
     moe: MoESpec | None = None,
     seed: int = 0,
     gpus_per_node: int | None = None,
-    fold: bool = False,
-    blocks: bool = False,
-    images: bool = False,
-    share_bodies: bool = False,
-    layer_blocks: bool = False,
+    plan: LoweringPlan = LoweringPlan(),
 ) -> Schedule:
     """The Schedule of one training step of ``model`` run as ``recipe``, for every rank
-    of its layout (``moe``: the model's experts, routed from ``seed``).
+    of its layout (``moe``: the model's experts, routed from ``seed``), written as
+    ``plan`` says.
 
     Ranks of one pipeline stage run the same program up to their process groups and
     neighbours, so each stage is built once, for its rank with TP and DP coordinate 0,
-    and the other ranks of the stage share its compute ops. With ``fold`` only those
-    representative ranks get a program: the others are symmetric to them, and the
-    schedule records which ranks and groups each representative stands for. With
-    ``blocks`` (analytic fidelity) each pipeline action that does not hand gradients to
-    data parallelism is written as one :class:`~simulator.schedule.ir.Block`. With
-    ``images`` (analytic fidelity) an unfolded schedule records the same: for every rank
-    and group, the symmetric ones of its stage that run at the same moment, which
-    analytic fidelity prices together. With ``share_bodies`` (and ``blocks``), a block
-    body is lowered once for every stage of its shape and each stage runs it on its own
-    groups: the same times, but the stages' bodies keep the first one's layer and stage
-    numbers in their labels and tags, so such a schedule is for numbers, not traces;
-    and a grid lowered on one placement is relocated onto the others
-    (:mod:`simulator.schedule.relocate`). With ``layer_blocks`` too, the actions that
-    hand gradients to data parallelism are written in blocks of layers, their data
-    parallelism waiting for points inside them (``RankLowering._layer_block``).
+    and the other ranks of the stage share its compute ops.
     """
     config = StepConfig(recipe, model, moe, seed, gpus_per_node)
-    if share_bodies and blocks:
+    fold, blocks, images = plan.fold, plan.blocks, plan.images
+    if plan.share_bodies and blocks:
         config.shared_bodies = {}
-        config.layer_blocks = layer_blocks
+        config.layer_blocks = plan.layer_blocks
     layout = config.layout
     orders = config.pipeline_orders()
     if config.moe is not None or layout.cp > 1:
@@ -92,9 +105,10 @@ def build_step(
             _record_images(schedule, layout)
         return schedule
     # a search's grid lowered on another placement: relocated, not lowered again
-    flags = (fold, blocks, images, config.layer_blocks)
     kept = config.shared_bodies is not None
-    templates = relocate.known_templates(config, flags) if kept else None
+    # the plan as lowered (layer blocks only where bodies are shared): the kept key
+    lowered = replace(plan, share_bodies=kept, layer_blocks=config.layer_blocks)
+    templates = relocate.known_templates(config, lowered) if kept else None
     if templates is None:
         templates = {}
         for pipeline_rank in range(layout.pp):
@@ -102,7 +116,7 @@ def build_step(
             ops = RankLowering(rank, config).build(orders[pipeline_rank], blocks).ops
             templates[pipeline_rank] = (rank, ops)
         if kept:
-            relocate.keep_templates(config, flags, templates)
+            relocate.keep_templates(config, lowered, templates)
     programs = {}
     ranks = sorted(rank for rank, _ in templates.values()) if fold else range(layout.world)
     for rank in ranks:
