@@ -144,6 +144,10 @@ def _layout_size(figure: Any, key: str) -> float | None:
     return value or None
 
 
+# what kaleido's page says when it is asked to draw before its script has loaded
+_PAGE_NOT_READY = "kaleido_scopes is not defined"
+
+
 def _render(jobs: list[tuple[Any, dict[str, Any]]]) -> list[bytes]:
     """Draw each (figure, kaleido options) in one browser session; the images' bytes."""
     kaleido, browser = _requirements()
@@ -153,14 +157,24 @@ def _render(jobs: list[tuple[Any, dict[str, Any]]]) -> list[bytes]:
         async with kaleido.Kaleido(path=browser, mathjax=False, timeout=_TIMEOUT_S) as k:
             return [await k.calc_fig(figure, opts=opts) for figure, opts in jobs]
 
-    try:
+    def run_draw() -> list[bytes]:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            images = asyncio.run(draw())
-        else:  # called from a running event loop (a notebook): draw in a thread of its own
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                images = pool.submit(asyncio.run, draw()).result()
+            return asyncio.run(draw())
+        # called from a running event loop (a notebook): draw in a thread of its own
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, draw()).result()
+
+    try:
+        try:
+            images = run_draw()
+        except Exception as exc:
+            # on a busy machine kaleido may ask its page to draw before the page's own
+            # script has defined its functions: a fresh session once more
+            if _PAGE_NOT_READY not in str(exc):
+                raise
+            images = run_draw()
     except Exception as exc:  # kaleido's and the browser's failures, in one line
         words = " ".join(str(arg) for arg in exc.args).split()
         detail = " ".join(words)[:_DETAIL_CHARS] or type(exc).__name__

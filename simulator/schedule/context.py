@@ -4,6 +4,8 @@ and its TP peers see the same tokens)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from simulator.arithmetic.layer_ops import ACT_BYTES
 from simulator.arithmetic.moe import MoELayerTraffic, moe_layer_traffic
 from simulator.request.layout import Layout
@@ -44,7 +46,7 @@ class StepConfig:
         # with blocks, for a step whose numbers alone are wanted (no trace): block bodies
         # by their shape, lowered once for every stage of that shape
         # (:meth:`RankLowering._action`); None builds every stage's bodies
-        self.shared_bodies: dict[tuple, tuple[tuple, int]] | None = None
+        self.shared_bodies: dict[tuple, tuple[Any, int]] | None = None  # (ActionBody, rank)
         self.body_templates: dict[int, tuple[tuple, tuple]] = {}  # Schedule.body_templates
         # with blocks, for a step whose numbers alone are wanted: a stage's last backward
         # written in blocks of layers (RankLowering._layer_block)

@@ -41,6 +41,7 @@ host has issued it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simulator.arithmetic.layer_ops import (
@@ -67,6 +68,20 @@ from simulator.schedule.ir import Compute, Program, Recv, Send, retargeter
 from simulator.schedule.writer import ProgramWriter
 
 __all__ = ["RankLowering"]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionBody:
+    """A pipeline action's ops written once as a block's body: its ``ops``, their
+    compute ``flops`` and ``bytes``, the ``microbatch`` it was written for, and the
+    weight gradients it leaves for a later ``W`` action (``deferred``: an ``I``
+    action's)."""
+
+    ops: tuple
+    flops: float
+    bytes: float
+    microbatch: int
+    deferred: tuple = ()
 
 
 class _GradientEvents:
@@ -129,8 +144,8 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.deferred: dict[tuple[int, int], list[tuple[OpCost, str, int, bool]]] = {}
         self.stage = 0  # the stage of the action being written
         self.neighbours: dict[int, int] = {}  # global stage -> rank holding it
-        # (action kind, stage) -> (body, flops, bytes, micro-batch, deferred weight grads)
-        self.bodies: dict[tuple[str, int], tuple] = {}
+        # (action kind, stage) -> its block's body
+        self.bodies: dict[tuple[str, int], ActionBody] = {}
         # (phase, deferred?, MoE?) -> a layer's backward in a stage's last backward, as a body
         # (:meth:`_layer_block`; None: written op by op)
         self.layer_bodies: dict[tuple[str, bool, bool, bool], tuple | None] = {}
@@ -306,16 +321,22 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         # body written just now, doing it again changes nothing)
         if kind == "W":  # its weight gradients are in the body already
             self.deferred.pop((stage, mb), None)
-        elif cached[4]:  # an I action defers the weight gradients its W will run
-            self.deferred[(stage, mb)] = list(cached[4])
-        body, flops, nbytes, body_mb, _ = cached
+        elif cached.deferred:  # an I action defers the weight gradients its W will run
+            self.deferred[(stage, mb)] = list(cached.deferred)
         deps, self.waits = tuple(self.waits), []
         tags = self.w.tag_set(None, None, mb, phase, stage)
-        self.last = self.w.block(body, flops, nbytes, f"{stage}{kind}{mb}", deps, body_mb, tags)
+        self.last = self.w.block(
+            cached.ops,
+            cached.flops,
+            cached.bytes,
+            f"{stage}{kind}{mb}",
+            deps,
+            cached.microbatch,
+            tags,
+        )
 
-    def _lowered(self, stage: int, mb: int, write) -> tuple:
-        """``write(stage, mb)`` into a body of its own: ``(body, flops, bytes, micro-batch,
-        the weight gradients it defers)``."""
+    def _lowered(self, stage: int, mb: int, write) -> ActionBody:
+        """``write(stage, mb)`` into a body of its own."""
         outer = self.w, self.last, self.waits
         self.w, self.last, self.waits = ProgramWriter(self.rank), 0, []
         write(stage, mb)
@@ -323,7 +344,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.w, self.last, self.waits = outer
         flops = sum(op.flops for op in body if type(op) is Compute)
         nbytes = sum(op.bytes for op in body if type(op) is Compute)
-        return (body, flops, nbytes, mb, tuple(self.deferred.get((stage, mb), ())))
+        return ActionBody(body, flops, nbytes, mb, tuple(self.deferred.get((stage, mb), ())))
 
     def _body_shape(self, kind: str, stage: int) -> tuple:
         """What a block body of ``kind`` on ``stage`` is made of, but for the layer and
@@ -342,15 +363,14 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             tuple(self.config.is_moe_layer(layer) for layer in layers),
         )
 
-    def _retargeted(self, cached: tuple, rank: int) -> tuple:
+    def _retargeted(self, cached: ActionBody, rank: int) -> ActionBody:
         """A body ``rank`` lowered, as this rank runs it (``retarget``): the same compute
         ops, its collectives on this rank's groups of the same axes."""
-        body, flops, nbytes, mb, deferred = cached
         if rank == self.rank:
             return cached
-        ops = tuple(map(self._retarget, body))
-        self.config.body_templates[id(ops)] = (ops, body)
-        return (ops, flops, nbytes, mb, deferred)
+        ops = tuple(map(self._retarget, cached.ops))
+        self.config.body_templates[id(ops)] = (ops, cached.ops)
+        return replace(cached, ops=ops)
 
     # forward op name -> the TP/SP collective that follows it
     _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce", "expert_fc2": "all_reduce",
