@@ -41,20 +41,6 @@ from topologies import Cluster
 __all__ = ["simulate", "SimulationTimes", "EngineOptions"]
 
 
-class _CountingEnvironment(simpy.Environment):
-    """SimPy's environment, counting the events it schedules (the run's ``events``
-    statistic): every timeout, triggered event and process start goes through
-    :meth:`schedule`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scheduled = 0
-
-    def schedule(self, event, priority=simpy.core.NORMAL, delay=0) -> None:
-        self.scheduled += 1
-        super().schedule(event, priority, delay)
-
-
 @dataclass
 class SimulationTimes:
     """Per-rank lists, indexed by op id, of each op's ready, start and end instants."""
@@ -129,7 +115,8 @@ class _Engine:
         }
         self.choices: dict[str, int] = {}
         self._plans: dict[tuple, tuple] = {}  # (group, kind, bytes) -> NCCL plan, reused
-        self.env = _CountingEnvironment()
+        self.env = simpy.Environment()
+        self.timeouts = 0  # SimPy events the engine scheduled (the network counts its own)
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
         self.compute = ComputeModel(cluster.spec, schedule.meta)
         self.alone = AloneTimes.of_schedule(cluster, schedule, options.algorithm, options.protocol)
@@ -443,6 +430,7 @@ class _Engine:
     def _after(self, seconds: float, rendezvous: _Rendezvous) -> None:
         """Finish ``rendezvous`` ``seconds`` (stretched, :meth:`_stretch`) after it starts."""
         delay = rendezvous.start - self.env.now + seconds * self._stretch(rendezvous)
+        self.timeouts += 1
         self.env.timeout(delay).callbacks.append(lambda _ev: self._finished(rendezvous))
 
     def _transfer_all(self, specs: list, rendezvous: _Rendezvous) -> None:
@@ -584,7 +572,7 @@ def simulate(
             "blocks": engine.blocks_run,
             "transfers": engine.network.transfers_started,
             "rate_recomputations": engine.network.recomputations,
-            "events": engine.env.scheduled,
+            "events": engine.timeouts + engine.network.timeouts,  # every event is a timeout
         },
         collective_choices=dict(sorted(engine.choices.items())),
         link_utilisation=_Utilisation(engine.network),

@@ -59,6 +59,7 @@ class FlowNetwork:
         self._next_id = 0
         self.transfers_started = 0
         self.recomputations = 0
+        self.timeouts = 0  # SimPy events this network scheduled
         # id(usage) -> (usage, its crossings sorted by link); keeps the dict alive
         self._crossings: dict[int, tuple[dict[int, int], tuple[tuple[int, int], ...]]] = {}
         # (time, usage, change of the transfer's rate), in time order
@@ -112,6 +113,7 @@ class FlowNetwork:
             self._activate(transfer)
 
     def _after(self, delay: float, callback) -> None:
+        self.timeouts += 1
         event = self.env.timeout(delay)
         event.callbacks.append(callback)
 
