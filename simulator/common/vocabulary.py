@@ -37,6 +37,7 @@ __all__ = [
     "V_SHAPED_SCHEDULES",
     "CHUNKS_PER_RANK",
     "SPLIT_BACKWARD_SCHEDULES",
+    "SEARCHED_WHEN_FIXED",
     "SCHEDULES",
     "RECOMPUTE_MODES",
     "PHASES",
@@ -79,6 +80,9 @@ V_SHAPED_SCHEDULES: tuple[str, ...] = ("zbv",)
 CHUNKS_PER_RANK: dict[str, int] = {"zbv": 2}
 # The schedules that split the backward into I (input gradients) and deferred W passes
 SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "zb-h2", "zbv")
+# The schedules parasim sweep tries only when --fix names them: ZB-H2 holds more
+# micro-batches in flight than ZB-H1 for the last of the bubble
+SEARCHED_WHEN_FIXED = ("zb-h2",)
 Schedule = Literal[PipelineSchedule, "custom"]
 SCHEDULES: tuple[str, ...] = (*PIPELINE_SCHEDULES, "custom")
 

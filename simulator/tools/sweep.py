@@ -125,6 +125,7 @@ from simulator.common.vocabulary import (
     PIPELINE_SCHEDULES,
     PLACEMENT_AXES,
     RECOMPUTE_MODES,
+    SEARCHED_WHEN_FIXED,
     SHARDING_LEVELS,
     SPLIT_BACKWARD_SCHEDULES,
     SWEEP_FIX_KEYS,
@@ -183,11 +184,13 @@ __all__ = [
 #: Dimensions ``--fix`` can pin, in the order a layout string shows them.
 FIX_KEYS = SWEEP_FIX_KEYS
 _FIX_ALIASES = {"mb": "micro_batch", "v": "virtual_stages", "rc": "recompute"}
-# searched by default, in this order: every built-in schedule but ZB-H2, which holds
-# more micro-batches in flight than ZB-H1 for the last of the bubble (--fix
-# schedule=zb-h2 searches it)
-SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zbv")
-assert set(SCHEDULES) < set(PIPELINE_SCHEDULES)
+# searched by default: every built-in schedule but those the vocabulary leaves to
+# --fix (ZB-H2 holds more micro-batches in flight than ZB-H1 for the last of the bubble)
+# (1F1B, the default, first: where two layouts tie the first found stands)
+SCHEDULES = (
+    "1f1b",
+    *(s for s in PIPELINE_SCHEDULES if s not in SEARCHED_WHEN_FIXED and s != "1f1b"),
+)
 PLACEMENTS = (PLACEMENT_AXES, ("tp", "pp", "dp"), ("dp", "tp", "pp"))
 MAX_MICRO_BATCH = 8
 # Sequences at least this long make the sweep also try context parallelism inside a
