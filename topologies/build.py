@@ -122,9 +122,9 @@ def load_cluster_spec(
         return _load_custom(config, prefix, base_dir)
     # a preset with overrides reads no file of the user's: the same mapping is the same
     # (frozen) spec, which a search asks for once per candidate
-    key = _spec_key(config, prefix) if config.get("profile") is None else None
-    if key is not None:
-        known = _PRESET_SPECS.get(key)
+    spec_key = _spec_key(config, prefix) if config.get("profile") is None else None
+    if spec_key is not None:
+        known = _PRESET_SPECS.get(spec_key)
         if known is not None:
             return known
     overrides = {k: v for k, v in config.items() if k not in ("preset", "profile", "topology")}
@@ -135,10 +135,10 @@ def load_cluster_spec(
         except TopologyError as exc:
             raise TopologyError(f"{prefix}.preset: {exc}") from None
     spec = _validate(base, overrides, config.get("profile"), prefix)
-    if key is not None:
+    if spec_key is not None:
         if len(_PRESET_SPECS) >= 64:
             _PRESET_SPECS.clear()
-        _PRESET_SPECS[key] = spec
+        _PRESET_SPECS[spec_key] = spec
     return spec
 
 

@@ -134,8 +134,18 @@ class _Frame:
     """One open list or mapping of the walk. Its path is built only for a message: from
     its parent and where it sits there (a key or an index)."""
 
-    __slots__ = ("parent", "place", "is_mapping", "level", "anchor", "first", "deepest")
-    __slots__ += ("keys", "key", "index")
+    __slots__ = (
+        "parent",
+        "place",
+        "is_mapping",
+        "level",
+        "anchor",
+        "first",
+        "deepest",
+        "keys",
+        "key",
+        "index",
+    )
 
     def __init__(
         self, parent: _Frame | None, place: str | int, is_mapping: bool, anchor: str | None
@@ -143,7 +153,7 @@ class _Frame:
         self.parent = parent
         self.place = place
         self.is_mapping = is_mapping
-        self.level = 1 if parent is None else parent.level + 1
+        self.level: int = 1 if parent is None else parent.level + 1
         self.anchor = anchor
         self.first = 0  # the count of values before this one (for an anchor's size)
         self.deepest = self.level
@@ -330,8 +340,7 @@ class _Walk:
         """Every event of ``parser``'s stream."""
         get = parser.get_event
         ends = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
-        nodes = (yaml.ScalarEvent, yaml.AliasEvent, yaml.SequenceStartEvent)
-        nodes += (yaml.MappingStartEvent,)
+        nodes = (yaml.ScalarEvent, yaml.AliasEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent)
         while True:
             event = get()
             kind = type(event)

@@ -160,7 +160,7 @@ def load_profile(path: str | Path, prefix: str = "cluster.profile") -> Profile:
 
 
 def profile_overrides(
-    profile: Profile, gpus_per_node: int, source: str, prefix: str = "cluster.profile"
+    profile: Profile, gpus_per_node: int | None, source: str, prefix: str = "cluster.profile"
 ) -> dict[str, Any]:
     """The cluster overrides a profile stands for. A profile measured on nodes of
     another size applies what it measured: its device (compute, memory, attention,
@@ -168,6 +168,8 @@ def profile_overrides(
     profile of one device per node measured none, so the preset's links stay); the
     calibration's ``note`` says so, and the result repeats it."""
     measured = profile.device.per_node
+    if gpus_per_node is None:  # a cluster without a node size: validation names it later
+        gpus_per_node = measured
     gpu = {**profile.gpu.model_dump(), "hbm_efficiency": 1.0}
     notes = []
     if measured != gpus_per_node:
