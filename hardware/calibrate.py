@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -69,8 +70,19 @@ from .runtime import HardwareError, Runtime, init_runtime, machine_cores, run_ra
 __all__ = ["fit_line", "fit_profile", "main"]
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
 # Sweeps: a full one for clusters, a quick one for CPU checks and CI.
-SWEEPS = {
+class Sweep(TypedDict):
+    """One sweep's sizes: GEMM sides, copy bytes, collective bytes, timed iterations."""
+
+    matmul: list[int]
+    memcopy: list[int]
+    comm: list[int]
+    iters: int
+
+
+SWEEPS: dict[str, Sweep] = {
     "cuda": {
         "matmul": [512, 1024, 2048, 4096, 8192],
         # from 256 MiB up: an H100's or H200's L2 (50-60 MB) must not hold the copy

@@ -178,6 +178,7 @@ class ComputeKernels:
         """Causal ``scaled_dot_product_attention`` at the op's shape (``batch`` sequences
         × heads of ``s × d``), as many times as the op's FLOPs hold forwards (the
         backward recomputes the scores: about 2.5 forwards)."""
+        assert op.shape is not None  # the attention core always has one
         s_q, s_kv, d = op.shape
         q = self.buffers.matrix("q", s_q, d, op.batch).unsqueeze(0)
         kv = self.buffers.matrix("k", s_kv, d, op.batch).unsqueeze(0)
@@ -253,7 +254,7 @@ class ProgramExecutor:
         return received
 
     # -- communication ------------------------------------------------------------------
-    def _issue_comm(self, op, verify: bool) -> tuple[list, callable]:
+    def _issue_comm(self, op, verify: bool) -> tuple[list, Callable[[], None]]:
         """Start ``op`` asynchronously; returns its works and a check to run at the end."""
         if type(op) in (Send, Recv):
             p2p, check = self._p2p(op, verify)

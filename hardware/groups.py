@@ -50,8 +50,8 @@ def build_groups(schedule: Schedule, runtime: Runtime) -> dict[str, dist.Process
     for name in sorted(schedule.groups):
         if name in covered:
             continue
-        members = sorted(schedule.groups[name])
-        group = dist.new_group(members)
-        if runtime.rank in members:
+        ranks_of_group = sorted(schedule.groups[name])
+        group = dist.new_group(ranks_of_group)
+        if runtime.rank in ranks_of_group:
             handles[name] = group
     return handles

@@ -199,6 +199,7 @@ def _all_to_all_size(schedule: Schedule, group: str, members: list[tuple[int, in
     splits = {}
     for rank, op_id in members:
         op = schedule.programs[rank].ops[op_id]
+        assert isinstance(op, Collective)
         if op.splits is None:
             return 0.0
         splits[rank] = op.splits

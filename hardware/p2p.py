@@ -32,21 +32,26 @@ def matched_batches(schedule: Schedule, rank: int) -> list[list[int]]:
     """The op ids of ``rank``'s sends and receives, cut into batches that its peers cut
     the same way, in program order of each batch's first op."""
     program = schedule.programs[rank].ops
-    peers = sorted({op.peer for op in program if type(op) in (Send, Recv)})
+    peers = sorted({op.peer for op in program if isinstance(op, (Send, Recv))})
     batches: list[list[int]] = []
     for peer in peers:
-        mine = [op for op in program if type(op) in (Send, Recv) and op.peer == peer]
+        mine = [op for op in program if isinstance(op, (Send, Recv)) and op.peer == peer]
         theirs = [
-            op for op in schedule.programs[peer].ops if type(op) in (Send, Recv) and op.peer == rank
+            op
+            for op in schedule.programs[peer].ops
+            if isinstance(op, (Send, Recv)) and op.peer == rank
         ]
         batches += _cut(rank, mine, peer, theirs)
     return sorted(batches, key=lambda batch: batch[0])
 
 
 def _cut(rank: int, mine: list, peer: int, theirs: list) -> list[list[int]]:
-    batches, i, j = [], 0, 0
+    batches: list[list[int]] = []
+    i = j = 0
     while i < len(mine):
-        batch, mine_ids, their_ids = [], set(), set()
+        batch: list[int] = []
+        mine_ids: set[tuple[int, int, int]] = set()
+        their_ids: set[tuple[int, int, int]] = set()
         while True:
             if i < len(mine) and (not batch or their_ids - mine_ids):
                 op = mine[i]

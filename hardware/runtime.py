@@ -135,7 +135,7 @@ def init_runtime(
         or os.environ.get("PARASIM_BACKEND")
         or ("nccl" if torch.cuda.is_available() else "gloo")
     )
-    timeout_s = float(timeout_s or os.environ.get("PARASIM_TIMEOUT", DEFAULT_TIMEOUT_S))
+    timeout_s = float(timeout_s or os.environ.get("PARASIM_TIMEOUT") or DEFAULT_TIMEOUT_S)
     adopt_slurm_environment(os.environ)
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
