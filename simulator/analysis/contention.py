@@ -302,7 +302,7 @@ def missed_contention(
     left out (:class:`MissedContention`; the module's notes say how it is found)."""
     demands = _Demands(cluster, schedule, algorithm, protocol)
     by_pipeline: dict[tuple, float] = {}
-    worst = (0.0, min(schedule.programs, default=0), set())
+    worst: tuple[float, int, set] = (0.0, min(schedule.programs, default=0), set())
     for rank in sorted(schedule.programs):
         calls = _RankCalls(rank, schedule.programs[rank].ops, demands)
         shared = calls.shared_links()

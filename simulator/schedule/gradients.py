@@ -154,7 +154,7 @@ class DataParallelGradients:
         expert = experts * ACT_BYTES
         if self.recipe.fp8_all_gather:
             config = lowering.config
-            fp8 = sum(
+            fp8: float = sum(
                 layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
                 for layer in self.recipe.rank_layers(lowering.pipeline_rank)
             )
@@ -259,7 +259,7 @@ class DataParallelGradients:
             # write FP8 and its transpose (Transformer Engine casts on the first
             # micro-batch and reuses the copy)
             config = lowering.config
-            fp8 = sum(
+            fp8: float = sum(
                 layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
                 for layer in self.recipe.rank_layers(lowering.pipeline_rank)
             )

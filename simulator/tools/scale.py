@@ -369,7 +369,7 @@ def _best_rows(
     plans = []
     for count in gpus:
         batch = _batch_at(policy, written, count)
-        sweep = {
+        sweep: dict[str, Any] = {
             "overrides": [*overrides, f"training.global_batch={batch}"],
             "gpus": count,
             "fixed": pins,
