@@ -192,8 +192,8 @@ def stage_activation_bytes(
 def _gradients_grow_in_backward(config: StepConfig) -> bool:
     """Whether a rank holds no gradient when its step's first loss runs: a PyTorch
     stack (``optimizer.zero_grad()`` frees the gradients, ``set_to_none`` by default
-    since PyTorch 2.0) on one GPU without data parallelism (no DDP bucket or FSDP shard
-    kept across steps) and one micro-batch per step (no accumulated gradient).
+    since PyTorch 2.0) without data or pipeline parallelism (no DDP bucket or FSDP shard
+    kept across steps) and with one micro-batch per step (no accumulated gradient).
     Megatron-Core keeps its gradient buffer for the whole run."""
     return (
         config.recipe.framework != "megatron"

@@ -184,9 +184,8 @@ __all__ = [
 #: Dimensions ``--fix`` can pin, in the order a layout string shows them.
 FIX_KEYS = SWEEP_FIX_KEYS
 _FIX_ALIASES = {"mb": "micro_batch", "v": "virtual_stages", "rc": "recompute"}
-# searched by default: every built-in schedule but those the vocabulary leaves to
-# --fix (ZB-H2 holds more micro-batches in flight than ZB-H1 for the last of the bubble)
-# (1F1B, the default, first: where two layouts tie the first found stands)
+# searched by default: every built-in schedule but those the vocabulary leaves to --fix,
+# 1F1B, the default, first (where two layouts tie the first found stands)
 SCHEDULES = (
     "1f1b",
     *(s for s in PIPELINE_SCHEDULES if s not in SEARCHED_WHEN_FIXED and s != "1f1b"),
@@ -198,8 +197,6 @@ MAX_MICRO_BATCH = 8
 # hide the K/V transfers (see docs/modelling.md, CP).
 LONG_SEQUENCE = 16384
 VIRTUAL_STAGES = (2, 4)
-# full sharding's reduce-scatter would wait for the weight gradients these defer
-_ZERO_BUBBLE = SPLIT_BACKWARD_SCHEDULES
 _RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE_MODES)}
 _SHARDING_RANK = {name: i for i, name in enumerate(SHARDING_LEVELS)}
 # ZeRO-2 moves what ZeRO-1 moves and saves memory only: the same step time
@@ -461,10 +458,12 @@ def enumerate_layouts(
         elif dp * cp == 1:
             levels = ["none"]  # one copy of the weights: nothing to shard
         else:
+            # full sharding's reduce-scatter would wait for the weight gradients a split
+            # backward defers
             levels = [
                 level
                 for level in SHARDING_LEVELS
-                if level != "full" or (ep == 1 and schedule not in _ZERO_BUBBLE)
+                if level != "full" or (ep == 1 and schedule not in SPLIT_BACKWARD_SCHEDULES)
             ]
         options = [{"sharding": level, "dp_shard": 0} for level in levels]
         if "full" in levels and cp == 1 and pinned_shard is None:
