@@ -97,9 +97,9 @@ def test_an_end_stage_may_hold_only_the_embedding_or_the_loss(split):
 def test_uneven_layers_without_a_split_are_split_as_sweep_splits_them():
     """126 layers on 16 stages (Llama 3 405B) run as sweep would split them, the heavier
     stages in the middle, and the result says how; a split given still wins."""
-    from simulator.tools import sweep
+    from simulator.tools import space
 
-    assert sweep.balanced_stages is balanced_stages  # one rule for run and sweep
+    assert space.balanced_stages is balanced_stages  # one rule for run and sweep
     scenario = load_scenario(SCENARIOS / "llama3-405b.yaml", ["parallel.stage_layers=null"])
     assert scenario.recipe.stage_layers == (7, *[8] * 14, 7)
     assert any("126 layers do not divide over pp(16) stages; split 7/8×14/7" in w

@@ -16,9 +16,10 @@ import pytest
 from simulator.analysis.memory import memory_per_rank
 from simulator.cli import sweep as sweep_command
 from simulator.common.errors import ParasimError, ScenarioError
+from simulator.request.layout import balanced_stages
 from simulator.request.scenario import load_scenario, read_scenario_file
 from simulator.run.simulate import run_scenario
-from simulator.tools import sweep
+from simulator.tools import pool, sweep
 from topologies.units import format_time
 
 from .conftest import SCENARIOS
@@ -303,17 +304,29 @@ def test_sharding_levels_and_hsdp_are_searched():
     found = {(row["sharding"], row["dp_shard"]) for row in result.rows}
     # dp 4 over two nodes of 2 replicas each: HSDP shards inside the node
     assert found == {("none", 0), ("optimizer", 0), ("full", 0), ("full", 2)}
-    assert result.counts["dominated"] == 2  # ZeRO-2, with and without SP
+    # ZeRO-2, with and without SP; full sharding that re-gathers in the backward, with
+    # and without SP and HSDP, where keeping the weights gathered fits
+    assert result.counts["dominated"] == 2 + 4
+    assert {row["reshard_after_forward"] for row in result.rows if row["sharding"] == "full"} == {
+        False
+    }
     hsdp = next(row for row in result.rows if row["dp_shard"])
-    assert hsdp["layout"].endswith("dp_shard=2 sharding=full")
+    assert hsdp["layout"].endswith("dp_shard=2 sharding=full reshard_after_forward=false")
     scenario = load_scenario(SMALL, hsdp["overrides"])
     assert (scenario.layout.dp_shard, scenario.recipe.sharding) == (2, "full")
+    assert scenario.recipe.reshard_after_forward is False
 
-    # ZeRO-2 is dominated because its step takes exactly ZeRO-1's time
+    # ZeRO-2 is dominated because its step takes exactly ZeRO-1's time, and resharding
+    # after the forward because it only adds an all-gather
     every = sweep.run_sweep(SMALL, overrides=TWO_NODES, fixed=pins, workers=1, exhaustive=True)
-    times = {(r["sp"], r["sharding"], r["dp_shard"]): r["step_time_s"] for r in every.rows}
+    times = {
+        (r["sp"], r["sharding"], r["dp_shard"], r["reshard_after_forward"]): r["step_time_s"]
+        for r in every.rows
+    }
     for sp in (False, True):
-        assert times[(sp, "gradients", 0)] == times[(sp, "optimizer", 0)]
+        assert times[(sp, "gradients", 0, True)] == times[(sp, "optimizer", 0, True)]
+        for shard in (0, 2):
+            assert times[(sp, "full", shard, False)] <= times[(sp, "full", shard, True)]
 
     # pins: one level, one HSDP group, or no HSDP
     only = sweep.run_sweep(
@@ -347,9 +360,9 @@ def test_full_sharding_is_not_tried_where_it_is_not_modelled():
 
 
 def test_pipelines_that_do_not_divide_the_layers_split_them_evenly():
-    assert sweep.balanced_stages(61, 8) == (7, 8, 8, 8, 8, 8, 7, 7)  # DeepSeek-V3's split
-    assert sweep.balanced_stages(126, 16) == (7, *[8] * 14, 7)  # Llama 3 405B's
-    assert sweep.balanced_stages(24, 8) == (3,) * 8
+    assert balanced_stages(61, 8) == (7, 8, 8, 8, 8, 8, 7, 7)  # DeepSeek-V3's split
+    assert balanced_stages(126, 16) == (7, *[8] * 14, 7)  # Llama 3 405B's
+    assert balanced_stages(24, 8) == (3,) * 8
     candidates = sweep.enumerate_layouts(world=16, gpus_per_node=8, layers=10, global_batch=16)
     splits = {c.pp: c.stage_layers for c in candidates}
     assert splits[2] is None and splits[4] == (2, 3, 3, 2)  # 10 layers: 2 divides, 4 not
@@ -499,6 +512,7 @@ def test_a_sweep_too_large_for_the_machine_is_refused_before_anything_is_laid_ou
         raise AssertionError("a candidate was laid out")
 
     monkeypatch.setattr(sweep, "check_chunk", refuse)
+    monkeypatch.setattr(pool, "scenario_from_dict", refuse)
     monkeypatch.setattr(sweep, "scenario_from_dict", refuse)
     gpt3, batch = SCENARIOS / "gpt3-175b.yaml", ["training.global_batch=100000"]
     with pytest.raises(ParasimError, match=r"the sweep is too large .* 100,000 GPUs.*--force"):
@@ -531,19 +545,19 @@ def test_candidates_of_one_grid_run_in_one_chunk_in_the_order_given():
         ["parallel.tp=1", "parallel.placement=[tp,pp,dp]", "training.micro_batch=2"],
         ["parallel.tp=1", "parallel.placement=[dp,tp,pp]", "training.micro_batch=1"],
     ]
-    chunks = sweep._chunks(items, workers=1, largest=4, together=sweep.same_grid)
+    chunks = pool._chunks(items, workers=1, largest=4, together=pool.same_grid)
     assert chunks == [[0, 3, 5], [1, 4], [2]]
     assert sorted(i for chunk in chunks for i in chunk) == list(range(len(items)))
-    assert sweep._chunks(items, workers=1, largest=2) == [[0, 1], [2, 3], [4, 5]]
+    assert pool._chunks(items, workers=1, largest=2) == [[0, 1], [2, 3], [4, 5]]
     # a grid with more placements than a chunk holds stays whole
-    assert sweep._chunks(items, workers=1, largest=2, together=sweep.same_grid)[0] == [0, 3, 5]
+    assert pool._chunks(items, workers=1, largest=2, together=pool.same_grid)[0] == [0, 3, 5]
     seen = []
 
     def label(_, chunk):
         seen.append([item[2] for item in chunk])
         return [{"row": " ".join(item)} for item in chunk]
 
-    rows = sweep.run_chunked(label, (None,), items, None, 1, lambda n: None, 4, sweep.same_grid)
+    rows = sweep.run_chunked(label, (None,), items, None, 1, lambda n: None, 4, pool.same_grid)
     assert [row["row"] for row in rows] == [" ".join(item) for item in items]
     assert [row for chunk in seen for row in chunk][:3] == ["training.micro_batch=1"] * 3
 
@@ -589,6 +603,6 @@ def test_a_placement_moves_ranks_not_bytes(scenario, overrides):
         for p in sweep.PLACEMENTS
     ]
     args = (raw, str(SCENARIOS / scenario), str(SCENARIOS))
-    alone = [sweep._check(*args, item) for item in items]
-    assert sweep.check_chunk(*args, items) == alone
+    alone = [pool._check(*args, item) for item in items]
+    assert pool.check_chunk(*args, items) == alone
     assert {row["status"] for row in alone} <= {"fits", "pruned"}

@@ -12,6 +12,7 @@ import shutil
 import pytest
 import yaml
 
+import simulator.tools.pool as pool
 import simulator.tools.sweep as sweep
 from simulator.request.orders import dump_csv_order
 from simulator.schedule.pipeline import gpipe_order, one_f_one_b_order
@@ -49,8 +50,8 @@ def test_a_cached_rerun_is_identical_and_simulates_nothing(tmp_path, monkeypatch
     def refuse(*args, **kwargs):
         raise AssertionError("a cached candidate was simulated or checked again")
 
-    monkeypatch.setattr(sweep, "simulate_overrides", refuse)
-    monkeypatch.setattr(sweep, "_check", refuse)
+    monkeypatch.setattr(pool, "simulate_overrides", refuse)
+    monkeypatch.setattr(pool, "_check", refuse)
     again = _sweep(SCENARIOS / "small.yaml", ResultCache(tmp_path / "cache"), FEW)
     text = _text(first)
     assert _text(again) == text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from simulator.cli.options import (
 )
 from simulator.common.errors import ParasimError
 from simulator.common.folders import folder_argument
-from simulator.common.vocabulary import SWEEP_FIX_KEYS
+from simulator.request.knobs import SEARCHED, SWEEP_FIX_KEYS
 
 __all__ = ["add_parser", "command"]
 
@@ -28,12 +29,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "sweep",
         help="every valid layout of a scenario's model on its cluster, ranked",
         description=(
-            "Try every layout (tp, pp, dp, ep, sp, micro-batch, schedule, recompute, "
-            "placement, sharding level, HSDP; context parallelism for long sequences) of "
-            "the scenario's model on its cluster; drop the invalid ones and those that do "
-            "not fit in memory, simulate the rest and rank them by step time; write "
-            "sweep.csv (every layout), sweep.json and sweep.html (the top layouts)."
+            "Try every layout of the scenario's model on its cluster; drop the invalid "
+            "ones and those that do not fit in memory, simulate the rest and rank them by "
+            "step time; write sweep.csv (every layout), sweep.json and sweep.html (the "
+            "top layouts)."
         ),
+        epilog="the knobs searched, and how:\n"
+        + "\n".join(
+            textwrap.fill(
+                knob.searched_how,
+                width=78,
+                initial_indent=f"  {knob.name:<23}",
+                subsequent_indent=" " * 25,
+            )
+            for knob in SEARCHED
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("scenario", help="scenario YAML file")
     parser.add_argument("--gpus", type=int, help="resize the cluster to N GPUs (whole nodes)")

@@ -191,24 +191,8 @@ NORM_KINDS: tuple[str, ...] = get_args(NormKind)
 PositionKind = Literal["learned", "rope"]
 POSITION_KINDS: tuple[str, ...] = get_args(PositionKind)
 
-# What ``parasim sweep --fix`` may pin (simulator.tools.sweep), and the modes of
-# ``parasim scale`` (simulator.tools.scale): here, so the parser builds without them.
-SWEEP_FIX_KEYS = (
-    "tp",
-    "pp",
-    "dp",
-    "ep",
-    "sp",
-    "micro_batch",
-    "schedule",
-    "virtual_stages",
-    "recompute",
-    "placement",
-    "cp",
-    "cp_kind",
-    "sharding",
-    "dp_shard",
-)
+# The modes of ``parasim scale`` (simulator.tools.scale): here, so the parser builds
+# without it.
 SCALE_MODES = ("weak", "strong")
 # How ``parasim sweep --gpus`` and ``parasim scale`` set the global batch at another
 # size (simulator.tools.sweep.scaled_batch), the default first; ``scale --mode weak``

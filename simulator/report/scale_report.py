@@ -28,7 +28,10 @@ from rich.table import Table
 from rich.text import Text
 
 from simulator.report.sweep_report import (
+    KNOB_COLUMNS,
+    KNOB_FIELDS,
     PageTable,
+    csv_text,
     knob_cells,
     memory_cell,
     policy_text,
@@ -45,16 +48,8 @@ CSV_FIELDS = (
     "gpus",
     "nodes",
     "layout",
-    "tp",
-    "pp",
-    "dp",
-    "ep",
-    "cp",
-    "sharding",
-    "dp_shard",
+    *KNOB_FIELDS,
     "global_batch",
-    "micro_batch",
-    "microbatches",
     "step_time_s",
     "tokens_per_s",
     "ideal_tokens_per_s",
@@ -71,13 +66,9 @@ CSV_FIELDS = (
 
 def _csv_value(row: dict[str, Any], key: str) -> Any:
     value = row.get(key)
-    if value is None:
-        return ""
-    if key == "overrides":
+    if key == "overrides" and value is not None:
         return " ".join(value)
-    if isinstance(value, float):
-        return repr(value)
-    return value
+    return csv_text(value)
 
 
 def scale_figure(result: ScaleResult) -> go.Figure:
@@ -159,15 +150,7 @@ PAGE_COLUMNS = (
     ("MFU", "mfu"),
     ("TFLOP/s per GPU", "tflops"),
     ("nodes", "nodes"),
-    ("tp", "tp"),
-    ("pp", "pp"),
-    ("dp", "dp"),
-    ("cp", "cp"),
-    ("ep", "ep"),
-    ("micro-batch", "micro_batch"),
-    ("micro-batches", "microbatches"),
-    ("sharding", "sharding"),
-    ("HSDP shard", "dp_shard"),
+    *KNOB_COLUMNS,
 )
 
 
@@ -182,9 +165,7 @@ def _page_row(result: ScaleResult, row: dict[str, Any]) -> dict[str, str]:
     }
     if row["layout"] is None:
         return {**cells, "layout": f"no layout fits: {row['reason']}"}
-    knobs = knob_cells(row, experts=row["ep"] > 1 or None)
-    cells |= {key: knobs[key] for key in ("tp", "pp", "dp", "cp", "ep", "micro_batch")}
-    cells |= {key: knobs[key] for key in ("microbatches", "sharding", "dp_shard")}
+    cells |= knob_cells(row, experts=row["ep"] > 1 or None)
     cells |= {
         "layout": row["layout"],
         "step": format_time(row["step_time_s"]),

@@ -41,6 +41,7 @@ from simulator.analysis.metrics import CATEGORIES
 from simulator.common.files import write_atomically, write_csv, write_json
 from simulator.report.plotly_bundle import PLOTLY_JS, write_plotly_js
 from simulator.report.style import BREAKDOWN_COLORS, breakdown_bar
+from simulator.request.knobs import KNOB, SEARCHED
 from simulator.tools.sweep import SweepResult
 from topologies.units import format_time
 
@@ -64,25 +65,17 @@ __all__ = [
 #: The colour of each time-breakdown category in the sweep's bars.
 BAR_COLORS = BREAKDOWN_COLORS
 #: The columns of ``sweep.csv``, in order.
+KNOB_FIELDS = tuple(
+    name
+    for knob in SEARCHED
+    for name in ((knob.name, "microbatches") if knob.form == "micro" else (knob.name,))
+)
+#: The columns of ``sweep.csv``, in order: the searched knobs (with the micro-batch
+#: count), then the numbers.
 CSV_FIELDS = (
     "rank",
     "layout",
-    "tp",
-    "pp",
-    "dp",
-    "ep",
-    "sp",
-    "micro_batch",
-    "microbatches",
-    "schedule",
-    "virtual_stages",
-    "recompute",
-    "placement",
-    "cp",
-    "cp_kind",
-    "sharding",
-    "dp_shard",
-    "stage_layers",
+    *KNOB_FIELDS,
     "step_time_s",
     "tokens_per_s",
     "tflops_per_gpu",
@@ -96,6 +89,10 @@ CSV_FIELDS = (
     "stall_fraction",
     "overrides",
 )
+#: The knobs' columns of a page's table: (header, cell key).
+KNOB_COLUMNS = tuple(
+    (KNOB[name].heading if name in KNOB else "micro-batches", name) for name in KNOB_FIELDS
+)
 
 
 def wide_console() -> Console:
@@ -108,12 +105,18 @@ def _csv_value(row: dict[str, Any], key: str) -> Any:
     if key.endswith("_s") and key[:-2] in CATEGORIES:
         return repr(row["breakdown_mean_s"][key[:-2]])
     value = row[key]
-    if key == "placement":
-        return "[" + ",".join(value) + "]"
-    if key == "stage_layers":
-        return "/".join(map(str, value)) if value else ""
     if key == "overrides":
         return " ".join(value)
+    return csv_text(value)
+
+
+def csv_text(value: Any) -> Any:
+    """A value as the CSV files write it: a placement ``[tp,dp,pp]``, a stage split
+    ``7/8/7``, a float in full precision, nothing for None."""
+    if value is None:
+        return ""
+    if isinstance(value, list | tuple):
+        return _knob_text(value)
     if isinstance(value, float):
         return repr(value)
     return value
@@ -121,9 +124,10 @@ def _csv_value(row: dict[str, Any], key: str) -> Any:
 
 # a layout's knobs but its placement, and its simulated numbers
 _SAME_BUT_PLACEMENT = (
-    "tp", "pp", "dp", "ep", "sp", "micro_batch", "schedule", "virtual_stages", "recompute",
-    "cp", "cp_kind", "sharding", "dp_shard", "step_time_s", "peak_bytes_per_gpu",
-)  # fmt: skip
+    *(knob.name for knob in SEARCHED if knob.form != "grid"),
+    "step_time_s",
+    "peak_bytes_per_gpu",
+)
 
 
 def top_layouts(result: SweepResult, top: int) -> list[tuple[dict[str, Any], list[str]]]:
@@ -306,22 +310,7 @@ PAGE_COLUMNS = (
     ("bubble", "bubble"),
     ("exposed comm.", "exposed"),
     ("stall", "stall"),
-    ("tp", "tp"),
-    ("pp", "pp"),
-    ("dp", "dp"),
-    ("cp", "cp"),
-    ("CP kind", "cp_kind"),
-    ("ep", "ep"),
-    ("SP", "sp"),
-    ("micro-batch", "micro_batch"),
-    ("micro-batches", "microbatches"),
-    ("schedule", "schedule"),
-    ("virtual stages", "virtual_stages"),
-    ("recompute", "recompute"),
-    ("placement", "placement"),
-    ("sharding", "sharding"),
-    ("HSDP shard", "dp_shard"),
-    ("stage layers", "stage_layers"),
+    *KNOB_COLUMNS,
 )
 
 
@@ -333,31 +322,30 @@ def memory_cell(row: dict[str, Any]) -> str:
 
 
 def knob_cells(row: dict[str, Any], experts: int | None) -> dict[str, str]:
-    """A layout's knobs as text, blank where one does not apply to the row: CP's kind
-    without CP, expert parallelism in a dense model, SP without TP, the schedule and
-    its virtual stages without a pipeline (or a schedule without them), HSDP's shard
-    group and the stage split where there is none."""
-    pipeline = row["pp"] > 1
-    interleaved = row["schedule"] == "interleaved-1f1b"
-    stages = row.get("stage_layers")
-    return {
-        "tp": str(row["tp"]),
-        "pp": str(row["pp"]),
-        "dp": str(row["dp"]),
-        "cp": str(row["cp"]),
-        "cp_kind": row["cp_kind"] if row["cp"] > 1 else "",
-        "ep": str(row["ep"]) if experts else "",
-        "sp": ("on" if row["sp"] else "off") if row["tp"] > 1 else "",
-        "micro_batch": str(row["micro_batch"]),
-        "microbatches": str(row["microbatches"]) if "microbatches" in row else "",
-        "schedule": row["schedule"] if pipeline else "",
-        "virtual_stages": str(row["virtual_stages"]) if pipeline and interleaved else "",
-        "recompute": row["recompute"],
-        "placement": "[" + ",".join(row["placement"]) + "]",
-        "sharding": row["sharding"],
-        "dp_shard": str(row["dp_shard"]) if row.get("dp_shard") else "",
-        "stage_layers": "/".join(map(str, stages)) if stages else "",
-    }
+    """A layout's knobs as text, blank where one does not matter to the row (its
+    knob's ``matters``: CP's kind without CP, SP without TP, the schedule without a
+    pipeline...) and expert parallelism in a dense model."""
+    cells = {}
+    for knob in SEARCHED:
+        value = row.get(knob.name, knob.default)
+        shown = knob.matters is None or knob.matters(row)
+        cells[knob.name] = _knob_text(value) if shown else ""
+    if not experts:
+        cells["ep"] = ""
+    cells["microbatches"] = str(row["microbatches"]) if "microbatches" in row else ""
+    return cells
+
+
+def _knob_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list | tuple):
+        if all(isinstance(v, int) for v in value):
+            return "/".join(map(str, value))
+        return "[" + ",".join(value) + "]"
+    return str(value)
 
 
 def _page_row(result: SweepResult, entry: dict[str, Any]) -> dict[str, str]:

@@ -12,12 +12,14 @@ It has one compact text form, printed by ``str()`` and read back by
 
     tp8 pp4 dp4 sp mb1x16 interleaved-1f1b v2 rc=selective [tp,dp,pp] L96 sharding=optimizer
 
-Tokens, in this order: ``tp``, ``pp``, ``dp``, ``ep`` (when > 1), ``sp`` (when on),
-``mb<micro-batch>x<micro-batches>``, the schedule, ``v<virtual stages>`` (when > 1),
-``rc=<recompute>``, the placement, ``L<layers>``, then ``key=value`` for every other
-setting that differs from its default (``stage_layers`` as ``3/5`` when the stages are
-uneven). :meth:`Recipe.label` is the same without the micro-batch count, the layers and
-the extras: the sweep's one-line name for a layout, whose rows share all three.
+Tokens, in the order of :data:`~simulator.request.knobs.KNOBS`, which says how each
+knob is written: ``tp``, ``cp`` (when > 1), ``pp``, ``dp``, ``ep`` (when > 1), ``sp``
+(when on), ``mb<micro-batch>x<micro-batches>``, the schedule, ``v<virtual stages>``
+(when > 1), ``rc=<recompute>``, the placement, ``L<layers>``, then ``key=value`` for
+every other setting that differs from its default (``stage_layers`` as ``3/5`` when
+the stages are uneven). :meth:`Recipe.label` is the same without the micro-batch count,
+the layers and the settings: the sweep's one-line name for a layout, whose rows share
+all three.
 """
 
 from __future__ import annotations
@@ -29,19 +31,15 @@ from functools import cached_property
 from typing import Any
 
 from simulator.common.errors import ScenarioError
-from simulator.common.vocabulary import (
-    ATTENTION_BACKENDS,
-    ATTENTION_KERNELS,
-    CP_KINDS,
-    CROSS_ENTROPY_KERNELS,
-    FRAMEWORKS,
-    GRADIENT_DTYPES,
-    OPTIMIZER_DTYPES,
-    RECOMPUTE_MODES,
-    SCHEDULES,
-    SHARDING_LEVELS,
-    TP_COMM_OVERLAP,
-    TRAINING_DTYPES,
+from simulator.request.knobs import (
+    DDP_BUCKET_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
+    KNOB,
+    KNOBS,
+    LAYOUT_KNOBS,
+    SEARCHED,
+    Knob,
+    format_value,
 )
 from simulator.request.layout import Layout
 from simulator.request.orders import Action
@@ -52,6 +50,7 @@ __all__ = [
     "LAYOUT_KNOBS",
     "layout_label",
     "knob_overrides",
+    "knob_tokens",
     "GRADIENT_BYTES",
     "DDP_BUCKET_BYTES",
     "DDP_FIRST_BUCKET_BYTES",
@@ -68,105 +67,53 @@ GRADIENT_BYTES = {"fp32": 4, "bf16": 2}
 MOMENT_BYTES = {"fp32": 4, "bf16": 2}
 WEIGHT_BYTES = 2  # a bf16 weight
 MASTER_WEIGHT_BYTES = 4
-# PyTorch DDP's default bucket_cap_mb=25 (MiB), and its first bucket of 1 MiB
-# (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) that lets the first all-reduce start early.
-DDP_BUCKET_BYTES = 25 * 1024 * 1024
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024
-
-# The layout knobs a search varies, and where each lives in a scenario file, in the order
-# they are set: the sweep's candidates and explain's fixes are written with these keys.
-LAYOUT_KNOBS = {
-    "tp": "parallel.tp",
-    "pp": "parallel.pp",
-    "dp": "parallel.dp",
-    "ep": "parallel.ep",
-    "sp": "parallel.sp",
-    "schedule": "parallel.schedule",
-    "virtual_stages": "parallel.virtual_stages",
-    "placement": "parallel.placement",
-    "micro_batch": "training.micro_batch",
-    "recompute": "training.recompute",
-}
 
 
-def layout_label(
+def knob_tokens(
+    values: dict[str, Any],
     *,
-    tp: int,
-    pp: int,
-    dp: int,
-    ep: int,
-    sp: bool,
-    micro_batch: int,
-    schedule: str,
-    virtual_stages: int,
-    recompute: str,
-    placement: tuple[str, ...] | list[str],
     microbatches: int | None = None,
-    cp: int = 1,
-) -> str:
-    """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``: the layout knobs in the recipe's
-    text form (``mb1x16`` when the micro-batch count is given)."""
-    parts = [f"tp{tp}", *([f"cp{cp}"] if cp > 1 else []), f"pp{pp}", f"dp{dp}"]
-    if ep > 1:
-        parts.append(f"ep{ep}")
-    if sp:
-        parts.append("sp")
-    parts.append(f"mb{micro_batch}" + (f"x{microbatches}" if microbatches is not None else ""))
-    parts.append(schedule)
-    if virtual_stages > 1:
-        parts.append(f"v{virtual_stages}")
-    parts.append(f"rc={recompute}")
-    parts.append(f"[{','.join(placement)}]")
-    return " ".join(parts)
+    layers: int | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> list[str]:
+    """The text form's tokens for knob ``values`` by name, in :data:`KNOBS` order (a
+    knob not in ``values`` is not written): the label's knobs (``mb<n>x<microbatches>``
+    where the count is given), ``L<layers>`` where given, then every other knob given
+    whose value differs from its default (``defaults`` overrides a knob's own)."""
+    defaults = defaults or {}
+    parts = []
+    for knob in KNOBS:
+        if knob.in_label and knob.name in values:
+            value = values[knob.name]
+            if knob.written(value):
+                parts.append(knob.token(value, microbatches))
+    if layers is not None:
+        parts.append(f"L{layers}")
+    for knob in KNOBS:
+        if knob.in_label or knob.name not in values:
+            continue
+        value = values[knob.name]
+        if value != defaults.get(knob.name, knob.default):
+            parts.append(knob.token(value))
+    return parts
+
+
+def layout_label(**values: Any) -> str:
+    """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``: layout knobs by name in the
+    recipe's text form (``mb1x16`` with ``microbatches``); any other knob given that
+    differs from its default follows as ``key=value``."""
+    microbatches = values.pop("microbatches", None)
+    return " ".join(knob_tokens(values, microbatches=microbatches))
 
 
 def knob_overrides(knobs: dict[str, Any]) -> list[str]:
     """``key.path=value`` assignments that set layout ``knobs`` in a scenario, in
     :data:`LAYOUT_KNOBS` order."""
     return [
-        f"{path}={_format(knobs[name], brackets=True)}"
+        f"{path}={format_value(knobs[name], brackets=True)}"
         for name, path in LAYOUT_KNOBS.items()
         if name in knobs
     ]
-
-
-# settings printed as key=value when they differ from their default, in this order
-_EXTRAS = (
-    "sharding",
-    "attention",
-    "attention_backend",
-    "tp_comm_overlap",
-    "grad_reduce_overlap",
-    "grad_reduce_dtype",
-    "param_gather_overlap",
-    "reshard_after_forward",
-    "cp_kind",
-    "dtype",
-    "fp8_all_gather",
-    "grad_bucket_bytes",
-    "first_grad_bucket_bytes",
-    "framework",
-    "compile",
-    "stage_layers",
-    "recompute_fraction",
-    "optimizer_dtype",
-    "master_weights",
-    "cross_entropy",
-)
-_CHOICES = {
-    "schedule": SCHEDULES,
-    "recompute": RECOMPUTE_MODES,
-    "sharding": SHARDING_LEVELS,
-    "attention": ATTENTION_KERNELS,
-    "attention_backend": ATTENTION_BACKENDS,
-    "tp_comm_overlap": TP_COMM_OVERLAP,
-    "grad_reduce_dtype": GRADIENT_DTYPES,
-    "optimizer_dtype": OPTIMIZER_DTYPES,
-    "cp_kind": CP_KINDS,
-    "dtype": TRAINING_DTYPES,
-    "framework": FRAMEWORKS,
-    "cross_entropy": CROSS_ENTROPY_KERNELS,
-}
 
 
 @dataclass(frozen=True)
@@ -212,11 +159,15 @@ class Recipe:
     orders: tuple[tuple[Action, ...], ...] | None = None
 
     def __post_init__(self) -> None:
-        for name, choices in _CHOICES.items():
-            value = getattr(self, name)
-            if value not in choices:
-                raise ScenarioError(f"{name}: {value!r} is not one of {', '.join(choices)}")
-        for name in ("micro_batch", "microbatches", "virtual_stages"):
+        for knob in KNOBS:
+            if knob.owner == "recipe" and knob.choices:
+                value = getattr(self, knob.name)
+                if value not in knob.choices:
+                    raise ScenarioError(
+                        f"{knob.name}: {value!r} is not one of {', '.join(knob.choices)}"
+                    )
+        counts = [k.name for k in KNOBS if k.owner == "recipe" and k.kind is int]
+        for name in (*counts, "microbatches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ScenarioError(f"{name}: must be a positive integer (got {value!r})")
@@ -339,57 +290,43 @@ class Recipe:
             recipe = replace(recipe, layout=replace(self.layout, **layout_changes))
         return replace(recipe, **changes) if changes else recipe
 
+    def value_of(self, knob: Knob) -> Any:
+        """The recipe's value of ``knob`` (a layout knob's from its layout)."""
+        return getattr(self.layout if knob.owner == "layout" else self, knob.name)
+
     def knobs(self) -> dict[str, Any]:
         """The layout knobs (:data:`LAYOUT_KNOBS`) by name, JSON-ready."""
-        layout = self.layout
-        values = {
-            "tp": layout.tp,
-            "pp": layout.pp,
-            "dp": layout.dp,
-            "ep": layout.ep,
-            "sp": self.sp,
-            "schedule": self.schedule,
-            "virtual_stages": self.virtual_stages,
-            "placement": list(layout.placement),
-            "micro_batch": self.micro_batch,
-            "recompute": self.recompute,
-        }
-        return {name: values[name] for name in LAYOUT_KNOBS}
+        return {name: _json_ready(self.value_of(KNOB[name])) for name in LAYOUT_KNOBS}
+
+    def searched_knobs(self) -> dict[str, Any]:
+        """Every knob ``parasim sweep`` searches, by name (``stage_layers`` None where
+        the stages split the layers evenly)."""
+        values = {knob.name: self.value_of(knob) for knob in SEARCHED}
+        if "stage_layers" in values and values["stage_layers"] == self._even_split():
+            values["stage_layers"] = None
+        return values
 
     # -- the compact text form --------------------------------------------------------
     def label(self) -> str:
         """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``: the layout knobs only."""
-        return " ".join(self._tokens(count=False, extras=False))
+        values = {knob.name: self.value_of(knob) for knob in KNOBS if knob.in_label}
+        return " ".join(knob_tokens(values))
 
     def __str__(self) -> str:
-        return " ".join(self._tokens(count=True, extras=True))
+        values = {knob.name: self.value_of(knob) for knob in KNOBS}
+        return " ".join(
+            knob_tokens(
+                values,
+                microbatches=self.microbatches,
+                layers=self.layers,
+                defaults={"stage_layers": self._even_split()},
+            )
+        )
 
-    def _tokens(self, count: bool, extras: bool) -> list[str]:
-        layout = self.layout
-        parts = layout_label(
-            tp=layout.tp,
-            pp=layout.pp,
-            dp=layout.dp,
-            ep=layout.ep,
-            sp=self.sp,
-            micro_batch=self.micro_batch,
-            schedule=self.schedule,
-            virtual_stages=self.virtual_stages,
-            recompute=self.recompute,
-            placement=layout.placement,
-            microbatches=self.microbatches if count else None,
-            cp=layout.cp,
-        ).split()
-        if extras:
-            parts.append(f"L{self.layers}")
-            if layout.dp_shard:
-                parts.append(f"dp_shard={layout.dp_shard}")
-            defaults = _defaults(self)
-            for name in _EXTRAS:
-                value = getattr(self, name)
-                if value != defaults[name]:
-                    parts.append(f"{name}={_format(value)}")
-        return parts
+    def _even_split(self) -> tuple[int, ...] | None:
+        """The stage split the text form leaves out: the same layers on every stage."""
+        per = self.layers // self.stages
+        return (per,) * self.stages if per * self.stages == self.layers else None
 
     @classmethod
     def parse(cls, text: str) -> Recipe:
@@ -423,82 +360,50 @@ class Recipe:
         return cls(layout=layout_value, **values)
 
 
-def _defaults(recipe: Recipe) -> dict[str, Any]:
-    defaults = {f.name: f.default for f in fields(Recipe) if f.name in _EXTRAS}
-    # an even split is the default for stage_layers
-    per = recipe.layers // recipe.stages
-    even = (per,) * recipe.stages if per * recipe.stages == recipe.layers else None
-    defaults["stage_layers"] = even
-    return defaults
+def _json_ready(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
-def _format(value: Any, brackets: bool = False) -> str:
-    """A value as the text form writes it: tuples as ``a/b`` (``[a,b]`` with
-    ``brackets``, as a scenario override)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, tuple | list):
-        items = [str(v) for v in value]
-        return f"[{','.join(items)}]" if brackets else "/".join(items)
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+# the text form's tokens, matched in this order
+_GRID = next(k for k in KNOBS if k.form == "grid")
+_MICRO = next(k for k in KNOBS if k.form == "micro")
+_SETTINGS = {k.prefix or k.name: k for k in KNOBS if k.form == "setting"}
+_FLAGS = {k.prefix: k for k in KNOBS if k.form == "flag"}
+_WORDS = [k for k in KNOBS if k.form == "word"]
+_COUNTS = [k for k in KNOBS if k.form == "count"]
 
 
 def _read_token(token: str, values: dict[str, Any], layout: dict[str, Any]) -> None:
-    if token == "sp":
-        values["sp"] = True
-        return
+    def put(knob: Knob, value: Any) -> None:
+        (layout if knob.owner == "layout" else values)[knob.name] = value
+
     if token.startswith("[") and token.endswith("]"):
-        layout["placement"] = tuple(token[1:-1].split(","))
-        return
-    if token.startswith("dp_shard="):
-        layout["dp_shard"] = int(token.partition("=")[2])
+        put(_GRID, tuple(token[1:-1].split(",")))
         return
     if "=" in token:
         key, _, raw = token.partition("=")
-        key = "recompute" if key == "rc" else key
-        if key not in ("recompute", *_EXTRAS):
+        if key not in _SETTINGS:
             raise ValueError("unknown setting")
-        values[key] = _parse_value(key, raw)
+        put(_SETTINGS[key], _SETTINGS[key].parse(raw))
         return
-    if token in SCHEDULES:
-        values["schedule"] = token
+    if token in _FLAGS:
+        put(_FLAGS[token], True)
         return
-    for prefix, target, key in (
-        ("tp", layout, "tp"),
-        ("pp", layout, "pp"),
-        ("dp", layout, "dp"),
-        ("ep", layout, "ep"),
-        ("cp", layout, "cp"),
-        ("v", values, "virtual_stages"),
-        ("L", values, "layers"),
-    ):
-        if token.startswith(prefix) and token[len(prefix) :].isdigit():
-            target[key] = int(token[len(prefix) :])
+    for knob in _WORDS:
+        if token in knob.choices:
+            put(knob, token)
             return
+    for knob in _COUNTS:
+        if token.startswith(knob.prefix) and token[len(knob.prefix) :].isdigit():
+            put(knob, int(token[len(knob.prefix) :]))
+            return
+    if token.startswith("L") and token[1:].isdigit():
+        values["layers"] = int(token[1:])
+        return
     if token.startswith("mb"):
         size, _, count = token[2:].partition("x")
         if size.isdigit() and count.isdigit():
-            values["micro_batch"], values["microbatches"] = int(size), int(count)
+            put(_MICRO, int(size))
+            values["microbatches"] = int(count)
             return
     raise ValueError("not a recipe token")
-
-
-def _parse_value(key: str, raw: str) -> Any:
-    if key == "stage_layers":
-        return tuple(int(part) for part in raw.split("/"))
-    if key in (
-        "grad_reduce_overlap",
-        "param_gather_overlap",
-        "reshard_after_forward",
-        "fp8_all_gather",
-        "compile",
-        "master_weights",
-    ):
-        if raw not in ("true", "false"):
-            raise ValueError("expected true or false")
-        return raw == "true"
-    if key in ("grad_bucket_bytes", "first_grad_bucket_bytes", "recompute_fraction"):
-        return float(raw)
-    return raw

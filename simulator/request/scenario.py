@@ -49,11 +49,12 @@ from simulator.common.vocabulary import (
     TpCommOverlap,
     TrainingDtype,
 )
+from simulator.request.knobs import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, KNOBS
 from simulator.request.layout import FEWEST_UNEVEN_LAYERS, Layout, balanced_stages
 from simulator.request.model import MODEL_PRESETS, ModelSpec
 from simulator.request.moe import MoESpec, check_expert_parallel
 from simulator.request.orders import Action, load_csv_order, validate_order
-from simulator.request.recipe import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, Recipe
+from simulator.request.recipe import Recipe
 from topologies import Cluster, ClusterSpec, TopologyError, build_cluster, load_cluster_spec
 from topologies.config_text import LONGEST_NUMBER, ConfigTextError, read_yaml
 from topologies.files import LARGEST_SCENARIO, ConfigFileError, read_config_text
@@ -79,6 +80,7 @@ __all__ = [
     "scenario_model",
     "apply_overrides",
     "check_stage_layers",
+    "spec_settings",
 ]
 
 
@@ -144,6 +146,18 @@ class TrainingSpec(_Strict):
     # the loss's kernels over the logits: the stack's own (auto), one fused
     # softmax-cross-entropy kernel pair (fused), Transformer Engine's (te)
     cross_entropy: CrossEntropyKernel = "auto"
+
+    def sharding_level(self) -> str:
+        """``sharding``, or ``optimizer`` when only the older ``optimizer_sharding`` is
+        set."""
+        if self.sharding is None:
+            return "optimizer" if self.optimizer_sharding else "none"
+        if self.optimizer_sharding and self.sharding != "optimizer":
+            raise ScenarioError(
+                f"training.optimizer_sharding: true means sharding optimizer, but "
+                f"training.sharding is {self.sharding}; give one of them"
+            )
+        return self.sharding
 
 
 class ParallelSpec(_Strict):
@@ -456,7 +470,7 @@ def _check_schedule(
             f"layers fully recomputed; it needs training.recompute: full (got "
             f"{training.recompute})"
         )
-    sharding = _sharding(training)
+    sharding = training.sharding_level()
     if training.param_gather_overlap and sharding not in ("optimizer", "gradients"):
         raise ScenarioError(
             "training.param_gather_overlap: only with training.sharding optimizer or gradients "
@@ -512,36 +526,21 @@ def _recipe(
         split = list(_even_split(model.layers, stages, _stage_count(parallel, layout, stages)))
     elif parallel.schedule == "custom":
         check_stage_layers(split, stages, model.layers, "the order's stage count")
-    return Recipe(
-        layout=layout,
-        micro_batch=training.micro_batch,
-        microbatches=microbatches,
-        stage_layers=tuple(split),
-        schedule=parallel.schedule,
-        virtual_stages=virtual,
-        recompute=training.recompute,
-        recompute_fraction=training.recompute_fraction,
-        optimizer_dtype=training.optimizer_dtype,
-        master_weights=training.master_weights,
-        sp=parallel.sp,
-        sharding=_sharding(training),
-        reshard_after_forward=training.reshard_after_forward,
-        cp_kind=parallel.cp_kind,
-        dtype=training.dtype,
-        fp8_all_gather=training.fp8_all_gather,
-        attention=training.attention,
-        attention_backend=training.attention_backend,
-        grad_reduce_overlap=training.grad_reduce_overlap,
-        tp_comm_overlap=training.tp_comm_overlap,
-        grad_reduce_dtype=training.grad_reduce_dtype,
-        param_gather_overlap=training.param_gather_overlap,
-        grad_bucket_bytes=training.grad_bucket_bytes,
-        first_grad_bucket_bytes=training.first_grad_bucket_bytes,
-        framework=training.framework,
-        compile=training.compile,
-        cross_entropy=training.cross_entropy,
-        orders=orders,
-    )
+    settings = spec_settings(spec) | {"virtual_stages": virtual, "stage_layers": tuple(split)}
+    return Recipe(layout=layout, microbatches=microbatches, orders=orders, **settings)
+
+
+def spec_settings(spec: ScenarioSpec) -> dict[str, Any]:
+    """The recipe's settings (:data:`~simulator.request.knobs.KNOBS` the recipe holds)
+    as the scenario writes them, each read at its knob's path; the sharding level
+    resolved from its older spelling."""
+    settings = {
+        knob.name: getattr(getattr(spec, section), name)
+        for knob in KNOBS
+        if knob.owner == "recipe"
+        for section, _, name in (knob.path.partition("."),)
+    }
+    return settings | {"sharding": spec.training.sharding_level()}
 
 
 def _stage_count(parallel: ParallelSpec, layout: Layout, stages: int) -> str:
@@ -602,11 +601,11 @@ def _check_fp8(spec: ScenarioSpec, cluster_spec: ClusterSpec) -> None:
             f"training.dtype: fp8 needs FP8 tensor cores; the {gpu.name} has none "
             "(cluster gpu.fp8_peak_flops)"
         )
-    if training.fp8_all_gather and (training.dtype != "fp8" or _sharding(training) == "none"):
+    if training.fp8_all_gather and (training.dtype != "fp8" or training.sharding_level() == "none"):
         raise ScenarioError(
             "training.fp8_all_gather: only with training.dtype fp8 and a training.sharding "
             f"that gathers weights (optimizer, gradients or full; got dtype "
-            f"{training.dtype}, sharding {_sharding(training)})"
+            f"{training.dtype}, sharding {training.sharding_level()})"
         )
 
 
@@ -659,24 +658,12 @@ def _dp_shard(spec: ScenarioSpec, dp: int) -> int:
             f"parallel: dp_shard({shard}) * dp_replicate({replicate}) = {shard * replicate} "
             f"!= dp({dp})"
         )
-    if replicate > 1 and _sharding(spec.training) != "full":
+    if replicate > 1 and spec.training.sharding_level() != "full":
         raise ScenarioError(
             f"parallel.dp_replicate: HSDP (dp_replicate {replicate}) needs training.sharding: "
-            f"full (got {_sharding(spec.training)})"
+            f"full (got {spec.training.sharding_level()})"
         )
     return shard
-
-
-def _sharding(training: TrainingSpec) -> str:
-    """``training.sharding``, or ``optimizer`` when only ``optimizer_sharding`` is set."""
-    if training.sharding is None:
-        return "optimizer" if training.optimizer_sharding else "none"
-    if training.optimizer_sharding and training.sharding != "optimizer":
-        raise ScenarioError(
-            f"training.optimizer_sharding: true means sharding optimizer, but "
-            f"training.sharding is {training.sharding}; give one of them"
-        )
-    return training.sharding
 
 
 def _global_ranks(message: str, layout: Layout) -> str:

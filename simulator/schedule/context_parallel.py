@@ -89,7 +89,7 @@ class ContextParallelLowering:
         """Before block ``step``: wait for the K/V the last step received; unless this is
         the last block, pass the block on and receive the next one beside it."""
         if self.ring_recv is not None:
-            self.waits.append(self.ring_recv)
+            self.out.waits.append(self.ring_recv)
             self.ring_recv = None
         if last:
             return
@@ -99,12 +99,12 @@ class ContextParallelLowering:
         self, layer: int, mb: int, phase: str, step: int, size: float, what: str
     ) -> None:
         tag = self._ring_tag(layer, mb, phase, step)
-        tags = self.w.tag_set("cp", layer, mb, phase, self.stage)
+        tags = self.out.w.tag_set("cp", layer, mb, phase, self.out.stage)
         label = f"L{layer}.cp_{what}{step}.{phase}.mb{mb}"
         # the block forwarded: the one computed locally (step 0) or received last step
-        deps = (self.last,) if self.w.ops else ()
-        self.w.p2p(Send, "cp_send", self.cp_next, size, tag, f"send.{label}", deps, tags)
-        self.ring_recv = self.w.p2p(
+        deps = (self.out.last,) if self.out.w.ops else ()
+        self.out.w.p2p(Send, "cp_send", self.cp_next, size, tag, f"send.{label}", deps, tags)
+        self.ring_recv = self.out.w.p2p(
             Recv, "cp_recv", self.cp_prev, size, tag, f"recv.{label}", (), tags
         )
 
@@ -128,7 +128,7 @@ class ContextParallelLowering:
         if name == "attn_ring0.bwd":
             # the K/V gradients accumulated around the ring go home: one more hop
             self._ring_exchange(layer, mb, phase, self.cp, self.kv_block_bytes, "dkv")
-            self.waits.append(self.ring_recv)
+            self.out.waits.append(self.ring_recv)
             self.ring_recv = None
         elif name in ("attn_core", "attn_core.bwd") and self.cp_kind == "ulysses":
             size = self.qkv_bytes if name.endswith(".bwd") else self.out_bytes
@@ -136,8 +136,8 @@ class ContextParallelLowering:
 
     def _cp_all_to_all(self, size: float, label: str, layer: int, mb: int, phase: str) -> None:
         """Ulysses' all-to-all on the CP group, which the next op waits for."""
-        tags: dict[str, Any] = self.w.tag_set("cp", layer, mb, phase, self.stage)
-        op = self.w.collective(
-            "all_to_all", self.cp_group, size, "cp", label, (self.last, *self.waits), tags
+        tags: dict[str, Any] = self.out.w.tag_set("cp", layer, mb, phase, self.out.stage)
+        op = self.out.w.collective(
+            "all_to_all", self.cp_group, size, "cp", label, (self.out.last, *self.out.waits), tags
         )
-        self.waits.append(op)
+        self.out.waits.append(op)

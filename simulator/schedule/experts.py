@@ -110,16 +110,16 @@ class ExpertLowering:
         if self.ep_group is None:
             return None
         splits = tuple(float(b) for b in splits)
-        op = self.w.collective(
+        op = self.out.w.collective(
             "all_to_all",
             self.ep_group,
             sum(splits),
             "ep",
             label,
-            (self.last, *self.waits),
-            self.w.tags(stage=self.stage, axis="ep", **tags),
+            (self.out.last, *self.out.waits),
+            self.out.w.tags(stage=self.out.stage, axis="ep", **tags),
         )
-        self.w.ops[op].splits = splits
+        self.out.w.ops[op].splits = splits
         if wait:
             self.wait_for(op)
         return op
@@ -172,7 +172,7 @@ class ExpertLowering:
             for cost in reversed(costs):
                 grouped = cost.kind == "grouped_gemm"
                 backward = expert_backward_of(cost, local) if grouped else backward_of(cost)
-                self._grads(backward, prefix, mb, final, tags, self.stage, defer)
+                self._grads(backward, prefix, mb, final, tags, self.out.stage, defer)
 
         dispatch, combine = splits[self.ep_index], splits[:, self.ep_index]
         grads(ops.combine)
@@ -180,11 +180,11 @@ class ExpertLowering:
         back = self._all_to_all(dispatch, label, wait=not overlap, **tags)
         if overlap:  # the shared experts' backward beside the combine's
             for cost in reversed(shared):
-                self._grads(backward_of(cost), prefix, mb, final, tags, self.stage, defer)
+                self._grads(backward_of(cost), prefix, mb, final, tags, self.out.stage, defer)
             self.wait_for(back)
         grads((*ops.received, *ops.experts, *ops.returned))
         self._all_to_all(combine, f"L{layer}.dispatch_grad.{phase}.mb{mb}", **tags)
         if not overlap:
             for cost in reversed(shared):
-                self._grads(backward_of(cost), prefix, mb, final, tags, self.stage, defer)
+                self._grads(backward_of(cost), prefix, mb, final, tags, self.out.stage, defer)
         grads((*ops.router, *ops.dispatch))

@@ -47,17 +47,18 @@ optimizer, and ``fp8_all_gather`` gathers those weights in FP8.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from simulator.arithmetic.counts import layer_fp8_parameters, pipeline_rank_parameters
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
-from simulator.request.recipe import DDP_BUCKET_BYTES
+from simulator.request.knobs import DDP_BUCKET_BYTES
+from simulator.schedule.context import StepConfig
 from simulator.schedule.sharded_dp import sharding_for
 from simulator.schedule.sharding_units import (
     DEEPSPEED_ALLGATHER_BUCKET,
     DEEPSPEED_REDUCE_BUCKET,
     rank_expert_parameters,
 )
+from simulator.schedule.writer import Writing
 
 __all__ = ["DataParallelGradients", "ADAM_FLOPS_PER_PARAM"]
 
@@ -72,22 +73,30 @@ ADAM_FLOPS_PER_PARAM = 12
 class DataParallelGradients:
     """Gradient buckets, the optimizer and the parameter all-gather of one rank."""
 
-    def __init__(self, lowering: Any):
-        """``lowering``: the :class:`~simulator.schedule.layers.RankLowering` writing the
-        rank's program, whose writer, last op, pending waits and groups this pass uses."""
-        self.lowering = lowering
-        config = lowering.config
+    def __init__(
+        self,
+        config: StepConfig,
+        out: Writing,
+        pipeline_rank: int,
+        dp_group: str | None,
+        edp_group: str | None,
+    ):
+        """``out``: where the rank's lowering writes (its writer, last op and pending
+        waits, shared); ``dp_group`` and ``edp_group``: the groups that reduce the dense
+        and the expert gradients (None: no replicas)."""
+        self.config, self.layout, self.out = config, config.layout, out
+        self.pipeline_rank, self.dp_group, self.edp_group = pipeline_rank, dp_group, edp_group
         self.recipe = config.recipe
         self.parameters = pipeline_rank_parameters(
-            config.recipe, config.model, config.moe, lowering.pipeline_rank
+            config.recipe, config.model, config.moe, self.pipeline_rank
         )
         # the routed experts' share of them, whose gradients, optimizer state and
         # updated weights belong to the expert-data-parallel group (dp / ep ranks:
         # Megatron-Core's distributed optimizer keeps the expert parameters in buffers
         # of their own over it), where the rest belong to dp
         self.expert_parameters = (
-            rank_expert_parameters(config.recipe, config.model, config.moe, lowering.pipeline_rank)
-            if lowering.edp_group != lowering.dp_group
+            rank_expert_parameters(config.recipe, config.model, config.moe, self.pipeline_rank)
+            if self.edp_group != self.dp_group
             else 0
         )
         # gradient buckets, per group that reduces them (dense: dp; experts: edp)
@@ -95,14 +104,14 @@ class DataParallelGradients:
         self.bucket_index: dict[str, int] = {}
         self.last_buckets: dict[str, int] = {}
         self.gathers = (
-            self.recipe.sharding in ("optimizer", "gradients") and lowering.dp_group is not None
+            self.recipe.sharding in ("optimizer", "gradients") and self.dp_group is not None
         )
         self.early_gather: list[int] | None = None
-        self.units = self.recipe.shards_weights and lowering.dp_group is not None
+        self.units = self.recipe.shards_weights and self.dp_group is not None
         # HSDP: units shard over the dp_shard group and their gradient shards are
         # all-reduced over the dp_replicate group; plain FSDP shards over all of dp
-        layout, rank = lowering.layout, lowering.rank
-        self.shard_group = lowering.dp_group
+        layout, rank = self.layout, self.out.rank
+        self.shard_group = self.dp_group
         self.replicate_group = None
         if layout.dp_shard:
             shard = layout.group_name("dp_shard", rank)
@@ -128,7 +137,7 @@ class DataParallelGradients:
         step's forward, when the recipe overlaps that gather."""
         if not (self.gathers and self.recipe.param_gather_overlap):
             return
-        w = self.lowering.w
+        w = self.out.w
         self.early_gather = [
             w.collective(
                 "all_gather",
@@ -148,22 +157,21 @@ class DataParallelGradients:
         (none where a rank holds its experts' whole state), the FP8 layers' in FP8 with
         ``fp8_all_gather`` (Megatron-Core's --fp8-param-gather; every routed expert
         weight is an FP8 GEMM's)."""
-        lowering = self.lowering
         experts = float(self.expert_parameters)
         dense = (self.parameters - experts) * ACT_BYTES
         expert = experts * ACT_BYTES
         if self.recipe.fp8_all_gather:
-            config = lowering.config
+            config = self.config
             fp8: float = sum(
                 layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
-                for layer in self.recipe.rank_layers(lowering.pipeline_rank)
+                for layer in self.recipe.rank_layers(self.pipeline_rank)
             )
             expert_fp8 = experts if self.recipe.fp8 else 0.0
             dense -= fp8 - expert_fp8
             expert -= expert_fp8
-        gathers = [(lowering.dp_group, "dp", dense)]
-        if experts and lowering.edp_group is not None:
-            gathers.append((lowering.edp_group, "edp", expert))
+        gathers = [(self.dp_group, "dp", dense)]
+        if experts and self.edp_group is not None:
+            gathers.append((self.edp_group, "edp", expert))
         return [entry for entry in gathers if entry[2] > 0]
 
     def before_layer(self, layer: int, microbatch: int, phase: str) -> None:
@@ -186,12 +194,11 @@ class DataParallelGradients:
     ) -> None:
         """``params`` weight gradients were completed by op ``producer``; ``final``: in
         the stage's last backward, when they are whole and can be reduced."""
-        lowering = self.lowering
         if self.sharded is not None:
             if final or self.sharded.reduces_every_microbatch:
                 self.sharded.grad_ready(params, producer, microbatch, expert)
             return
-        group = lowering.edp_group if expert else lowering.dp_group
+        group = self.edp_group if expert else self.dp_group
         if not final or group is None or params == 0:
             return
         self.bucket_bytes[group] = self.bucket_bytes.get(group, 0.0) + (
@@ -205,14 +212,13 @@ class DataParallelGradients:
             self._flush_bucket(group, producer, microbatch)
 
     def _flush_bucket(self, group: str, producer: int, microbatch: int) -> None:
-        lowering = self.lowering
-        w = lowering.w
+        w = self.out.w
         size = self.bucket_bytes.get(group, 0.0)
         if size <= 0:
             return
         kind = "reduce_scatter" if self.recipe.shards_optimizer else "all_reduce"
         index = self.bucket_index.get(group, 0)
-        label = f"{lowering.layout.axis_of_group(group)}.bucket{index}"
+        label = f"{self.layout.axis_of_group(group)}.bucket{index}"
         self.last_buckets[group] = w.collective(
             kind,
             group,
@@ -220,7 +226,7 @@ class DataParallelGradients:
             "dp",
             label,
             (producer,),
-            w.tags(stage=lowering.stage, axis="dp", phase="bwd", microbatch=microbatch),
+            w.tags(stage=self.out.stage, axis="dp", phase="bwd", microbatch=microbatch),
         )
         self.bucket_index[group] = index + 1
         self.bucket_bytes[group] = 0.0
@@ -228,10 +234,9 @@ class DataParallelGradients:
     def end_step(self, last_microbatch: int) -> None:
         """After the last action: reduce what the buckets still hold, then the gradient
         norm and the optimizer, then (optimizer sharding) gather the updated weights."""
-        lowering = self.lowering
         for group in list(self.bucket_bytes):
-            self._flush_bucket(group, lowering.last, last_microbatch)
-        layout = lowering.layout
+            self._flush_bucket(group, self.out.last, last_microbatch)
+        layout = self.layout
         dp = layout.shard_degree if self.recipe.shards_optimizer else 1
         experts = self.expert_parameters
         edp = layout.expert_shard_degree if self.recipe.shards_optimizer else 1
@@ -245,33 +250,33 @@ class DataParallelGradients:
             (self.recipe.optimizer_step_bytes + 2 * grad_bytes) * local,
             0.0,
         )
-        lowering.waits.extend(self.last_buckets.values())
+        self.out.waits.extend(self.last_buckets.values())
         if self.sharded is not None:
             self.sharded.end_step(last_microbatch)
-            lowering.waits.extend(self.sharded.reduces)
+            self.out.waits.extend(self.sharded.reduces)
         for gather in self.early_gather or ():
-            lowering.wait_for(gather)
-        lowering.w.action_open = True
-        lowering.run(grad_norm, "optimizer.grad_norm", phase="optimizer")
-        lowering.run(optimizer, "optimizer.step", phase="optimizer")
+            self.out.wait_for(gather)
+        self.out.w.action_open = True
+        self.out.run(grad_norm, "optimizer.grad_norm", phase="optimizer")
+        self.out.run(optimizer, "optimizer.step", phase="optimizer")
         if self.recipe.fp8:
             # the updated FP8 layers' weights cast once for the next step: read bf16,
             # write FP8 and its transpose (Transformer Engine casts on the first
             # micro-batch and reuses the copy)
-            config = lowering.config
+            config = self.config
             fp8: float = sum(
                 layer_fp8_parameters(self.recipe, config.model, config.moe, layer)
-                for layer in self.recipe.rank_layers(lowering.pipeline_rank)
+                for layer in self.recipe.rank_layers(self.pipeline_rank)
             )
             expert_fp8 = experts if self.recipe.fp8 else 0
             fp8 = (fp8 - expert_fp8) / dp + expert_fp8 / edp
             cast = OpCost("fp8_weight_cast", "elementwise", 2.0 * fp8, 4.0 * fp8, 0.0)
-            lowering.run(cast, "optimizer.fp8_weight_cast", phase="optimizer")
+            self.out.run(cast, "optimizer.fp8_weight_cast", phase="optimizer")
         if self.gathers and self.early_gather is None:
             # ZeRO-1: every rank updated 1/dp of the weights (its experts' 1/edp); gather
             # the updated bf16 weights (DeepSpeed: in calls of allgather_bucket_size
             # elements, stage_1_and_2.py's all_gather_dp_groups)
-            w = lowering.w
+            w = self.out.w
             for group, axis, total in self._gathered():
                 calls = max(1, math.ceil(total / self.gather_chunk)) if self.gather_chunk else 1
                 for index in range(calls):
@@ -281,6 +286,6 @@ class DataParallelGradients:
                         total / calls,
                         "dp",
                         f"{axis}.param_all_gather" + (f"{index}" if calls > 1 else ""),
-                        (lowering.last,),
-                        w.tags(stage=lowering.stage, axis="dp", phase="optimizer"),
+                        (self.out.last,),
+                        w.tags(stage=self.out.stage, axis="dp", phase="optimizer"),
                     )

@@ -65,7 +65,7 @@ from simulator.schedule.context_parallel import ContextParallelLowering
 from simulator.schedule.experts import ExpertLowering
 from simulator.schedule.gradients import DataParallelGradients
 from simulator.schedule.ir import Compute, Program, Recv, Send, retargeter
-from simulator.schedule.writer import ProgramWriter
+from simulator.schedule.writer import Writing
 
 __all__ = ["RankLowering"]
 
@@ -104,7 +104,9 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.config = config
         self.layout = layout = config.layout
         self.rank = rank
-        self.w = ProgramWriter(rank)
+        self.out = Writing(rank)
+        self.run = self.out.run
+        self.wait_for = self.out.wait_for
         self.pipeline_rank = layout.coords(rank)["pp"]
         self.pp, self.tp, self.sp = layout.pp, layout.tp, config.recipe.sequence_parallel
         self.stages = config.stages
@@ -122,7 +124,6 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         # pipelined (Transformer Engine's userbuffers) the forward's too
         self.overlap_tp = config.recipe.tp_comm_overlap in ("async", "pipelined")
         self.pipelined = config.recipe.tp_comm_overlap == "pipelined" and self.sp
-        self.gathers: list[int] = []  # in-flight all-gathers the next GEMM runs beside
         self.bwd_ops = [(op, backward_of(op)) for op in reversed(self.fwd_ops)]
         self.activation_bytes = ACT_BYTES * b * model.seq_len * model.hidden
         # SP keeps the residual stream sharded, so stage boundaries carry 1/t of it
@@ -137,12 +138,9 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             [final_norm_op(model, b, shard), loss_op(model, b, self.tp)], stack
         )
         self.logits = logits_forward_op(model, b, self.tp, shard)
-        self.last = 0  # the latest compute op
-        self.waits: list[int] = []  # ops on other streams the next compute op must wait for
         # (stage, micro-batch) -> weight gradients an I action leaves for its W action:
         # (gradient, label, parameters, expert?)
         self.deferred: dict[tuple[int, int], list[tuple[OpCost, str, int, bool]]] = {}
-        self.stage = 0  # the stage of the action being written
         self.neighbours: dict[int, int] = {}  # global stage -> rank holding it
         # (action kind, stage) -> its block's body
         self.bodies: dict[tuple[str, int], ActionBody] = {}
@@ -162,7 +160,10 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.ep_index, self.ep_group_index = dp_index % self.ep, dp_index // self.ep
         self._kv_local = kv_heads_per_rank(model, self.tp)
         self._cp_setup()
-        self.gradients = DataParallelGradients(self)
+        self.gradients = DataParallelGradients(
+            config, self.out, self.pipeline_rank, self.dp_group, self.edp_group
+        )
+        self.out.sink = self.gradients
 
     # -- helpers ----------------------------------------------------------------------
     def _layers(self, stage: int) -> range:
@@ -183,60 +184,28 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
     def _tag(self, stage: int, mb: int, direction: int) -> int:
         return (stage * self.config.microbatches + mb) * 2 + direction
 
-    def run(self, cost: OpCost, label: str, beside_comm: tuple[int, ...] = (), **tags: Any) -> int:
-        """A compute op after the last one; ``beside_comm``: the collectives of this rank
-        in flight beside it by construction (their NCCL kernels share the SMs).
-
-        In-flight all-gathers (:attr:`gathers`) run beside the next GEMM, which works on
-        the chunks already gathered, and the op after it waits for them; any other op
-        waits for them first."""
-        overlapped = False
-        if self.gathers:
-            if cost.kind == "gemm" and cost.batch == 1:
-                overlapped = True
-                beside_comm = (*beside_comm, *self.gathers)
-            else:
-                self.waits.extend(self.gathers)
-                self.gathers = []
-        deps, self.waits = tuple(self.waits), []
-        get = tags.get
-        tagset = self.w.tag_set(None, get("layer"), get("microbatch"), get("phase"), self.stage)
-        self.last = self.w.compute(cost, label, deps, tagset, beside_comm)
-        if overlapped:
-            self.waits.extend(self.gathers)
-            self.gathers = []
-        return self.last
-
-    def _after_last(self) -> tuple[int, ...]:
-        """Deps of an op that must follow everything the compute stream has done."""
-        return (*([self.last] if self.w.ops else []), *self.waits)
-
     def _tp_collective(self, kind: str, label: str, **tags: Any) -> int | None:
         """A TP (SP) collective of the full activation, after the last compute op."""
         if self.tp_group is None:
             return None
         get = tags.get
-        tagset = self.w.tag_set(
-            "sp" if self.sp else "tp", get("layer"), get("microbatch"), get("phase"), self.stage
+        tagset = self.out.w.tag_set(
+            "sp" if self.sp else "tp", get("layer"), get("microbatch"), get("phase"), self.out.stage
         )
-        return self.w.collective(
-            kind, self.tp_group, self.activation_bytes, "tp", label, (self.last,), tagset
+        return self.out.w.collective(
+            kind, self.tp_group, self.activation_bytes, "tp", label, (self.out.last,), tagset
         )
-
-    def wait_for(self, op: int | None) -> None:
-        if op is not None:
-            self.waits.append(op)
 
     # -- pipeline actions -------------------------------------------------------------
     def receive(self, action: Action, phase: str) -> None:
         """``RECV_F`` (the input activation from the previous stage) or ``RECV_B`` (the
         output gradient from the next), posted eagerly; the action's compute waits."""
         stage, mb = action.stage, action.microbatch
-        self.stage = stage
-        self.w.action_open = True
+        self.out.stage = stage
+        self.out.w.action_open = True
         forward = action.type == "RECV_F"
         peer = stage - 1 if forward else stage + 1
-        recv = self.w.p2p(
+        recv = self.out.w.p2p(
             Recv,
             self._stream("pp_recv_fwd" if forward else "pp_recv_bwd", stage),
             self._neighbour(peer),
@@ -244,37 +213,37 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             self._tag(peer, mb, 0 if forward else 1),
             f"recv.{'act' if forward else 'grad'}.s{stage}.mb{mb}",
             (),
-            self.w.tag_set("pp", None, mb, phase, stage),
+            self.out.w.tag_set("pp", None, mb, phase, stage),
         )
-        self.waits.append(recv)
+        self.out.waits.append(recv)
 
     def send(self, action: Action, phase: str) -> None:
         """``SEND_F`` (the output activation to the next stage) or ``SEND_B`` (the input
         gradient to the previous), after everything the action computed."""
         stage, mb = action.stage, action.microbatch
         forward = action.type == "SEND_F"
-        self.w.p2p(
+        self.out.w.p2p(
             Send,
             self._stream("pp_send_fwd" if forward else "pp_send_bwd", stage),
             self._neighbour(stage + 1 if forward else stage - 1),
             self.boundary_bytes,
             self._tag(stage, mb, 0 if forward else 1),
             f"send.{'act' if forward else 'grad'}.s{stage}.mb{mb}",
-            self._after_last(),
-            self.w.tag_set("pp", None, mb, phase, stage),
+            self.out.after_last(),
+            self.out.w.tag_set("pp", None, mb, phase, stage),
         )
 
     def forward(self, stage: int, mb: int, blocked: bool = False) -> None:
         """An ``F`` action's compute and TP communication."""
-        self.stage = stage
-        self.w.action_open = True
+        self.out.stage = stage
+        self.out.w.action_open = True
         self._action("F", stage, mb, "fwd", blocked, self._forward_body)
 
     def backward(self, stage: int, mb: int, final: bool, part: str, blocked: bool = False) -> None:
         """A ``B`` (all of it), ``I`` (input gradients, weight gradients deferred) or ``W``
         (the deferred weight gradients) action's compute and TP communication."""
-        self.stage = stage
-        self.w.action_open = True
+        self.out.stage = stage
+        self.out.w.action_open = True
         phase = self._PHASES[part]
         if part == "W":
             body = lambda s, m: self._weight_gradients(s, m, final)  # noqa: E731
@@ -323,9 +292,9 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             self.deferred.pop((stage, mb), None)
         elif cached.deferred:  # an I action defers the weight gradients its W will run
             self.deferred[(stage, mb)] = list(cached.deferred)
-        deps, self.waits = tuple(self.waits), []
-        tags = self.w.tag_set(None, None, mb, phase, stage)
-        self.last = self.w.block(
+        deps, self.out.waits = tuple(self.out.waits), []
+        tags = self.out.w.tag_set(None, None, mb, phase, stage)
+        self.out.last = self.out.w.block(
             cached.ops,
             cached.flops,
             cached.bytes,
@@ -337,11 +306,9 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
 
     def _lowered(self, stage: int, mb: int, write) -> ActionBody:
         """``write(stage, mb)`` into a body of its own."""
-        outer = self.w, self.last, self.waits
-        self.w, self.last, self.waits = ProgramWriter(self.rank), 0, []
-        write(stage, mb)
-        body = tuple(self.w.ops)
-        self.w, self.last, self.waits = outer
+        with self.out.body() as writer:
+            write(stage, mb)
+            body = tuple(writer.ops)
         flops = sum(op.flops for op in body if type(op) is Compute)
         nbytes = sum(op.bytes for op in body if type(op) is Compute)
         return ActionBody(body, flops, nbytes, mb, tuple(self.deferred.get((stage, mb), ())))
@@ -417,7 +384,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             return
         collective = self._tp_collective(kind, comm_label, **tags)
         if self.pipelined and kind == "all_gather" and collective is not None:
-            self.gathers.append(collective)
+            self.out.gathers.append(collective)
         else:
             self.wait_for(collective)
 
@@ -484,14 +451,14 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                 label = f"{prefix}{name.split('.')[0]}.input_ag.bwd.mb{mb}"
                 regather = self._tp_collective("all_gather", label, **tags)
                 if self.overlap_tp:
-                    self.gathers.append(regather)  # beside the dgrad; the wgrad waits
+                    self.out.gathers.append(regather)  # beside the dgrad; the wgrad waits
                 else:
                     self.wait_for(regather)
             params = 0 if tied else grad.weight_params
             expert = name.startswith("expert_")
             if name.endswith(".wgrad") and defer:
-                self.waits.extend(self.gathers)
-                self.gathers = []
+                self.out.waits.extend(self.out.gathers)
+                self.out.gathers = []
                 entry = (grad, f"{prefix}{name}", params, expert)
                 self.deferred.setdefault((stage, mb), []).append(entry)
                 continue
@@ -501,7 +468,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             op = self.run(grad, f"{prefix}{name}.mb{mb}", tuple(pending), **tags)
             if attention:
                 self._cp_after(grad, tags["layer"], mb, tags["phase"])
-            self.gradients.grad_ready(params, op, mb, final, expert)
+            self.out.sink.grad_ready(params, op, mb, final, expert)
             kind = comm.get(name)
             if kind is None:
                 continue
@@ -512,7 +479,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             if name.endswith(".dgrad") and self.overlap_tp:
                 pending.append(collective)  # overlaps the weight gradient
             elif kind == "all_gather" and self.pipelined:
-                self.gathers.append(collective)  # beside the next (row-parallel) dgrad
+                self.out.gathers.append(collective)  # beside the next (row-parallel) dgrad
             else:
                 self.wait_for(collective)
         for op in pending:
@@ -522,7 +489,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         """A layer's backward (after its forward again, with full recompute), with what
         the gradient pass puts around it; in a stage's last backward, as one block
         where :meth:`_layer_block` can."""
-        if final and self.config.layer_blocks and not self.gathers:
+        if final and self.config.layer_blocks and not self.out.gathers:
             if self._layer_block(layer, mb, final, phase, defer):
                 return
         recomputes = self.config.recipe.recomputes(layer)
@@ -548,17 +515,17 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         body, flops, nbytes, last, events, deferred, exits = entry
         recomputes = self.config.recipe.recomputes(layer)
         self.gradients.before_layer(layer, mb, "recompute" if recomputes else phase)
-        deps, self.waits = tuple(self.waits), []
-        self.w.refs = True
-        tags = self.w.tag_set(None, layer, mb, phase, self.stage)
-        block = self.w.block(body, flops, nbytes, f"L{layer}.{phase}.mb{mb}", deps, mb, tags)
-        self.last = (block, last)  # type: ignore[assignment]  # an op inside the block
+        deps, self.out.waits = tuple(self.out.waits), []
+        self.out.w.refs = True
+        tags = self.out.w.tag_set(None, layer, mb, phase, self.out.stage)
+        block = self.out.w.block(body, flops, nbytes, f"L{layer}.{phase}.mb{mb}", deps, mb, tags)
+        self.out.last = (block, last)  # type: ignore[assignment]  # an op inside the block
         for params, producer, expert in events:
-            self.gradients.grad_ready(params, (block, producer), mb, final, expert)
+            self.out.sink.grad_ready(params, (block, producer), mb, final, expert)
         if deferred:
-            self.deferred.setdefault((self.stage, mb), []).extend(deferred)
+            self.deferred.setdefault((self.out.stage, mb), []).extend(deferred)
         self.gradients.after_layer_backward(layer, mb, final)
-        self.waits = [(block, op) for op in exits]  # type: ignore[misc]
+        self.out.waits = [(block, op) for op in exits]  # type: ignore[misc]
         return True
 
     def _layer_body(self, layer: int, mb: int, final: bool, phase: str, defer: bool):
@@ -578,22 +545,20 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             return (body, *rest)
         if known is not None:
             return known[0]
-        outer = self.w, self.last, self.waits, self.gradients
         events = _GradientEvents()
-        deferred = self.deferred.setdefault((self.stage, mb), [])
+        deferred = self.deferred.setdefault((self.out.stage, mb), [])
         before = len(deferred)
-        self.w, self.last, self.waits, self.gradients = ProgramWriter(self.rank), 0, [], events
         try:
-            self._layer_backward_ops(layer, mb, final, phase, defer)
-            body, last, exits, gathers = (
-                tuple(self.w.ops),
-                self.last,
-                tuple(self.waits),
-                self.gathers,
-            )
+            with self.out.body(sink=events) as writer:
+                self._layer_backward_ops(layer, mb, final, phase, defer)
+                body, last, exits, gathers = (
+                    tuple(writer.ops),
+                    self.out.last,
+                    tuple(self.out.waits),
+                    self.out.gathers,
+                )
         finally:
-            self.w, self.last, self.waits, self.gradients = outer
-            self.gathers = []
+            self.out.gathers = []
         deferred_here = tuple(deferred[before:])
         del deferred[before:]  # the block's use of the body defers them, as every use does
         first = body[0] if body else None
@@ -635,12 +600,12 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                         )
                         if self.cp_group is not None:
                             self._cp_after(core, layer, mb, "recompute")
-            self._grads(grads, f"L{layer}.", mb, final, tags, self.stage, defer)
+            self._grads(grads, f"L{layer}.", mb, final, tags, self.out.stage, defer)
 
     def _weight_gradients(self, stage: int, mb: int, final: bool) -> None:
         for grad, label, params, expert in self.deferred.pop((stage, mb), []):
             op = self.run(grad, f"{label}.mb{mb}", phase="bwd_weight", microbatch=mb)
-            self.gradients.grad_ready(params, op, mb, final, expert)
+            self.out.sink.grad_ready(params, op, mb, final, expert)
 
     # -- whole step -------------------------------------------------------------------
     def build(self, order: list[Action], blocks: bool = False) -> Program:
@@ -672,7 +637,4 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                 else:
                     self.backward(action.stage, action.microbatch, final, kind, blocked)
         self.gradients.end_step(order[-1].microbatch)
-        # the gradient pass refers back to this lowering: unlinked, the lowering and
-        # its ops go when the last reference does, not at the collector's next pass
-        self.gradients.lowering = None
-        return Program(self.rank, self.w.ops)
+        return Program(self.rank, self.out.w.ops)

@@ -104,7 +104,7 @@ class BlockSharding:
 
     def __init__(self, gradients: Any):
         self.gradients = gradients
-        self.lowering = gradients.lowering
+        self.out = gradients.out  # where the rank's lowering writes
         self.recipe = gradients.recipe
         # units gathered ahead of use, by (writer, micro-batch, layer, backward?): the
         # ops the layer waits for
@@ -117,7 +117,7 @@ class BlockSharding:
         """``layer``'s units (memoised: gathered and reduced once per micro-batch)."""
         units = self._units.get(layer)
         if units is None:
-            config = self.lowering.config
+            config = self.gradients.config
             units = self._units[layer] = self._layer_units(config, layer)
         return units
 
@@ -126,7 +126,7 @@ class BlockSharding:
 
     def group(self, unit: Unit) -> str | None:
         """The group ``unit`` shards over: ``edp`` for experts, else the shard group."""
-        return self.lowering.edp_group if unit.expert else self.gradients.shard_group
+        return self.gradients.edp_group if unit.expert else self.gradients.shard_group
 
     def gather_bytes(self, unit: Unit) -> float:
         """The bf16 weights of ``unit`` (the FP8 layers' in FP8 with ``fp8_all_gather``)."""
@@ -136,15 +136,13 @@ class BlockSharding:
         return size
 
     def _tags(self, layer: int, microbatch: int, phase: str) -> dict[str, Any]:
-        lowering = self.lowering
-        return lowering.w.tags(
-            stage=lowering.stage, layer=layer, axis="dp", phase=phase, microbatch=microbatch
+        return self.out.w.tags(
+            stage=self.out.stage, layer=layer, axis="dp", phase=phase, microbatch=microbatch
         )
 
     def _after_host(self) -> tuple:
         """Deps of an op issued now: after the rank's latest compute op."""
-        lowering = self.lowering
-        return (lowering.last,) if lowering.w.ops else ()
+        return (self.out.last,) if self.out.w.ops else ()
 
     # -- forward and backward -----------------------------------------------------------
     def before_layer(self, layer: int, microbatch: int, phase: str) -> None:
@@ -153,14 +151,13 @@ class BlockSharding:
         backward = phase != "fwd"
         if backward and not self.recipe.reshard_after_forward:
             return  # still gathered since this micro-batch's forward
-        lowering = self.lowering
-        writer = id(lowering.w)
+        writer = id(self.out.w)
         waits = self.prefetched.pop((writer, microbatch, layer, backward), None)
         if waits is None:
             waits = self.gather_layer(layer, microbatch, phase, self._after_host())
         self.use(layer, microbatch, phase, waits)
         following = layer - 1 if backward else layer + 1
-        if following in self.recipe.layers_of(lowering.stage):
+        if following in self.recipe.layers_of(self.out.stage):
             key = (writer, microbatch, following, backward)
             self.prefetched[key] = self.gather_layer(
                 following, microbatch, phase, self.prefetch_deps(layer, backward)
@@ -172,7 +169,7 @@ class BlockSharding:
 
     def use(self, layer: int, microbatch: int, phase: str, waits: list[int]) -> None:
         """The layer's first op waits for ``waits``."""
-        self.lowering.waits.extend(waits)
+        self.out.waits.extend(waits)
 
     def gather_layer(self, layer: int, microbatch: int, phase: str, deps: tuple) -> list[int]:
         """All-gather ``layer``'s units after ``deps``; the ops the layer waits for."""
@@ -188,7 +185,7 @@ class BlockSharding:
         self, unit: Unit, group: str, layer: int, microbatch: int, phase: str, deps: tuple
     ) -> int:
         name = f"L{layer}" if unit.name == f"L{layer}" else unit.name
-        return self.lowering.w.collective(
+        return self.out.w.collective(
             "all_gather",
             group,
             self.gather_bytes(unit),
@@ -209,8 +206,7 @@ class BlockSharding:
                 self._reduce_unit(unit, layer, microbatch)
 
     def _reduce_unit(self, unit: Unit, layer: int, microbatch: int) -> None:
-        lowering = self.lowering
-        w = lowering.w
+        w = self.out.w
         grad_bytes = unit.params * self.recipe.grad_bytes
         tags = self._tags(layer, microbatch, "bwd")
         group = self.group(unit)
@@ -233,10 +229,10 @@ class BlockSharding:
             reduce = w.collective(
                 "all_reduce",
                 replicate,
-                grad_bytes / lowering.layout.shard_degree,
+                grad_bytes / self.gradients.layout.shard_degree,
                 "dp",
                 f"{name}.hsdp_all_reduce.mb{microbatch}",
-                (lowering.last,) if reduce is None else (reduce,),
+                (self.out.last,) if reduce is None else (reduce,),
                 tags,
             )
         if reduce is not None:
@@ -244,7 +240,7 @@ class BlockSharding:
 
     def reduce_deps(self, unit: Unit, layer: int, microbatch: int, grad_bytes: float) -> tuple:
         """What a unit's reduce-scatter waits for: the layer's last backward op."""
-        return (self.lowering.last,)
+        return (self.out.last,)
 
     def grad_ready(self, params: int, producer: Any, microbatch: int, expert: bool) -> None:
         """A weight gradient is complete (units reduce after their layer instead)."""
@@ -258,7 +254,7 @@ class BlockSharding:
     ) -> int:
         """A memory-bound kernel on a stream of its own (FSDP2's copy-in streams), issued
         by the host as it reaches it: not its pipeline action's first op."""
-        return self.lowering.w.compute(cost, label, deps, tags, stream=stream)
+        return self.out.w.compute(cost, label, deps, tags, stream=stream)
 
 
 class Fsdp2Sharding(BlockSharding):
@@ -272,7 +268,7 @@ class Fsdp2Sharding(BlockSharding):
         ``trainer._train_microbatch_context``: ``no_sync`` for DDP only), while
         ``torch.distributed.pipelining``'s stages turn it off until the last backward
         (``backward_maybe_with_nosync``)."""
-        return self.lowering.layout.pp == 1
+        return self.gradients.layout.pp == 1
 
     def __init__(self, gradients: Any):
         super().__init__(gradients)
@@ -283,10 +279,10 @@ class Fsdp2Sharding(BlockSharding):
     def _gather(
         self, unit: Unit, group: str, layer: int, microbatch: int, phase: str, deps: tuple
     ) -> int:
-        shard = unit.params / len(self.lowering.layout.members(group))
+        shard = unit.params / len(self.gradients.layout.members(group))
         tags = self._tags(layer, microbatch, phase)
         cost = OpCost("fsdp_copy_in", "elementwise", 0.0, FSDP2_COPY_IN_BYTES * shard, 0.0)
-        previous = self.copied_out.get(id(self.lowering.w))
+        previous = self.copied_out.get(id(self.out.w))
         copy_deps = tuple(deps) + ((previous,) if previous is not None else ())
         name = f"L{layer}" if unit.name == f"L{layer}" else unit.name
         copy_in = self.side_compute(
@@ -300,22 +296,21 @@ class Fsdp2Sharding(BlockSharding):
     def use(self, layer: int, microbatch: int, phase: str, waits: list[int]) -> None:
         """The copy-out of each gathered unit on the compute stream, after its gather;
         the layer runs after it."""
-        lowering = self.lowering
         units = [u for u in self.units(layer) if not u.persistent and self.group(u)]
         for unit, gather in zip(units, waits, strict=True):
-            lowering.waits.append(gather)
+            self.out.waits.append(gather)
             cost = OpCost(
                 "fsdp_copy_out", "elementwise", 0.0, FSDP2_COPY_OUT_BYTES * unit.params, 0.0
             )
             name = f"L{layer}" if unit.name == f"L{layer}" else unit.name
-            lowering.run(
+            self.out.run(
                 cost,
                 f"{name}.fsdp_copy_out.{phase}.mb{microbatch}",
                 layer=layer,
                 microbatch=microbatch,
                 phase=phase,
             )
-        self.copied_out[id(lowering.w)] = lowering.last
+        self.copied_out[id(self.out.w)] = self.out.last
 
     def reduce_deps(self, unit: Unit, layer: int, microbatch: int, grad_bytes: float) -> tuple:
         """The gradients concatenated into the reduce-scatter input, in the reduce dtype."""
@@ -331,7 +326,7 @@ class Fsdp2Sharding(BlockSharding):
             cost,
             "dp_rs_copy_in",
             f"{name}.fsdp_rs_copy_in.mb{microbatch}",
-            (self.lowering.last,),
+            (self.out.last,),
             self._tags(layer, microbatch, "bwd"),
         )
         return (copy_in,)
@@ -359,13 +354,12 @@ class Fsdp1Sharding(BlockSharding):
         backward = phase != "fwd"
         if backward and not self.recipe.reshard_after_forward:
             return
-        lowering = self.lowering
-        writer = id(lowering.w)
-        stage_layers = self.recipe.layers_of(lowering.stage)
-        if self.recipe.reshard_after_forward and lowering.w.ops:
+        writer = id(self.out.w)
+        stage_layers = self.recipe.layers_of(self.out.stage)
+        if self.recipe.reshard_after_forward and self.out.w.ops:
             # the unit run last was freed as it ended (after its forward, or its
             # backward): its free event joins the limiter's queue
-            self.freed.setdefault(writer, []).append(lowering.last)
+            self.freed.setdefault(writer, []).append(self.out.last)
         waits = self.prefetched.pop((writer, microbatch, layer, backward), None)
         if waits is None:
             waits = self.gather_layer(layer, microbatch, phase, self._limited(writer))
@@ -406,10 +400,9 @@ class ZeroStage3Sharding(BlockSharding):
         return submodule_units(self.recipe, config.model, config.moe, layer)
 
     def before_layer(self, layer: int, microbatch: int, phase: str) -> None:
-        lowering = self.lowering
         backward = phase != "fwd"
-        key = (id(lowering.w), microbatch, backward)
-        stage_layers = self.recipe.layers_of(lowering.stage)
+        key = (id(self.out.w), microbatch, backward)
+        stage_layers = self.recipe.layers_of(self.out.stage)
         order = list(reversed(stage_layers)) if backward else list(stage_layers)
         coordinator = self.passes.get(key)
         if coordinator is None or layer == order[0]:
@@ -434,7 +427,7 @@ class ZeroStage3Sharding(BlockSharding):
             size = sum(self.gather_bytes(unit) for _, unit in chosen)
             label = f"{first.name}+{len(chosen) - 1}.zero3_all_gather.{phase}.mb{microbatch}"
             ops.append(
-                self.lowering.w.collective(
+                self.out.w.collective(
                     "all_gather",
                     self.group(first),
                     size,
@@ -451,14 +444,14 @@ class ZeroStage3Sharding(BlockSharding):
         micro-batch's backward before the last flushes what they hold
         (``independent_gradient_partition_epilogue``; the last backward's go at
         :meth:`end_step`)."""
-        if not final and layer == self.recipe.layers_of(self.lowering.stage)[0]:
+        if not final and layer == self.recipe.layers_of(self.out.stage)[0]:
             for group in list(self.bucket_elements):
-                self._flush(group, self.lowering.last, microbatch)
+                self._flush(group, self.out.last, microbatch)
 
     def grad_ready(self, params: int, producer: Any, microbatch: int, expert: bool) -> None:
         """Add the gradient to its group's bucket; reduce-scatter the bucket once it holds
         ``reduce_bucket_size`` elements."""
-        group = self.lowering.edp_group if expert else self.gradients.shard_group
+        group = self.gradients.edp_group if expert else self.gradients.shard_group
         if group is None or params == 0:
             return
         self.bucket_elements[group] = self.bucket_elements.get(group, 0.0) + params
@@ -469,18 +462,17 @@ class ZeroStage3Sharding(BlockSharding):
         elements = self.bucket_elements.get(group, 0.0)
         if elements <= 0:
             return
-        lowering = self.lowering
         index = self.bucket_index.get(group, 0)
         self.reduces.append(
-            lowering.w.collective(
+            self.out.w.collective(
                 "reduce_scatter",
                 group,
                 elements * self.recipe.grad_bytes,
                 "dp",
-                f"{lowering.layout.axis_of_group(group)}.zero3_bucket{index}",
+                f"{self.gradients.layout.axis_of_group(group)}.zero3_bucket{index}",
                 (producer,),
-                lowering.w.tags(
-                    stage=lowering.stage, axis="dp", phase="bwd", microbatch=microbatch
+                self.out.w.tags(
+                    stage=self.out.stage, axis="dp", phase="bwd", microbatch=microbatch
                 ),
             )
         )
@@ -489,7 +481,7 @@ class ZeroStage3Sharding(BlockSharding):
 
     def end_step(self, microbatch: int) -> None:
         for group in list(self.bucket_elements):
-            self._flush(group, self.lowering.last, microbatch)
+            self._flush(group, self.out.last, microbatch)
 
 
 class _Coordinator:

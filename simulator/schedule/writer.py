@@ -6,6 +6,13 @@ and a few thousand tag sets), and counts the ops the host issued since the curre
 pipeline action's first compute op (``host_index``, which the engine uses to hold an
 op until the host has issued it).
 
+A :class:`Writing` is where a rank's lowering writes now, shared by the layer lowering
+and the gradient pass: the writer of the program (or of the block body being written),
+its latest compute op, the ops the next compute op waits for, the all-gathers in
+flight, the stage of the action and where completed gradients go. A block's body is
+written with :meth:`Writing.body`, which hands out a fresh writer and restores the
+program's afterwards.
+
 Once a layer's ops are written as a block (``RankLowering._layer_block`` in
 :mod:`simulator.schedule.layers`), a dep may name an op inside it: ``(block id, body
 op id)``. The writer turns such deps into the op's ``deps`` and ``points``.
@@ -13,12 +20,14 @@ op id)``. The writer turns such deps into the op's ``deps`` and ``points``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from simulator.arithmetic.layer_ops import OpCost
 from simulator.schedule.ir import Block, Collective, Compute, Op
 
-__all__ = ["ProgramWriter"]
+__all__ = ["ProgramWriter", "Writing"]
 
 
 class ProgramWriter:
@@ -167,3 +176,69 @@ class ProgramWriter:
         self.ops.append(op_type(op_id, stream, peer, size, tag, label, deps, tags, points))
         self.issued += 1
         return op_id
+
+
+class Writing:
+    """Where one rank's lowering writes now (see the module docstring): ``w`` the writer,
+    ``last`` the latest compute op (or ``(block, op)`` inside a layer's block),
+    ``waits`` the ops on other streams the next compute op waits for, ``gathers`` the
+    all-gathers in flight that the next GEMM runs beside, ``stage`` the stage of the
+    action being written, ``sink`` what receives the gradients a layer completes."""
+
+    __slots__ = ("rank", "w", "last", "waits", "gathers", "stage", "sink")
+
+    def __init__(self, rank: int, sink: Any = None):
+        self.rank = rank
+        self.w = ProgramWriter(rank)
+        self.last: Any = 0
+        self.waits: list[Any] = []
+        self.gathers: list[int] = []
+        self.stage = 0
+        self.sink = sink
+
+    @contextmanager
+    def body(self, sink: Any = None) -> Iterator[ProgramWriter]:
+        """Write into a fresh writer (a block's body, with no last op and nothing to
+        wait for; ``sink``: where its completed gradients go instead), then come back to
+        the program as it was."""
+        outer = self.w, self.last, self.waits, self.sink
+        self.w, self.last, self.waits = ProgramWriter(self.rank), 0, []
+        if sink is not None:
+            self.sink = sink
+        try:
+            yield self.w
+        finally:
+            self.w, self.last, self.waits, self.sink = outer
+
+    def run(self, cost: OpCost, label: str, beside_comm: tuple[int, ...] = (), **tags: Any) -> int:
+        """A compute op after the last one; ``beside_comm``: the collectives of this rank
+        in flight beside it by construction (their NCCL kernels share the SMs).
+
+        In-flight all-gathers (:attr:`gathers`) run beside the next GEMM, which works on
+        the chunks already gathered, and the op after it waits for them; any other op
+        waits for them first."""
+        overlapped = False
+        if self.gathers:
+            if cost.kind == "gemm" and cost.batch == 1:
+                overlapped = True
+                beside_comm = (*beside_comm, *self.gathers)
+            else:
+                self.waits.extend(self.gathers)
+                self.gathers = []
+        deps, self.waits = tuple(self.waits), []
+        get = tags.get
+        tagset = self.w.tag_set(None, get("layer"), get("microbatch"), get("phase"), self.stage)
+        self.last = self.w.compute(cost, label, deps, tagset, beside_comm)
+        if overlapped:
+            self.waits.extend(self.gathers)
+            self.gathers = []
+        return self.last
+
+    def after_last(self) -> tuple[int, ...]:
+        """Deps of an op that must follow everything the compute stream has done."""
+        return (*([self.last] if self.w.ops else []), *self.waits)
+
+    def wait_for(self, op: int | None) -> None:
+        """Make the next compute op wait for ``op`` (None: nothing)."""
+        if op is not None:
+            self.waits.append(op)

@@ -49,23 +49,25 @@ from pathlib import Path
 from typing import Any
 
 from simulator.common.errors import ParasimError, ScenarioError
-from simulator.common.vocabulary import BATCH_POLICIES, SCALE_MODES
+from simulator.common.vocabulary import BATCH_POLICIES, PLACEMENT_AXES, SCALE_MODES
 from simulator.request.scenario import MAX_WORLD, Scenario, apply_overrides, scenario_from_dict
 from simulator.run.simulate import StepSize, request_size
-from simulator.tools.progress import Progress, Silent
-from simulator.tools.sweep import (
-    Candidate,
-    SweepBase,
+from simulator.tools.pool import (
     check_search,
-    no_layout_message,
-    plan_sweep,
-    prepare,
     process_pool,
     resolve_workers,
     run_chunked,
+    simulate_chunk,
+)
+from simulator.tools.progress import Progress, Silent
+from simulator.tools.space import Candidate
+from simulator.tools.sweep import (
+    SweepBase,
+    no_layout_message,
+    plan_sweep,
+    prepare,
     run_sweep,
     scaled_batch,
-    simulate_chunk,
     sweep_sizes,
 )
 
@@ -359,9 +361,12 @@ def _best_rows(
     max_tp: int | None,
     force: bool,
 ) -> list[dict[str, Any]]:
-    # everything but the three sizes stays as the scenario has it
-    sizes = ("tp", "pp", "dp", "stage_layers")  # a pipeline split follows from pp
-    pins = {k: v for k, v in Candidate.of_recipe(written.recipe).fields().items() if k not in sizes}
+    # everything but the grid's three sizes stays as the scenario has it, and the
+    # pipeline's split follows from pp
+    pins = Candidate.of_recipe(written.recipe).fields()
+    for size in PLACEMENT_AXES:
+        del pins[size]
+    del pins["stage_layers"]
     if written.parallel.schedule == "custom":
         raise ParasimError(
             "--best: a custom pipeline order fits one layout only; scale it without --best"

@@ -5,52 +5,14 @@ tries every layout of the space below, each built by applying ``--set``-style ov
 to the scenario's own YAML, so every rule of the scenario validator applies to it.
 
 The space (``--gpus N`` first resizes the cluster to ``N / gpus_per_node`` nodes, the
-global batch following ``--batch``, :func:`scaled_batch`; ``--fix KEY=VALUE`` replaces
-one dimension's list by that single value, which may lie outside the list, and the
-validator then judges it):
-
-================ ===================================================================
-``tp``           divisors of the GPUs per node, up to ``--max-tp``; a ``--max-tp``
-                 above the node size adds the multiples of the node size that divide
-                 the world (TP groups that span nodes)
-``pp``           divisors of the model's layers such that ``tp · pp`` divides the world;
-                 and the other ``pp`` that divide ``world / (tp · cp)`` with at least
-                 two layers per stage, the layers split as evenly as they go with the
-                 lighter stages first and last (``stage_layers``; 61 layers over 8
-                 stages: 7/8/8/8/8/8/7/7, as DeepSeek-V3 and Llama 3 405B split theirs)
-``dp``           the rest: ``world / (tp · pp)``
-``ep``           mixture-of-experts models only: divisors of ``dp`` that divide the
-                 experts
-``sp``           off, and on when ``tp > 1`` (with ``tp = 1`` it is always off)
-``micro_batch``  divisors of ``global_batch / dp`` up to 8; where the replicas cannot
-                 split the global batch into whole micro-batches, one candidate stands
-                 for all the variations of that ``tp · pp · dp`` and the validator
-                 says why it is invalid
-``schedule``     ``1f1b`` alone when ``pp = 1``; otherwise ``1f1b``, ``gpipe``,
-                 ``zb-h1``, ``zbv`` (two chunks a rank, where ``layers % (2·pp) ==
-                 0``) and ``interleaved-1f1b`` with 2 and 4 virtual stages where
-                 ``layers % (pp · v) == 0`` and ``micro-batches % pp == 0``
-                 (``interleaved-1f1b`` and ``zbv`` need ``pp > 1``, even when pinned)
-``recompute``    ``none``, ``selective``, ``full``
-``placement``    ``[tp,dp,pp]``, ``[tp,pp,dp]`` and ``[dp,tp,pp]`` (TP across nodes,
-                 the classic mistake); orders that differ only in where an axis of
-                 size 1 sits give the same rank grid and are tried once
-``cp``,          the scenario's own (context parallelism takes ``cp`` ranks out of
-``cp_kind``      the world before ``dp``; CP joins the placement after TP); for
-                 sequences of ``LONG_SEQUENCE`` (16K) tokens or more, also every CP
-                 degree that keeps the CP group inside a node, as a ring and, where
-                 heads and KV heads divide by ``tp · cp``, as Ulysses
-``sharding``     where the weights have replicas (``dp · cp > 1``), every level:
-                 ``none``, ``optimizer`` (ZeRO-1), ``gradients`` (ZeRO-2) and ``full``
-                 (ZeRO-3, FSDP); ``none`` alone otherwise. ``full`` is not tried with
-                 the zero-bubble schedules nor with expert parallelism (neither is
-                 modelled)
-``dp_shard``     with ``full`` sharding, also HSDP sharding over the data-parallel
-                 ranks of one node and replicating across nodes, where a node holds
-                 more than one of them and fewer than all (not with ``cp > 1``);
-                 ``--fix dp_shard=N`` tries that shard group only, ``dp_shard=0`` no
-                 HSDP
-================ ===================================================================
+global batch following ``--batch``, :func:`scaled_batch`) holds every searched knob of
+:data:`simulator.request.knobs.KNOBS`, each tried as its ``searched_how`` says
+(``parasim sweep --help`` lists them; :mod:`simulator.tools.space` lays them out).
+``--fix KEY=VALUE`` replaces one knob's choices by that single value, which may lie
+outside them, and the validator then judges it. ``zbv`` and ``interleaved-1f1b`` need
+``pp > 1``, even when pinned; with a long sequence (16K tokens or more) context
+parallelism is tried inside a node; ``full`` sharding is not tried with the
+split-backward schedules nor with expert parallelism (neither is modelled).
 
 Each candidate then meets these filters, in order, and the count of each is reported:
 
@@ -59,12 +21,13 @@ Each candidate then meets these filters, in order, and the count of each is repo
 2. *pruned*: it is valid but does not fit in memory
    (:func:`simulator.analysis.memory.memory_per_rank`, no simulation needed); the
    dominant memory term of the pruned layouts is reported;
-3. *dominated*: the same layout with lighter recompute (``none`` < ``selective`` < ``full``)
-   also fits. Recompute only adds work to a step, so the lighter one is never slower
-   and the heavier one is not simulated. Likewise ZeRO-2 is simulated only where
-   ZeRO-1 does not fit: both reduce-scatter the gradients and gather the updated
-   parameters, so their steps take the same time and ZeRO-2 only saves memory.
-   ``--exhaustive`` simulates them anyway;
+3. *dominated*: the same layout with a value its knob lists as never slower
+   (``faster_first``) also fits: a lighter recompute (``none`` < ``selective`` <
+   ``full``; recompute only adds work to a step), ZeRO-1 where ZeRO-2 is asked (both
+   reduce-scatter the gradients and gather the updated parameters, so their steps take
+   the same time and ZeRO-2 only saves memory), full sharding that keeps the gathered
+   weights from the forward to the backward (``reshard_after_forward: false``, one
+   all-gather fewer). ``--exhaustive`` simulates them anyway;
 4. *simulated*: one step with :func:`simulator.run.simulate.run_scenario`, in ``analytic``
    fidelity by default (collectives in closed form, symmetric ranks folded), on every
    core, and ranked by step time (ties broken by the layout string). A simulation
@@ -95,43 +58,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-import json
-import math
-import multiprocessing
-import os
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from simulator.analysis.memory import memory_per_rank
-from simulator.analysis.metrics import CATEGORIES
-from simulator.common.collector import fewer_collections
 from simulator.common.errors import ParasimError, ScenarioError
-from simulator.common.machine import machine_memory
-from simulator.common.vocabulary import (
-    BATCH_POLICIES,
-    CHUNKS_PER_RANK,
-    CP_KINDS,
-    PIPELINE_SCHEDULES,
-    PLACEMENT_AXES,
-    RECOMPUTE_MODES,
-    SEARCHED_WHEN_FIXED,
-    SHARDING_LEVELS,
-    SPLIT_BACKWARD_SCHEDULES,
-    SWEEP_FIX_KEYS,
-)
-from simulator.request.layout import FEWEST_UNEVEN_LAYERS, balanced_stages
-from simulator.request.recipe import LAYOUT_KNOBS, Recipe, knob_overrides, layout_label
+from simulator.common.vocabulary import BATCH_POLICIES
+from simulator.request.knobs import SEARCHED, format_value
 from simulator.request.scenario import (
     MAX_WORLD,
     ScenarioSpec,
@@ -140,22 +79,37 @@ from simulator.request.scenario import (
     read_scenario_file,
     scenario_from_dict,
     scenario_model,
+    spec_settings,
 )
-from simulator.run.simulate import (
-    SECONDS_PER_GPU,
-    StepSize,
-    advice,
-    run_scenario,
-    size_problem,
-    step_size,
-    would_fold,
-)
+from simulator.run.simulate import StepSize, step_size, would_fold
 from simulator.tools.cache import ResultCache
+from simulator.tools.pool import (
+    check_chunk,
+    check_search,
+    load_overridden,
+    open_executor,
+    process_pool,
+    resolve_workers,
+    run_chunked,
+    same_grid,
+    simulate_chunk,
+    simulate_overrides,
+)
 from simulator.tools.progress import Progress, Silent
-from simulator.tools.scheduler import open_dask
+from simulator.tools.space import (
+    FIX_KEYS,
+    MAX_MICRO_BATCH,
+    PLACEMENTS,
+    SCHEDULES,
+    VIRTUAL_STAGES,
+    Candidate,
+    check_fixed,
+    enumerate_layouts,
+    parse_fixes,
+    select_lightest,
+)
 from topologies import TopologyError, load_cluster_spec
-from topologies.config_text import ConfigTextError, read_yaml
-from topologies.validation import nearest_key_hint, validation_message
+from topologies.validation import validation_message
 
 __all__ = [
     "FIX_KEYS",
@@ -170,7 +124,6 @@ __all__ = [
     "parse_fixes",
     "check_fixed",
     "enumerate_layouts",
-    "balanced_stages",
     "run_sweep",
     "run_chunked",
     "process_pool",
@@ -179,410 +132,11 @@ __all__ = [
     "check_chunk",
     "simulate_chunk",
     "simulate_overrides",
+    "scaled_batch",
+    "check_search",
+    "plan_sweep",
+    "sweep_sizes",
 ]
-
-#: Dimensions ``--fix`` can pin, in the order a layout string shows them.
-FIX_KEYS = SWEEP_FIX_KEYS
-_FIX_ALIASES = {"mb": "micro_batch", "v": "virtual_stages", "rc": "recompute"}
-# searched by default: every built-in schedule but those the vocabulary leaves to --fix,
-# 1F1B, the default, first (where two layouts tie the first found stands)
-SCHEDULES = (
-    "1f1b",
-    *(s for s in PIPELINE_SCHEDULES if s not in SEARCHED_WHEN_FIXED and s != "1f1b"),
-)
-PLACEMENTS = (PLACEMENT_AXES, ("tp", "pp", "dp"), ("dp", "tp", "pp"))
-MAX_MICRO_BATCH = 8
-# Sequences at least this long make the sweep also try context parallelism inside a
-# node: shorter ones rarely need it for memory, and their ring blocks are too short to
-# hide the K/V transfers (see docs/modelling.md, CP).
-LONG_SEQUENCE = 16384
-VIRTUAL_STAGES = (2, 4)
-_RECOMPUTE_RANK = {name: i for i, name in enumerate(RECOMPUTE_MODES)}
-_SHARDING_RANK = {name: i for i, name in enumerate(SHARDING_LEVELS)}
-# ZeRO-2 moves what ZeRO-1 moves and saves memory only: the same step time
-_SAME_TIME = {"gradients": "optimizer"}
-
-
-# -- the space ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One point of the layout space."""
-
-    tp: int
-    pp: int
-    dp: int
-    ep: int
-    sp: bool
-    micro_batch: int
-    schedule: str
-    virtual_stages: int
-    recompute: str
-    placement: tuple[str, ...]
-    cp: int = 1
-    cp_kind: str = "ring"
-    sharding: str = "none"
-    # HSDP's shard group (0: the weights shard over every replica, or not at all)
-    dp_shard: int = 0
-    # the layers of each pipeline stage when pp does not divide them (None: even)
-    stage_layers: tuple[int, ...] | None = None
-
-    @classmethod
-    def from_knobs(cls, knobs: dict[str, Any]) -> Candidate:
-        """The candidate of layout knobs by name (:data:`LAYOUT_KNOBS`, and ``cp``,
-        ``cp_kind``, ``sharding``, ``dp_shard`` where given); other keys are ignored, so
-        a sweep row will do."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name in knobs]
-        values = {n: knobs[n] for n in names}
-        if values.get("stage_layers") is not None:
-            values["stage_layers"] = tuple(values["stage_layers"])
-        return cls(**{**values, "placement": tuple(knobs["placement"])})
-
-    @classmethod
-    def of_recipe(cls, recipe: Recipe, **changes: Any) -> Candidate:
-        """A scenario's own layout, with ``changes``."""
-        layout = recipe.layout
-        return cls.from_knobs(
-            {
-                **recipe.knobs(),
-                "cp": layout.cp,
-                "cp_kind": recipe.cp_kind,
-                "sharding": recipe.sharding,
-                "dp_shard": layout.dp_shard,
-                "stage_layers": None
-                if len(set(recipe.stage_layers)) == 1
-                else tuple(recipe.stage_layers),
-                **changes,
-            }
-        )
-
-    def overrides(self) -> list[str]:
-        """The ``key.path=value`` assignments that turn the scenario into this layout (a
-        lighter recompute than full also drops the scenario's ``recompute_fraction``,
-        which is a share of the fully recomputed layers)."""
-        assignments = knob_overrides(self.fields())
-        if self.recompute != "full":
-            assignments.append("training.recompute_fraction=1")
-        return assignments
-
-    def label(self) -> str:
-        """``tp8 pp4 dp4 sp mb1 1f1b rc=full [tp,dp,pp]``, as :meth:`Recipe.label`, then
-        HSDP's shard group, the sharding level and Ulysses CP in the recipe's text form
-        (``dp_shard=8 sharding=full``)."""
-        knobs = {k: v for k, v in self.fields().items() if k in _LABEL_KNOBS}
-        parts = [layout_label(**knobs)]
-        if self.stage_layers is not None:
-            parts.append("stage_layers=" + "/".join(map(str, self.stage_layers)))
-        if self.dp_shard:
-            parts.append(f"dp_shard={self.dp_shard}")
-        if self.sharding != "none":
-            parts.append(f"sharding={self.sharding}")
-        if self.cp > 1 and self.cp_kind == "ulysses":
-            parts.append("cp_kind=ulysses")
-        return " ".join(parts)
-
-    def fields(self) -> dict[str, Any]:
-        return {
-            "tp": self.tp,
-            "pp": self.pp,
-            "dp": self.dp,
-            "ep": self.ep,
-            "sp": self.sp,
-            "micro_batch": self.micro_batch,
-            "schedule": self.schedule,
-            "virtual_stages": self.virtual_stages,
-            "recompute": self.recompute,
-            "placement": list(self.placement),
-            "cp": self.cp,
-            "cp_kind": self.cp_kind,
-            "sharding": self.sharding,
-            "dp_shard": self.dp_shard,
-            "stage_layers": list(self.stage_layers) if self.stage_layers else None,
-        }
-
-
-_LABEL_KNOBS = (*LAYOUT_KNOBS, "cp")
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _positive_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ParasimError(f"--fix {key}={value!r}: expected a positive integer")
-    return value
-
-
-def check_fixed(fixed: dict[str, Any]) -> dict[str, Any]:
-    """Check and normalise pinned dimensions (``{'tp': 8, 'placement': 'tp,dp,pp'}``)."""
-    result: dict[str, Any] = {}
-    for raw_key, value in fixed.items():
-        key = str(raw_key).strip()
-        for prefix in ("parallel.", "training."):
-            key = key.removeprefix(prefix)
-        key = _FIX_ALIASES.get(key, key)
-        if key not in FIX_KEYS:
-            hint = nearest_key_hint(key, list(FIX_KEYS))
-            raise ParasimError(
-                f"--fix {raw_key}: unknown dimension{hint}; dimensions: {', '.join(FIX_KEYS)}"
-            )
-        if key in ("tp", "pp", "dp", "ep", "micro_batch", "virtual_stages"):
-            value = _positive_int(key, value)
-        elif key == "sp":
-            if isinstance(value, str) and value.lower() in ("on", "off", "true", "false"):
-                value = value.lower() in ("on", "true")
-            if not isinstance(value, bool):
-                raise ParasimError(f"--fix sp={value!r}: expected true or false")
-        elif key == "schedule":
-            if value not in PIPELINE_SCHEDULES:
-                hint = nearest_key_hint(str(value), list(PIPELINE_SCHEDULES))
-                raise ParasimError(
-                    f"--fix schedule={value!r}: unknown schedule{hint}; "
-                    f"schedules: {', '.join(PIPELINE_SCHEDULES)}"
-                )
-        elif key == "recompute":
-            if value not in RECOMPUTE_MODES:
-                raise ParasimError(
-                    f"--fix recompute={value!r}: expected one of {', '.join(RECOMPUTE_MODES)}"
-                )
-        elif key == "cp":
-            value = _positive_int(key, value)
-        elif key == "dp_shard":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ParasimError(
-                    f"--fix dp_shard={value!r}: expected a whole number of replicas (0: no HSDP)"
-                )
-        elif key in ("cp_kind", "sharding"):
-            names = CP_KINDS if key == "cp_kind" else SHARDING_LEVELS
-            if value not in names:
-                raise ParasimError(f"--fix {key}={value!r}: expected one of {', '.join(names)}")
-        elif key == "placement":
-            if isinstance(value, str):
-                value = [part.strip() for part in value.strip("[]").split(",")]
-            if not isinstance(value, (list, tuple)) or sorted(map(str, value)) != sorted(
-                ("tp", "dp", "pp")
-            ):
-                raise ParasimError(
-                    f"--fix placement={value!r}: must order each of tp, dp, pp exactly once, "
-                    "e.g. [tp,dp,pp]"
-                )
-            value = tuple(str(axis) for axis in value)
-        result[key] = value
-    return result
-
-
-def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
-    """``['tp=8', 'placement=[tp,dp,pp]']`` → checked pins (values read as YAML); a pin
-    without a key or a value, or one dimension pinned twice, is refused."""
-    fixed: dict[str, Any] = {}
-    given: dict[str, str] = {}
-    for item in items:
-        key, equals, text = item.partition("=")
-        key = key.strip()
-        if not equals or not key or not text.strip():
-            raise ParasimError(f"--fix {item!r}: expected KEY=VALUE, e.g. --fix tp=8")
-        try:
-            value = read_yaml(text, f"--fix {key}")
-        except ConfigTextError as exc:
-            raise ParasimError(str(exc)) from None
-        name = check_fixed({key: value}).popitem()[0]  # aliases and prefixes resolved
-        if name in given and given[name] != text.strip():
-            raise ParasimError(
-                f"--fix {name}: pinned twice ({given[name]} and {text.strip()}); pin it once"
-            )
-        given[name] = text.strip()
-        fixed[key] = value
-    return check_fixed(fixed)
-
-
-def _distinct_placements(tp: int, dp: int, pp: int) -> list[tuple[str, ...]]:
-    sizes = {"tp": tp, "dp": dp, "pp": pp}
-    seen: set[tuple[str, ...]] = set()
-    kept = []
-    for placement in PLACEMENTS:
-        grid = tuple(axis for axis in placement if sizes[axis] > 1)
-        if grid not in seen:
-            seen.add(grid)
-            kept.append(placement)
-    return kept
-
-
-def enumerate_layouts(
-    world: int,
-    gpus_per_node: int,
-    layers: int,
-    global_batch: int,
-    experts: int | None = None,
-    fixed: dict[str, Any] | None = None,
-    max_tp: int | None = None,
-    context: dict[str, Any] | None = None,
-) -> list[Candidate]:
-    """Every candidate of the space (module docstring), before any validation;
-    ``context``: the scenario's ``cp`` and ``cp_kind`` (which every candidate keeps
-    unless ``fixed`` pins another value or the sequence is long) and its ``seq_len``,
-    ``heads`` and ``kv_heads``."""
-    fixed = check_fixed(fixed or {})
-    context = {"cp": 1, "cp_kind": "ring", **(context or {})}
-
-    def contexts(tp: int) -> list[dict[str, Any]]:
-        """The context-parallel settings to try with ``tp``: the scenario's (or the pinned
-        ones); for a long sequence with nothing pinned, also every CP degree that keeps
-        the CP group inside a node, as a ring and, where the heads split, as Ulysses."""
-        cp = fixed.get("cp", context["cp"])
-        kind = fixed.get("cp_kind", context["cp_kind"])
-        options = [{"cp": cp, "cp_kind": kind}]
-        if "cp" in fixed or context.get("seq_len", 0) < LONG_SEQUENCE:
-            return options
-        heads, kv = context.get("heads", 0), context.get("kv_heads", 0)
-        for c in _divisors(gpus_per_node // tp) if gpus_per_node % tp == 0 else []:
-            kinds = ["ring"]
-            if heads % (tp * c) == 0 and kv % (tp * c) == 0:
-                kinds.append("ulysses")
-            for k in kinds if "cp_kind" not in fixed else [kind]:
-                option = {"cp": c, "cp_kind": k}
-                if c > 1 and option not in options:
-                    options.append(option)
-        return options
-
-    def shardings(
-        tp: int, cp: int, pp: int, dp: int, ep: int, schedule: str, placement: tuple[str, ...]
-    ) -> list[dict[str, Any]]:
-        """The sharding levels (and HSDP shard groups) to try for one layout."""
-        pinned_shard = fixed.get("dp_shard")
-        if pinned_shard:  # HSDP pinned: full sharding over that group
-            return [{"sharding": fixed.get("sharding", "full"), "dp_shard": pinned_shard}]
-        if "sharding" in fixed:
-            levels = [fixed["sharding"]]
-        elif dp * cp == 1:
-            levels = ["none"]  # one copy of the weights: nothing to shard
-        else:
-            # full sharding's reduce-scatter would wait for the weight gradients a split
-            # backward defers
-            levels = [
-                level
-                for level in SHARDING_LEVELS
-                if level != "full" or (ep == 1 and schedule not in SPLIT_BACKWARD_SCHEDULES)
-            ]
-        options = [{"sharding": level, "dp_shard": 0} for level in levels]
-        if "full" in levels and cp == 1 and pinned_shard is None:
-            inside = _replicas_in_node(tp, pp, dp, placement, gpus_per_node)
-            if 1 < inside < dp:
-                options.append({"sharding": "full", "dp_shard": inside})
-        return options
-
-    limit = gpus_per_node if max_tp is None else max_tp
-
-    def pick(key: str, default: list) -> list:
-        return [fixed[key]] if key in fixed else default
-
-    tps = pick(
-        "tp",
-        [
-            d
-            for d in _divisors(world)
-            if d <= limit and (gpus_per_node % d == 0 or d % gpus_per_node == 0)
-        ],
-    )
-    candidates = []
-    pairs = [(tp, extra) for tp in tps for extra in contexts(tp)]
-    for tp, extra in pairs:
-        cp = extra["cp"]
-        grid = _divisors(world // (tp * cp)) if world % (tp * cp) == 0 else []
-        uneven = [p for p in grid if layers % p and layers >= FEWEST_UNEVEN_LAYERS * p]
-        for pp in pick("pp", sorted(_divisors(layers) + uneven)):
-            if world % (tp * cp * pp):
-                continue
-            split = {"stage_layers": balanced_stages(layers, pp)} if layers % pp else {}
-            dp = world // (tp * cp * pp)
-            if fixed.get("dp", dp) != dp:
-                continue
-            ep_default = [d for d in _divisors(dp) if experts % d == 0] if experts else [1]
-            sps = [False] if tp == 1 else pick("sp", [False, True])
-            if global_batch % dp == 0:
-                mb_default = [d for d in _divisors(global_batch // dp) if d <= MAX_MICRO_BATCH]
-            else:
-                mb_default = [1]
-            recomputes = pick("recompute", list(RECOMPUTE_MODES))
-            placements = pick("placement", _distinct_placements(tp, dp, pp))
-            for ep, mb in itertools.product(
-                pick("ep", ep_default), pick("micro_batch", mb_default)
-            ):
-                schedules = _schedules(pp, layers, global_batch, dp, mb, fixed)
-                combinations = list(itertools.product(sps, schedules, recomputes, placements))
-                if global_batch % (dp * mb):
-                    # no whole number of micro-batches per replica: one candidate stands
-                    # for every variation, and the validator says why
-                    combinations = combinations[:1]
-                for sp, (schedule, v), recompute, placement in combinations:
-                    levels = shardings(tp, cp, pp, dp, ep, schedule, placement)
-                    if global_batch % (dp * mb):
-                        levels = levels[:1]
-                    for level in levels:
-                        candidates.append(
-                            Candidate(
-                                tp,
-                                pp,
-                                dp,
-                                ep,
-                                sp,
-                                mb,
-                                schedule,
-                                v,
-                                recompute,
-                                placement,
-                                **extra,
-                                **level,
-                                **split,
-                            )
-                        )
-    return candidates
-
-
-def _replicas_in_node(
-    tp: int, pp: int, dp: int, placement: tuple[str, ...], gpus_per_node: int
-) -> int:
-    """How many data-parallel replicas of one group share a node: the node's GPUs over
-    the stride of the ``dp`` axis in the rank grid (CP is never combined with HSDP)."""
-    sizes = {"tp": tp, "dp": dp, "pp": pp}
-    stride = 1
-    for axis in placement:
-        if axis == "dp":
-            break
-        stride *= sizes[axis]
-    if gpus_per_node % stride:
-        return 1
-    return min(dp, gpus_per_node // stride)
-
-
-def _schedules(
-    pp: int, layers: int, global_batch: int, dp: int, mb: int, fixed: dict[str, Any]
-) -> list[tuple[str, int]]:
-    if "schedule" in fixed:
-        names = [fixed["schedule"]]
-    else:
-        names = ["1f1b"] if pp == 1 else list(SCHEDULES)
-    microbatches = global_batch // (dp * mb) if global_batch % (dp * mb) == 0 else None
-    pairs = []
-    for name in names:
-        if name == "interleaved-1f1b":
-            if pp == 1:  # chunks of one stage would hand activations to themselves
-                continue
-            if "virtual_stages" in fixed:
-                pairs.append((name, fixed["virtual_stages"]))
-                continue
-            for v in VIRTUAL_STAGES:
-                if layers % (pp * v) == 0 and microbatches is not None and microbatches % pp == 0:
-                    pairs.append((name, v))
-        elif name in CHUNKS_PER_RANK:  # ZB-V: its two chunks a rank, as a V
-            chunks = CHUNKS_PER_RANK[name]
-            if pp > 1 and fixed.get("virtual_stages", chunks) == chunks:
-                if layers % (pp * chunks) == 0:
-                    pairs.append((name, chunks))
-        elif fixed.get("virtual_stages", 1) == 1:
-            pairs.append((name, 1))
-    return pairs
 
 
 # -- the scenario being swept -----------------------------------------------------------
@@ -616,39 +170,32 @@ class SweepBase:
     batch: dict[str, Any]
 
     def candidate_overrides(self, candidate: Candidate, fidelity: str) -> list[str]:
-        """Everything to pass to ``parasim run SCENARIO --set ...`` for this layout."""
+        """Everything to pass to ``parasim run SCENARIO --set ...`` for this layout: the
+        knobs a candidate always writes, then every other searched knob where it differs
+        from the scenario's own value (with what that change also unsets)."""
         fixed = [f"simulation.fidelity={fidelity}"]
-        if candidate.cp != self.context["cp"]:
-            fixed.append(f"parallel.cp={candidate.cp}")
-        if candidate.cp_kind != self.context["cp_kind"]:
-            fixed.append(f"parallel.cp_kind={candidate.cp_kind}")
+        training = self.raw.get("training") or {}
+        parallel = self.raw.get("parallel") or {}
+        for knob in SEARCHED:
+            value = getattr(candidate, knob.name)
+            if knob.always_set or value == self.context[knob.name]:
+                continue
+            written = "null" if value is None else format_value(value, brackets=True)
+            if knob.name == "dp_shard":
+                written = str(value or "null")  # 0: no HSDP
+            fixed.append(f"{knob.path}={written}")
         if candidate.sharding != self.context["sharding"]:
             # the older optimizer_sharding spelling would contradict the new level
-            fixed += [
-                f"training.sharding={candidate.sharding}",
-                "training.optimizer_sharding=false",
-            ]
-        training = self.raw.get("training") or {}
+            fixed.append("training.optimizer_sharding=false")
         if training.get("param_gather_overlap") and candidate.sharding not in (
             "optimizer",
             "gradients",
         ):
             fixed.append("training.param_gather_overlap=false")  # a ZeRO-1/2 setting only
-        parallel = self.raw.get("parallel") or {}
-        if candidate.dp_shard or any(
-            parallel.get(key) is not None for key in ("dp_shard", "dp_replicate")
-        ):
-            fixed += [
-                f"parallel.dp_shard={candidate.dp_shard or 'null'}",
-                "parallel.dp_replicate=null",
-            ]
+        if candidate.dp_shard != self.context["dp_shard"] or parallel.get("dp_replicate"):
+            fixed.append("parallel.dp_replicate=null")
         if parallel.get("schedule_file") is not None:
             fixed.append("parallel.schedule_file=null")
-        if candidate.stage_layers is not None:
-            stages = ",".join(map(str, candidate.stage_layers))
-            fixed.append(f"parallel.stage_layers=[{stages}]")
-        elif parallel.get("stage_layers") is not None:
-            fixed.append("parallel.stage_layers=null")  # a split for the scenario's pp only
         return [*self.extra_overrides, *candidate.overrides(), *fixed]
 
 
@@ -744,10 +291,7 @@ def prepare(
         experts=moe.experts if moe is not None else None,
         extra_overrides=overrides,
         context={
-            "cp": spec.parallel.cp,
-            "cp_kind": spec.parallel.cp_kind,
-            "sharding": spec.training.sharding
-            or ("optimizer" if spec.training.optimizer_sharding else "none"),
+            **_scenario_knobs(spec),
             "seq_len": model.seq_len,
             "heads": model.heads,
             "kv_heads": model.kv,
@@ -759,6 +303,21 @@ def prepare(
             "scenario_global_batch": spec.training.global_batch,
         },
     )
+
+
+def _scenario_knobs(spec: ScenarioSpec) -> dict[str, Any]:
+    """The scenario's own value of every searched knob a candidate writes only where it
+    differs (its stage split as written, None when even or unset; no HSDP: 0)."""
+    settings = spec_settings(spec)
+    values = {}
+    for knob in SEARCHED:
+        if knob.always_set:
+            continue
+        section, _, name = knob.path.partition(".")
+        value = settings.get(knob.name, getattr(getattr(spec, section), name))
+        values[knob.name] = tuple(value) if isinstance(value, list) else value
+    values["dp_shard"] = values["dp_shard"] or 0
+    return values
 
 
 def _spec(raw: dict[str, Any]) -> ScenarioSpec:
@@ -778,289 +337,6 @@ def check_base(base: SweepBase) -> None:
     )
     probe["parallel"] = {"tp": 1, "pp": 1, "cp": 1}
     scenario_from_dict(probe, source=base.source, base_dir=Path(base.base_dir))
-
-
-# -- work done in worker processes (plain, picklable inputs) ----------------------------
-
-_CLUSTERS: dict[str, Any] = {}
-
-
-def _load(raw: dict[str, Any], source: str, base_dir: str, overrides: list[str]):
-    return scenario_from_dict(
-        apply_overrides(raw, overrides), source=source, base_dir=Path(base_dir)
-    )
-
-
-def _check(
-    raw: dict[str, Any],
-    source: str,
-    base_dir: str,
-    overrides: list[str],
-    estimates: dict[tuple[str, ...], Any] | None = None,
-) -> dict:
-    """Validate one candidate and estimate its memory. ``estimates`` holds the memory
-    of the candidates already checked, by :func:`same_grid`: a placement decides which
-    ranks a group joins, not what a rank holds, so the candidates that differ only in
-    placement share one estimate (``tests/test_sweep.py`` holds them equal)."""
-    try:
-        scenario = _load(raw, source, base_dir, overrides)
-        estimates = {} if estimates is None else estimates
-        key = same_grid(overrides)
-        memory = estimates.get(key)
-        if memory is None:
-            capacity = scenario.cluster_spec.gpu.hbm_capacity
-            memory = estimates[key] = memory_per_rank(
-                scenario.recipe, scenario.model, scenario.moe, capacity
-            )
-    except ParasimError as exc:
-        return {"status": "invalid", "reason": (str(exc).splitlines() or [""])[0]}
-    return {
-        "status": "pruned" if memory.oom else "fits",
-        "peak_bytes_per_gpu": memory.peak_bytes_per_gpu,
-        "capacity_bytes": memory.capacity_bytes,
-        "dominant_term": memory.dominant_term,
-    }
-
-
-def check_chunk(
-    raw: dict[str, Any], source: str, base_dir: str, chunk: list[list[str]]
-) -> list[dict]:
-    """:func:`_check` of several candidates (one task of the process pool); those that
-    differ only in placement share one memory estimate."""
-    estimates: dict[tuple[str, ...], Any] = {}
-    return [_check(raw, source, base_dir, overrides, estimates) for overrides in chunk]
-
-
-@fewer_collections()
-def simulate_overrides(
-    raw: dict[str, Any], source: str, base_dir: str, overrides: list[str], force: bool = False
-) -> dict[str, Any]:
-    """Simulate one candidate; the headline numbers of its ``result.json`` (``force``:
-    past the step guard, as the search itself was forced). The
-    collector's slower pace lasts until the candidate's schedule and times are dropped,
-    so the collection that follows finds little left to walk (run_scenario's own block,
-    which ends while its result is alive, is then inside this one)."""
-    try:
-        raw = apply_overrides(raw, overrides)
-        scenario = scenario_from_dict(raw, source=source, base_dir=Path(base_dir))
-        key = json.dumps([raw.get("cluster"), base_dir], sort_keys=True, default=str)
-        cluster = _CLUSTERS.get(key)
-        spec = scenario.cluster_spec
-        if cluster is None or cluster.spec is not spec and cluster.spec != spec:
-            # first here, or a file the cluster names (a profile, a topology) has changed
-            # since a search in this process built it
-            _CLUSTERS.clear()  # one cluster at a time: a sweep has one, a scale run one per size
-            _CLUSTERS[key] = scenario.cluster
-        else:  # the network graph and its routes do not depend on the layout: reuse them
-            scenario = dataclasses.replace(scenario, _cluster=cluster)
-        # a search keeps numbers, not traces: stages of one shape share their lowering
-        result = run_scenario(scenario, force=force, numbers_only=True).result
-    except ParasimError as exc:
-        return {"status": "failed", "reason": (str(exc).splitlines() or [""])[0]}
-    step = result.step_time_s
-    mean = result.breakdown.mean
-    memory = result.memory
-    return {
-        "status": "simulated",
-        "step_time_s": step,
-        "tokens_per_s": result.tokens_per_s,
-        "tflops_per_gpu": result.tflops_per_gpu,
-        "mfu": result.mfu,
-        "microbatches": result.layout.microbatches,
-        "global_batch": result.layout.global_batch,
-        "peak_bytes_per_gpu": memory.peak_bytes_per_gpu,
-        "capacity_bytes": memory.capacity_bytes,
-        "memory_fraction": memory.peak_bytes_per_gpu / memory.capacity_bytes,
-        "oom": memory.oom,
-        "dominant_memory_term": memory.dominant_term,
-        "breakdown_mean_s": {c: mean[c] for c in CATEGORIES},
-        "bubble_fraction": mean["bubble"] / step,
-        "exposed_comm_fraction": mean["exposed_comm"] / step,
-        "stall_fraction": mean["imbalance_stall"] / step,
-        "warnings": result.warnings,
-        "interval": result.interval,
-    }
-
-
-def simulate_chunk(
-    raw: dict[str, Any], source: str, base_dir: str, chunk: list[list[str]], force: bool = False
-) -> list[dict]:
-    """:func:`simulate_overrides` of several candidates (one task of the process pool)."""
-    return [simulate_overrides(raw, source, base_dir, overrides, force) for overrides in chunk]
-
-
-# -- running tasks on every core --------------------------------------------------------
-
-
-def process_pool(workers: int) -> ProcessPoolExecutor:
-    # fork starts workers in milliseconds and they inherit the imported modules; the
-    # progress bar refreshes by hand, so no thread is running when they start
-    method = "fork" if sys.platform.startswith("linux") else None
-    context = multiprocessing.get_context(method)
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
-
-
-def _chunks(
-    items: list, workers: int, largest: int, together: Callable[[Any], Hashable] | None = None
-) -> list[list[int]]:
-    """Indices of ``items`` in chunks of at most ``largest`` (fewer, for four chunks a
-    worker at least); items of one ``together`` key go in one chunk, whole, in the
-    order their keys first appear, so that one worker runs them one after another."""
-    size = max(1, min(largest, math.ceil(len(items) / (4 * workers))))
-    if together is None:
-        return [list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size)]
-    runs: dict[Hashable, list[int]] = {}
-    for index, item in enumerate(items):
-        runs.setdefault(together(item), []).append(index)
-    chunks: list[list[int]] = []
-    for run in runs.values():
-        if chunks and len(chunks[-1]) + len(run) <= size:
-            chunks[-1].extend(run)
-        else:
-            chunks.append(list(run))
-    return chunks
-
-
-def run_chunked(
-    function: Callable[..., list[dict]],
-    args: tuple,
-    items: list,
-    executor: Executor | None,
-    workers: int,
-    advance: Callable[[int], None],
-    largest: int = 16,
-    together: Callable[[Any], Hashable] | None = None,
-) -> list[dict]:
-    """``function(*args, chunk)`` over chunks of ``items``, in the pool when there is one;
-    the results in the order of ``items``. Items of one ``together`` key run in one
-    chunk (:func:`_chunks`), and so one after another in one process, which may reuse
-    what the first of them built."""
-    chunks = _chunks(items, workers if executor is not None else 1, largest, together)
-    results: list[dict | None] = [None] * len(items)
-
-    def keep(chunk: list[int], rows: list[dict]) -> None:
-        for index, row in zip(chunk, rows, strict=True):
-            results[index] = row
-        advance(len(chunk))
-
-    if executor is None:  # here, chunk by chunk in order, as a worker would run them
-        for chunk in chunks:
-            keep(chunk, function(*args, [items[i] for i in chunk]))
-        return results  # type: ignore[return-value]
-    futures = {
-        executor.submit(function, *args, [items[i] for i in chunk]): chunk for chunk in chunks
-    }
-    for future in as_completed(futures):
-        keep(futures[future], future.result())
-    return results  # type: ignore[return-value]
-
-
-def _executor(scheduler: str | None, workers: int, tasks: int) -> tuple[Executor | None, int]:
-    """The executor a search runs on, and how many tasks it runs at once: a Dask
-    cluster when ``scheduler`` names one, else a process pool of ``workers`` (none for
-    one worker or one task)."""
-    if scheduler is not None:
-        dask = open_dask(scheduler, workers)
-        return dask, dask.threads
-    if workers > 1 and tasks > 1:
-        return process_pool(workers), workers
-    return None, workers
-
-
-def same_grid(overrides: list[str]) -> tuple[str, ...]:
-    """A candidate's overrides but its placement: the candidates that differ only in
-    placement lower the same programs (:mod:`simulator.schedule.relocate`)."""
-    return tuple(o for o in overrides if not o.startswith("parallel.placement="))
-
-
-#: The most processes a search runs per core, and in all: each holds its own copy of
-#: the cluster and of the candidate it simulates, and more than a few per core only take
-#: turns on them (Python's process pool starts them all with the first task).
-WORKERS_PER_CORE = 4
-MAX_WORKERS = 256
-
-
-def resolve_workers(workers: int | None) -> int:
-    """``--workers``: every core by default; refused below one and above
-    :data:`WORKERS_PER_CORE` per core or :data:`MAX_WORKERS`."""
-    cores = os.cpu_count() or 1
-    if workers is None:
-        return cores
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ParasimError(f"--workers: expected a positive number (got {workers})")
-    limit = min(MAX_WORKERS, WORKERS_PER_CORE * cores)
-    if workers > limit:
-        raise ParasimError(
-            f"--workers: {workers} processes on {cores} cores; at most {limit} "
-            f"({WORKERS_PER_CORE} a core, {MAX_WORKERS} in all): more only take turns on "
-            "the cores, each with its own copy of the cluster"
-        )
-    return workers
-
-
-# -- how large a search is ---------------------------------------------------------------
-
-# A sweep's worker builds the cluster once and reuses its network graph, routes and
-# priced collectives for every candidate, which then costs about a quarter of a lone
-# step per GPU: gpt3-175b's 54 layouts with tp 8 on 8,192 GPUs in analytic fidelity took
-# 2.1 s each after the first, 0.26 ms a GPU (2-core VM, 2026-12-03).
-SECONDS_PER_GPU_SEARCHED = 2.5e-4
-#: The longest a search may be estimated to take (s), as if every candidate it lists
-#: were simulated: a search beyond it is a mistake more often than not (pin dimensions).
-MAX_SEARCH_SECONDS = 8 * 3600.0
-
-
-def check_search(
-    what: str,
-    sizes: list[StepSize],
-    workers: int,
-    shared: bool = True,
-    reuses_cluster: bool = True,
-    hint: str = "use fewer GPUs",
-) -> None:
-    """Refuse a search (``what``: ``the sweep``...) of steps of ``sizes`` on ``workers``
-    processes before it starts: one step beyond the step guard
-    (:func:`simulator.run.simulate.size_problem`), the workers' steps together beyond
-    half the machine's memory (with ``shared``: they run on this machine), or all the
-    steps estimated above :data:`MAX_SEARCH_SECONDS`. ``reuses_cluster``: the steps
-    share one cluster, which each worker builds once (a sweep), rather than one each
-    (a scale run)."""
-    if not sizes:
-        return
-    running = min(workers, len(sizes))
-    slowest = max(sizes, key=attrgetter("seconds"))
-    largest = max(sizes, key=attrgetter("bytes"))
-    problem = None
-    for size in (slowest, largest):
-        step = f"a layout of {what}" if reuses_cluster else f"the step at {size.gpus:,} GPUs"
-        alone = size_problem(size, step)
-        if problem is None and alone is not None:
-            problem = f"{alone}; {advice(size)}"
-            if reuses_cluster:
-                problem += f", {hint}"
-    available = machine_memory()
-    if problem is None and shared and available is not None and running > 1:
-        if running * largest.bytes > available / 2:
-            problem = (
-                f"{what} is too large to run here: {running} workers holding about "
-                f"{largest.bytes / 2**30:.3g} GiB each, beyond half the machine's "
-                f"{available / 2**30:.0f} GiB; use fewer --workers"
-            )
-    seconds = sum(size.seconds for size in sizes)
-    if reuses_cluster:  # each worker builds the cluster once, then reuses it
-        saved = SECONDS_PER_GPU - SECONDS_PER_GPU_SEARCHED
-        seconds -= (len(sizes) - running) * largest.gpus * saved
-    wall = seconds / running
-    if problem is None and wall > MAX_SEARCH_SECONDS:
-        steps = "layouts" if reuses_cluster else "steps"
-        problem = (
-            f"{what} is too large to simulate here: up to {len(sizes):,} {steps} on up to "
-            f"{largest.gpus:,} GPUs, about {wall / 3600:.3g} hours on {running} "
-            f"worker{'s' * (running > 1)}, beyond {MAX_SEARCH_SECONDS / 3600:.0f} hours; "
-            f"{hint}"
-        )
-    if problem is not None:
-        raise ParasimError(f"{problem}, or pass --force to run it anyway")
 
 
 # -- the sweep ---------------------------------------------------------------------------
@@ -1216,7 +492,7 @@ def run_sweep(
     all_overrides = [base.candidate_overrides(c, fidelity) for c in candidates]
     args = (base.raw, base.source, base.base_dir)
     cache = cache or ResultCache(None)
-    executor, workers = _executor(scheduler, workers, len(candidates))
+    executor, workers = open_executor(scheduler, workers, len(candidates))
     # a Dask task costs the scheduler milliseconds: hand it chunks four times as large
     scale = 4 if scheduler is not None else 1
     try:
@@ -1239,7 +515,7 @@ def run_sweep(
                 ),
                 advance,
             )
-            chosen, dominated = _select(candidates, checks, exhaustive)
+            chosen, dominated = select_lightest(candidates, checks, exhaustive)
             checked = time.perf_counter()
             advance = bar.stage(f"simulating {len(chosen)} layouts ({fidelity})", len(chosen))
             runs = cache.run(
@@ -1350,7 +626,7 @@ def _scenario_layout(
     own = ["parallel.dp=null", f"simulation.fidelity={fidelity}"]
     entry: dict[str, Any] = {"rank": None, "overrides": [*base.extra_overrides, *own]}
     try:
-        scenario = _load(base.raw, base.source, base.base_dir, own)
+        scenario = load_overridden(base.raw, base.source, base.base_dir, own)
     except ParasimError as exc:
         return {**entry, "layout": None, "status": "invalid", "reason": _first_line(exc)}
     candidate = Candidate.of_recipe(scenario.recipe)
@@ -1397,32 +673,6 @@ def _no_progress(n: int) -> None:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [""])[0]
-
-
-def _select(
-    candidates: list[Candidate], checks: list[dict], exhaustive: bool
-) -> tuple[list[int], int]:
-    """Indices of the candidates to simulate, and how many were dominated."""
-    fits = [i for i, check in enumerate(checks) if check["status"] == "fits"]
-    if exhaustive:
-        return fits, 0
-    lightest: dict[Candidate, int] = {}
-
-    def weight(i: int) -> tuple[int, int]:
-        return (
-            _RECOMPUTE_RANK[candidates[i].recompute],
-            _SHARDING_RANK[candidates[i].sharding],
-        )
-
-    for i in fits:
-        candidate = candidates[i]
-        key = dataclasses.replace(
-            candidate, recompute="", sharding=_SAME_TIME.get(candidate.sharding, candidate.sharding)
-        )
-        if key not in lightest or weight(i) < weight(lightest[key]):
-            lightest[key] = i
-    chosen = sorted(lightest.values())
-    return chosen, len(fits) - len(chosen)
 
 
 def no_layout_message(result: SweepResult) -> str:
