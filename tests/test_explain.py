@@ -55,7 +55,8 @@ from simulator.tools.mistakes import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-TEACHING = ROOT / "scenarios" / "teaching"
+SCENARIOS = ROOT / "scenarios"
+TEACHING = SCENARIOS / "teaching"
 KEYS = [pair.key for pair in teaching_page.PAIRS]
 
 # The category each pair's fix moves most, as (category, axis); memory pairs fit instead.
@@ -124,6 +125,7 @@ def test_the_registry_is_consistent():
     assert len(set(FINDING_IDS)) == len(MISTAKES) and set(MISTAKE_BY_ID) == set(FINDING_IDS)
     for index, mistake in enumerate(MISTAKES):
         assert mistake.title and callable(mistake.check) and callable(mistake.fix)
+        assert mistake.when and "|" not in mistake.when  # a cell of the docs' table
         assert mistake.choose in ("first", "fastest")
         assert set(mistake.also) <= set(FINDING_IDS) - {mistake.id}
         # a mistake is skipped after one checked before it: unless looks backwards only
@@ -287,6 +289,24 @@ def test_ep_across_nodes_is_found_and_fixed_inside_the_node():
     assert after["ep"] * after["tp"] <= 8 and after["ep"] < finding.before["layout"]["ep"]
     assert finding.after["step_time_s"] < finding.before["step_time_s"]
     assert finding.moved[0]["category"] == "exposed_comm" and finding.moved[0]["axis"] == "ep"
+
+
+def test_exposed_expert_all_to_alls_under_one_micro_batch_at_a_time_find_dualpipev():
+    """EP across the two nodes under a 1F1B pipeline: DualPipeV overlaps one micro-batch's
+    all-to-alls with another's compute, and the exposed EP time falls."""
+    path = SCENARIOS / "mixtral-ep.yaml"
+    sets = ["parallel.pp=2", "parallel.dp=4", "parallel.ep=4", "parallel.placement=[tp,pp,dp]"]
+    findings = explain(path, sets)
+    finding = next(f for f in findings if f.id == "ep-comm-not-overlapped")
+    assert finding.fix == {"parallel.schedule": "dualpipev", "parallel.virtual_stages": 2}
+    before, after = finding.before, finding.after
+    assert after["step_time_s"] < before["step_time_s"]
+    ep = {"before": before, "after": after}
+    exposed = {k: v["exposed_comm_by_axis"]["critical"]["ep"] for k, v in ep.items()}
+    assert exposed["after"] < 0.7 * exposed["before"]
+    # under DualPipeV itself, nothing is left to overlap
+    overlapped = [*sets, "parallel.schedule=dualpipev", "parallel.virtual_stages=2"]
+    assert "ep-comm-not-overlapped" not in [f.id for f in explain(path, overlapped)]
 
 
 def test_node_limited_routing_is_not_reported_whatever_its_limit():

@@ -63,6 +63,29 @@ LAYOUTS = {
         "parallel.virtual_stages=2",
         "model.layers=4",
     ],
+    # DualPipeV: the same V, and in the steady state a forward of one micro-batch
+    # overlapped with the backward of another, their ops interleaved on one stream
+    "dualpipev": [
+        "parallel.tp=1",
+        "parallel.pp=2",
+        "parallel.dp=1",
+        "parallel.schedule=dualpipev",
+        "parallel.virtual_stages=2",
+        "model.layers=4",
+    ],
+    # ... with experts: one micro-batch's all-to-alls beside the other's compute
+    "dualpipev-moe": [
+        "cluster.gpus_per_node=4",
+        "parallel.tp=1",
+        "parallel.pp=2",
+        "parallel.dp=2",
+        "parallel.ep=2",
+        "parallel.schedule=dualpipev",
+        "parallel.virtual_stages=2",
+        "model.layers=4",
+        "training.global_batch=8",
+        "model.moe={experts: 4, top_k: 2}",
+    ],
     # FSDP: each layer's weights gathered before its forward and backward, its
     # gradients reduce-scattered after its backward
     "fsdp": ["parallel.tp=1", "parallel.dp=2", "training.sharding=full"],

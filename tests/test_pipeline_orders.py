@@ -14,6 +14,8 @@ from simulator.common.vocabulary import PIPELINE_SCHEDULES
 from simulator.engine.core import simulate
 from simulator.request.orders import (
     Action,
+    Overlap,
+    compute_actions,
     dump_csv_order,
     in_flight_peak,
     load_csv_order,
@@ -22,6 +24,7 @@ from simulator.request.orders import (
 from simulator.request.placement import Placement
 from simulator.schedule.ir import Compute, Program, Recv, Schedule, Send
 from simulator.schedule.pipeline import (
+    dualpipev_order,
     gpipe_order,
     interleaved_1f1b_order,
     one_f_one_b_order,
@@ -119,8 +122,10 @@ def test_pipeline_order_names_and_errors():
         "zb-h1",
         "zb-h2",
         "zbv",
+        "dualpipev",
     }
     assert pipeline_order("1f1b", 4, 8) == one_f_one_b_order(4, 8)
+    assert pipeline_order("dualpipev", 4, 8, virtual=2) == dualpipev_order(4, 8)
     assert pipeline_order("zb-h2", 4, 8) == zb_h2_order(4, 8)
     assert pipeline_order("zbv", 4, 8, virtual=2) == zbv_order(4, 8)
     with pytest.raises(ValueError, match=r"'zbv' places 2 model chunks per rank"):
@@ -218,7 +223,7 @@ def torch_compute_order(pipeline_order_):
         rank: [
             str(a)
             for a in actions
-            if a is not None and a.computation_type.value in ("F", "B", "I", "W")
+            if a is not None and a.computation_type.value in ("F", "B", "I", "W", "OVERLAP_F_B")
         ]
         for rank, actions in pipeline_order_.items()
     }
@@ -395,7 +400,7 @@ def replay_schedule(
     Every (direction, chunk) has its own send and receive stream, so a rank waiting for
     one chunk's input never holds up another chunk's; a transfer's tag names its
     sending stage, micro-batch and direction."""
-    stages = 1 + max(a.stage for actions in order.values() for a in actions)
+    stages = 1 + max(a.stage for steps in order.values() for a in compute_actions(steps))
     placement = Placement(ranks, stages // ranks, style)
     phase = {"F": "fwd", "B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
 
@@ -406,9 +411,13 @@ def replay_schedule(
         return (stage * microbatches + mb) * 2 + direction
 
     programs = {}
-    for rank, actions in order.items():
+    for rank, steps in order.items():
         ops: list = []
-        for action in actions:
+        for step in steps:
+            if type(step) is Overlap:  # one op of F&B, its halves' transfers around it
+                _replay_overlap(ops, step, flops, placement, tag, stages)
+                continue
+            action = step
             stage, mb, chunk = action.stage, action.microbatch, placement.chunk_of(action.stage)
             deps: tuple[int, ...] = ()
             if action.type == "F" and stage > 0 and crosses(stage, stage - 1):
@@ -464,6 +473,38 @@ def replay_schedule(
                 )
         programs[rank] = Program(rank, ops)
     return Schedule(programs=programs, groups={})
+
+
+def _replay_overlap(ops, pair, flops, placement, tag, stages) -> None:
+    """An overlapped pair as one compute op of ``flops['F&B']``, after the receives of
+    both halves and before their sends."""
+    received = []
+    forward, backward = pair.forward, pair.backward
+    for action, other, direction, stream in (
+        (forward, forward.stage - 1, 0, "pp_recv_fwd"),
+        (backward, backward.stage + 1, 1, "pp_recv_bwd"),
+    ):
+        if 0 <= other < stages and not placement.same_rank(action.stage, other):
+            key = tag(other, action.microbatch, direction)
+            chunk = placement.chunk_of(action.stage)
+            peer = placement.rank_of(other)
+            ops.append(Recv(len(ops), f"{stream}.c{chunk}", peer, 0, key, tags={"axis": "pp"}))
+            received.append(len(ops) - 1)
+    ops.append(
+        Compute(len(ops), "compute", flops["F&B"], 0, "gemm", str(pair), tuple(received),
+                {"phase": "fwd", "stage": forward.stage, "microbatch": forward.microbatch})
+    )  # fmt: skip
+    done = (len(ops) - 1,)
+    for action, other, direction, stream in (
+        (forward, forward.stage + 1, 0, "pp_send_fwd"),
+        (backward, backward.stage - 1, 1, "pp_send_bwd"),
+    ):
+        if 0 <= other < stages and not placement.same_rank(action.stage, other):
+            key = tag(action.stage, action.microbatch, direction)
+            chunk = placement.chunk_of(action.stage)
+            peer = placement.rank_of(other)
+            ops.append(Send(len(ops), f"{stream}.c{chunk}", peer, 0, key, deps=done,
+                            tags={"axis": "pp"}))  # fmt: skip
 
 
 def run_free(order, ranks: int, microbatches: int, seconds: dict[str, float], style="loop"):
@@ -578,15 +619,20 @@ def test_zb_h2_has_no_bubble_inside_a_stage(stages, microbatches):
 def test_zbv_matches_torch(torch_schedules, ranks, microbatches):
     """``ScheduleZBVZeroBubble`` builds its order in its constructor from two stages per
     rank placed as a V."""
-    placement = Placement(ranks, 2, "v")
-    local = [
-        SimpleNamespace(**{**vars(stage_stand_in(s, 2 * ranks, ranks)), "group_rank": 0})
-        for s in placement.stages_of(0)
-    ]
-    schedule = torch_schedules.ScheduleZBVZeroBubble(local, microbatches)
+    schedule = torch_v_schedule(torch_schedules.ScheduleZBVZeroBubble, ranks, microbatches)
     ours = zbv_order(ranks, microbatches)
     assert torch_compute_order(schedule.pipeline_order) == as_text(ours)
     validate_order(ours, 2 * ranks, microbatches, "v")
+
+
+def torch_v_schedule(schedule_class, ranks: int, microbatches: int):
+    """A torch schedule of two stages per rank placed as a V, built for rank 0 (its
+    constructor computes every rank's order)."""
+    local = [
+        SimpleNamespace(**{**vars(stage_stand_in(s, 2 * ranks, ranks)), "group_rank": 0})
+        for s in Placement(ranks, 2, "v").stages_of(0)
+    ]
+    return schedule_class(local, microbatches)
 
 
 @pytest.mark.parametrize("ranks,microbatches", [(2, 4), (4, 8), (4, 16), (8, 16), (8, 24)])
@@ -615,3 +661,54 @@ def test_zbv_bubble(ranks, microbatches):
     # rank p−1 holds both sides of the turn (stages p−1 and p): no send between them
     turn = schedule.programs[ranks - 1].ops
     assert not any(type(op) is Send and op.peer == ranks - 1 for op in turn)
+
+
+# ---------------------------------------------------------------- DualPipeV
+
+
+@pytest.mark.parametrize(
+    "ranks,microbatches",
+    [(1, 2), (2, 4), (2, 7), (3, 6), (3, 9), (4, 8), (4, 11), (8, 16), (8, 21)],
+)
+def test_dualpipev_matches_torch(torch_schedules, ranks, microbatches):
+    """``ScheduleDualPipeV`` builds every rank's order, its overlapped pairs as
+    ``(F;B)OVERLAP_F_B``, in its constructor from two stages per rank placed as a V."""
+    schedule = torch_v_schedule(torch_schedules.ScheduleDualPipeV, ranks, microbatches)
+    ours = dualpipev_order(ranks, microbatches)
+    assert torch_compute_order(schedule.pipeline_order) == as_text(ours)
+    validate_order(ours, 2 * ranks, microbatches, "v")
+    with pytest.raises(ValueError, match="at least as many micro-batches as its"):
+        dualpipev_order(ranks, 2 * ranks - 1)
+
+
+@pytest.mark.parametrize("ranks,microbatches", [(2, 4), (2, 9), (4, 8), (4, 13), (8, 16), (8, 32)])
+def test_dualpipev_holds_pp_plus_one_chunks(ranks, microbatches):
+    """The DualPipe README's activation per device: ``PP + 1`` chunks (its ``PP`` the
+    ``2p`` stages), the overlapped forward's before its backward frees its own."""
+    order = dualpipev_order(ranks, microbatches)
+    assert [in_flight_peak(order[rank]) for rank in range(ranks)] == [2 * ranks + 1] * ranks
+
+
+@pytest.mark.parametrize("ranks,microbatches", [(2, 4), (2, 9), (4, 8), (4, 13), (8, 16), (8, 24)])
+@pytest.mark.parametrize(
+    "t_f,t_b,t_w,t_fb",
+    [(1, 2, 1, 3), (2, 3, 1, 5), (1, 1.5, 0.5, 2.5), (1, 2, 1, 2), (1, 2, 1, 2.5), (2, 3, 1, 4)],
+)
+def test_dualpipev_bubble(ranks, microbatches, t_f, t_b, t_w, t_fb):
+    """With per-chunk times ``F``, ``B`` (full backward), ``W`` (``I = B − W = F``, the
+    zero-bubble papers' setting) and an overlapped pair's ``F&B ≤ F + B``, and free
+    communication, the most idle rank idles ``(PP/2 − 1)(F&B + B − 3W)`` (the DualPipe
+    README's table, ``PP = 2p`` stages); every rank does when the pair gains nothing
+    from its overlap (``F&B = F + B``)."""
+    assert t_b - t_w == t_f and t_fb <= t_f + t_b
+    unit = 1e-3
+    seconds = {"F": t_f, "B": t_b, "I": t_b - t_w, "W": t_w, "F&B": t_fb}
+    order = dualpipev_order(ranks, microbatches)
+    _, times, bubbles = run_free(
+        order, ranks, microbatches, {k: v * unit for k, v in seconds.items()}, style="v"
+    )
+    expected = (ranks - 1) * (t_fb + t_b - 3 * t_w) * unit
+    assert max(bubbles.values()) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    if t_fb == t_f + t_b:
+        for rank, bubble in bubbles.items():
+            assert bubble == pytest.approx(expected, rel=1e-9, abs=1e-12), rank

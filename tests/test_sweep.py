@@ -205,11 +205,13 @@ def test_enumeration_follows_the_documented_space():
             microbatches = 32 // (c.dp * c.micro_batch)
             assert c.virtual_stages in (2, 4)
             assert 24 % (c.pp * c.virtual_stages) == 0 and microbatches % c.pp == 0
-        elif c.schedule == "zbv":  # two chunks a rank, as a V
+        elif c.schedule in ("zbv", "dualpipev"):  # two chunks a rank, as a V
             assert c.pp > 1 and c.virtual_stages == 2 and 24 % (2 * c.pp) == 0
+            if c.schedule == "dualpipev":  # a micro-batch per stage at least
+                assert 32 // (c.dp * c.micro_batch) >= 2 * c.pp
         else:
             assert c.virtual_stages == 1
-    assert any(c.schedule == "zbv" for c in candidates)
+    assert {"zbv", "dualpipev"} <= {c.schedule for c in candidates}
     assert len(set(candidates)) == len(candidates)
     # placements that give the same rank grid are tried once
     grids: dict[tuple, set] = {}

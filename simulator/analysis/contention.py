@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -120,7 +120,8 @@ class _Demands:
         if type(op) is Collective:
             key: tuple = (rank, op.group, op.kind, op.bytes)
         else:
-            src, dst = (rank, op.peer) if type(op) is Send else (op.peer, rank)
+            peer = cast("Send | Recv", op).peer  # not a Collective
+            src, dst = (rank, peer) if type(op) is Send else (peer, rank)
             key = (rank, src, dst, op.bytes)
         known = self._memo.get(key)
         if known is None:

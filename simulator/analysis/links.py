@@ -49,7 +49,7 @@ def carried_bytes(
 
 def link_summary(
     cluster: Cluster,
-    utilisation: dict[int, list[tuple[float, float]]],
+    utilisation: Mapping[int, list[tuple[float, float]]],
     step_time: float,
     top: int = 20,
 ) -> list[dict[str, Any]]:

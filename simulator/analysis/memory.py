@@ -34,6 +34,8 @@ Not counted: allocator fragmentation, the CUDA context and cuBLAS workspaces
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from simulator.analysis.result import MemoryEstimate, StageMemory
 from simulator.arithmetic.counts import (
     layer_fp8_parameters,
@@ -54,9 +56,10 @@ from simulator.arithmetic.layer_ops import (
 )
 from simulator.arithmetic.moe import expert_ops, shared_expert_ops
 from simulator.arithmetic.stacks import loss_peak_bytes, restack, stack_of
+from simulator.common.vocabulary import ActionType
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec, is_moe_layer
-from simulator.request.orders import Action
+from simulator.request.orders import Step, compute_actions
 from simulator.request.recipe import Recipe
 from simulator.schedule.context import StepConfig
 from simulator.schedule.sharding_units import rank_expert_parameters
@@ -79,17 +82,21 @@ BYTES_PER_PARAM = {"weights": 2}
 NCCL_BUFFERS_PER_COMMUNICATOR = 2 * 16 * 4 * 2**20
 
 
-def held_activations(actions: list[Action]) -> tuple[int, dict[int, int]]:
+def held_activations(steps: Iterable[Step]) -> tuple[int, dict[int, int]]:
     """Peak number of (stage, micro-batch) activation sets a rank holds, and how many of
     them belong to each stage at that peak. A forward stores them; the backward that
-    last needs them (B, or W when the backward is split) frees them."""
-    splits = {a.stage for a in actions if a.type == "W"}
+    last needs them (B, or W when the backward is split) frees them; an overlapped pair
+    stores its forward's before its backward frees its own."""
+    actions = list(compute_actions(steps))
+    splits = {a.stage for a in actions if a.type == ActionType.W}
     held: dict[int, int] = {}
     peak, at_peak = 0, {}
     for action in actions:
-        if action.type == "F":
+        if action.type == ActionType.F:
             held[action.stage] = held.get(action.stage, 0) + 1
-        elif action.type == "B" or (action.type == "W" and action.stage in splits):
+        elif action.type == ActionType.B or (
+            action.type == ActionType.W and action.stage in splits
+        ):
             held[action.stage] -= 1
         total = sum(held.values())
         if total > peak:
@@ -289,7 +296,7 @@ def memory_per_rank(
             # bf16 weight. With FP8 primary weights under a sharded optimizer
             # (fp8_all_gather: Megatron-Core's --fp8-param-gather) the FP8 copy and its
             # transpose are the weight: no bf16 copy, the same 2 + 2 bytes less 2.
-            fp8_params = sum(
+            fp8_params: float = sum(
                 layer_fp8_parameters(recipe, model, moe, layer)
                 for layer in recipe.rank_layers(pipeline_rank)
             )
@@ -328,7 +335,7 @@ def memory_per_rank(
                 in_flight_microbatches=in_flight,
                 terms_bytes=terms,
                 total_bytes=total,
-                dominant=max(terms, key=terms.get),  # type: ignore[arg-type]
+                dominant=max(terms, key=lambda term: terms[term]),
             )
         )
     peak = max(ranks, key=lambda r: r.total_bytes)

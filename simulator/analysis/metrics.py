@@ -200,9 +200,9 @@ def account_step(
             _bodies=bodies,
             intervals=None if idle is None else idle[rank],
         )
-        per_rank.append(
-            RankAccount(rank=rank, node=rank // gpus_per_node, **layout.coords(rank), **row)
-        )
+        # the rank's grid coordinates, by RankAccount's fields (tp, dp, pp and cp)
+        coords: dict[str, Any] = layout.coords(rank)
+        per_rank.append(RankAccount(rank=rank, node=rank // gpus_per_node, **coords, **row))
     critical = max(per_rank, key=lambda r: (r.end_s, -r.rank))
     count = len(per_rank)
     mean = {c: sum(r.breakdown[c] for r in per_rank) / count for c in CATEGORIES}

@@ -51,6 +51,7 @@ def _norm_parameters(model: ModelSpec) -> int:
 def attention_parameter_count(model: ModelSpec) -> int:
     """QKV and output projections (and their biases): ``h·(a + 2g)·d + a·d·h``."""
     h, d = model.hidden, model.head_dim
+    assert d is not None  # set by ModelSpec's validator
     qkv_width = (model.heads + 2 * model.kv) * d
     biases = qkv_width + h if model.bias else 0
     return h * qkv_width + model.heads * d * h + biases
@@ -127,7 +128,8 @@ def model_flops_per_step(
         experts = expert_ops(
             moe,
             model.hidden,
-            tokens * moe.top_k * kept,
+            # a mean count: fractional when kept < 1; only the FLOPs are read from it
+            tokens * moe.top_k * kept,  # type: ignore[arg-type]
             model_ffn=model.ffn,
             router_tokens=tokens,
             mlp=model.mlp,
@@ -173,6 +175,7 @@ def layer_fp8_parameters(recipe: Recipe, model: ModelSpec, moe: MoESpec | None, 
     dense = ("qkv", "proj") if moe_layer else FP8_GEMMS
     count = sum(op.weight_params for op in ops if op.name in dense)
     if moe_layer:
+        assert moe is not None  # moe_layer says so
         router = router_op(moe, model.hidden, 1).weight_params
         count += (
             moe_layer_parameters_per_rank(

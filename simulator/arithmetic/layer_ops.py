@@ -48,6 +48,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from simulator.arithmetic.stacks import Stack, restack
+from simulator.common.vocabulary import ComputeKind
 from simulator.request.model import ModelSpec
 
 __all__ = [
@@ -84,7 +85,7 @@ class OpCost:
     """
 
     name: str
-    kind: str  # gemm | attention | elementwise | optimizer
+    kind: ComputeKind
     flops: float
     bytes: float
     model_flops: float
@@ -130,7 +131,7 @@ def _gemm(
     params = n * k + (n if bias else 0) if batch == 1 else 0
     if saved is None:
         saved = ACT_BYTES * batch * m * k
-    return OpCost(name, "gemm", flops, traffic, flops, (m, n, k), params, batch, saved)
+    return OpCost(name, ComputeKind.GEMM, flops, traffic, flops, (m, n, k), params, batch, saved)
 
 
 def _elementwise(
@@ -146,7 +147,7 @@ def _elementwise(
     element (its backward ``backward_passes``) and saving ``saved_per_element`` bytes."""
     return OpCost(
         name,
-        "elementwise",
+        ComputeKind.ELEMENTWISE,
         flops_per_element * elements,
         forward_passes * elements,
         0.0,
@@ -190,6 +191,7 @@ def _attention_core(
     model: ModelSpec, b: int, tp: int, attention: str, local_heads: int, kv_local: int
 ) -> list[OpCost]:
     s, d = model.seq_len, model.head_dim
+    assert d is not None  # set by ModelSpec's validator
     tokens = b * s
     if attention == "flash":
         # FlashAttention: reads Q, K, V, writes O and the fp32 log-sum-exp; the s×s scores
@@ -202,7 +204,7 @@ def _attention_core(
         return [
             OpCost(
                 "attn_core",
-                "attention",
+                ComputeKind.ATTENTION,
                 flops,
                 traffic,
                 flops,
@@ -283,8 +285,9 @@ def layer_forward_ops(
     (:func:`_layer_forward_ops`, remembered: the same arguments give equal ops), as
     ``stack`` runs them (:mod:`simulator.arithmetic.stacks`; None: Megatron-Core's
     fused kernels)."""
+    key: tuple | None
     try:  # the model's values as they are now (a model changed since is another key)
-        key: tuple | None = (
+        key = (
             type(model),
             tuple(model.__dict__.values()),
             micro_batch,
@@ -341,6 +344,7 @@ def _layer_forward_ops(
     if cp > 1:
         return _context_parallel_ops(model, micro_batch, tp, sp, cp, cp_kind)
     b, s, h, d = micro_batch, model.seq_len, model.hidden, model.head_dim
+    assert d is not None  # set by ModelSpec's validator
     tokens = b * s
     shard = tp if sp else 1
     share = tokens / shard
@@ -397,7 +401,7 @@ def fp8_ops(ops: list[OpCost]) -> list[OpCost]:
     backward: the output gradient's cast for the backward GEMMs)."""
     result: list[OpCost] = []
     for op in ops:
-        if op.kind != "gemm" or op.name not in FP8_GEMMS or op.shape is None:
+        if op.kind != ComputeKind.GEMM or op.name not in FP8_GEMMS or op.shape is None:
             result.append(op)
             continue
         m, n, k = op.shape
@@ -422,7 +426,7 @@ def _backward_of(op: OpCost) -> tuple[OpCost, ...]:
 
 
 def _backward_ops(op: OpCost) -> list[OpCost]:
-    if op.kind == "gemm":
+    if op.kind == ComputeKind.GEMM:
         assert op.shape is not None
         m, n, k = op.shape
         if op.batch > 1:  # dA = dC·Bᵀ, dB = Aᵀ·dC, per head
@@ -435,12 +439,12 @@ def _backward_ops(op: OpCost) -> list[OpCost]:
             replace(dgrad, weight_params=0, fp8=op.fp8, kernels=op.backward_kernels),
             replace(wgrad, weight_params=op.weight_params, fp8=op.fp8, kernels=op.backward_kernels),
         ]
-    if op.kind == "attention":
+    if op.kind == ComputeKind.ATTENTION:
         # reads Q, K, V, O, dO and the log-sum-exp, writes dQ, dK, dV
         return [
             OpCost(
                 f"{op.name}.bwd",
-                "attention",
+                ComputeKind.ATTENTION,
                 2.5 * op.flops,
                 2.0 * op.bytes,
                 2.0 * op.model_flops,
@@ -476,7 +480,7 @@ def embedding_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
     passes = 4 + (2 if model.position == "learned" else 0) + (3 if model.dropout else 0)
     return OpCost(
         "embedding",
-        "elementwise",
+        ComputeKind.ELEMENTWISE,
         elements,
         passes * elements,
         0.0,
@@ -535,5 +539,6 @@ def layer_saved_bytes(
     }
     kept = sum(op.saved_bytes for op in ops if op.name not in core)
     qkv = next(op for op in ops if op.name == "qkv")
+    assert qkv.shape is not None  # a GEMM's
     m, n, _ = qkv.shape
     return kept + ACT_BYTES * m * n

@@ -60,11 +60,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost, activation_op, backward_of
 from simulator.common.errors import ScenarioError
+from simulator.common.vocabulary import ComputeKind
 from simulator.request.moe import (
     HistogramRouting,
     MoESpec,
@@ -431,6 +433,7 @@ def _deepep_splits(
     node_ids = sorted(set(node_of.tolist()))
     limited = spec.max_nodes_per_token is not None and nodes is not None
     if limited:
+        assert nodes is not None  # limited says so
         splits = _node_limited_splits(spec, counts, tokens, nodes, bytes_per_token)
     else:
         splits = counts.astype(float) * bytes_per_token
@@ -516,7 +519,14 @@ def _grouped_gemm(
         elements = m * k + k * n + groups * m * n
     params = groups * (n * k + (n if bias else 0))
     return OpCost(
-        name, "gemm", flops, ACT_BYTES * elements, flops, (m, n, k), params, saved_bytes=saved
+        name,
+        ComputeKind.GEMM,
+        flops,
+        ACT_BYTES * elements,
+        flops,
+        (m, n, k),
+        params,
+        saved_bytes=saved,
     )
 
 
@@ -616,14 +626,14 @@ def expert_backward_of(op: OpCost, local_experts: int = 1) -> list[OpCost]:
     its wgrad writes, every one of the ``local_experts`` weights. A ``grouped_gemm``
     op's backward is grouped too: the dgrad ``(m, k, n)`` per group and the wgrad, each
     group's ``k × n`` gradient reduced over its ``m`` rows (``grouped_gemm_wgrad``)."""
-    if op.kind == "grouped_gemm":
+    if op.kind == ComputeKind.GROUPED_GEMM:
         assert op.shape is not None
         m, n, k = op.shape
         g, rows = op.batch, op.flops / (2.0 * n * k) if n * k else 0.0
         real = op.model_flops / (2.0 * n * k) if n * k else 0.0
         dgrad = OpCost(
             f"{op.name}.dgrad",
-            "grouped_gemm",
+            ComputeKind.GROUPED_GEMM,
             op.flops,
             ACT_BYTES * (rows * n + g * n * k + rows * k),
             op.model_flops,
@@ -634,7 +644,7 @@ def expert_backward_of(op: OpCost, local_experts: int = 1) -> list[OpCost]:
         )
         wgrad = OpCost(
             f"{op.name}.wgrad",
-            "grouped_gemm_wgrad",
+            ComputeKind.GROUPED_GEMM_WGRAD,
             op.flops,
             ACT_BYTES * (rows * k + rows * n + g * n * k),
             2.0 * real * n * k,
@@ -644,7 +654,7 @@ def expert_backward_of(op: OpCost, local_experts: int = 1) -> list[OpCost]:
             fp8=op.fp8,
         )
         return [dgrad, wgrad]
-    if op.kind != "gemm" or local_experts == 1:
+    if op.kind != ComputeKind.GEMM or local_experts == 1:
         return backward_of(op)
     assert op.shape is not None
     m, n, k = op.shape
@@ -818,7 +828,7 @@ def _moved(name: str, elements: float, passes: tuple[float, float], saved: float
     forward, backward = passes
     return OpCost(
         name,
-        "elementwise",
+        ComputeKind.ELEMENTWISE,
         elements,
         forward * elements,
         0.0,
@@ -834,7 +844,12 @@ def _fp8_gemm(op: OpCost) -> list[OpCost]:
     m, n, k = op.shape
     inputs, grads = float(op.batch * m * k), float(op.batch * m * n)
     cast = OpCost(
-        f"{op.name}.cast", "elementwise", 2 * inputs, 3 * inputs, 0.0, backward_bytes=3 * grads
+        f"{op.name}.cast",
+        ComputeKind.ELEMENTWISE,
+        2 * inputs,
+        3 * inputs,
+        0.0,
+        backward_bytes=3 * grads,
     )
     return [cast, replace(op, fp8=True, saved_bytes=op.saved_bytes / ACT_BYTES)]
 
@@ -857,14 +872,22 @@ def _grouped(
     traffic = ACT_BYTES * (padded * k + groups * k * n + padded * n)
     params = groups * (n * k + (n if bias else 0))
     return OpCost(
-        name, "grouped_gemm", flops, traffic, 2.0 * real * n * k, (m, n, k), params, groups, saved
+        name,
+        ComputeKind.GROUPED_GEMM,
+        flops,
+        traffic,
+        2.0 * real * n * k,
+        (m, n, k),
+        params,
+        groups,
+        saved,
     )
 
 
 def moe_layer_ops(
     spec: MoESpec,
     model_hidden: int,
-    expert_rows: Sequence[int],
+    expert_rows: Sequence[int] | np.ndarray,
     *,
     tokens: int,
     sent: int,
@@ -972,7 +995,7 @@ def _gemm_op(name: str, m: int, n: int, k: int, saved: float = 0.0) -> OpCost:
     """A plain GEMM ``(m, k) @ (k, n)`` without weights (DeepSpeed's einsums)."""
     flops = 2.0 * m * n * k
     traffic = ACT_BYTES * (m * k + k * n + m * n)
-    return OpCost(name, "gemm", flops, traffic, 0.0, (m, n, k), saved_bytes=saved)
+    return OpCost(name, ComputeKind.GEMM, flops, traffic, 0.0, (m, n, k), saved_bytes=saved)
 
 
 def _grouped_experts(
@@ -1004,7 +1027,9 @@ def _grouped_experts(
     ops = [*fc1, activation_op(mlp, computed * local, prefix="expert_"), fc2]
     if not fp8:
         return ops
-    return [x for op in ops for x in (_fp8_gemm(op) if op.kind == "grouped_gemm" else [op])]
+    return [
+        x for op in ops for x in (_fp8_gemm(op) if op.kind == ComputeKind.GROUPED_GEMM else [op])
+    ]
 
 
 def _looped_experts(
@@ -1034,11 +1059,13 @@ def _looped_experts(
         w1 = "expert_fc1" if first else f"expert_fc1.e{j}"
         w2 = "expert_fc2" if last else f"expert_fc2.e{j}"
         fc1 = _grouped(w1, r, p, local, h, 1, bias, ACT_BYTES * p * h)
-        gemms.append(replace(fc1, kind="gemm", batch=1))
+        gemms.append(replace(fc1, kind=ComputeKind.GEMM, batch=1))
         if swiglu:
             up = _grouped(f"expert_fc1_up.e{j}", r, p, local, h, 1, bias, ACT_BYTES * p * h)
-            gemms.append(replace(up, kind="gemm", batch=1))
-        fc2 = replace(_grouped(w2, r, p, h, local, 1, bias, ACT_BYTES * p * local), kind="gemm")
+            gemms.append(replace(up, kind=ComputeKind.GEMM, batch=1))
+        fc2 = replace(
+            _grouped(w2, r, p, h, local, 1, bias, ACT_BYTES * p * local), kind=ComputeKind.GEMM
+        )
         where = _moved(f"expert_where.e{j}", float(top_k) * tokens, (8.0, 0.0))
         gather = _moved(f"expert_gather.e{j}", float(p) * h, _GATHER[False])
         act = activation_op(mlp, p * local, prefix="expert_")
@@ -1047,7 +1074,9 @@ def _looped_experts(
         add = _moved(f"expert_index_add.e{j}", float(r) * h, (6.0, 4.0))
         body = [*gemms[:1], *gemms[1:], act, fc2]
         if fp8:
-            body = [x for op in body for x in (_fp8_gemm(op) if op.kind == "gemm" else [op])]
+            body = [
+                x for op in body for x in (_fp8_gemm(op) if op.kind == ComputeKind.GEMM else [op])
+            ]
         ops += [where, gather, *body, scale, add]
     return ops
 
@@ -1070,6 +1099,6 @@ def padded_capacity_rows(
     if any(c is None for c in caps):
         busiest = int(traffic.expert_tokens.max(initial=0))
         caps = [-(-busiest // ep)] * ep
-    rows = [int(sum(int(c) for c in caps))] * per
+    rows = [int(sum(int(c) for c in cast("list[int]", caps)))] * per  # no None left
     sent = np.asarray(caps, dtype=float) * per * traffic.bytes_per_token
     return rows, np.repeat(sent[:, None], ep, axis=1)

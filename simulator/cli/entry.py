@@ -69,9 +69,19 @@ def main() -> int:
         gc.freeze()  # nothing left needs collecting: the process ends here
         return code
     except KeyboardInterrupt:  # before the command's own handling took over
-        _stop_redelivery()  # one line, however many Ctrl-Cs
-        print("parasim: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
+    except RuntimeError as exc:
+        # Ctrl-C inside a class body's __set_name__ (a dataclass defined while a module
+        # imports) reaches here wrapped: Python raises RuntimeError from it
+        if not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    _stop_redelivery()  # one line, however many Ctrl-Cs
+    print("parasim: interrupted", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from simulator.common.errors import ParasimError
 from simulator.common.files import write_atomically
@@ -174,7 +174,8 @@ class Manifest:
             return cls(unreadable="foreign")
         if any(len(s) != 3 for listing in files.values() for s in listing.values()):
             return cls(unreadable="foreign")
-        return cls(files, folders, committing if isinstance(committing, int) else None)
+        stamps = cast("dict[str, dict[str, _Stamp]]", files)  # each one of three, just checked
+        return cls(stamps, folders, committing if isinstance(committing, int) else None)
 
     def write(self, folder: Path) -> None:
         payload: dict[str, Any] = {
@@ -407,7 +408,8 @@ def _commit_locked(stage: Path, folder: Path, command: str, flag: str, shown: Pa
     for relative in folders:  # a folder that exists must be a real one all the way down
         if os.path.lexists(folder / relative) and not _is_real_folder(folder / relative):
             _clash(folder, Manifest(), relative, flag, shown)
-    stamps = {relative: _stamp(stage / relative) for relative in files}
+    # the staged files are regular files, each with a stamp
+    stamps = {relative: cast(_Stamp, _stamp(stage / relative)) for relative in files}
     earlier = manifest.files.get(command, {})
     kept = {
         other: {
@@ -419,7 +421,7 @@ def _commit_locked(stage: Path, folder: Path, command: str, flag: str, shown: Pa
     created_before = [p for p in manifest.folders.get(command, []) if _is_real_folder(folder / p)]
     with _signals_held():
         journal = Manifest(
-            files={**kept, command: {**earlier, **stamps}},  # type: ignore[dict-item]
+            files={**kept, command: {**earlier, **stamps}},
             folders={**manifest.folders, command: sorted({*created_before, *folders})},
             committing=os.getpid(),
         )
@@ -444,8 +446,8 @@ def _commit_locked(stage: Path, folder: Path, command: str, flag: str, shown: Pa
                 os.rmdir(folder / relative)
             except OSError:
                 left.add(relative)
-        final = Manifest(
-            files={**kept, command: {p: _stamp(folder / p) for p in files}},  # type: ignore[dict-item]
+        final = Manifest(  # the files just moved in are regular files, each with a stamp
+            files={**kept, command: {p: cast(_Stamp, _stamp(folder / p)) for p in files}},
             folders={**manifest.folders, command: sorted(left)},
         )
         final.write(folder)

@@ -8,6 +8,7 @@ the code that implements it. Orders are meaningful where said.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal, get_args
 
 __all__ = [
@@ -36,6 +37,11 @@ __all__ = [
     "PLACEMENT_STYLES",
     "V_SHAPED_SCHEDULES",
     "CHUNKS_PER_RANK",
+    "ComputeKind",
+    "COMPUTE_KINDS",
+    "CollectiveKind",
+    "ActionType",
+    "MICROBATCHES_PER_STAGE",
     "SPLIT_BACKWARD_SCHEDULES",
     "SEARCHED_WHEN_FIXED",
     "SCHEDULES",
@@ -68,18 +74,23 @@ __all__ = [
 
 # Pipeline schedules with a built-in order (simulator.schedule.pipeline), and every
 # value ``parallel.schedule`` takes (``custom`` reads the order from a CSV file).
-PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv"]
+PipelineSchedule = Literal[
+    "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev"
+]
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 # How a pipeline's global stages sit on its ranks (simulator.request.placement): looped
 # (stage s on rank s % p) or V-shaped (the chunks zig-zag over the ranks)
 PLACEMENT_STYLES = ("loop", "v")
 # The schedules whose two chunks per rank are placed as a V
-V_SHAPED_SCHEDULES: tuple[str, ...] = ("zbv",)
+V_SHAPED_SCHEDULES: tuple[str, ...] = ("zbv", "dualpipev")
 # Model chunks per rank of the schedules that place a fixed number (interleaved 1F1B
 # takes any, parallel.virtual_stages)
-CHUNKS_PER_RANK: dict[str, int] = {"zbv": 2}
+CHUNKS_PER_RANK: dict[str, int] = {"zbv": 2, "dualpipev": 2}
+# The schedules that need at least this many micro-batches per pipeline stage
+# (DualPipeV: one per stage, as torch's ScheduleDualPipeV requires)
+MICROBATCHES_PER_STAGE: dict[str, int] = {"dualpipev": 1}
 # The schedules that split the backward into I (input gradients) and deferred W passes
-SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "zb-h2", "zbv")
+SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "zb-h2", "zbv", "dualpipev")
 # The schedules parasim sweep tries only when --fix names them: ZB-H2 holds more
 # micro-batches in flight than ZB-H1 for the last of the bubble
 SEARCHED_WHEN_FIXED = ("zb-h2",)
@@ -117,15 +128,53 @@ GROUP_AXES = ("tp", "sp", "cp", "dp", "pp", "ep", "edp", "dp_shard", "dp_replica
 # data-parallel traffic.
 COMM_AXES = ("tp", "sp", "cp", "dp", "pp", "ep")
 
-# Collective operations the Schedule IR names.
-COLLECTIVE_KINDS = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "broadcast",
-    "barrier",
-)
+
+# What a compute op of the Schedule IR runs (``Compute.kind``): a GEMM, the attention
+# kernel, an elementwise or normalisation kernel chain, the optimizer's step, and an
+# MoE layer's experts as one grouped GEMM (and its weight gradients).
+class ComputeKind(StrEnum):
+    GEMM = "gemm"
+    ATTENTION = "attention"
+    ELEMENTWISE = "elementwise"
+    OPTIMIZER = "optimizer"
+    GROUPED_GEMM = "grouped_gemm"
+    GROUPED_GEMM_WGRAD = "grouped_gemm_wgrad"
+
+
+COMPUTE_KINDS: tuple[ComputeKind, ...] = tuple(ComputeKind)
+
+
+# Collective operations the Schedule IR names (``Collective.kind``).
+class CollectiveKind(StrEnum):
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    BROADCAST = "broadcast"
+    BARRIER = "barrier"
+
+
+COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = tuple(CollectiveKind)
+
+
+# A pipeline action's type, in torch.distributed.pipelining's notation
+# (``_ComputationType``): forward, full backward, its input and weight halves, the
+# sends and receives between stages, and an overlapped forward and backward.
+class ActionType(StrEnum):
+    F = "F"
+    B = "B"
+    I = "I"  # noqa: E741
+    W = "W"
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+    OVERLAP_F_B = "OVERLAP_F_B"
+
+
+# Each member compares, hashes and prints as its value, so a kind reads and writes as
+# the string in JSON, CSV and labels.
+
 # NCCL's algorithms and protocols (src/graph/tuning.cc), as parasim models them.
 Algorithm = Literal["ring", "tree", "nvls", "direct", "hierarchical"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)

@@ -17,7 +17,7 @@ links the simulated call shares with them instead (:func:`with_images`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -128,7 +128,8 @@ class AloneTimes:
         self.protocol = protocol
         self.images = images or {}
         self.rank_images = rank_images or {}
-        self._memo: dict[tuple, object] = {}
+        # collective() keys -> (seconds, name), p2p() keys -> seconds
+        self._memo: dict[tuple, Any] = {}
 
     @classmethod
     def of_schedule(
@@ -147,7 +148,7 @@ class AloneTimes:
         """``(seconds, "kind/algorithm/protocol")`` of ``op`` (``splits``: an uneven
         all-to-all's bytes per member and peer, not memoised)."""
         key = (op.group, op.kind, op.bytes)
-        cached = None if splits is not None else self._memo.get(key)
+        cached: tuple[float, str] | None = None if splits is not None else self._memo.get(key)
         if cached is None and splits is None:
             # the same call on the same GPUs and images costs the same in every step
             # on this cluster (a sweep's candidates share it)
@@ -160,7 +161,7 @@ class AloneTimes:
                 self.algorithm,
                 self.protocol,
             )
-            cached = self.cluster.plan_cache.get(shared)
+            cached = cast("tuple[float, str] | None", self.cluster.plan_cache.get(shared))
             if cached is not None:
                 self._memo[key] = cached
         if cached is None:
@@ -191,7 +192,7 @@ class AloneTimes:
         """Seconds of a send/recv of ``size`` bytes from GPU ``src`` to ``dst`` (and its
         images beside it)."""
         key = ("p2p", src, dst, size)
-        cached = self._memo.get(key)
+        cached: float | None = self._memo.get(key)
         if cached is None:
             shared = (
                 "alone-p2p",
@@ -202,7 +203,7 @@ class AloneTimes:
                 self.rank_images.get(dst),
                 self.protocol,
             )
-            cached = self.cluster.plan_cache.get(shared)
+            cached = cast("float | None", self.cluster.plan_cache.get(shared))
             if cached is None:
                 specs = [spec for image in self.p2p_images(src, dst, size) for spec in image]
                 cached = self.cluster.plan_cache[shared] = time_alone(

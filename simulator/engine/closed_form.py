@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 from simulator.common.errors import DeadlockError, ScenarioError
+from simulator.common.vocabulary import CollectiveKind
 from simulator.engine.alone import AloneTimes
 from simulator.engine.blocks import BlockTimer
 from simulator.engine.compute import ComputeModel
@@ -133,7 +134,7 @@ class _ClosedForm:
 
     def point_end(self, rank: int, block_id: int, point: int) -> float:
         """When op ``point`` of a block's body ends, the block having run on ``rank``."""
-        body = self.block_times(self.schedule.programs[rank].ops[block_id], rank)
+        body = self.block_times(cast(Block, self.schedule.programs[rank].ops[block_id]), rank)
         return self.start[rank][block_id] + body.end[point]
 
     # -- ops that wait for partners ----------------------------------------------------
@@ -171,8 +172,12 @@ class _ClosedForm:
         if len(arrived) < len(members):
             return
         del self.rendezvous[(op.group, seq)]
-        splits = {r: schedule.programs[r].ops[i].splits for r, (i, _) in arrived.items()}
-        uneven = op.kind == "all_to_all" and all(v is not None for v in splits.values())
+        splits = {
+            r: cast(Collective, schedule.programs[r].ops[i]).splits for r, (i, _) in arrived.items()
+        }
+        uneven = op.kind == CollectiveKind.ALL_TO_ALL and all(
+            v is not None for v in splits.values()
+        )
         begin = max(self.ready[r][i] for r, (i, _) in arrived.items())
         seconds = self.collective_time(op, splits if uneven else None)
         stop = begin + seconds * self.stretch(arrived)

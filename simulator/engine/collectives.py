@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from simulator.common.vocabulary import CollectiveKind
 from simulator.engine.nccl import (
     ALGORITHMS,
     PROTOCOLS,
@@ -78,9 +79,13 @@ class Plan:
 
 def bus_factor(kind: str, n: int) -> float:
     """nccl-tests' bus bandwidth factor: ``busbw = algbw × factor``."""
-    if kind == "all_reduce":
+    if kind == CollectiveKind.ALL_REDUCE:
         return 2 * (n - 1) / n
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+    if kind in (
+        CollectiveKind.ALL_GATHER,
+        CollectiveKind.REDUCE_SCATTER,
+        CollectiveKind.ALL_TO_ALL,
+    ):
         return (n - 1) / n
     return 1.0  # broadcast, p2p
 
@@ -175,7 +180,7 @@ def _candidates(
     n = len(gpus)
     groups = _by_node(cluster, gpus) if groups is None else groups
     nodes = len(groups)
-    if kind == "all_to_all":
+    if kind == CollectiveKind.ALL_TO_ALL:
         usage = _usage(cluster, [(a, b) for a in gpus for b in gpus if a != b])
         candidates = [_Candidate("direct", usage, (n - 1) * _rate(cluster, usage))]
         if nodes > 1 and len({len(g) for g in groups}) == 1 and len(groups[0]) > 1:
@@ -184,7 +189,7 @@ def _candidates(
     if kind == "p2p":
         usage = _usage(cluster, [(gpus[0], gpus[1])])
         return [_Candidate("direct", usage, _rate(cluster, usage))]
-    if kind == "broadcast":
+    if kind == CollectiveKind.BROADCAST:
         edges = ring_edges(sorted(gpus))[:-1]
         usage = _usage(cluster, edges)
         return [_Candidate("ring", usage, _rate(cluster, usage))]
@@ -192,9 +197,14 @@ def _candidates(
     usage = _usage(cluster, edges)
     ring_busbw = rings * _rate(cluster, usage)
     candidates = [_Candidate("ring", usage, ring_busbw)]
-    if kind in ("all_reduce", "barrier") and nodes > 1:
+    if kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.BARRIER) and nodes > 1:
         candidates.append(_Candidate("tree", usage, ring_busbw))
-    if kind in ("all_reduce", "barrier") and nodes == 1 and cluster.has_nvls and n > 2:
+    if (
+        kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.BARRIER)
+        and nodes == 1
+        and cluster.has_nvls
+        and n > 2
+    ):
         up_down = _usage(
             cluster, [(g, g2) for g, g2 in zip(gpus, gpus[1:] + gpus[:1], strict=True)]
         )
@@ -218,7 +228,7 @@ def measured_in_step(
     cluster: Cluster, kind: str, gpus: list[int], size: float, splits: dict | None = None
 ) -> bool:
     """Whether a call of ``kind`` on ``gpus`` was measured in a scenario's own step."""
-    if kind == "all_to_all" and splits:
+    if kind == CollectiveKind.ALL_TO_ALL and splits:
         size = even_equivalent(splits, sorted(gpus))
     return plan_collective(cluster, kind, gpus, size).choice.protocol == MEASURED_IN_STEP
 
@@ -361,7 +371,7 @@ def _plan_collective(
     calibrated = _calibrated_choice(cluster, kind, gpus, candidate.algorithm, size)
     if calibrated is not None:
         choice = calibrated
-    if kind == "barrier" or size <= 0:
+    if kind == CollectiveKind.BARRIER or size <= 0:
         return Plan(choice, [TransferSpec({}, 0.0, choice.latency)])
     if candidate.phases:
         link_algbw = algorithm_bandwidth(kind, "direct", candidate.link_busbw, n)
@@ -394,7 +404,7 @@ def collective_transfers(
 ) -> tuple[CollectiveChoice, list[TransferSpec]]:
     """NCCL's choice and the transfers of one collective (uneven all-to-all: a flow per
     pair; with a calibrated all-to-all fit, the fit at the size of its busiest member)."""
-    if kind == "all_to_all" and splits is not None and len(gpus) > 1:
+    if kind == CollectiveKind.ALL_TO_ALL and splits is not None and len(gpus) > 1:
         if _calibrated_choice(cluster, kind, sorted(gpus), "direct") is not None:
             size = even_equivalent(splits, gpus)
             plan = plan_collective(cluster, kind, gpus, size, algorithm, protocol)

@@ -42,9 +42,11 @@ on NVSwitch systems, as :mod:`simulator.analysis.memory` counts its buffers). Th
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypedDict
 
 from simulator.common.errors import ScenarioError
+from simulator.common.vocabulary import ComputeKind
 from simulator.engine.attention_kernels import grid_fill, resolve_backend, table_for
 from simulator.engine.gemm import FP8_K_OVERHEAD_FACTOR, GemmEfficiency, gemm_efficiency
 from simulator.engine.grouped_gemm import GROUPED_KINDS, grouped_gemm_seconds
@@ -60,6 +62,15 @@ ATTENTION_BLOCK = 128
 NCCL_CHANNELS = 16
 
 
+class _GemmShapeModel(TypedDict):
+    """:func:`gemm_efficiency`'s keyword arguments that describe the GPU."""
+
+    base: float
+    sm_count: int
+    largest_tile: Sequence[int]
+    batch: int
+
+
 def causal_fraction(s_kv: int) -> float:
     """The share of an attention op's score blocks a causal FlashAttention kernel
     computes: of ``n = s_kv/128`` key blocks per query block, ``(n + 1)/2n``."""
@@ -72,7 +83,7 @@ def executed_flops(op: Any) -> float:
     attention op's causal share, every other op's own count."""
     if op.type == "block":
         return sum(executed_flops(inner) for inner in op.body if inner.type == "compute")
-    if op.kind == "attention" and op.shape is not None:
+    if op.kind == ComputeKind.ATTENTION and op.shape is not None:
         return op.flops * causal_fraction(op.shape[1])
     return op.flops
 
@@ -186,7 +197,7 @@ class ComputeModel:
                 k_overhead=self.k_overhead * (FP8_K_OVERHEAD_FACTOR if op.fp8 else 1.0),
                 streams=self.expert_streams,
             )
-        if kind == "gemm":
+        if kind == ComputeKind.GEMM:
             peak = self.fp8_peak * self.fp8_ratio if op.fp8 else self.peak
             if shape is not None and self.gemm is not None:
                 m, n, k = shape
@@ -195,7 +206,7 @@ class ComputeModel:
                     efficiency *= self._fp8_shape(m, n, k, op.batch)
                 return op.flops / (peak * efficiency)
             return op.flops / (peak * self.matmul_efficiency)
-        if kind == "attention":
+        if kind == ComputeKind.ATTENTION:
             return self._attention_seconds(op)
         return op.flops / (self.peak * self.matmul_efficiency)
 
@@ -208,7 +219,7 @@ class ComputeModel:
         key = (m, n, k, batch)
         ratio = self._fp8_shape_memo.get(key)
         if ratio is None:
-            shape = {
+            shape: _GemmShapeModel = {
                 "base": 1.0,
                 "sm_count": gemm.sm_count,
                 "largest_tile": gemm.largest_tile,

@@ -25,10 +25,12 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import simpy
 
 from simulator.common.errors import DeadlockError, ScenarioError
+from simulator.common.vocabulary import CollectiveKind
 from simulator.engine.alone import AloneTimes, time_alone, with_images
 from simulator.engine.blocks import BlockTimer
 from simulator.engine.closed_form import evaluate
@@ -342,7 +344,7 @@ class _Engine:
 
     def _point_end(self, rank: int, block_id: int, point: int) -> float:
         """When op ``point`` of a block's body ends, the block having run on ``rank``."""
-        body = self.blocks(self.schedule.programs[rank].ops[block_id], rank)
+        body = self.blocks(cast(Block, self.schedule.programs[rank].ops[block_id]), rank)
         return self.start[rank][block_id] + body.end[point]
 
     def _block_time(self, op: Block, rank: int) -> float:
@@ -388,7 +390,9 @@ class _Engine:
 
     def _launch_collective(self, group: str, rendezvous: _Rendezvous) -> None:
         splits = (
-            rendezvous.splits if rendezvous.kind == "all_to_all" and rendezvous.splits else None
+            rendezvous.splits
+            if rendezvous.kind == CollectiveKind.ALL_TO_ALL and rendezvous.splits
+            else None
         )
         self._run_transfers(group, rendezvous, splits)
 
@@ -414,8 +418,8 @@ class _Engine:
         ):
             planned = self._image_transfers(group, rendezvous.kind, rendezvous.size, planned)
         choice, specs = planned
-        key = f"{rendezvous.kind}/{choice.algorithm}/{choice.protocol}"
-        self.choices[key] = self.choices.get(key, 0) + 1
+        name = f"{rendezvous.kind}/{choice.algorithm}/{choice.protocol}"
+        self.choices[name] = self.choices.get(name, 0) + 1
         if self.analytic:
             self._after(time_alone(self.cluster, specs, choice.latency), rendezvous)
         else:

@@ -48,10 +48,10 @@ import math
 import sys
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from simulator.analysis.trace import OpRecord, Trace, category_of
 from simulator.common.errors import ParasimError
@@ -654,7 +654,7 @@ class _SpillingSink:
 
     def write(self, text: str) -> None:
         if self.zipper is not None:
-            self._compress(text)
+            self._compress(self.zipper, text)
             return
         if self.file is not None:
             self.file.write(text)
@@ -667,13 +667,13 @@ class _SpillingSink:
                 filename="", mode="wb", fileobj=self.raw, compresslevel=1, mtime=0
             )
             self.zipper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace-gzip")
-            self._compress("".join(self.held))
+            self._compress(self.zipper, "".join(self.held))
             self.held = []
 
-    def _compress(self, text: str) -> None:
+    def _compress(self, zipper: ThreadPoolExecutor, text: str) -> None:
         while len(self.pending) >= 2:
             self.pending.popleft().result()
-        self.pending.append(self.zipper.submit(self.file.write, text.encode("utf-8")))
+        self.pending.append(zipper.submit(self.file.write, text.encode("utf-8")))
 
     def close(self) -> None:
         if self.file is None:  # under the limit: written plain, in one go
@@ -741,7 +741,9 @@ def write_chrome_trace(
     whether it was.
     """
     plan = _Plan(trace, max_events)
-    events = itertools.chain(plan.metadata, plan.op_event_texts(), _flow_texts(plan.arrows))
+    events: Iterator[dict[str, Any] | str] = itertools.chain(
+        plan.metadata, plan.op_event_texts(), _flow_texts(plan.arrows)
+    )
     return _write_document(path, plan.distributed, plan.other, events, gzip_over)
 
 
@@ -933,7 +935,7 @@ def read_trace_file(path: Path, limit: int | None = None) -> Trace:
     return trace_from_chrome(parse_json(data, str(path)), str(path))
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -987,7 +989,7 @@ def json_kind(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    names = {dict: "an object", list: "an array", str: "a string"}
+    names: dict[type, str] = {dict: "an object", list: "an array", str: "a string"}
     return names.get(type(value), "a number")
 
 
@@ -1048,7 +1050,7 @@ def _plain_record(
     """The op record of a complete event as parasim writes it, checked with the fewest
     operations (a trace holds hundreds of thousands); None where anything is off, for
     :func:`_record` to say what."""
-    get = event.get
+    get: Callable[..., Any] = event.get  # JSON values, None where absent: checked below
     rank, tid, ts, dur, args = get("pid"), get("tid"), get("ts"), get("dur"), get("args")
     if not (
         type(rank) is int
@@ -1072,7 +1074,7 @@ def _plain_record(
         and type(op_id) is int
         and 0 <= op_id < 2**63
         and type(op) is str
-        and type(kind) is str
+        and isinstance(kind, str)  # a kind enum's member in memory, its value in a file
         and type(ready) in _NUMBERS
         and -LONGEST_TRACE_US <= ready <= LONGEST_TRACE_US
         and type(size) in _NUMBERS

@@ -76,7 +76,7 @@ def load_run_dir(path: Path) -> tuple[StepResult, Trace]:
     trace_file = find_trace_file(path)
     if trace_file is None:
         missing.append(" or ".join(TRACE_NAMES))
-    if missing:
+    if missing or trace_file is None:
         raise ParasimError(
             f"{path}: no {' and no '.join(missing)} (not a folder parasim run or parasim "
             "replay wrote; parasim run --outputs result writes no trace to compare)"

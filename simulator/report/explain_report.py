@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -161,9 +161,10 @@ def cost_text(finding: Finding) -> str:
             f"the mistake costs {format_time(finding.cost_s)} per step "
             f"({finding.cost_pct:.1f}% of the step)"
         )
+    cost_pct = cast(float, finding.cost_pct)  # None only with cost_s
     return (
         f"the fix is {format_time(-finding.cost_s)} per step slower "
-        f"({-finding.cost_pct:.1f}%), the price of what it buys"
+        f"({-cost_pct:.1f}%), the price of what it buys"
     )
 
 

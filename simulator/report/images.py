@@ -24,6 +24,7 @@ export leaves any previous file in place.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 from collections.abc import Iterable
@@ -210,7 +211,7 @@ def export_figures(
         return []
     images = _render(planned)
     for path, data in zip(paths, images, strict=True):
-        write_atomically(path, lambda tmp, data=data: tmp.write_bytes(data))
+        write_atomically(path, functools.partial(Path.write_bytes, data=data))
     return paths
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from simulator.common.collector import fewer_collections
 from simulator.common.files import write_atomically, write_json
@@ -24,6 +24,9 @@ from simulator.report.run_report import (
 )
 from simulator.report.timeline import timeline_figure
 from simulator.run.simulate import make_trace, trace_ranks
+
+if TYPE_CHECKING:
+    from simulator.analysis.trace import Trace
 
 __all__ = [
     "OUTPUTS",
@@ -94,7 +97,8 @@ def write_run_outputs(
     writers: dict[str, Callable[[Path], Path]] = {
         "result": result,
         "trace": lambda path: write_trace(trace, path),  # .gz when large
-        "timeline": page(lambda tmp: write_timeline_html(trace, tmp, title=title)),
+        # a timeline is wanted only where there is a trace (traced)
+        "timeline": page(lambda tmp: write_timeline_html(cast("Trace", trace), tmp, title=title)),
         "report": page(lambda tmp: write_run_report(run, tmp, title=title, trace=trace)),
     }
     # some files are written by processes of their own, on other cores, while this

@@ -27,11 +27,11 @@ import html
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import plotly.graph_objects as go
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.measure import Measurement
 from rich.padding import Padding
 from rich.table import Table
@@ -268,7 +268,7 @@ def table_output_names(stem: str) -> list[str]:
 def write_table_outputs(
     out: Path,
     stem: str,
-    rows: tuple[Iterable[str], list[dict[str, Any]], Any],
+    rows: tuple[tuple[str, ...], list[dict[str, Any]], Any],
     payload: dict[str, Any],
     figure: go.Figure,
     table: PageTable,
@@ -401,7 +401,7 @@ def print_sweep(
         title_justify="left",
         box=box.SIMPLE_HEAD,
     )
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("#", "right"),
         ("layout", "left"),
         ("step time", "right"),
@@ -411,7 +411,8 @@ def print_sweep(
         ("bubble", "right"),
         ("exp. comm", "right"),
         ("stall", "right"),
-    ):
+    )
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
     for entry, (row, also) in enumerate(top_layouts(result, top), 1):
         table.add_row(
@@ -534,7 +535,11 @@ def print_table(console: Console, table: Table, lead: int) -> None:
         return
     if table.title:
         console.print(table.title, style="italic")
-    columns = [(str(column.header), list(column.cells)) for column in table.columns]
+    # the sweep's and the scale's tables hold text cells only: strings and Texts
+    columns = [
+        (str(column.header), cast("list[str | Text]", list(column.cells)))
+        for column in table.columns
+    ]
     for i in range(table.row_count):
         head = []
         for header, cells in columns[:lead]:

@@ -34,6 +34,7 @@ from simulator.report.explain_report import (
 )
 from simulator.report.style import BREAKDOWN_COLORS, MEMORY_COLORS
 from simulator.tools.explain import Explanation, Finding, diagnose
+from simulator.tools.mistakes import MISTAKES
 from topologies.units import format_time
 
 __all__ = [
@@ -439,29 +440,7 @@ def render_markdown(results: list[PairResult]) -> str:
         "",
         "| finding | when |",
         "|---|---|",
-        "| `tp-beyond-nvlink` | tp is larger than a node, so TP crosses nodes (also reported "
-        "as `tp-across-nodes`) |",
-        "| `layering-backwards` | DP or PP is innermost in the placement while TP groups cross "
-        "nodes (also `tp-across-nodes`) |",
-        "| `tp-across-nodes` | TP groups cross nodes for any other reason (tp does not tile "
-        "the node) |",
-        "| `dp-only-oom` | tp = pp = 1 and the weights, gradients and optimizer state do not fit |",
-        "| `sp-off-activation-bound` | tp > 1, SP off, and activations dominate a GPU more "
-        "than half full, or push it out of memory |",
-        "| `too-few-microbatches` | a pipeline whose reference bubble and simulated bubble both "
-        "exceed 10% of the step |",
-        "| `ep-routing-spread` | an expert-parallel group spans nodes, routing is not "
-        "node-limited and more than 5% of the step is exposed EP communication (fix: "
-        "`moe.max_nodes_per_token`; also `ep-across-nodes`) |",
-        "| `ep-across-nodes` | an expert-parallel group spans nodes where a placement or a "
-        "smaller ep would keep it inside one and fit |",
-        "| `fsdp-across-nodes` | full sharding over a data-parallel group that spans nodes, "
-        "with more than 5% of the step exposed data-parallel communication (fix: HSDP) |",
-        "| `cp-across-nodes` | a context-parallel group spans nodes and more than 5% of the "
-        "step is exposed CP communication |",
-        "| `routing-skew` | the critical rank waits more than 10% of the step for the busiest "
-        "expert |",
-        "| `out-of-memory` | any other layout that does not fit |",
+        *(f"| `{mistake.id}` | {mistake.when} |" for mistake in MISTAKES),
         "",
         "Each finding states the problem with its numbers, the fix as `--set` overrides, the "
         "step time before and after, what the mistake costs (seconds and share of the step; "

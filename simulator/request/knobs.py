@@ -240,7 +240,7 @@ KNOBS: tuple[Knob, ...] = (
          searched_how="1f1b when pp = 1; else every built-in schedule but zb-h2",
          always_set=True, not_pinned=("custom",), matters=lambda knobs: knobs["pp"] > 1),
     Knob("virtual_stages", "parallel.virtual_stages", "recipe", int, 1, "count", "v",
-         aliases=("v",), searched_how="2 and 4 with interleaved-1f1b; 2 with zbv",
+         aliases=("v",), searched_how="2 and 4 with interleaved-1f1b; 2 with zbv and dualpipev",
          always_set=True, matters=lambda knobs: knobs["pp"] > 1 and knobs["virtual_stages"] > 1),
     Knob("recompute", "training.recompute", "recipe", str, "none", "setting", "rc",
          always=True, choices=RECOMPUTE_MODES, aliases=("rc",),

@@ -21,10 +21,12 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, final
 
+from simulator.common.vocabulary import ActionType
 from simulator.request.placement import Placement
 from topologies.files import read_config_text
 
@@ -37,6 +39,9 @@ __all__ = [
     "dump_csv_order",
     "validate_order",
     "in_flight_peak",
+    "Overlap",
+    "Step",
+    "compute_actions",
 ]
 
 
@@ -46,7 +51,7 @@ def check_sizes(stages: int, microbatches: int, virtual: int = 1) -> None:
             raise ValueError(f"{name} ({value!r}) must be a positive integer")
 
 
-COMPUTE_TYPES = ("F", "B", "I", "W")
+COMPUTE_TYPES = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)
 
 
 _ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
@@ -67,7 +72,7 @@ class Action:
     """One pipeline action: ``stage``, ``type`` (F, B, I, W, SEND_F...) and ``microbatch``."""
 
     stage: int
-    type: str
+    type: ActionType
     microbatch: int
 
     def __str__(self) -> str:
@@ -76,12 +81,49 @@ class Action:
     __repr__ = __str__
 
 
+@final  # so that ``type(step) is not Overlap`` narrows a Step to an Action
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """A forward and a full backward of other micro-batches (and stages) run as one
+    action, each one's communication hidden behind the other's compute: torch's
+    ``OVERLAP_F_B`` (DualPipeV), printed as torch prints it, ``(0F2;1B0)OVERLAP_F_B``."""
+
+    forward: Action
+    backward: Action
+    type: ClassVar[ActionType] = ActionType.OVERLAP_F_B
+
+    @property
+    def parts(self) -> tuple[Action, Action]:
+        return (self.forward, self.backward)
+
+    def __str__(self) -> str:
+        return f"({self.forward};{self.backward}){self.type}"
+
+    __repr__ = __str__
+
+
+#: One step of a rank's order: an action, or two overlapped.
+Step = Action | Overlap
+
+
+def compute_actions(order: Iterable[Step]) -> Iterator[Action]:
+    """A rank's actions one by one, an overlapped pair as its forward, then its backward
+    (in this order a rank stores the forward's activations while the backward's are
+    still held: the pair's memory peak)."""
+    for step in order:
+        if type(step) is Overlap:
+            yield step.forward
+            yield step.backward
+        else:
+            yield step
+
+
 def parse_action(text: str) -> Action:
     """Read ``'1B3'`` back into ``Action(1, 'B', 3)``."""
     match = _ACTION_RE.match(text.strip())
     if not match:
         raise ValueError(f"cannot read pipeline action {text!r} (expected e.g. '0F0', '1B3')")
-    return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+    return Action(int(match.group(1)), ActionType(match.group(2)), int(match.group(3)))
 
 
 def _read_cell(cell: str) -> list[Action]:
@@ -100,7 +142,7 @@ def _read_cell(cell: str) -> list[Action]:
         return []
     if not microbatch:
         raise ValueError(f"a {kind} action needs a micro-batch")
-    return [Action(int(stage), kind, int(microbatch))]
+    return [Action(int(stage), ActionType(kind), int(microbatch))]
 
 
 def load_csv_order(path: str | Path) -> dict[int, list[Action]]:
@@ -147,7 +189,7 @@ def dump_csv_order(order: Mapping[int, Sequence[Action]], path: str | Path) -> N
 
 
 def validate_order(
-    order: Mapping[int, Sequence[Action]], stages: int, microbatches: int, style: str = "loop"
+    order: Mapping[int, Sequence[Step]], stages: int, microbatches: int, style: str = "loop"
 ) -> None:
     """Check an order is complete and can run; raise a one-line ValueError otherwise.
 
@@ -158,10 +200,12 @@ def validate_order(
     stage must run for each micro-batch one ``F`` and then either one ``B`` or one ``I``
     followed by one ``W``. Finally the ranks are replayed against each other (a forward
     waits for the previous stage's, a backward for the next stage's) to make sure no
-    rank waits forever.
+    rank waits forever. An overlapped pair (:class:`Overlap`) counts as its forward, then
+    its backward.
     """
     check_sizes(stages, microbatches)
-    ranks = sorted(order)
+    actions_of = {rank: list(compute_actions(steps)) for rank, steps in order.items()}
+    ranks = sorted(actions_of)
     if not ranks or ranks != list(range(len(ranks))):
         raise ValueError(f"pipeline order has ranks {ranks}, expected 0..p-1")
     p = len(ranks)
@@ -170,7 +214,7 @@ def validate_order(
     placement = Placement(p, stages // p, style)
     done: dict[tuple[int, int], set[str]] = {}
     for rank in ranks:
-        for action in order[rank]:
+        for action in actions_of[rank]:
             where = f"rank {rank}: {action}"
             if action.type not in COMPUTE_TYPES:
                 raise ValueError(f"{where} is not a compute action (F, B, I or W)")
@@ -184,26 +228,33 @@ def validate_order(
             seen = done.setdefault((action.stage, action.microbatch), set())
             if action.type in seen:
                 raise ValueError(f"{where} appears twice")
-            needs = {"F": set(), "B": {"F"}, "I": {"F"}, "W": {"I"}}[action.type]
+            needs = {
+                ActionType.F: set(),
+                ActionType.B: {ActionType.F},
+                ActionType.I: {ActionType.F},
+                ActionType.W: {ActionType.I},
+            }[action.type]
             missing = needs - seen
             if missing:
                 raise ValueError(
                     f"{where} runs before {action.stage}{min(missing)}{action.microbatch}"
                 )
-            if (action.type == "B" and "I" in seen) or (action.type == "I" and "B" in seen):
+            if (action.type == ActionType.B and ActionType.I in seen) or (
+                action.type == ActionType.I and ActionType.B in seen
+            ):
                 raise ValueError(f"{where}: a micro-batch has either B or I and W, not both")
             seen.add(action.type)
     for stage in range(stages):
         rank = placement.rank_of(stage)
         for mb in range(microbatches):
             seen = done.get((stage, mb), set())
-            if "F" not in seen:
+            if ActionType.F not in seen:
                 raise ValueError(f"rank {rank} never runs {stage}F{mb}")
-            if "B" not in seen and "I" not in seen:
+            if ActionType.B not in seen and ActionType.I not in seen:
                 raise ValueError(f"rank {rank} never runs {stage}B{mb} (nor {stage}I{mb})")
-            if "I" in seen and "W" not in seen:
+            if ActionType.I in seen and ActionType.W not in seen:
                 raise ValueError(f"rank {rank} runs {stage}I{mb} but never {stage}W{mb}")
-    _check_progress(order, stages)
+    _check_progress(actions_of, stages)
 
 
 def _check_progress(order: Mapping[int, Sequence[Action]], total: int) -> None:
@@ -212,19 +263,23 @@ def _check_progress(order: Mapping[int, Sequence[Action]], total: int) -> None:
     position = dict.fromkeys(order, 0)
 
     def needs(action: Action) -> tuple[int, str, int] | None:
-        if action.type == "F" and action.stage > 0:
-            return (action.stage - 1, "F", action.microbatch)
-        if action.type in ("B", "I") and action.stage < total - 1:
-            return (action.stage + 1, "I", action.microbatch)
+        if action.type == ActionType.F and action.stage > 0:
+            return (action.stage - 1, ActionType.F, action.microbatch)
+        if action.type in (ActionType.B, ActionType.I) and action.stage < total - 1:
+            return (action.stage + 1, ActionType.I, action.microbatch)
         return None
 
     def ready(action: Action) -> bool:
         need = needs(action)
         if need is None:
             return True
-        if need[1] == "I":
+        if need[1] == ActionType.I:
             # the next stage's input gradient comes from its full or its input backward
-            return (need[0], "I", need[2]) in finished or (need[0], "B", need[2]) in finished
+            return (need[0], ActionType.I, need[2]) in finished or (
+                need[0],
+                ActionType.B,
+                need[2],
+            ) in finished
         return need in finished
 
     progressed = True
@@ -243,22 +298,22 @@ def _check_progress(order: Mapping[int, Sequence[Action]], total: int) -> None:
             action = order[rank][position[rank]]
             need = needs(action)
             assert need is not None
-            kind = "F" if need[1] == "F" else "B/I"
+            kind = ActionType.F if need[1] == ActionType.F else "B/I"
             waits.append(f"pipeline rank {rank} waits at {action} for {need[0]}{kind}{need[2]}")
         raise ValueError(f"pipeline order can never finish: {'; '.join(waits)}")
 
 
-def in_flight_peak(actions: Iterable[Action]) -> int:
+def in_flight_peak(actions: Iterable[Step]) -> int:
     """Most micro-batches a rank holds at once: forward run, backward (B or I) not yet.
 
     Chunks count separately (a micro-batch in flight on two of the rank's stages counts
     twice); the memory model multiplies this by one stage's activations.
     """
     in_flight = peak = 0
-    for action in actions:
-        if action.type == "F":
+    for action in compute_actions(actions):
+        if action.type == ActionType.F:
             in_flight += 1
             peak = max(peak, in_flight)
-        elif action.type in ("B", "I"):
+        elif action.type in (ActionType.B, ActionType.I):
             in_flight -= 1
     return peak

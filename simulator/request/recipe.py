@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -157,6 +157,8 @@ class Recipe:
     cross_entropy: str = "auto"
     # a custom schedule's order, per pipeline rank (None: the schedule builds it)
     orders: tuple[tuple[Action, ...], ...] | None = None
+    # the first layer of each stage, derived from stage_layers
+    _first_layer: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for knob in KNOBS:
@@ -203,7 +205,7 @@ class Recipe:
 
     def layers_of(self, stage: int) -> range:
         """The layers of global ``stage`` (contiguous, in stage order)."""
-        first = self._first_layer[stage]  # type: ignore[attr-defined]
+        first = self._first_layer[stage]
         return range(first, first + self.stage_layers[stage])
 
     def recomputes(self, layer: int) -> bool:
@@ -216,8 +218,8 @@ class Recipe:
         fraction = self.recompute_fraction
         if fraction >= 1:
             return True
-        stage = bisect_right(self._first_layer, layer) - 1  # type: ignore[attr-defined]
-        index = layer - self._first_layer[stage] + 1  # type: ignore[attr-defined]
+        stage = bisect_right(self._first_layer, layer) - 1
+        index = layer - self._first_layer[stage] + 1
         return math.floor(index * fraction + 0.5) > math.floor((index - 1) * fraction + 0.5)
 
     @cached_property

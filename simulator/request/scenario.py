@@ -20,13 +20,14 @@ import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import Field, ValidationError
 
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import (
     CHUNKS_PER_RANK,
+    MICROBATCHES_PER_STAGE,
     PLACEMENT_AXES,
     SPLIT_BACKWARD_SCHEDULES,
     Algorithm,
@@ -181,7 +182,8 @@ class ParallelSpec(_Strict):
     # is not split evenly (Megatron-DeepSpeed's and Megatron-Core's uneven first and last
     # stages); None: layers / (pp · virtual_stages) each
     stage_layers: list[int] | None = None
-    placement: list[GridAxis] = list(PLACEMENT_AXES)
+    # PLACEMENT_AXES holds GridAxis values, typed as plain strings in the vocabulary
+    placement: list[GridAxis] = cast("list[GridAxis]", list(PLACEMENT_AXES))
 
 
 class SimulationSpec(_Strict):
@@ -454,6 +456,13 @@ def _check_schedule(
                 f"parallel.virtual_stages: {parallel.schedule} places {chunks} model chunks "
                 f"on each pipeline rank; set virtual_stages: {chunks} (got {v})"
             )
+        fewest = MICROBATCHES_PER_STAGE.get(parallel.schedule, 0) * pp * chunks
+        if microbatches < fewest:
+            raise ScenarioError(
+                f"parallel.schedule: {parallel.schedule} needs at least one micro-batch per "
+                f"stage, {fewest} for pp({pp}) x {chunks} chunks; got micro-batches"
+                f"({microbatches}) (global_batch / (dp * micro_batch))"
+            )
     elif v != 1:
         raise ScenarioError(
             f"parallel.virtual_stages: {v} virtual stages need schedule interleaved-1f1b "
@@ -644,9 +653,9 @@ def _dp_shard(spec: ScenarioSpec, dp: int) -> int:
     """HSDP's shard group size from ``parallel.dp_shard`` / ``dp_replicate`` (0: none)."""
     parallel = spec.parallel
     shard, replicate = parallel.dp_shard, parallel.dp_replicate
-    if shard is None and replicate is None:
-        return 0
     if shard is None:
+        if replicate is None:
+            return 0
         if dp % replicate:
             raise ScenarioError(
                 f"parallel.dp_replicate: dp_replicate({replicate}) does not divide dp({dp})"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -396,17 +396,20 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
     bar per pipeline action otherwise."""
     schedule, times = run.schedule, run.times
     chosen = sorted(schedule.programs) if ranks is None else ranks
-    expand = _trace_size(run, chosen)[1]
-    records = []
+    # op by op only with the blocks' body times (which _trace_size asks for)
+    timer = times.blocks if _trace_size(run, chosen)[1] else None
+    expand = timer is not None
+    records: list[OpRecord] = []
     retagged: dict[tuple[int, Any], dict[str, Any]] = {}
     for rank in chosen:
         ready, start, end = times.ready[rank], times.start[rank], times.end[rank]
         first = len(records)  # expanded bodies renumber the rank's ops in program order
         for op in schedule.programs[rank].ops:
             kind_of_op = type(op)
-            if expand and kind_of_op is Block:
+            if timer is not None and kind_of_op is Block:
+                block = cast(Block, op)  # kind_of_op is type(op)
                 body = _body_records(
-                    rank, op, start[op.id], times.blocks(op, rank), len(records) - first, retagged
+                    rank, block, start[op.id], timer(block, rank), len(records) - first, retagged
                 )
                 records += body
                 continue
@@ -417,14 +420,16 @@ def make_trace(run: RunResult, ranks: list[int] | None = None) -> Trace:
                     len(records) - first if expand else i,
                     op.stream,
                     "compute" if kind_of_op is Block else op.type,
-                    op.kind if op.type in _KINDED else op.type,
+                    # ignores: op has a kind and flops where op.type and kind_of_op say, which
+                    # mypy cannot narrow by (a type() narrowing would cost in this hot loop)
+                    op.kind if op.type in _KINDED else op.type,  # type: ignore[union-attr]
                     op.label,
                     op.tags,
                     ready[i],
                     start[i],
                     end[i],
                     op.bytes,
-                    op.flops if kind_of_op is Compute or kind_of_op is Block else 0.0,
+                    op.flops if kind_of_op is Compute or kind_of_op is Block else 0.0,  # type: ignore[union-attr]
                     getattr(op, "group", None),
                     getattr(op, "peer", None),
                 )
@@ -499,9 +504,10 @@ def _body_records(
         tags = op.tags
         if tags.get("microbatch") is not None and tags["microbatch"] != microbatch:
             key = (id(op.tags), microbatch)  # the body's ops keep their tags alive
-            tags = retagged.get(key)
-            if tags is None:
-                tags = retagged[key] = dict(op.tags, microbatch=microbatch)
+            renamed = retagged.get(key)
+            if renamed is None:
+                renamed = retagged[key] = dict(op.tags, microbatch=microbatch)
+            tags = renamed
         records.append(
             OpRecord(
                 rank=rank,

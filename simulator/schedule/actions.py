@@ -7,7 +7,9 @@ A forward of any stage but the first receives its input activation first
 receives the output gradient first (``RECV_B``), and one of any stage but the first
 sends the input gradient back (``SEND_B``). The weight half ``W`` needs neither, and
 neither does a hand-over between two stages on one rank (the turn of a V-shaped
-placement), which the rank's own order already sequences. The actions print in
+placement), which the rank's own order already sequences. An overlapped pair
+(:class:`~simulator.request.orders.Overlap`) receives what both its halves need before
+it and sends what both give after it. The actions print in
 torch's notation, so a rank's lowered order reads like its CSV row::
 
     >>> from simulator.request.placement import Placement
@@ -20,37 +22,49 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simulator.request.orders import Action
+from simulator.common.vocabulary import ActionType
+from simulator.request.orders import Action, Overlap, Step
 from simulator.request.placement import Placement
 
 __all__ = ["with_communication"]
 
 
-def with_communication(order: Sequence[Action], placement: Placement) -> list[Action]:
+def with_communication(order: Sequence[Step], placement: Placement) -> list[Step]:
     """``order`` (one rank's compute actions over ``placement``'s stages) with its
     receives before and sends after the actions that need them."""
-    lowered: list[Action] = []
+    lowered: list[Step] = []
     last = placement.stages - 1
 
     def crosses(stage: int, other: int) -> bool:
         return not placement.same_rank(stage, other)
 
-    for action in order:
+    def receives(action: Action) -> list[Action]:
         stage, mb = action.stage, action.microbatch
-        if action.type == "F":
-            if stage > 0 and crosses(stage, stage - 1):
-                lowered.append(Action(stage, "RECV_F", mb))
-            lowered.append(action)
-            if stage < last and crosses(stage, stage + 1):
-                lowered.append(Action(stage, "SEND_F", mb))
-        elif action.type in ("B", "I"):
-            if stage < last and crosses(stage, stage + 1):
-                lowered.append(Action(stage, "RECV_B", mb))
-            lowered.append(action)
-            if stage > 0 and crosses(stage, stage - 1):
-                lowered.append(Action(stage, "SEND_B", mb))
-        elif action.type == "W":
-            lowered.append(action)
-        else:
+        if action.type == ActionType.F and stage > 0 and crosses(stage, stage - 1):
+            return [Action(stage, ActionType.RECV_F, mb)]
+        if (
+            action.type in (ActionType.B, ActionType.I)
+            and stage < last
+            and crosses(stage, stage + 1)
+        ):
+            return [Action(stage, ActionType.RECV_B, mb)]
+        if action.type not in (ActionType.F, ActionType.B, ActionType.I, ActionType.W):
             raise ValueError(f"unsupported pipeline action {action}")
+        return []
+
+    def sends(action: Action) -> list[Action]:
+        stage, mb = action.stage, action.microbatch
+        if action.type == ActionType.F and stage < last and crosses(stage, stage + 1):
+            return [Action(stage, ActionType.SEND_F, mb)]
+        if action.type in (ActionType.B, ActionType.I) and stage > 0 and crosses(stage, stage - 1):
+            return [Action(stage, ActionType.SEND_B, mb)]
+        return []
+
+    for step in order:
+        parts = step.parts if type(step) is Overlap else (step,)
+        for part in parts:
+            lowered += receives(part)
+        lowered.append(step)
+        for part in parts:
+            lowered += sends(part)
     return lowered

@@ -4,15 +4,16 @@ and its TP peers see the same tokens)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from simulator.arithmetic.layer_ops import ACT_BYTES
 from simulator.arithmetic.moe import MoELayerTraffic, moe_layer_traffic
 from simulator.request.layout import Layout
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec, is_moe_layer
-from simulator.request.orders import Action
+from simulator.request.orders import Step
 from simulator.request.recipe import Recipe
+from simulator.schedule.bodies import ActionBody, LayerBody, SharedBody
 from simulator.schedule.pipeline import pipeline_order
 
 __all__ = ["StepConfig"]
@@ -46,13 +47,13 @@ class StepConfig:
         # with blocks, for a step whose numbers alone are wanted (no trace): block bodies
         # by their shape, lowered once for every stage of that shape
         # (:meth:`RankLowering._action`); None builds every stage's bodies
-        self.shared_bodies: dict[tuple, tuple[Any, int]] | None = None  # (ActionBody, rank)
+        self.shared_bodies: dict[tuple, SharedBody[ActionBody]] | None = None
         self.body_templates: dict[int, tuple[tuple, tuple]] = {}  # Schedule.body_templates
         # with blocks, for a step whose numbers alone are wanted: a stage's last backward
         # written in blocks of layers (RankLowering._layer_block)
         self.layer_blocks = False
-        # (phase, deferred?, MoE?) -> (a layer's body entry, the rank that lowered it)
-        self.layer_bodies: dict[tuple[str, bool, bool, bool], tuple[tuple | None, int]] = {}
+        # (phase, deferred?, MoE?, recomputed?) -> a layer's body and the rank that lowered it
+        self.layer_bodies: dict[tuple[str, bool, bool, bool], SharedBody[LayerBody]] = {}
 
     # the recipe's settings the builder and memory read
     @property
@@ -123,7 +124,7 @@ class StepConfig:
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and is_moe_layer(self.moe, layer)
 
-    def pipeline_orders(self) -> dict[int, list[Action]]:
+    def pipeline_orders(self) -> Mapping[int, Sequence[Step]]:
         """Each pipeline rank's actions: the custom order, or the schedule's."""
         recipe = self.recipe
         if recipe.orders is not None:

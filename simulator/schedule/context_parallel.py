@@ -25,12 +25,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
+from simulator.common.vocabulary import CollectiveKind
 from simulator.schedule.ir import Recv, Send
 
 if TYPE_CHECKING:
     from simulator.request.layout import Layout
     from simulator.schedule.context import StepConfig
-    from simulator.schedule.writer import ProgramWriter
+    from simulator.schedule.writer import Writing
 
 __all__ = ["ContextParallelLowering"]
 
@@ -48,10 +49,7 @@ class ContextParallelLowering:
     config: StepConfig
     layout: Layout
     rank: int
-    w: ProgramWriter
-    last: int
-    waits: list[int]
-    stage: int
+    out: Writing
     tp: int
     _kv_local: int
 
@@ -67,6 +65,7 @@ class ContextParallelLowering:
         self.cp_next, self.cp_prev = members[(at + 1) % self.cp], members[(at - 1) % self.cp]
         local = self.config.local
         b, d = self.config.micro_batch, local.head_dim
+        assert d is not None  # set by ModelSpec's validator
         heads, kv = local.heads // self.tp, self._kv_local
         tokens = b * local.seq_len
         self.kv_block_bytes = ACT_BYTES * 2 * tokens * kv * d
@@ -136,8 +135,16 @@ class ContextParallelLowering:
 
     def _cp_all_to_all(self, size: float, label: str, layer: int, mb: int, phase: str) -> None:
         """Ulysses' all-to-all on the CP group, which the next op waits for."""
+        group = self.cp_group
+        assert group is not None  # called for a CP layer only
         tags: dict[str, Any] = self.out.w.tag_set("cp", layer, mb, phase, self.out.stage)
         op = self.out.w.collective(
-            "all_to_all", self.cp_group, size, "cp", label, (self.out.last, *self.out.waits), tags
+            CollectiveKind.ALL_TO_ALL,
+            group,
+            size,
+            "cp",
+            label,
+            (self.out.last, *self.out.waits),
+            tags,
         )
         self.out.waits.append(op)

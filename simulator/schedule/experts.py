@@ -16,7 +16,7 @@ combine's. Expert weight gradients go to the expert-data-parallel group.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -30,12 +30,14 @@ from simulator.arithmetic.moe import (
     padded_capacity_rows,
     shared_expert_ops,
 )
+from simulator.common.vocabulary import CollectiveKind, ComputeKind
+from simulator.schedule.ir import Collective
 
 if TYPE_CHECKING:
     from simulator.request.model import ModelSpec
     from simulator.request.moe import MoESpec
     from simulator.schedule.context import StepConfig
-    from simulator.schedule.writer import ProgramWriter
+    from simulator.schedule.writer import Writing
 
 __all__ = ["ExpertLowering"]
 
@@ -47,11 +49,8 @@ class ExpertLowering:
     # what RankLowering provides
     config: StepConfig
     model: ModelSpec
-    moe: MoESpec
-    w: ProgramWriter
-    last: int
-    waits: list[int]
-    stage: int
+    moe: MoESpec | None
+    out: Writing
     tp: int
     ep: int
     ep_group: str | None
@@ -66,16 +65,18 @@ class ExpertLowering:
         """The layer's ops as the stack runs them (:func:`moe_layer_ops`), its routing,
         and the dispatch splits (bytes rank i sends rank j; padded to capacity when the
         stack pads)."""
+        moe = self.moe
+        assert moe is not None  # an MoE layer's
         traffic = self.config.moe_traffic(layer, mb, self.ep_group_index)
         framework = self.config.recipe.framework
-        rows = traffic.expert_tokens[list(local_experts(self.moe, self.ep, self.ep_index))]
-        capacity_rows, padded_splits = padded_capacity_rows(self.moe, traffic, self.ep, framework)
+        rows = traffic.expert_tokens[list(local_experts(moe, self.ep, self.ep_index))]
+        capacity_rows, padded_splits = padded_capacity_rows(moe, traffic, self.ep, framework)
         splits = traffic.splits if padded_splits is None else padded_splits
         sent = int(traffic.tokens_sent[self.ep_index])
         if padded_splits is not None:
             sent = int(round(padded_splits[self.ep_index].sum() / traffic.bytes_per_token))
         ops = moe_layer_ops(
-            self.moe,
+            moe,
             self.model.hidden,
             rows,
             tokens=self.config.micro_batch * self.model.seq_len,
@@ -93,8 +94,10 @@ class ExpertLowering:
 
     def _shared_ops(self) -> list[OpCost]:
         """The layer's shared experts on the rank's own tokens (none without them)."""
+        moe = self.moe
+        assert moe is not None  # an MoE layer's
         ops = shared_expert_ops(
-            self.moe,
+            moe,
             self.model.hidden,
             self.config.micro_batch * self.model.seq_len,
             self.tp,
@@ -111,7 +114,7 @@ class ExpertLowering:
             return None
         splits = tuple(float(b) for b in splits)
         op = self.out.w.collective(
-            "all_to_all",
+            CollectiveKind.ALL_TO_ALL,
             self.ep_group,
             sum(splits),
             "ep",
@@ -119,7 +122,7 @@ class ExpertLowering:
             (self.out.last, *self.out.waits),
             self.out.w.tags(stage=self.out.stage, axis="ep", **tags),
         )
-        self.out.w.ops[op].splits = splits
+        cast(Collective, self.out.w.ops[op]).splits = splits
         if wait:
             self.wait_for(op)
         return op
@@ -130,9 +133,11 @@ class ExpertLowering:
         the reverse re-sort, combine all-to-all (the dispatch's transpose), the
         unpermute. Shared experts run after the combine, or, overlapped, their first GEMM
         and activation beside the dispatch and their second GEMM beside the combine."""
+        moe = self.moe
+        assert moe is not None  # an MoE layer's
         ops, _, splits = self._moe_ops(layer, mb)
         shared = self._shared_ops()
-        overlap = bool(shared) and self.moe.overlap_shared_experts
+        overlap = bool(shared) and moe.overlap_shared_experts
         split = next((i for i, op in enumerate(shared) if op.name.startswith("shared_fc2")), 0)
         phase = tags["phase"]
         for cost in (*ops.router, *ops.dispatch):
@@ -161,16 +166,18 @@ class ExpertLowering:
         """The unpermute's backward, the combine's backward (an all-to-all along the
         dispatch), the re-sort's and the experts' backward, the dispatch's backward
         (along the combine), the permute's and the router's."""
+        moe = self.moe
+        assert moe is not None  # an MoE layer's
         ops, _, splits = self._moe_ops(layer, mb)
         shared = self._shared_ops()
-        overlap = bool(shared) and self.moe.overlap_shared_experts
-        local = self.moe.experts // self.ep
+        overlap = bool(shared) and moe.overlap_shared_experts
+        local = moe.experts // self.ep
         phase = tags["phase"]
         prefix = f"L{layer}."
 
         def grads(costs) -> None:
             for cost in reversed(costs):
-                grouped = cost.kind == "grouped_gemm"
+                grouped = cost.kind == ComputeKind.GROUPED_GEMM
                 backward = expert_backward_of(cost, local) if grouped else backward_of(cost)
                 self._grads(backward, prefix, mb, final, tags, self.out.stage, defer)
 

@@ -50,6 +50,7 @@ import math
 
 from simulator.arithmetic.counts import layer_fp8_parameters, pipeline_rank_parameters
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
+from simulator.common.vocabulary import CollectiveKind, ComputeKind
 from simulator.request.knobs import DDP_BUCKET_BYTES
 from simulator.schedule.context import StepConfig
 from simulator.schedule.sharded_dp import sharding_for
@@ -125,6 +126,8 @@ class DataParallelGradients:
         # updated weights by allgather_bucket_size (elements), where PyTorch DDP's
         # bucket_cap_mb stands (the recipe's DDP defaults mean "not set")
         deepspeed = self.recipe.framework == "deepspeed"
+        self.first_bucket_cap: float
+        self.bucket_cap: float
         self.first_bucket_cap, self.bucket_cap = (
             (DEEPSPEED_REDUCE_BUCKET * self.recipe.grad_bytes,) * 2
             if deepspeed and self.recipe.grad_bucket_bytes == DDP_BUCKET_BYTES
@@ -140,7 +143,7 @@ class DataParallelGradients:
         w = self.out.w
         self.early_gather = [
             w.collective(
-                "all_gather",
+                CollectiveKind.ALL_GATHER,
                 group,
                 size,
                 "dp",
@@ -169,6 +172,7 @@ class DataParallelGradients:
             expert_fp8 = experts if self.recipe.fp8 else 0.0
             dense -= fp8 - expert_fp8
             expert -= expert_fp8
+        assert self.dp_group is not None  # self.gathers says so
         gathers = [(self.dp_group, "dp", dense)]
         if experts and self.edp_group is not None:
             gathers.append((self.edp_group, "edp", expert))
@@ -216,7 +220,11 @@ class DataParallelGradients:
         size = self.bucket_bytes.get(group, 0.0)
         if size <= 0:
             return
-        kind = "reduce_scatter" if self.recipe.shards_optimizer else "all_reduce"
+        kind = (
+            CollectiveKind.REDUCE_SCATTER
+            if self.recipe.shards_optimizer
+            else CollectiveKind.ALL_REDUCE
+        )
         index = self.bucket_index.get(group, 0)
         label = f"{self.layout.axis_of_group(group)}.bucket{index}"
         self.last_buckets[group] = w.collective(
@@ -242,10 +250,12 @@ class DataParallelGradients:
         edp = layout.expert_shard_degree if self.recipe.shards_optimizer else 1
         local = (self.parameters - experts) / dp + experts / edp
         grad_bytes = self.recipe.grad_bytes
-        grad_norm = OpCost("grad_norm", "elementwise", 2.0 * local, grad_bytes * local, 0.0)
+        grad_norm = OpCost(
+            "grad_norm", ComputeKind.ELEMENTWISE, 2.0 * local, grad_bytes * local, 0.0
+        )
         optimizer = OpCost(
             "optimizer",
-            "optimizer",
+            ComputeKind.OPTIMIZER,
             ADAM_FLOPS_PER_PARAM * local,
             (self.recipe.optimizer_step_bytes + 2 * grad_bytes) * local,
             0.0,
@@ -270,7 +280,7 @@ class DataParallelGradients:
             )
             expert_fp8 = experts if self.recipe.fp8 else 0
             fp8 = (fp8 - expert_fp8) / dp + expert_fp8 / edp
-            cast = OpCost("fp8_weight_cast", "elementwise", 2.0 * fp8, 4.0 * fp8, 0.0)
+            cast = OpCost("fp8_weight_cast", ComputeKind.ELEMENTWISE, 2.0 * fp8, 4.0 * fp8, 0.0)
             self.out.run(cast, "optimizer.fp8_weight_cast", phase="optimizer")
         if self.gathers and self.early_gather is None:
             # ZeRO-1: every rank updated 1/dp of the weights (its experts' 1/edp); gather
@@ -281,7 +291,7 @@ class DataParallelGradients:
                 calls = max(1, math.ceil(total / self.gather_chunk)) if self.gather_chunk else 1
                 for index in range(calls):
                     w.collective(
-                        "all_gather",
+                        CollectiveKind.ALL_GATHER,
                         group,
                         total / calls,
                         "dp",

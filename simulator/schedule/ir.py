@@ -49,9 +49,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from simulator.common.vocabulary import COLLECTIVE_KINDS
+from simulator.common.vocabulary import COLLECTIVE_KINDS, CollectiveKind, ComputeKind
 
 if TYPE_CHECKING:
     from simulator.request.layout import Layout
@@ -77,7 +77,7 @@ class Compute:
     stream: str
     flops: float
     bytes: float
-    kind: str
+    kind: ComputeKind
     label: str = ""
     deps: tuple[int, ...] = ()
     tags: dict[str, Any] = field(default_factory=dict)
@@ -101,7 +101,7 @@ class Compute:
 class Collective:
     id: int
     stream: str
-    kind: str
+    kind: CollectiveKind
     group: str
     bytes: float
     label: str = ""
@@ -176,32 +176,38 @@ def retargeter(rank: int, layout: Layout, source: Layout | None = None) -> Calla
         if kind is Compute:
             return op
         if kind is Collective:
-            group = groups.get(op.group)
+            coll = cast(Collective, op)
+            group = groups.get(coll.group)
             if group is None:
-                group = groups[op.group] = layout.group_name(layout.axis_of_group(op.group), rank)
-            if group == op.group:
+                group = groups[coll.group] = layout.group_name(
+                    layout.axis_of_group(coll.group), rank
+                )
+            if group == coll.group:
                 return op
             return Collective(
-                op.id,
-                op.stream,
-                op.kind,
+                coll.id,
+                coll.stream,
+                coll.kind,
                 group,
-                op.bytes,
-                op.label,
-                op.deps,
-                op.tags,
-                op.splits,
-                op.points,
+                coll.bytes,
+                coll.label,
+                coll.deps,
+                coll.tags,
+                coll.splits,
+                coll.points,
             )
         if kind is Block:
             raise TypeError("a block is retargeted through its body")
-        peer = peers.get(op.peer)
+        p2p = cast("Send | Recv", op)
+        peer = peers.get(p2p.peer)
         if peer is None:
-            peer = peers[op.peer] = layout.stage_rank(rank, origin.coords(op.peer)["pp"])
-        if peer == op.peer:
+            peer = peers[p2p.peer] = layout.stage_rank(rank, origin.coords(p2p.peer)["pp"])
+        if peer == p2p.peer:
             return op
         # dataclasses.replace, spelled out: several times faster
-        return kind(op.id, op.stream, peer, op.bytes, op.tag, op.label, op.deps, op.tags, op.points)
+        return cast("type[Send | Recv]", kind)(
+            p2p.id, p2p.stream, peer, p2p.bytes, p2p.tag, p2p.label, p2p.deps, p2p.tags, p2p.points
+        )
 
     return move
 
@@ -320,4 +326,8 @@ def _op_from_dict(raw: dict[str, Any]) -> Op:
             fields[name] = tuple(fields[name])
     if op_type is Block:
         fields["body"] = tuple(_op_from_dict(inner) for inner in fields["body"])
+    elif op_type is Compute:
+        fields["kind"] = ComputeKind(fields["kind"])
+    elif op_type is Collective:
+        fields["kind"] = CollectiveKind(fields["kind"])
     return op_type(**fields)

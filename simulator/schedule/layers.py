@@ -41,8 +41,9 @@ host has issued it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, cast
 
 from simulator.arithmetic.layer_ops import (
     ACT_BYTES,
@@ -57,31 +58,18 @@ from simulator.arithmetic.layer_ops import (
     loss_op,
 )
 from simulator.arithmetic.stacks import restack, stack_of
-from simulator.common.vocabulary import PHASE_OF_PART
-from simulator.request.orders import Action
+from simulator.common.vocabulary import PHASE_OF_PART, ActionType, CollectiveKind, ComputeKind
+from simulator.request.orders import Action, Overlap, Step, compute_actions
 from simulator.schedule.actions import with_communication
+from simulator.schedule.bodies import ActionBody, LayerBody, SharedBody
 from simulator.schedule.context import StepConfig
 from simulator.schedule.context_parallel import ContextParallelLowering
 from simulator.schedule.experts import ExpertLowering
 from simulator.schedule.gradients import DataParallelGradients
-from simulator.schedule.ir import Compute, Program, Recv, Send, retargeter
+from simulator.schedule.ir import Collective, Compute, Program, Recv, Send, retargeter
 from simulator.schedule.writer import Writing
 
 __all__ = ["RankLowering"]
-
-
-@dataclass(frozen=True, slots=True)
-class ActionBody:
-    """A pipeline action's ops written once as a block's body: its ``ops``, their
-    compute ``flops`` and ``bytes``, the ``microbatch`` it was written for, and the
-    weight gradients it leaves for a later ``W`` action (``deferred``: an ``I``
-    action's)."""
-
-    ops: tuple
-    flops: float
-    bytes: float
-    microbatch: int
-    deferred: tuple = ()
 
 
 class _GradientEvents:
@@ -142,11 +130,12 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         # (gradient, label, parameters, expert?)
         self.deferred: dict[tuple[int, int], list[tuple[OpCost, str, int, bool]]] = {}
         self.neighbours: dict[int, int] = {}  # global stage -> rank holding it
-        # (action kind, stage) -> its block's body
-        self.bodies: dict[tuple[str, int], ActionBody] = {}
+        # (action kind, stage) -> its block's body; ("O", forward stage, backward stage):
+        # an overlapped pair's
+        self.bodies: dict[tuple[str, int] | tuple[str, int, int], ActionBody] = {}
         # (phase, deferred?, MoE?) -> a layer's backward in a stage's last backward, as a body
         # (:meth:`_layer_block`; None: written op by op)
-        self.layer_bodies: dict[tuple[str, bool, bool, bool], tuple | None] = {}
+        self.layer_bodies: dict[tuple[str, bool, bool, bool], LayerBody | None] = {}
         self._retarget = retargeter(rank, layout)  # another rank's ops, as this one runs them
         self.moe = config.moe
         self.ep = layout.ep
@@ -184,7 +173,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
     def _tag(self, stage: int, mb: int, direction: int) -> int:
         return (stage * self.config.microbatches + mb) * 2 + direction
 
-    def _tp_collective(self, kind: str, label: str, **tags: Any) -> int | None:
+    def _tp_collective(self, kind: CollectiveKind, label: str, **tags: Any) -> int | None:
         """A TP (SP) collective of the full activation, after the last compute op."""
         if self.tp_group is None:
             return None
@@ -203,7 +192,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         stage, mb = action.stage, action.microbatch
         self.out.stage = stage
         self.out.w.action_open = True
-        forward = action.type == "RECV_F"
+        forward = action.type == ActionType.RECV_F
         peer = stage - 1 if forward else stage + 1
         recv = self.out.w.p2p(
             Recv,
@@ -221,7 +210,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         """``SEND_F`` (the output activation to the next stage) or ``SEND_B`` (the input
         gradient to the previous), after everything the action computed."""
         stage, mb = action.stage, action.microbatch
-        forward = action.type == "SEND_F"
+        forward = action.type == ActionType.SEND_F
         self.out.w.p2p(
             Send,
             self._stream("pp_send_fwd" if forward else "pp_send_bwd", stage),
@@ -237,7 +226,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         """An ``F`` action's compute and TP communication."""
         self.out.stage = stage
         self.out.w.action_open = True
-        self._action("F", stage, mb, "fwd", blocked, self._forward_body)
+        self._action(ActionType.F, stage, mb, "fwd", blocked, self._forward_body)
 
     def backward(self, stage: int, mb: int, final: bool, part: str, blocked: bool = False) -> None:
         """A ``B`` (all of it), ``I`` (input gradients, weight gradients deferred) or ``W``
@@ -245,7 +234,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.out.stage = stage
         self.out.w.action_open = True
         phase = self._PHASES[part]
-        if part == "W":
+        if part == ActionType.W:
             body = lambda s, m: self._weight_gradients(s, m, final)  # noqa: E731
         else:
             body = lambda s, m: self._backward_body(s, m, final, part)  # noqa: E731
@@ -254,17 +243,19 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
     def _forward_body(self, stage: int, mb: int) -> None:
         """The forward's compute and TP communication: embedding (first stage), the
         stage's layers, final norm, logits and loss (last stage)."""
-        fwd = dict(phase="fwd", microbatch=mb)
+        fwd: dict[str, Any] = dict(phase="fwd", microbatch=mb)
         if stage == 0:
             self.run(self.embedding, f"embedding.fwd.mb{mb}", **fwd)
-            kind = "reduce_scatter" if self.sp else "all_reduce"
+            kind = CollectiveKind.REDUCE_SCATTER if self.sp else CollectiveKind.ALL_REDUCE
             self.wait_for(self._tp_collective(kind, f"embedding.{kind}.mb{mb}", **fwd))
         for layer in self._layers(stage):
             self._layer_forward(layer, mb, "fwd")
         if stage == self.stages - 1:
             self.run(self.final_norm, f"final_ln.fwd.mb{mb}", **fwd)
             if self.sp:
-                self.wait_for(self._tp_collective("all_gather", f"final_ln.ag.mb{mb}", **fwd))
+                self.wait_for(
+                    self._tp_collective(CollectiveKind.ALL_GATHER, f"final_ln.ag.mb{mb}", **fwd)
+                )
             self.run(self.logits, f"logits.fwd.mb{mb}", **fwd)
             self.run(self.loss, f"loss.fwd.mb{mb}", **fwd)
 
@@ -279,16 +270,19 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         cached = self.bodies.get(key)
         if cached is None:
             shared = self.config.shared_bodies
-            shape = self._body_shape(kind, stage) if shared is not None else None
-            if shape is not None and shape in shared:
-                cached = self.bodies[key] = self._retargeted(*shared[shape])
-            else:
+            if shared is None:
                 cached = self.bodies[key] = self._lowered(stage, mb, write)
-                if shape is not None:
-                    shared[shape] = (cached, self.rank)
+            else:
+                shape = self._body_shape(kind, stage)
+                known = shared.get(shape)
+                if known is not None and known.body is not None:
+                    cached = self.bodies[key] = self._retargeted(known.body, known.rank)
+                else:
+                    cached = self.bodies[key] = self._lowered(stage, mb, write)
+                    shared[shape] = SharedBody(cached, self.rank)
         # a reused body does to the deferred weight gradients what writing it did (for a
         # body written just now, doing it again changes nothing)
-        if kind == "W":  # its weight gradients are in the body already
+        if kind == ActionType.W:  # its weight gradients are in the body already
             self.deferred.pop((stage, mb), None)
         elif cached.deferred:  # an I action defers the weight gradients its W will run
             self.deferred[(stage, mb)] = list(cached.deferred)
@@ -340,11 +334,22 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         return replace(cached, ops=ops)
 
     # forward op name -> the TP/SP collective that follows it
-    _FWD_COMM = {False: {"proj": "all_reduce", "fc2": "all_reduce", "expert_fc2": "all_reduce",
-                         "shared_fc2": "all_reduce"},
-                 True: {"ln1": "all_gather", "proj": "reduce_scatter", "ln2": "all_gather",
-                        "fc2": "reduce_scatter", "expert_fc2": "reduce_scatter",
-                        "shared_fc2": "reduce_scatter"}}  # fmt: skip
+    _FWD_COMM: dict[bool, dict[str, CollectiveKind]] = {
+        False: {
+            "proj": CollectiveKind.ALL_REDUCE,
+            "fc2": CollectiveKind.ALL_REDUCE,
+            "expert_fc2": CollectiveKind.ALL_REDUCE,
+            "shared_fc2": CollectiveKind.ALL_REDUCE,
+        },
+        True: {
+            "ln1": CollectiveKind.ALL_GATHER,
+            "proj": CollectiveKind.REDUCE_SCATTER,
+            "ln2": CollectiveKind.ALL_GATHER,
+            "fc2": CollectiveKind.REDUCE_SCATTER,
+            "expert_fc2": CollectiveKind.REDUCE_SCATTER,
+            "shared_fc2": CollectiveKind.REDUCE_SCATTER,
+        },
+    }
     _MLP = ("fc1.cast", "fc1", "gelu", "swiglu", "fc2.cast", "fc2")
 
     def _layer_forward(self, layer: int, mb: int, phase: str) -> None:
@@ -367,15 +372,15 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         the GEMM that produces it, chunk by chunk (Transformer Engine's userbuffers)."""
         phase = tags["phase"]
         label = f"L{layer}.{cost.name}.{phase}.mb{mb}"
-        if self.cp_group is not None and cost.kind == "attention":
+        if self.cp_group is not None and cost.kind == ComputeKind.ATTENTION:
             self._cp_before(cost, layer, mb, phase)
             self.run(cost, label, **tags)
             self._cp_after(cost, layer, mb, phase)
             return
         kind = self._FWD_COMM[self.sp].get(cost.name)
         comm_label = f"L{layer}.{cost.name}.{kind}.{phase}.mb{mb}"
-        if self.pipelined and kind == "reduce_scatter" and self.tp_group is not None:
-            scatter = self._tp_collective(kind, comm_label, **tags)
+        if self.pipelined and kind == CollectiveKind.REDUCE_SCATTER and self.tp_group is not None:
+            scatter = cast(int, self._tp_collective(kind, comm_label, **tags))  # a TP group
             self.run(cost, label, (scatter,), **tags)
             self.wait_for(scatter)
             return
@@ -383,20 +388,21 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         if kind is None:
             return
         collective = self._tp_collective(kind, comm_label, **tags)
-        if self.pipelined and kind == "all_gather" and collective is not None:
+        if self.pipelined and kind == CollectiveKind.ALL_GATHER and collective is not None:
             self.out.gathers.append(collective)
         else:
             self.wait_for(collective)
 
     # -- backward ---------------------------------------------------------------------
     _PHASES = PHASE_OF_PART
+    _BACKWARD = PHASE_OF_PART[ActionType.B]
 
     def _backward_body(self, stage: int, mb: int, final: bool, part: str) -> None:
         """The backward's compute and TP communication: loss, logits and final norm
         (last stage), the layers in reverse, the embedding (first stage)."""
         phase = self._PHASES[part]
         bwd = dict(phase=phase, microbatch=mb)
-        defer = part == "I"
+        defer = part == ActionType.I
         if stage == self.stages - 1:
             # logits and embedding weights tied on one stage: one gradient, counted once
             tied = self.stages == 1 and self.model.tie_embeddings
@@ -408,18 +414,28 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         if stage == 0:
             if self.sp:  # the backward of the embedding's reduce-scatter
                 label = f"embedding.all_gather.bwd.mb{mb}"
-                self.wait_for(self._tp_collective("all_gather", label, **bwd))
+                self.wait_for(self._tp_collective(CollectiveKind.ALL_GATHER, label, **bwd))
             self._grads(backward_of(self.embedding), "", mb, final, bwd, stage, defer)
 
     # backward op name -> the TP (SP) collective that follows it in Megatron-LM
-    _BWD_COMM = {False: {"logits.dgrad": "all_reduce", "qkv.dgrad": "all_reduce",
-                         "fc1.dgrad": "all_reduce", "expert_fc1.dgrad": "all_reduce",
-                         "shared_fc1.dgrad": "all_reduce"},
-                 True: {"logits.dgrad": "reduce_scatter", "qkv.dgrad": "reduce_scatter",
-                        "fc1.dgrad": "reduce_scatter", "expert_fc1.dgrad": "reduce_scatter",
-                        "shared_fc1.dgrad": "reduce_scatter",
-                        "residual2.bwd": "all_gather",
-                        "residual1.bwd": "all_gather"}}  # fmt: skip
+    _BWD_COMM: dict[bool, dict[str, CollectiveKind]] = {
+        False: {
+            "logits.dgrad": CollectiveKind.ALL_REDUCE,
+            "qkv.dgrad": CollectiveKind.ALL_REDUCE,
+            "fc1.dgrad": CollectiveKind.ALL_REDUCE,
+            "expert_fc1.dgrad": CollectiveKind.ALL_REDUCE,
+            "shared_fc1.dgrad": CollectiveKind.ALL_REDUCE,
+        },
+        True: {
+            "logits.dgrad": CollectiveKind.REDUCE_SCATTER,
+            "qkv.dgrad": CollectiveKind.REDUCE_SCATTER,
+            "fc1.dgrad": CollectiveKind.REDUCE_SCATTER,
+            "expert_fc1.dgrad": CollectiveKind.REDUCE_SCATTER,
+            "shared_fc1.dgrad": CollectiveKind.REDUCE_SCATTER,
+            "residual2.bwd": CollectiveKind.ALL_GATHER,
+            "residual1.bwd": CollectiveKind.ALL_GATHER,
+        },
+    }
     # column-parallel GEMMs whose SP-sharded input Megatron-LM all-gathers again in the
     # backward, for the weight gradient
     _REGATHER = ("logits.dgrad", "qkv.dgrad", "fc1.dgrad")
@@ -449,7 +465,8 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             name = grad.name
             if self.sp and name in self._REGATHER:
                 label = f"{prefix}{name.split('.')[0]}.input_ag.bwd.mb{mb}"
-                regather = self._tp_collective("all_gather", label, **tags)
+                # SP is on with more than one TP rank only: there is a TP group
+                regather = cast(int, self._tp_collective(CollectiveKind.ALL_GATHER, label, **tags))
                 if self.overlap_tp:
                     self.out.gathers.append(regather)  # beside the dgrad; the wgrad waits
                 else:
@@ -462,7 +479,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                 entry = (grad, f"{prefix}{name}", params, expert)
                 self.deferred.setdefault((stage, mb), []).append(entry)
                 continue
-            attention = self.cp_group is not None and grad.kind == "attention"
+            attention = self.cp_group is not None and grad.kind == ComputeKind.ATTENTION
             if attention:
                 self._cp_before(grad, tags["layer"], mb, tags["phase"])
             op = self.run(grad, f"{prefix}{name}.mb{mb}", tuple(pending), **tags)
@@ -478,7 +495,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                 continue
             if name.endswith(".dgrad") and self.overlap_tp:
                 pending.append(collective)  # overlaps the weight gradient
-            elif kind == "all_gather" and self.pipelined:
+            elif kind == CollectiveKind.ALL_GATHER and self.pipelined:
                 self.out.gathers.append(collective)  # beside the next (row-parallel) dgrad
             else:
                 self.wait_for(collective)
@@ -507,44 +524,45 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         op-by-op times: the layer's first op is not compute, or an all-gather is still
         in flight at its end (pipelined SP's, beside the next layer's first GEMM)."""
         key = (phase, defer, self.config.is_moe_layer(layer), self.config.recipe.recomputes(layer))
-        entry = self.layer_bodies.get(key, ())
-        if entry == ():
+        if key in self.layer_bodies:
+            entry = self.layer_bodies[key]
+        else:
             entry = self.layer_bodies[key] = self._layer_body(layer, mb, final, phase, defer)
         if entry is None:
             return False
-        body, flops, nbytes, last, events, deferred, exits = entry
         recomputes = self.config.recipe.recomputes(layer)
         self.gradients.before_layer(layer, mb, "recompute" if recomputes else phase)
         deps, self.out.waits = tuple(self.out.waits), []
         self.out.w.refs = True
         tags = self.out.w.tag_set(None, layer, mb, phase, self.out.stage)
-        block = self.out.w.block(body, flops, nbytes, f"L{layer}.{phase}.mb{mb}", deps, mb, tags)
-        self.out.last = (block, last)  # type: ignore[assignment]  # an op inside the block
-        for params, producer, expert in events:
+        label = f"L{layer}.{phase}.mb{mb}"
+        block = self.out.w.block(entry.ops, entry.flops, entry.bytes, label, deps, mb, tags)
+        self.out.last = (block, entry.last)  # an op inside the block
+        for params, producer, expert in entry.ready:
             self.out.sink.grad_ready(params, (block, producer), mb, final, expert)
-        if deferred:
-            self.deferred.setdefault((self.out.stage, mb), []).extend(deferred)
+        if entry.deferred:
+            self.deferred.setdefault((self.out.stage, mb), []).extend(entry.deferred)
         self.gradients.after_layer_backward(layer, mb, final)
-        self.out.waits = [(block, op) for op in exits]  # type: ignore[misc]
+        self.out.waits = [(block, op) for op in entry.exits]
         return True
 
-    def _layer_body(self, layer: int, mb: int, final: bool, phase: str, defer: bool):
-        """``layer``'s backward ops as a body for :meth:`_layer_block`: ``(body, flops,
-        bytes, its last compute op, the gradients it completes as (parameters, op,
-        expert?), the weight gradients it defers, the ops the next op waits for)``; None
-        where a block would not keep the times."""
+    def _layer_body(
+        self, layer: int, mb: int, final: bool, phase: str, defer: bool
+    ) -> LayerBody | None:
+        """``layer``'s backward ops as a body for :meth:`_layer_block` (another rank's,
+        retargeted, where one lowered it); None where a block would not keep the
+        times."""
         shared = self.config.layer_bodies
         key = (phase, defer, self.config.is_moe_layer(layer), self.config.recipe.recomputes(layer))
         known = shared.get(key)
-        if known is not None and known[0] is not None and known[1] != self.rank:
-            body, *rest = known[0]
-            ops = tuple(map(self._retarget, body))
-            if any(a is not b for a, b in zip(ops, body, strict=True)):
-                self.config.body_templates[id(ops)] = (ops, body)
-                body = ops
-            return (body, *rest)
+        if known is not None and known.body is not None and known.rank != self.rank:
+            ops = tuple(map(self._retarget, known.body.ops))
+            if any(a is not b for a, b in zip(ops, known.body.ops, strict=True)):
+                self.config.body_templates[id(ops)] = (ops, known.body.ops)
+                return replace(known.body, ops=ops)
+            return known.body
         if known is not None:
-            return known[0]
+            return known.body
         events = _GradientEvents()
         deferred = self.deferred.setdefault((self.out.stage, mb), [])
         before = len(deferred)
@@ -562,13 +580,12 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         deferred_here = tuple(deferred[before:])
         del deferred[before:]  # the block's use of the body defers them, as every use does
         first = body[0] if body else None
-        if gathers or type(first) is not Compute or first.deps:
-            entry = None
-        else:
+        entry = None
+        if not gathers and type(first) is Compute and not first.deps:
             flops = sum(op.flops for op in body if type(op) is Compute)
             nbytes = sum(op.bytes for op in body if type(op) is Compute)
-            entry = (body, flops, nbytes, last, tuple(events.ready), deferred_here, exits)
-        shared[key] = (entry, self.rank)
+            entry = LayerBody(body, flops, nbytes, last, tuple(events.ready), deferred_here, exits)
+        shared[key] = SharedBody(entry, self.rank)
         return entry
 
     def _layer_backward_ops(
@@ -607,8 +624,45 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             op = self.run(grad, f"{label}.mb{mb}", phase="bwd_weight", microbatch=mb)
             self.out.sink.grad_ready(params, op, mb, final, expert)
 
+    # -- an overlapped forward and backward --------------------------------------------
+    def overlapped(self, pair: Overlap, blocked: bool) -> None:
+        """An ``OVERLAP_F_B`` action (DualPipeV): the forward and the backward written as
+        two strands of ops, then interleaved at each strand's communication (one
+        strand's computes up to a collective, then the other's) so that each
+        collective runs behind the other strand's compute, as DualPipe's
+        ``overlapped_forward_backward`` orders the kernels; blocked, as one block."""
+        forward, backward = pair.forward, pair.backward
+        key = ("O", forward.stage, backward.stage)
+        cached = self.bodies.get(key) if blocked else None
+        if cached is None:
+            strands = []
+            for action, write in (
+                (forward, self._forward_body),
+                (backward, lambda s, m: self._backward_body(s, m, False, ActionType.B)),
+            ):
+                with self.out.strand(action.stage) as writer:
+                    write(action.stage, action.microbatch)
+                    strands.append((writer.ops, (self.out.last, *self.out.waits)))
+            merged, exits = _interleave(strands)
+            flops = sum(op.flops for op in merged if type(op) is Compute)
+            nbytes = sum(op.bytes for op in merged if type(op) is Compute)
+            cached = ActionBody(tuple(merged), flops, nbytes, forward.microbatch)
+            if blocked:
+                self.bodies[key] = cached
+        self.out.stage = forward.stage
+        self.out.w.action_open = True
+        deps, self.out.waits = tuple(self.out.waits), []
+        tags = self.out.w.tag_set(None, None, forward.microbatch, "fwd", forward.stage)
+        if blocked:
+            self.out.last = self.out.w.block(
+                cached.ops, cached.flops, cached.bytes, str(pair), deps, cached.microbatch, tags
+            )
+            return
+        last, waits = self.out.w.inline(cached.ops, deps, exits)
+        self.out.last, self.out.waits = last, list(waits)
+
     # -- whole step -------------------------------------------------------------------
-    def build(self, order: list[Action], blocks: bool = False) -> Program:
+    def build(self, order: Sequence[Step], blocks: bool = False) -> Program:
         """The rank's program for its pipeline ``order`` (compute actions), lowered with
         its sends and receives (:func:`~simulator.schedule.actions.with_communication`).
         With ``blocks`` every action but those that hand gradients to data parallelism
@@ -617,24 +671,87 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         # action; with a split backward, the gradients its input half (I) computes (the
         # norms', the embedding's) after its last I
         last_grad = {}
-        for action in order:
-            if action.type in ("B", "W", "I"):
-                last_grad[(action.stage, action.type == "I")] = action
+        actions = list(compute_actions(order))
+        for act in actions:
+            if act.type in (ActionType.B, ActionType.W, ActionType.I):
+                last_grad[(act.stage, act.type == ActionType.I)] = act
         finals = set(last_grad.values())
-        self.gradients.begin_step(order[0].stage)
+        self.gradients.begin_step(actions[0].stage)
         lowered = with_communication(order, self.config.recipe.placement)
-        for index, action in enumerate(lowered):
+        for action in lowered:
             kind = action.type
-            if kind in ("RECV_F", "RECV_B"):
-                self.receive(action, self._PHASES.get(lowered[index + 1].type, "fwd"))
-            elif kind in ("SEND_F", "SEND_B"):
-                self.send(action, self._PHASES.get(lowered[index - 1].type, "fwd"))
+            if type(action) is Overlap:
+                if action.backward in finals:
+                    raise ValueError(
+                        f"{action}: a stage's last backward hands its gradients to data "
+                        "parallelism and is not overlapped"
+                    )
+                self.overlapped(action, blocks)
+            elif kind in (ActionType.RECV_F, ActionType.RECV_B):
+                self.receive(
+                    action, "fwd" if kind == ActionType.RECV_F else self._PHASES[ActionType.B]
+                )
+            elif kind in (ActionType.SEND_F, ActionType.SEND_B):
+                self.send(
+                    action, "fwd" if kind == ActionType.SEND_F else self._PHASES[ActionType.B]
+                )
             else:
                 final = action in finals
                 blocked = blocks and not final
-                if kind == "F":
+                if kind == ActionType.F:
                     self.forward(action.stage, action.microbatch, blocked)
                 else:
                     self.backward(action.stage, action.microbatch, final, kind, blocked)
-        self.gradients.end_step(order[-1].microbatch)
+        self.gradients.end_step(actions[-1].microbatch)
         return Program(self.rank, self.out.w.ops)
+
+
+def _interleave(strands: list[tuple[list, tuple]]) -> tuple[list, tuple[int, ...]]:
+    """Two strands of ops (ids local to each) as one list: each cut after every op that
+    is not compute (a collective, a send or a receive, which the strand's next compute
+    may wait for), the pieces taken in turn; ids renumbered to the list's positions.
+    The first compute op of a piece that follows the other strand's collective runs
+    beside it by construction (``beside_comm``: NCCL's kernels take some of its SMs).
+    Also the ops the next op after both must wait for (each strand's last and its
+    waits)."""
+    pieces = []
+    for ops, _ in strands:
+        cut, current = [], []
+        for op in ops:
+            current.append(op)
+            if type(op) is not Compute:
+                cut.append(current)
+                current = []
+        if current:
+            cut.append(current)
+        pieces.append(cut)
+    order: list[tuple[int, Any]] = []
+    beside: dict[int, int] = {}  # position of a piece's first compute -> the collective's
+    for turn in range(max(len(cut) for cut in pieces)):
+        for strand, cut in enumerate(pieces):
+            if turn >= len(cut):
+                continue
+            before = order[-1] if order else None
+            if before is not None and before[0] != strand and type(before[1]) is Collective:
+                first = next((i for i, op in enumerate(cut[turn]) if type(op) is Compute), None)
+                if first is not None:
+                    beside[len(order) + first] = len(order) - 1
+            order += [(strand, op) for op in cut[turn]]
+    where = {(strand, op.id): position for position, (strand, op) in enumerate(order)}
+    merged = []
+    for position, (strand, op) in enumerate(order):
+        changes: dict[str, Any] = {
+            "id": position,
+            "deps": tuple(where[(strand, dep)] for dep in op.deps),
+        }
+        if type(op) is Compute:
+            alongside = tuple(where[(strand, i)] for i in op.beside_comm)
+            if position in beside:
+                alongside = (*alongside, beside[position])
+            if alongside:
+                changes["beside_comm"] = alongside
+        merged.append(replace(op, **changes))
+    exits = tuple(
+        where[(strand, op)] for strand, (ops, ends) in enumerate(strands) for op in ends if ops
+    )
+    return merged, exits

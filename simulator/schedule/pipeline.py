@@ -40,10 +40,10 @@ Actions, the CSV format of custom orders and their checks are in
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
-from simulator.common.vocabulary import CHUNKS_PER_RANK, PIPELINE_SCHEDULES
-from simulator.request.orders import Action, check_sizes
+from simulator.common.vocabulary import CHUNKS_PER_RANK, PIPELINE_SCHEDULES, ActionType
+from simulator.request.orders import Action, Overlap, Step, check_sizes
 from simulator.request.placement import Placement
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "zb_h1_order",
     "zb_h2_order",
     "zbv_order",
+    "dualpipev_order",
     "pipeline_order",
 ]
 
@@ -61,8 +62,8 @@ def gpipe_order(stages: int, microbatches: int) -> dict[int, list[Action]]:
     """GPipe: every stage runs all forwards, then all backwards."""
     check_sizes(stages, microbatches)
     return {
-        s: [Action(s, "F", i) for i in range(microbatches)]
-        + [Action(s, "B", i) for i in range(microbatches)]
+        s: [Action(s, ActionType.F, i) for i in range(microbatches)]
+        + [Action(s, ActionType.B, i) for i in range(microbatches)]
         for s in range(stages)
     }
 
@@ -73,13 +74,13 @@ def one_f_one_b_order(stages: int, microbatches: int) -> dict[int, list[Action]]
     orders: dict[int, list[Action]] = {}
     for s in range(stages):
         warmup = min(stages - s, microbatches)
-        actions = [Action(s, "F", i) for i in range(warmup)]
+        actions = [Action(s, ActionType.F, i) for i in range(warmup)]
         next_forward, next_backward = warmup, 0
         while next_backward < microbatches:
-            actions.append(Action(s, "B", next_backward))
+            actions.append(Action(s, ActionType.B, next_backward))
             next_backward += 1
             if next_forward < microbatches:
-                actions.append(Action(s, "F", next_forward))
+                actions.append(Action(s, ActionType.F, next_forward))
                 next_forward += 1
         orders[s] = actions
     return orders
@@ -112,18 +113,18 @@ def interleaved_1f1b_order(stages: int, microbatches: int, virtual: int) -> dict
     for rank in range(stages):
         warmup = min((virtual - 1) * stages + 2 * (stages - 1 - rank), total)
 
-        def action(k: int, kind: str, rank: int = rank) -> Action:
+        def action(k: int, kind: ActionType, rank: int = rank) -> Action:
             chunk = (k // stages) % virtual
-            if kind == "B":
+            if kind == ActionType.B:
                 chunk = virtual - 1 - chunk
             microbatch = (k // (stages * virtual)) * stages + k % stages
             return Action(placement.stage_of(rank, chunk), kind, microbatch)
 
-        actions = [action(k, "F") for k in range(warmup)]
+        actions = [action(k, ActionType.F) for k in range(warmup)]
         for k in range(total - warmup):
-            actions.append(action(warmup + k, "F"))
-            actions.append(action(k, "B"))
-        actions.extend(action(k, "B") for k in range(total - warmup, total))
+            actions.append(action(warmup + k, ActionType.F))
+            actions.append(action(k, ActionType.B))
+        actions.extend(action(k, ActionType.B) for k in range(total - warmup, total))
         orders[rank] = actions
     return orders
 
@@ -134,16 +135,16 @@ def _zero_bubble_order(stages: int, microbatches: int, factor: int) -> dict[int,
     orders: dict[int, list[Action]] = {}
     for s in range(stages):
         warmup = min(factor * (stages - 1 - s), microbatches)
-        actions = [Action(s, "F", i) for i in range(warmup)]
+        actions = [Action(s, ActionType.F, i) for i in range(warmup)]
         next_weight = 0
         for i in range(microbatches):
             if warmup + i < microbatches:
-                actions.append(Action(s, "F", warmup + i))
-            actions.append(Action(s, "I", i))
+                actions.append(Action(s, ActionType.F, warmup + i))
+            actions.append(Action(s, ActionType.I, i))
             if i >= factor * s:
-                actions.append(Action(s, "W", next_weight))
+                actions.append(Action(s, ActionType.W, next_weight))
                 next_weight += 1
-        actions.extend(Action(s, "W", i) for i in range(next_weight, microbatches))
+        actions.extend(Action(s, ActionType.W, i) for i in range(next_weight, microbatches))
         orders[s] = actions
     return orders
 
@@ -219,62 +220,177 @@ class _ZbvRank:
 
     def __init__(self, ranks: int, rank: int, first: int, second: int):
         self.ranks, self.rank, self.first, self.second = ranks, rank, first, second
-        self.count = {(first, "F"): 0, (second, "F"): 0, (first, "I"): 0, (second, "I"): 0}
+        self.count = {
+            (first, ActionType.F): 0,
+            (second, ActionType.F): 0,
+            (first, ActionType.I): 0,
+            (second, ActionType.I): 0,
+        }
         self.weights = {first: 0, second: 0}
         self.actions: list[Action] = []
 
-    def run(self, stage: int, kind: str) -> None:
+    def run(self, stage: int, kind: ActionType) -> None:
         key = (stage, kind)
         self.actions.append(Action(stage, kind, self.count[key]))
         self.count[key] += 1
 
     def weigh(self, stage: int) -> None:
-        self.actions.append(Action(stage, "W", self.weights[stage]))
+        self.actions.append(Action(stage, ActionType.W, self.weights[stage]))
         self.weights[stage] += 1
 
     def plan(self, planned: int) -> list[Action]:
         p, r, first, second, count = self.ranks, self.rank, self.first, self.second, self.count
         for _ in range(2 * (p - r) - 1):
-            self.run(first, "F")
+            self.run(first, ActionType.F)
         for _ in range(r):
-            self.run(second, "F")
-            self.run(first, "F")
+            self.run(second, ActionType.F)
+            self.run(first, ActionType.F)
         for _ in range(p - r):
-            self.run(second, "F")
-            self.run(second, "I")
+            self.run(second, ActionType.F)
+            self.run(second, ActionType.I)
             self.weigh(second)
-        while count[(second, "F")] < count[(first, "F")] or count[(first, "F")] < planned:
-            if count[(first, "F")] < planned:
-                self.run(first, "F")
-            self.run(first, "I")
+        while (
+            count[(second, ActionType.F)] < count[(first, ActionType.F)]
+            or count[(first, ActionType.F)] < planned
+        ):
+            if count[(first, ActionType.F)] < planned:
+                self.run(first, ActionType.F)
+            self.run(first, ActionType.I)
             self.weigh(first)
-            self.run(second, "F")
-            self.run(second, "I")
+            self.run(second, ActionType.F)
+            self.run(second, ActionType.I)
             self.weigh(second)
         for _ in range(r):
-            self.run(first, "I")
-            self.run(second, "I")
+            self.run(first, ActionType.I)
+            self.run(second, ActionType.I)
         for _ in range(p - r):
-            self.run(first, "I")
+            self.run(first, ActionType.I)
             self.weigh(first)
         for stage in (second, first):
-            while self.weights[stage] < count[(stage, "I")]:
+            while self.weights[stage] < count[(stage, ActionType.I)]:
                 self.weigh(stage)
         return self.actions
 
 
-_BUILDERS: dict[str, Callable[[int, int], dict[int, list[Action]]]] = {
+def dualpipev_order(stages: int, microbatches: int) -> dict[int, list[Step]]:
+    """DualPipeV (DeepSeek's DualPipe cut in half, Sea AI Lab's "cut-in-half"; the
+    DualPipe repository, ``dualpipe/dualpipev.py``): two model chunks per rank placed as
+    a V, and in the steady state each rank runs a forward of one chunk overlapped with
+    the full backward of the other (:class:`~simulator.request.orders.Overlap`), so that
+    one micro-batch's communication (an MoE layer's all-to-alls) runs behind the other's
+    compute.
+
+    ``stages`` is the number of pipeline ranks ``p``; ``microbatches`` must be at least
+    the ``2p`` stages. Rank ``r`` runs ``2(p−r−1)`` forwards of chunk 0, ``r+1`` pairs of
+    forwards (chunk 0, chunk 1), ``p−r−1`` rounds of chunk 1's ``I``, a pending ``W``
+    and a forward; then ``m−2p+r+1`` rounds of two overlapped pairs (chunk 0's forward
+    with chunk 1's backward, chunk 1's forward with chunk 0's backward; the last rank
+    does not overlap its first), ``p−r−1`` rounds of chunk 1's backward and an
+    overlapped pair, ``r+1`` backwards of both chunks (the second half split into
+    ``I`` and ``W``), ``p−r−1`` rounds of a ``W`` and chunk 0's backward, and the
+    ``W`` passes left. With per-chunk times ``F``, ``B`` (full backward), ``W`` and an
+    overlapped pair's ``F&B``, every rank idles ``(p−1)(F&B + B − 3W)`` (the DualPipe
+    README's table, with its PP the ``2p`` stages) and holds at most ``2p+1`` chunk
+    activations. This is the order ``torch.distributed.pipelining.ScheduleDualPipeV``
+    builds.
+    """
+    check_sizes(stages, microbatches)
+    if microbatches < 2 * stages:
+        raise ValueError(
+            f"DualPipeV needs at least as many micro-batches as its {2 * stages} stages "
+            f"(got {microbatches})"
+        )
+    placement = Placement(stages, 2, "v")
+    return {
+        rank: _DualPipeVRank(stages, rank, *placement.stages_of(rank)).plan(microbatches)
+        for rank in range(stages)
+    }
+
+
+class _DualPipeVRank:
+    """One rank's DualPipeV order as torch builds it, counting each chunk's passes."""
+
+    def __init__(self, ranks: int, rank: int, first: int, second: int):
+        self.ranks, self.rank, self.first, self.second = ranks, rank, first, second
+        self.forwards = {first: 0, second: 0}
+        self.backwards = {first: 0, second: 0}  # B and I share one count, as in torch
+        self.pending: list[Action] = []  # W passes owed, oldest first
+        self.steps: list[Step] = []
+
+    def _forward(self, stage: int) -> Action:
+        action = Action(stage, ActionType.F, self.forwards[stage])
+        self.forwards[stage] += 1
+        return action
+
+    def _backward(self, stage: int, kind: ActionType) -> Action:
+        action = Action(stage, kind, self.backwards[stage])
+        self.backwards[stage] += 1
+        if kind == ActionType.I:
+            self.pending.append(Action(stage, ActionType.W, action.microbatch))
+        return action
+
+    def run(self, stage: int, kind: ActionType) -> None:
+        self.steps.append(
+            self._forward(stage) if kind == ActionType.F else self._backward(stage, kind)
+        )
+
+    def overlap(self, forward: int, backward: int) -> None:
+        self.steps.append(Overlap(self._forward(forward), self._backward(backward, ActionType.B)))
+
+    def weigh(self) -> None:
+        if self.pending:
+            self.steps.append(self.pending.pop(0))
+
+    def plan(self, microbatches: int) -> list[Step]:
+        p, r, first, second = self.ranks, self.rank, self.first, self.second
+        for _ in range(2 * (p - r - 1)):
+            self.run(first, ActionType.F)
+        for _ in range(r + 1):
+            self.run(first, ActionType.F)
+            self.run(second, ActionType.F)
+        for _ in range(p - r - 1):
+            self.run(second, ActionType.I)
+            self.weigh()
+            self.run(second, ActionType.F)
+        for i in range(microbatches - 2 * p + r + 1):
+            if i == 0 and r == p - 1:  # not overlapped: a shorter bubble
+                self.run(first, ActionType.F)
+                self.run(second, ActionType.B)
+            else:
+                self.overlap(first, second)
+            self.overlap(second, first)
+        for _ in range(p - r - 1):
+            self.run(second, ActionType.B)
+            self.overlap(second, first)
+        split = False
+        for i in range(r + 1):
+            if i == (r + 1) // 2 and r % 2 == 1:
+                split = True
+            self.run(second, ActionType.I if split else ActionType.B)
+            if i == (r + 1) // 2 and r % 2 == 0:
+                split = True
+            self.run(first, ActionType.I if split else ActionType.B)
+        for _ in range(p - r - 1):
+            self.weigh()
+            self.run(first, ActionType.I if split else ActionType.B)
+        for _ in range(r + 1):
+            self.weigh()
+        return self.steps
+
+
+_BUILDERS: dict[str, Callable[[int, int], Mapping[int, Sequence[Step]]]] = {
     "gpipe": gpipe_order,
     "1f1b": one_f_one_b_order,
     "zb-h1": zb_h1_order,
     "zb-h2": zb_h2_order,
     "zbv": zbv_order,
+    "dualpipev": dualpipev_order,
 }
 
 
 def pipeline_order(
     schedule: str, stages: int, microbatches: int, virtual: int = 1
-) -> dict[int, list[Action]]:
+) -> Mapping[int, Sequence[Step]]:
     """The per-rank compute order of a named schedule (one of :data:`PIPELINE_SCHEDULES`).
 
     ``virtual`` (model chunks per rank) applies to ``interleaved-1f1b`` only. Orders
@@ -287,7 +403,7 @@ def pipeline_order(
 @functools.lru_cache(maxsize=16)
 def _pipeline_order(
     schedule: str, stages: int, microbatches: int, virtual: int
-) -> dict[int, list[Action]]:
+) -> Mapping[int, Sequence[Step]]:
     if schedule == "interleaved-1f1b":
         return interleaved_1f1b_order(stages, microbatches, virtual)
     if schedule not in _BUILDERS:

@@ -40,7 +40,7 @@ def _key(config: StepConfig, plan: Hashable) -> tuple:
     grid's sizes, the model, the routing seed, the node size and the builder's plan."""
     recipe, layout = config.recipe, config.layout
     return (
-        tuple(getattr(recipe, f.name) for f in fields(recipe) if f.name != "layout"),
+        tuple(getattr(recipe, f.name) for f in fields(recipe) if f.name != "layout" and f.init),
         (layout.tp, layout.pp, layout.dp, layout.ep, layout.dp_shard, layout.cp),
         config.model.model_dump_json(),
         config.seed,
@@ -119,10 +119,10 @@ def known_templates(config: StepConfig, plan: Hashable) -> dict[int, tuple[int, 
         for i in _placed(ops, placed):
             new_ops[i] = relocated(ops[i], move)
         out[pipeline_rank] = (new_rank, new_ops)
-    for ops, base in body_templates.values():
-        new_ops, new_base = bodies.get(id(ops)), bodies.get(id(base))
-        if new_ops is not None and new_base is not None:  # a timing hint: kept where whole
-            config.body_templates[id(new_ops)] = (new_ops, new_base)
+    for body, base in body_templates.values():
+        new_body, new_base = bodies.get(id(body)), bodies.get(id(base))
+        if new_body is not None and new_base is not None:  # a timing hint: kept where whole
+            config.body_templates[id(new_body)] = (new_body, new_base)
     return out
 
 

@@ -65,6 +65,7 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
+from simulator.common.vocabulary import CollectiveKind, ComputeKind
 from simulator.schedule.sharding_units import (
     DEEPSPEED_MAX_LIVE_PARAMETERS,
     DEEPSPEED_PREFETCH_BUCKET,
@@ -186,7 +187,7 @@ class BlockSharding:
     ) -> int:
         name = f"L{layer}" if unit.name == f"L{layer}" else unit.name
         return self.out.w.collective(
-            "all_gather",
+            CollectiveKind.ALL_GATHER,
             group,
             self.gather_bytes(unit),
             "dp",
@@ -215,7 +216,7 @@ class BlockSharding:
         if group is not None:
             deps = self.reduce_deps(unit, layer, microbatch, grad_bytes)
             reduce = w.collective(
-                "reduce_scatter",
+                CollectiveKind.REDUCE_SCATTER,
                 group,
                 grad_bytes,
                 "dp",
@@ -227,7 +228,7 @@ class BlockSharding:
         if replicate is not None and not unit.expert:
             # HSDP: the shard's gradients, averaged across the replicas
             reduce = w.collective(
-                "all_reduce",
+                CollectiveKind.ALL_REDUCE,
                 replicate,
                 grad_bytes / self.gradients.layout.shard_degree,
                 "dp",
@@ -281,7 +282,9 @@ class Fsdp2Sharding(BlockSharding):
     ) -> int:
         shard = unit.params / len(self.gradients.layout.members(group))
         tags = self._tags(layer, microbatch, phase)
-        cost = OpCost("fsdp_copy_in", "elementwise", 0.0, FSDP2_COPY_IN_BYTES * shard, 0.0)
+        cost = OpCost(
+            "fsdp_copy_in", ComputeKind.ELEMENTWISE, 0.0, FSDP2_COPY_IN_BYTES * shard, 0.0
+        )
         previous = self.copied_out.get(id(self.out.w))
         copy_deps = tuple(deps) + ((previous,) if previous is not None else ())
         name = f"L{layer}" if unit.name == f"L{layer}" else unit.name
@@ -300,7 +303,11 @@ class Fsdp2Sharding(BlockSharding):
         for unit, gather in zip(units, waits, strict=True):
             self.out.waits.append(gather)
             cost = OpCost(
-                "fsdp_copy_out", "elementwise", 0.0, FSDP2_COPY_OUT_BYTES * unit.params, 0.0
+                "fsdp_copy_out",
+                ComputeKind.ELEMENTWISE,
+                0.0,
+                FSDP2_COPY_OUT_BYTES * unit.params,
+                0.0,
             )
             name = f"L{layer}" if unit.name == f"L{layer}" else unit.name
             self.out.run(
@@ -316,7 +323,7 @@ class Fsdp2Sharding(BlockSharding):
         """The gradients concatenated into the reduce-scatter input, in the reduce dtype."""
         cost = OpCost(
             "fsdp_rs_copy_in",
-            "elementwise",
+            ComputeKind.ELEMENTWISE,
             0.0,
             unit.params * ACT_BYTES + grad_bytes,
             0.0,
@@ -428,7 +435,7 @@ class ZeroStage3Sharding(BlockSharding):
             label = f"{first.name}+{len(chosen) - 1}.zero3_all_gather.{phase}.mb{microbatch}"
             ops.append(
                 self.out.w.collective(
-                    "all_gather",
+                    CollectiveKind.ALL_GATHER,
                     self.group(first),
                     size,
                     "dp",
@@ -465,7 +472,7 @@ class ZeroStage3Sharding(BlockSharding):
         index = self.bucket_index.get(group, 0)
         self.reduces.append(
             self.out.w.collective(
-                "reduce_scatter",
+                CollectiveKind.REDUCE_SCATTER,
                 group,
                 elements * self.recipe.grad_bytes,
                 "dp",

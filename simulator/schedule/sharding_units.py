@@ -112,6 +112,7 @@ def layer_expert_parameters(
     for a dense layer, and without expert parallelism)."""
     if not _expert_split(recipe, moe, layer):
         return 0
+    assert moe is not None  # _expert_split says so
     return sum(op.weight_params for op in _expert_ops(recipe, model, moe))
 
 
@@ -183,6 +184,7 @@ def submodule_units(
                 modules.append(_module(prefix + part, count, in_fp8, False, threshold))
         elif name in ("fc1", "fc2") and moe_layer:
             if name == "fc1":
+                assert moe is not None  # moe_layer says so
                 modules += _moe_modules(recipe, model, moe, prefix, threshold)
         elif name == "fc1" and model.mlp == "swiglu":
             gate = params // 2

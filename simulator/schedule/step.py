@@ -20,6 +20,7 @@ action lists print as torch's CSV cells do.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +29,7 @@ from simulator.arithmetic.stacks import stack_of
 from simulator.request.layout import Layout
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec
-from simulator.request.orders import Action
+from simulator.request.orders import Step
 from simulator.request.recipe import Recipe
 from simulator.schedule import relocate
 from simulator.schedule.context import StepConfig
@@ -178,7 +179,7 @@ def _moe_meta(config: StepConfig) -> dict[str, Any] | None:
 
 
 def _schedule(
-    config: StepConfig, programs: dict[int, Program], orders: dict[int, list[Action]]
+    config: StepConfig, programs: dict[int, Program], orders: Mapping[int, Sequence[Step]]
 ) -> Schedule:
     layout = config.layout
     used: set[str] = set()

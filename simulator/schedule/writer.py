@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from simulator.arithmetic.layer_ops import OpCost
-from simulator.schedule.ir import Block, Collective, Compute, Op
+from simulator.common.vocabulary import CollectiveKind, ComputeKind
+from simulator.schedule.ir import Block, Collective, Compute, Op, Recv, Send
 
 __all__ = ["ProgramWriter", "Writing"]
 
@@ -94,7 +96,7 @@ class ProgramWriter:
         side = stream != "compute"
         if self.action_open and not side:
             self.issued, self.action_open = 0, False
-        points = ()
+        points: tuple[int, ...] = ()
         if self.refs:
             deps, points = self._points(deps)
         self.ops.append(
@@ -121,7 +123,7 @@ class ProgramWriter:
 
     def collective(
         self,
-        kind: str,
+        kind: CollectiveKind,
         group: str,
         size: float,
         stream: str,
@@ -130,7 +132,7 @@ class ProgramWriter:
         tags: dict[str, Any],
     ) -> int:
         op_id = len(self.ops)
-        points = ()
+        points: tuple[int, ...] = ()
         if self.refs:
             deps, points = self._points(deps)
         self.ops.append(
@@ -141,7 +143,7 @@ class ProgramWriter:
 
     def block(
         self,
-        body: tuple[Op, ...],
+        body: tuple[Compute | Collective, ...],
         flops: float,
         nbytes: float,
         label: str,
@@ -150,7 +152,7 @@ class ProgramWriter:
         tags: dict[str, Any],
     ) -> int:
         op_id = len(self.ops)
-        points = ()
+        points: tuple[int, ...] = ()
         if self.refs:
             deps, points = self._points(deps)
         self.ops.append(
@@ -160,7 +162,7 @@ class ProgramWriter:
 
     def p2p(
         self,
-        op_type: type,
+        op_type: type[Send] | type[Recv],
         stream: str,
         peer: int,
         size: float,
@@ -170,12 +172,39 @@ class ProgramWriter:
         tags: dict[str, Any],
     ) -> int:
         op_id = len(self.ops)
-        points = ()
+        points: tuple[int, ...] = ()
         if self.refs:
             deps, points = self._points(deps)
         self.ops.append(op_type(op_id, stream, peer, size, tag, label, deps, tags, points))
         self.issued += 1
         return op_id
+
+    def inline(
+        self, ops: tuple[Op, ...], deps: tuple, exits: tuple[int, ...]
+    ) -> tuple[int, tuple[int, ...]]:
+        """Append ``ops`` (ids local to them, as a block's body) to the program as one
+        action: renumbered, each op without deps waiting for ``deps``, their tags the
+        program's and their host indices counted as this writer counts them. Returns the
+        id of the last compute op and ``exits`` (ops of ``ops``) as program ids."""
+        offset = len(self.ops)
+        last = -1
+        for op in ops:
+            moved = [dep + offset for dep in op.deps] if op.deps else list(deps)
+            tags = self.tags(**op.tags) if op.tags else op.tags
+            changes: dict[str, Any] = {"id": op.id + offset, "deps": tuple(moved), "tags": tags}
+            if type(op) is Compute:
+                side = op.stream != "compute"
+                if self.action_open and not side:
+                    self.issued, self.action_open = 0, False
+                changes["host_index"] = max(1, self.issued) if side else self.issued
+                if op.beside_comm:
+                    changes["beside_comm"] = tuple(i + offset for i in op.beside_comm)
+                self.issued += op.kernels
+                last = op.id + offset
+            else:
+                self.issued += 1
+            self.ops.append(replace(op, **changes))
+        return last, tuple(exit + offset for exit in exits)
 
 
 class Writing:
@@ -195,6 +224,19 @@ class Writing:
         self.gathers: list[int] = []
         self.stage = 0
         self.sink = sink
+
+    @contextmanager
+    def strand(self, stage: int) -> Iterator[ProgramWriter]:
+        """Write one half of an overlapped pair into a fresh writer: its own stage, no
+        last op, nothing to wait for and no all-gather in flight; then come back to the
+        program as it was (the strand's ``last`` and ``waits`` are read inside)."""
+        outer = self.w, self.last, self.waits, self.gathers, self.stage
+        self.w, self.last, self.waits, self.gathers = ProgramWriter(self.rank), 0, [], []
+        self.stage = stage
+        try:
+            yield self.w
+        finally:
+            self.w, self.last, self.waits, self.gathers, self.stage = outer
 
     @contextmanager
     def body(self, sink: Any = None) -> Iterator[ProgramWriter]:
@@ -219,7 +261,7 @@ class Writing:
         waits for them first."""
         overlapped = False
         if self.gathers:
-            if cost.kind == "gemm" and cost.batch == 1:
+            if cost.kind == ComputeKind.GEMM and cost.batch == 1:
                 overlapped = True
                 beside_comm = (*beside_comm, *self.gathers)
             else:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.common.errors import ParasimError
+from simulator.common.vocabulary import CollectiveKind
 from simulator.engine.collectives import (
     available_algorithms,
     bus_factor,
@@ -93,7 +94,8 @@ def _schedule(op: str, world: int, size: float) -> Schedule:
         }
         return Schedule(programs, {})
     programs = {
-        rank: Program(rank, [Collective(0, "comm", op, "world", size)]) for rank in range(world)
+        rank: Program(rank, [Collective(0, "comm", CollectiveKind(op), "world", size)])
+        for rank in range(world)
     }
     return Schedule(programs, {"world": tuple(range(world))})
 

@@ -34,7 +34,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
@@ -432,6 +432,11 @@ def _set_apart(option: Option, reason: str, before: dict[str, Any]) -> dict[str,
     }
 
 
+def _snap(option: Option) -> dict[str, Any]:
+    """The snapshot of an option :func:`_finding` proposes (simulated: not None)."""
+    return cast("dict[str, Any]", option.snap)
+
+
 def _finding(case: _Case, mistake: Mistake, symptom: Symptom, remedy: Remedy) -> Finding:
     """Simulate the remedy's options, pick the fix (the first, or the fastest, as the
     mistake says) among those that keep the recipe and fit in memory, and assemble the
@@ -471,7 +476,7 @@ def _finding(case: _Case, mistake: Mistake, symptom: Symptom, remedy: Remedy) ->
     if not options:
         return without_fix(remedy.no_fix)
     if mistake.choose == "fastest":
-        chosen = min(options, key=lambda o: o.snap["step_time_s"])
+        chosen = min(options, key=lambda o: _snap(o)["step_time_s"])
     else:
         chosen = options[0]
     after = chosen.snap
@@ -484,7 +489,8 @@ def _finding(case: _Case, mistake: Mistake, symptom: Symptom, remedy: Remedy) ->
     ):
         # a speed mistake whose every remedy is slower is not worth fixing this way
         tried = "; ".join(
-            f"{' '.join(set_args(o.fix))} ({o.summary}) takes {format_time(o.snap['step_time_s'])}"
+            f"{' '.join(set_args(o.fix))} ({o.summary}) "
+            f"takes {format_time(_snap(o)['step_time_s'])}"
             for o in options
         )
         notes.append(
@@ -500,9 +506,9 @@ def _finding(case: _Case, mistake: Mistake, symptom: Symptom, remedy: Remedy) ->
             "fix": dict(o.fix),
             "fix_set": set_args(o.fix),
             "summary": o.summary,
-            "step_time_s": o.snap["step_time_s"],
-            "peak_bytes_per_gpu": o.snap["memory"]["peak_bytes_per_gpu"],
-            "oom": o.snap["memory"]["oom"],
+            "step_time_s": _snap(o)["step_time_s"],
+            "peak_bytes_per_gpu": _snap(o)["memory"]["peak_bytes_per_gpu"],
+            "oom": _snap(o)["memory"]["oom"],
         }
         for o in options
         if o is not chosen

@@ -5,45 +5,12 @@ Every mistake is one :class:`Mistake` in :data:`MISTAKES`: its id, its title, a
 or None when the mistake is absent), a ``fix`` that proposes the corrected layouts as
 scenario overrides (a :class:`Remedy`), and the key of its teaching pair, the two files
 ``scenarios/teaching/<key>-mistake.yaml`` and ``<key>-fix.yaml``. Adding a mistake is
-one entry here and its two teaching scenarios; :data:`FINDING_IDS` and
+one entry here (and, where it has one, its two teaching scenarios and their story in
+:mod:`simulator.report.teaching_page`); :data:`FINDING_IDS` and
 :data:`MEMORY_FINDINGS` follow from the registry.
 
-========================  ==================================================================
-finding                   when
-========================  ==================================================================
-tp-beyond-nvlink          ``tp`` is larger than a node (the NVLink domain), so TP crosses
-                          nodes; fix: ``tp`` = GPUs per node, the pipeline (or DP, if it
-                          fits) absorbs the rest
-layering-backwards        DP or PP placed innermost (inside the node) while TP groups
-                          cross nodes; fix: a placement with TP innermost
-tp-across-nodes           TP groups cross nodes for any other reason; fix: placement, or a
-                          smaller ``tp`` that divides the node
-dp-only-oom               data parallel only and the replica does not fit; fix: the smallest
-                          ``tp`` (≤ GPUs per node), then ``pp``, that fits
-sp-off-activation-bound   ``tp > 1`` without sequence parallelism while activations dominate
-                          a GPU under memory pressure, or push it out of memory; fix: SP
-too-few-microbatches      a pipeline whose reference bubble ``(p−1)/(v·m+p−1)`` and
-                          simulated bubble both exceed 10%; fix: more micro-batches
-ep-routing-spread         an expert-parallel group spans nodes, routing is not node-limited
-                          (no ``moe.max_nodes_per_token``: each assignment crosses on its
-                          own, to up to ``min(k, nodes)`` nodes) and over 5% of the step is
-                          exposed EP communication; fix:
-                          ``moe.max_nodes_per_token`` 4 or 2 (DeepSeek-V3's node-limited
-                          routing), or EP inside a node; also ``ep-across-nodes``
-ep-across-nodes           an expert-parallel group spans nodes, so every MoE layer's
-                          all-to-alls cross the network, where a placement or a smaller
-                          ``ep`` keeps it inside a node and fits; fix: that layout
-fsdp-across-nodes         full sharding over a data-parallel group that spans nodes, with
-                          over 5% of the step exposed data-parallel communication; fix: HSDP
-                          sharding inside one node (or a few), replicating across them
-cp-across-nodes           a context-parallel group spans nodes, with over 5% of the step
-                          exposed CP communication; fix: CP inside the node, the rest to
-                          ``pp`` or ``dp``, or Ulysses in place of the ring
-routing-skew              waiting for the busiest expert (``imbalance_stall``) exceeds 10%
-                          of the step; fix: ``capacity_factor`` 1.25
-out-of-memory             any other layout that does not fit; fix: the first of ZeRO-1,
-                          more recompute, larger ``tp``, larger ``pp`` that fits
-========================  ==================================================================
+Each entry's ``when`` says in one line when it is found; ``docs/teaching.md`` ("What
+explain looks for") lists them, generated from the registry.
 
 The registry's order is the order of checking and of the findings. A mistake is not
 checked once one of the ids in its ``unless`` has been found, so one problem is reported
@@ -236,6 +203,9 @@ class Mistake:
     title: str
     check: Callable[[Case], Symptom | None]
     fix: Callable[[Case], Remedy]
+    # when it is found, one line for the docs' table of findings (every registered
+    # mistake has one)
+    when: str = ""
     teaching: str | None = None
     choose: Literal["first", "fastest"] = "fastest"
     memory: bool = False
@@ -702,7 +672,7 @@ def _ep_inside_node(case: Case) -> list[tuple[dict[str, Any], str]]:
     assert moe is not None
     placement = _tp_first(layout.placement, then="dp")
     extra = {} if placement == list(layout.placement) else {"parallel.placement": placement}
-    candidates = []
+    candidates: list[tuple[dict[str, Any], str]] = []
     if extra:
         candidates.append((extra, f"placement [{', '.join(placement)}]: EP ranks side by side"))
     for e in sorted(_divisors(layout.ep), reverse=True):
@@ -765,7 +735,7 @@ def _fix_ep_routing(case: Case) -> Remedy:
     spread = _routing_reach(case)
     assert spread is not None
     _, reach = spread
-    candidates = [
+    candidates: list[tuple[dict[str, Any], str]] = [
         (
             {"model.moe.max_nodes_per_token": m},
             f"node-limited routing: each token to at most {m} nodes, crossing to each once",
@@ -785,6 +755,61 @@ def _fix_ep_routing(case: Case) -> Remedy:
         "keeps the unlimited router's expert loads"
     ]
     return Remedy(case.options([*candidates, *_ep_inside_node(case)], notes), notes)
+
+
+def _dualpipev_layouts(case: Case) -> list[tuple[dict[str, Any], str]]:
+    """DualPipeV at the scenario's pipeline depth (or two stages, from half the DP
+    replicas, without a pipeline) where its layers split over the ``2p`` stages and
+    each stage gets a micro-batch."""
+    scenario, layout = case.scenario, case.layout
+    training = scenario.training
+    candidates = []
+    for pp in (layout.pp,) if layout.pp > 1 else (2,):
+        dp = layout.dp * layout.pp // pp
+        if layout.dp * layout.pp % pp or dp < 1:
+            continue
+        microbatches = training.global_batch // (dp * training.micro_batch)
+        if microbatches < 2 * pp:
+            continue
+        fix: dict[str, Any] = {"parallel.schedule": "dualpipev", "parallel.virtual_stages": 2}
+        if scenario.parallel.stage_layers is not None:
+            fix["parallel.stage_layers"] = None  # a split for the old stages
+        if pp != layout.pp:
+            fix |= {"parallel.pp": pp, "parallel.dp": dp}
+        candidates.append(
+            (
+                fix,
+                f"DualPipeV over {pp} pipeline ranks: each rank's forward of one "
+                "micro-batch overlapped with the backward of another, one's all-to-alls "
+                "behind the other's compute",
+            )
+        )
+    return candidates
+
+
+def _check_ep_overlap(case: Case) -> Symptom | None:
+    layout, scenario = case.layout, case.scenario
+    if scenario.moe is None or layout.ep == 1 or scenario.parallel.schedule == "dualpipev":
+        return None
+    spanning, _ = _spanning(layout, "ep", case.per_node)
+    exposed = case.before["exposed_comm_by_axis"]["critical"].get("ep", 0.0)
+    if not spanning or exposed <= FSDP_EXPOSED * case.step or not _dualpipev_layouts(case):
+        return None
+    return Symptom(
+        f"ep({layout.ep}) all-to-alls cross nodes and {format_time(exposed)} "
+        f"({_pct(exposed, case.step)}) of the step waits for them: the "
+        f"{scenario.parallel.schedule} pipeline runs one micro-batch at a time, so nothing "
+        "computes while a layer's dispatch and combine are in flight."
+    )
+
+
+def _fix_ep_overlap(case: Case) -> Remedy:
+    notes = [
+        "DualPipeV overlaps the pair only where the framework interleaves their kernels "
+        "(DeepSeek's DualPipe, a registered OVERLAP_F_B function in "
+        "torch.distributed.pipelining); it holds 2p+1 chunks' activations per rank"
+    ]
+    return Remedy(case.options(_dualpipev_layouts(case), notes), notes)
 
 
 def _check_routing(case: Case) -> Symptom | None:
@@ -899,7 +924,7 @@ def _check_cp_across_nodes(case: Case) -> Symptom | None:
 
 def _fix_cp_across_nodes(case: Case) -> Remedy:
     layout, per_node, model = case.layout, case.per_node, case.scenario.model
-    candidates = []
+    candidates: list[tuple[dict[str, Any], str]] = []
     inside = per_node // layout.tp
     if 1 < inside < layout.cp and layout.cp % inside == 0:
         rest = layout.cp // inside
@@ -931,6 +956,7 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="tp-beyond-nvlink",
         title="TP degree larger than the NVLink domain",
+        when="tp is larger than a node, so TP crosses nodes (also reported as `tp-across-nodes`)",
         check=_check_tp_beyond_nvlink,
         fix=_fix_tp_beyond_nvlink,
         also=("tp-across-nodes",),
@@ -938,6 +964,10 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="layering-backwards",
         title="layering backwards: DP or PP inside the node, TP across nodes",
+        when=(
+            "DP or PP is innermost in the placement while TP groups cross nodes (also `tp-across-"
+            "nodes`)"
+        ),
         check=_check_layering_backwards,
         fix=_fix_layering_backwards,
         teaching="layering",
@@ -947,6 +977,7 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="tp-across-nodes",
         title="tensor parallelism across nodes",
+        when="TP groups cross nodes for any other reason (tp does not tile the node)",
         check=_check_tp_across_nodes,
         fix=_fix_tp_across_nodes,
         teaching="tp-across-nodes",
@@ -955,6 +986,7 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="dp-only-oom",
         title="data parallelism alone does not fit the model",
+        when="tp = pp = 1 and the weights, gradients and optimizer state do not fit",
         check=_check_dp_only_oom,
         fix=_fix_dp_only_oom,
         teaching="dp-oom",
@@ -964,6 +996,10 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="sp-off-activation-bound",
         title="sequence parallelism off while activations fill the GPU",
+        when=(
+            "tp > 1, SP off, and activations dominate a GPU more than half full, or push it out "
+            "of memory"
+        ),
         check=_check_sp,
         fix=_fix_sp,
         teaching="sp-memory",
@@ -973,6 +1009,7 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="too-few-microbatches",
         title="too few micro-batches for the pipeline",
+        when="a pipeline whose reference bubble and simulated bubble both exceed 10% of the step",
         check=_check_microbatches,
         fix=_fix_microbatches,
         teaching="pipeline-bubble",
@@ -981,6 +1018,11 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="ep-routing-spread",
         title="expert all-to-all spread over more nodes than routing needs",
+        when=(
+            "an expert-parallel group spans nodes, routing is not node-limited and more than 5% "
+            "of the step is exposed EP communication (fix: `moe.max_nodes_per_token`; also `ep-"
+            "across-nodes`)"
+        ),
         check=_check_ep_routing,
         fix=_fix_ep_routing,
         teaching="ep-routing",
@@ -989,13 +1031,32 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="ep-across-nodes",
         title="expert-parallel all-to-all across nodes",
+        when=(
+            "an expert-parallel group spans nodes where a placement or a smaller ep would keep it"
+            " inside one and fit"
+        ),
         check=_check_ep,
         fix=_fix_ep,
         unless=("ep-routing-spread",),
     ),
     Mistake(
+        id="ep-comm-not-overlapped",
+        title="expert all-to-alls across nodes left exposed by the pipeline schedule",
+        when=(
+            "an expert-parallel group spans nodes, more than 5% of the step is exposed EP "
+            "communication and the pipeline schedule runs one micro-batch at a time (fix: "
+            "DualPipeV, which overlaps one micro-batch's all-to-alls with another's compute)"
+        ),
+        check=_check_ep_overlap,
+        fix=_fix_ep_overlap,
+    ),
+    Mistake(
         id="fsdp-across-nodes",
         title="full sharding across nodes where HSDP fits",
+        when=(
+            "full sharding over a data-parallel group that spans nodes, with more than 5% of the "
+            "step exposed data-parallel communication (fix: HSDP)"
+        ),
         check=_check_fsdp_across_nodes,
         fix=_fix_fsdp_across_nodes,
         teaching="fsdp-across-nodes",
@@ -1004,6 +1065,10 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="cp-across-nodes",
         title="context parallelism across nodes that cannot hide its traffic",
+        when=(
+            "a context-parallel group spans nodes and more than 5% of the step is exposed CP "
+            "communication"
+        ),
         check=_check_cp_across_nodes,
         fix=_fix_cp_across_nodes,
         teaching="cp-across-nodes",
@@ -1011,6 +1076,7 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="routing-skew",
         title="routing imbalance stalls the step behind the busiest expert",
+        when="the critical rank waits more than 10% of the step for the busiest expert",
         check=_check_routing,
         fix=_fix_routing,
         teaching="moe-imbalance",
@@ -1019,6 +1085,7 @@ MISTAKES: tuple[Mistake, ...] = (
     Mistake(
         id="out-of-memory",
         title="the layout does not fit GPU memory",
+        when="any other layout that does not fit",
         check=_check_oom,
         fix=_fix_oom,
         choose="first",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from simulator.analysis.memory import memory_per_rank
 from simulator.analysis.metrics import CATEGORIES
@@ -223,13 +223,13 @@ def run_chunked(
     if executor is None:  # here, chunk by chunk in order, as a worker would run them
         for chunk in chunks:
             keep(chunk, function(*args, [items[i] for i in chunk]))
-        return results  # type: ignore[return-value]
+        return cast("list[dict]", results)  # every chunk ran
     futures = {
         executor.submit(function, *args, [items[i] for i in chunk]): chunk for chunk in chunks
     }
     for future in as_completed(futures):
         keep(futures[future], future.result())
-    return results  # type: ignore[return-value]
+    return cast("list[dict]", results)  # every future completed
 
 
 def open_executor(scheduler: str | None, workers: int, tasks: int) -> tuple[Executor | None, int]:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from simulator.common.errors import ParasimError
 from simulator.common.vocabulary import (
     CHUNKS_PER_RANK,
+    MICROBATCHES_PER_STAGE,
     PIPELINE_SCHEDULES,
     PLACEMENT_AXES,
     RECOMPUTE_MODES,
@@ -71,6 +72,8 @@ class _CandidateMethods:
     """What a :class:`Candidate` does; its fields are the searched knobs."""
 
     if TYPE_CHECKING:
+        # made a dataclass by make_dataclass below
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
         def __init__(self, **knobs: Any) -> None: ...
 
@@ -91,8 +94,8 @@ class _CandidateMethods:
         """A scenario's own layout, with ``changes``."""
         return cls.from_knobs({**recipe.searched_knobs(), **changes})
 
-    def with_(self, **changes: Any) -> Candidate:
-        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+    def with_(self, **changes: Any) -> Self:
+        return dataclasses.replace(self, **changes)
 
     def fields(self) -> dict[str, Any]:
         """The knobs by name, JSON-ready (tuples as lists)."""
@@ -123,17 +126,19 @@ class _CandidateMethods:
         return layout_label(**values)
 
 
-Candidate = dataclasses.make_dataclass(
-    "Candidate",
-    [(knob.name, Any, dataclasses.field(default=knob.default)) for knob in SEARCHED],
-    bases=(_CandidateMethods,),
-    frozen=True,
-    kw_only=True,
-)
-Candidate.__module__ = __name__
-Candidate.__doc__ = "One point of the layout space: a value of every searched knob."
 if TYPE_CHECKING:
-    Candidate = _CandidateMethods  # noqa: F811
+    # the checker sees the fields through _CandidateMethods.__getattr__
+    Candidate = _CandidateMethods
+else:
+    Candidate = dataclasses.make_dataclass(
+        "Candidate",
+        [(knob.name, Any, dataclasses.field(default=knob.default)) for knob in SEARCHED],
+        bases=(_CandidateMethods,),
+        frozen=True,
+        kw_only=True,
+    )
+    Candidate.__module__ = __name__
+    Candidate.__doc__ = "One point of the layout space: a value of every searched knob."
 
 
 def check_fixed(fixed: dict[str, Any]) -> dict[str, Any]:
@@ -225,7 +230,7 @@ def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
 def _distinct_placements(tp: int, dp: int, pp: int) -> list[tuple[str, ...]]:
     sizes = {"tp": tp, "dp": dp, "pp": pp}
     seen: set[tuple[str, ...]] = set()
-    kept = []
+    kept: list[tuple[str, ...]] = []
     for placement in PLACEMENTS:
         grid = tuple(axis for axis in placement if sizes[axis] > 1)
         if grid not in seen:
@@ -421,9 +426,11 @@ def _schedules(
             for v in VIRTUAL_STAGES:
                 if layers % (pp * v) == 0 and microbatches is not None and microbatches % pp == 0:
                     pairs.append((name, v))
-        elif name in CHUNKS_PER_RANK:  # ZB-V: its two chunks a rank, as a V
+        elif name in CHUNKS_PER_RANK:  # ZB-V, DualPipeV: two chunks a rank, as a V
             chunks = CHUNKS_PER_RANK[name]
-            if pp > 1 and fixed.get("virtual_stages", chunks) == chunks:
+            fewest = MICROBATCHES_PER_STAGE.get(name, 0) * pp * chunks
+            enough = microbatches is None or microbatches >= fewest
+            if pp > 1 and fixed.get("virtual_stages", chunks) == chunks and enough:
                 if layers % (pp * chunks) == 0:
                     pairs.append((name, chunks))
         elif fixed.get("virtual_stages", 1) == 1:
