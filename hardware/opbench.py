@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from simulator.common.vocabulary import CollectiveKind, ComputeKind
+from simulator.common.vocabulary import ALL_REDUCE, ELEMENTWISE
 from simulator.engine.collectives import even_equivalent
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import per_rank_schedule
@@ -304,7 +304,7 @@ def executor_overheads(runtime: Runtime) -> dict[str, float]:
         return {"compute_op_s": 0.0, "collective_s": 0.0}
     world = tuple(range(runtime.world))
     trivial = [
-        Compute(i, "compute", 0.0, 0.0, ComputeKind.ELEMENTWISE, deps=(i - 1,) if i else ())
+        Compute(i, "compute", 0.0, 0.0, ELEMENTWISE, deps=(i - 1,) if i else ())
         for i in range(OVERHEAD_OPS)
     ]
     compute_s = _per_op(runtime, trivial, {})
@@ -312,7 +312,7 @@ def executor_overheads(runtime: Runtime) -> dict[str, float]:
         return {"compute_op_s": compute_s, "collective_s": 0.0}
     element = 4.0
     ring = [
-        Collective(i, "c", CollectiveKind.ALL_REDUCE, "all", element, deps=(i - 1,) if i else ())
+        Collective(i, "c", ALL_REDUCE, "all", element, deps=(i - 1,) if i else ())
         for i in range(OVERHEAD_OPS // 4)
     ]
     in_executor = _per_op(runtime, ring, {"all": world})

@@ -56,7 +56,7 @@ from simulator.arithmetic.layer_ops import (
 )
 from simulator.arithmetic.moe import expert_ops, shared_expert_ops
 from simulator.arithmetic.stacks import loss_peak_bytes, restack, stack_of
-from simulator.common.vocabulary import ActionType
+from simulator.common.vocabulary import BACKWARD_WEIGHT, FORWARD, FULL_BACKWARD
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec, is_moe_layer
 from simulator.request.orders import Step, compute_actions
@@ -88,14 +88,14 @@ def held_activations(steps: Iterable[Step]) -> tuple[int, dict[int, int]]:
     last needs them (B, or W when the backward is split) frees them; an overlapped pair
     stores its forward's before its backward frees its own."""
     actions = list(compute_actions(steps))
-    splits = {a.stage for a in actions if a.type == ActionType.W}
+    splits = {a.stage for a in actions if a.type == BACKWARD_WEIGHT}
     held: dict[int, int] = {}
     peak, at_peak = 0, {}
     for action in actions:
-        if action.type == ActionType.F:
+        if action.type == FORWARD:
             held[action.stage] = held.get(action.stage, 0) + 1
-        elif action.type == ActionType.B or (
-            action.type == ActionType.W and action.stage in splits
+        elif action.type == FULL_BACKWARD or (
+            action.type == BACKWARD_WEIGHT and action.stage in splits
         ):
             held[action.stage] -= 1
         total = sum(held.values())

@@ -48,7 +48,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from simulator.arithmetic.stacks import Stack, restack
-from simulator.common.vocabulary import ComputeKind
+from simulator.common.vocabulary import ATTENTION, ELEMENTWISE, GEMM, ComputeKind
 from simulator.request.model import ModelSpec
 
 __all__ = [
@@ -131,7 +131,7 @@ def _gemm(
     params = n * k + (n if bias else 0) if batch == 1 else 0
     if saved is None:
         saved = ACT_BYTES * batch * m * k
-    return OpCost(name, ComputeKind.GEMM, flops, traffic, flops, (m, n, k), params, batch, saved)
+    return OpCost(name, GEMM, flops, traffic, flops, (m, n, k), params, batch, saved)
 
 
 def _elementwise(
@@ -147,7 +147,7 @@ def _elementwise(
     element (its backward ``backward_passes``) and saving ``saved_per_element`` bytes."""
     return OpCost(
         name,
-        ComputeKind.ELEMENTWISE,
+        ELEMENTWISE,
         flops_per_element * elements,
         forward_passes * elements,
         0.0,
@@ -204,7 +204,7 @@ def _attention_core(
         return [
             OpCost(
                 "attn_core",
-                ComputeKind.ATTENTION,
+                ATTENTION,
                 flops,
                 traffic,
                 flops,
@@ -401,7 +401,7 @@ def fp8_ops(ops: list[OpCost]) -> list[OpCost]:
     backward: the output gradient's cast for the backward GEMMs)."""
     result: list[OpCost] = []
     for op in ops:
-        if op.kind != ComputeKind.GEMM or op.name not in FP8_GEMMS or op.shape is None:
+        if op.kind != GEMM or op.name not in FP8_GEMMS or op.shape is None:
             result.append(op)
             continue
         m, n, k = op.shape
@@ -426,7 +426,7 @@ def _backward_of(op: OpCost) -> tuple[OpCost, ...]:
 
 
 def _backward_ops(op: OpCost) -> list[OpCost]:
-    if op.kind == ComputeKind.GEMM:
+    if op.kind == GEMM:
         assert op.shape is not None
         m, n, k = op.shape
         if op.batch > 1:  # dA = dC·Bᵀ, dB = Aᵀ·dC, per head
@@ -439,12 +439,12 @@ def _backward_ops(op: OpCost) -> list[OpCost]:
             replace(dgrad, weight_params=0, fp8=op.fp8, kernels=op.backward_kernels),
             replace(wgrad, weight_params=op.weight_params, fp8=op.fp8, kernels=op.backward_kernels),
         ]
-    if op.kind == ComputeKind.ATTENTION:
+    if op.kind == ATTENTION:
         # reads Q, K, V, O, dO and the log-sum-exp, writes dQ, dK, dV
         return [
             OpCost(
                 f"{op.name}.bwd",
-                ComputeKind.ATTENTION,
+                ATTENTION,
                 2.5 * op.flops,
                 2.0 * op.bytes,
                 2.0 * op.model_flops,
@@ -480,7 +480,7 @@ def embedding_op(model: ModelSpec, micro_batch: int, tp: int) -> OpCost:
     passes = 4 + (2 if model.position == "learned" else 0) + (3 if model.dropout else 0)
     return OpCost(
         "embedding",
-        ComputeKind.ELEMENTWISE,
+        ELEMENTWISE,
         elements,
         passes * elements,
         0.0,

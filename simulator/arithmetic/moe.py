@@ -66,7 +66,12 @@ import numpy as np
 
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost, activation_op, backward_of
 from simulator.common.errors import ScenarioError
-from simulator.common.vocabulary import ComputeKind
+from simulator.common.vocabulary import (
+    ELEMENTWISE,
+    GEMM,
+    GROUPED_GEMM,
+    GROUPED_GEMM_WGRAD,
+)
 from simulator.request.moe import (
     HistogramRouting,
     MoESpec,
@@ -520,7 +525,7 @@ def _grouped_gemm(
     params = groups * (n * k + (n if bias else 0))
     return OpCost(
         name,
-        ComputeKind.GEMM,
+        GEMM,
         flops,
         ACT_BYTES * elements,
         flops,
@@ -626,14 +631,14 @@ def expert_backward_of(op: OpCost, local_experts: int = 1) -> list[OpCost]:
     its wgrad writes, every one of the ``local_experts`` weights. A ``grouped_gemm``
     op's backward is grouped too: the dgrad ``(m, k, n)`` per group and the wgrad, each
     group's ``k × n`` gradient reduced over its ``m`` rows (``grouped_gemm_wgrad``)."""
-    if op.kind == ComputeKind.GROUPED_GEMM:
+    if op.kind == GROUPED_GEMM:
         assert op.shape is not None
         m, n, k = op.shape
         g, rows = op.batch, op.flops / (2.0 * n * k) if n * k else 0.0
         real = op.model_flops / (2.0 * n * k) if n * k else 0.0
         dgrad = OpCost(
             f"{op.name}.dgrad",
-            ComputeKind.GROUPED_GEMM,
+            GROUPED_GEMM,
             op.flops,
             ACT_BYTES * (rows * n + g * n * k + rows * k),
             op.model_flops,
@@ -644,7 +649,7 @@ def expert_backward_of(op: OpCost, local_experts: int = 1) -> list[OpCost]:
         )
         wgrad = OpCost(
             f"{op.name}.wgrad",
-            ComputeKind.GROUPED_GEMM_WGRAD,
+            GROUPED_GEMM_WGRAD,
             op.flops,
             ACT_BYTES * (rows * k + rows * n + g * n * k),
             2.0 * real * n * k,
@@ -654,7 +659,7 @@ def expert_backward_of(op: OpCost, local_experts: int = 1) -> list[OpCost]:
             fp8=op.fp8,
         )
         return [dgrad, wgrad]
-    if op.kind != ComputeKind.GEMM or local_experts == 1:
+    if op.kind != GEMM or local_experts == 1:
         return backward_of(op)
     assert op.shape is not None
     m, n, k = op.shape
@@ -828,7 +833,7 @@ def _moved(name: str, elements: float, passes: tuple[float, float], saved: float
     forward, backward = passes
     return OpCost(
         name,
-        ComputeKind.ELEMENTWISE,
+        ELEMENTWISE,
         elements,
         forward * elements,
         0.0,
@@ -845,7 +850,7 @@ def _fp8_gemm(op: OpCost) -> list[OpCost]:
     inputs, grads = float(op.batch * m * k), float(op.batch * m * n)
     cast = OpCost(
         f"{op.name}.cast",
-        ComputeKind.ELEMENTWISE,
+        ELEMENTWISE,
         2 * inputs,
         3 * inputs,
         0.0,
@@ -873,7 +878,7 @@ def _grouped(
     params = groups * (n * k + (n if bias else 0))
     return OpCost(
         name,
-        ComputeKind.GROUPED_GEMM,
+        GROUPED_GEMM,
         flops,
         traffic,
         2.0 * real * n * k,
@@ -995,7 +1000,7 @@ def _gemm_op(name: str, m: int, n: int, k: int, saved: float = 0.0) -> OpCost:
     """A plain GEMM ``(m, k) @ (k, n)`` without weights (DeepSpeed's einsums)."""
     flops = 2.0 * m * n * k
     traffic = ACT_BYTES * (m * k + k * n + m * n)
-    return OpCost(name, ComputeKind.GEMM, flops, traffic, 0.0, (m, n, k), saved_bytes=saved)
+    return OpCost(name, GEMM, flops, traffic, 0.0, (m, n, k), saved_bytes=saved)
 
 
 def _grouped_experts(
@@ -1027,9 +1032,7 @@ def _grouped_experts(
     ops = [*fc1, activation_op(mlp, computed * local, prefix="expert_"), fc2]
     if not fp8:
         return ops
-    return [
-        x for op in ops for x in (_fp8_gemm(op) if op.kind == ComputeKind.GROUPED_GEMM else [op])
-    ]
+    return [x for op in ops for x in (_fp8_gemm(op) if op.kind == GROUPED_GEMM else [op])]
 
 
 def _looped_experts(
@@ -1059,13 +1062,11 @@ def _looped_experts(
         w1 = "expert_fc1" if first else f"expert_fc1.e{j}"
         w2 = "expert_fc2" if last else f"expert_fc2.e{j}"
         fc1 = _grouped(w1, r, p, local, h, 1, bias, ACT_BYTES * p * h)
-        gemms.append(replace(fc1, kind=ComputeKind.GEMM, batch=1))
+        gemms.append(replace(fc1, kind=GEMM, batch=1))
         if swiglu:
             up = _grouped(f"expert_fc1_up.e{j}", r, p, local, h, 1, bias, ACT_BYTES * p * h)
-            gemms.append(replace(up, kind=ComputeKind.GEMM, batch=1))
-        fc2 = replace(
-            _grouped(w2, r, p, h, local, 1, bias, ACT_BYTES * p * local), kind=ComputeKind.GEMM
-        )
+            gemms.append(replace(up, kind=GEMM, batch=1))
+        fc2 = replace(_grouped(w2, r, p, h, local, 1, bias, ACT_BYTES * p * local), kind=GEMM)
         where = _moved(f"expert_where.e{j}", float(top_k) * tokens, (8.0, 0.0))
         gather = _moved(f"expert_gather.e{j}", float(p) * h, _GATHER[False])
         act = activation_op(mlp, p * local, prefix="expert_")
@@ -1074,9 +1075,7 @@ def _looped_experts(
         add = _moved(f"expert_index_add.e{j}", float(r) * h, (6.0, 4.0))
         body = [*gemms[:1], *gemms[1:], act, fc2]
         if fp8:
-            body = [
-                x for op in body for x in (_fp8_gemm(op) if op.kind == ComputeKind.GEMM else [op])
-            ]
+            body = [x for op in body for x in (_fp8_gemm(op) if op.kind == GEMM else [op])]
         ops += [where, gather, *body, scale, add]
     return ops
 

@@ -8,12 +8,17 @@ import sys
 from typing import Any
 
 from simulator.cli.options import add_fidelity_option
-from simulator.common.vocabulary import ALGORITHMS, COLLECTIVE_KINDS, PROTOCOLS, CollectiveKind
+from simulator.common.vocabulary import (
+    ALGORITHMS,
+    BARRIER,
+    COLLECTIVE_KINDS,
+    PROTOCOLS,
+)
 
 __all__ = ["COLLBENCH_OPS", "add_parser", "command"]
 
 # every collective the IR names that moves data, and a point-to-point send/receive
-COLLBENCH_OPS = (*(kind for kind in COLLECTIVE_KINDS if kind != CollectiveKind.BARRIER), "sendrecv")
+COLLBENCH_OPS = (*(kind for kind in COLLECTIVE_KINDS if kind != BARRIER), "sendrecv")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

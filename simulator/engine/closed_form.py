@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any, cast
 
 from simulator.common.errors import DeadlockError, ScenarioError
-from simulator.common.vocabulary import CollectiveKind
+from simulator.common.vocabulary import ALL_TO_ALL
 from simulator.engine.alone import AloneTimes
 from simulator.engine.blocks import BlockTimer
 from simulator.engine.compute import ComputeModel
@@ -175,9 +175,7 @@ class _ClosedForm:
         splits = {
             r: cast(Collective, schedule.programs[r].ops[i]).splits for r, (i, _) in arrived.items()
         }
-        uneven = op.kind == CollectiveKind.ALL_TO_ALL and all(
-            v is not None for v in splits.values()
-        )
+        uneven = op.kind == ALL_TO_ALL and all(v is not None for v in splits.values())
         begin = max(self.ready[r][i] for r, (i, _) in arrived.items())
         seconds = self.collective_time(op, splits if uneven else None)
         stop = begin + seconds * self.stretch(arrived)
@@ -191,21 +189,23 @@ class _ClosedForm:
         src, dst = (rank, op.peer) if sending else (op.peer, rank)
         key = (src, dst, op.tag)
         # [side posted first, its posts in order]: one side waits at a time
-        waiting = self.channels.get(key)
+        channels = self.channels
+        waiting = channels.get(key)
         self.pending[index] = True
         if waiting is None or waiting[0] is sending:
             if waiting is None:
-                self.channels[key] = [sending, deque([(rank, op.id, index)])]
+                channels[key] = [sending, deque([(rank, op.id, index)])]
             else:
                 waiting[1].append((rank, op.id, index))
             return
         other_rank, other_id, other_index = waiting[1].popleft()
         if not waiting[1]:
-            del self.channels[key]
+            del channels[key]
         begin = max(at, self.ready[other_rank][other_id])
         stop = begin + self.p2p_time(src, dst, op.bytes) * self.stretch((src, dst))
-        self.finish(rank, op.id, begin, stop, index)
-        self.finish(other_rank, other_id, begin, stop, other_index)
+        finish = self.finish
+        finish(rank, op.id, begin, stop, index)
+        finish(other_rank, other_id, begin, stop, other_index)
 
     # -- the walk ----------------------------------------------------------------------
     def run(self) -> tuple:
@@ -215,6 +215,7 @@ class _ClosedForm:
         ready, start, end, runnable = self.ready, self.start, self.end, self.runnable
         host, factors, action_start = self.host, self.factors, self.action_start
         compute_time, block_time, point_end = self.compute_time, self.block_time, self.point_end
+        collective, point_to_point = self.collective, self.point_to_point
         woken = self.woken
         while runnable:
             index = self.current = runnable.popleft()
@@ -267,9 +268,9 @@ class _ClosedForm:
                     if op_id in waits:
                         woken(rank, op_id)
                 elif kind is Collective:
-                    self.collective(rank, op, at, index)
+                    collective(rank, op, at, index)
                 else:
-                    self.point_to_point(rank, op, at, index)
+                    point_to_point(rank, op, at, index)
         self.check_finished()
         return ready, start, end, *self.totals()
 

@@ -33,7 +33,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from simulator.common.vocabulary import CollectiveKind
+from simulator.common.vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    BARRIER,
+    BROADCAST,
+    REDUCE_SCATTER,
+)
 from simulator.engine.nccl import (
     ALGORITHMS,
     PROTOCOLS,
@@ -79,12 +86,12 @@ class Plan:
 
 def bus_factor(kind: str, n: int) -> float:
     """nccl-tests' bus bandwidth factor: ``busbw = algbw × factor``."""
-    if kind == CollectiveKind.ALL_REDUCE:
+    if kind == ALL_REDUCE:
         return 2 * (n - 1) / n
     if kind in (
-        CollectiveKind.ALL_GATHER,
-        CollectiveKind.REDUCE_SCATTER,
-        CollectiveKind.ALL_TO_ALL,
+        ALL_GATHER,
+        REDUCE_SCATTER,
+        ALL_TO_ALL,
     ):
         return (n - 1) / n
     return 1.0  # broadcast, p2p
@@ -180,7 +187,7 @@ def _candidates(
     n = len(gpus)
     groups = _by_node(cluster, gpus) if groups is None else groups
     nodes = len(groups)
-    if kind == CollectiveKind.ALL_TO_ALL:
+    if kind == ALL_TO_ALL:
         usage = _usage(cluster, [(a, b) for a in gpus for b in gpus if a != b])
         candidates = [_Candidate("direct", usage, (n - 1) * _rate(cluster, usage))]
         if nodes > 1 and len({len(g) for g in groups}) == 1 and len(groups[0]) > 1:
@@ -189,7 +196,7 @@ def _candidates(
     if kind == "p2p":
         usage = _usage(cluster, [(gpus[0], gpus[1])])
         return [_Candidate("direct", usage, _rate(cluster, usage))]
-    if kind == CollectiveKind.BROADCAST:
+    if kind == BROADCAST:
         edges = ring_edges(sorted(gpus))[:-1]
         usage = _usage(cluster, edges)
         return [_Candidate("ring", usage, _rate(cluster, usage))]
@@ -197,14 +204,9 @@ def _candidates(
     usage = _usage(cluster, edges)
     ring_busbw = rings * _rate(cluster, usage)
     candidates = [_Candidate("ring", usage, ring_busbw)]
-    if kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.BARRIER) and nodes > 1:
+    if kind in (ALL_REDUCE, BARRIER) and nodes > 1:
         candidates.append(_Candidate("tree", usage, ring_busbw))
-    if (
-        kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.BARRIER)
-        and nodes == 1
-        and cluster.has_nvls
-        and n > 2
-    ):
+    if kind in (ALL_REDUCE, BARRIER) and nodes == 1 and cluster.has_nvls and n > 2:
         up_down = _usage(
             cluster, [(g, g2) for g, g2 in zip(gpus, gpus[1:] + gpus[:1], strict=True)]
         )
@@ -228,7 +230,7 @@ def measured_in_step(
     cluster: Cluster, kind: str, gpus: list[int], size: float, splits: dict | None = None
 ) -> bool:
     """Whether a call of ``kind`` on ``gpus`` was measured in a scenario's own step."""
-    if kind == CollectiveKind.ALL_TO_ALL and splits:
+    if kind == ALL_TO_ALL and splits:
         size = even_equivalent(splits, sorted(gpus))
     return plan_collective(cluster, kind, gpus, size).choice.protocol == MEASURED_IN_STEP
 
@@ -371,7 +373,7 @@ def _plan_collective(
     calibrated = _calibrated_choice(cluster, kind, gpus, candidate.algorithm, size)
     if calibrated is not None:
         choice = calibrated
-    if kind == CollectiveKind.BARRIER or size <= 0:
+    if kind == BARRIER or size <= 0:
         return Plan(choice, [TransferSpec({}, 0.0, choice.latency)])
     if candidate.phases:
         link_algbw = algorithm_bandwidth(kind, "direct", candidate.link_busbw, n)
@@ -404,7 +406,7 @@ def collective_transfers(
 ) -> tuple[CollectiveChoice, list[TransferSpec]]:
     """NCCL's choice and the transfers of one collective (uneven all-to-all: a flow per
     pair; with a calibrated all-to-all fit, the fit at the size of its busiest member)."""
-    if kind == CollectiveKind.ALL_TO_ALL and splits is not None and len(gpus) > 1:
+    if kind == ALL_TO_ALL and splits is not None and len(gpus) > 1:
         if _calibrated_choice(cluster, kind, sorted(gpus), "direct") is not None:
             size = even_equivalent(splits, gpus)
             plan = plan_collective(cluster, kind, gpus, size, algorithm, protocol)

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from typing import Any, TypedDict
 
 from simulator.common.errors import ScenarioError
-from simulator.common.vocabulary import ComputeKind
+from simulator.common.vocabulary import ATTENTION, GEMM
 from simulator.engine.attention_kernels import grid_fill, resolve_backend, table_for
 from simulator.engine.gemm import FP8_K_OVERHEAD_FACTOR, GemmEfficiency, gemm_efficiency
 from simulator.engine.grouped_gemm import GROUPED_KINDS, grouped_gemm_seconds
@@ -83,7 +83,7 @@ def executed_flops(op: Any) -> float:
     attention op's causal share, every other op's own count."""
     if op.type == "block":
         return sum(executed_flops(inner) for inner in op.body if inner.type == "compute")
-    if op.kind == ComputeKind.ATTENTION and op.shape is not None:
+    if op.kind == ATTENTION and op.shape is not None:
         return op.flops * causal_fraction(op.shape[1])
     return op.flops
 
@@ -197,7 +197,7 @@ class ComputeModel:
                 k_overhead=self.k_overhead * (FP8_K_OVERHEAD_FACTOR if op.fp8 else 1.0),
                 streams=self.expert_streams,
             )
-        if kind == ComputeKind.GEMM:
+        if kind == GEMM:
             peak = self.fp8_peak * self.fp8_ratio if op.fp8 else self.peak
             if shape is not None and self.gemm is not None:
                 m, n, k = shape
@@ -206,7 +206,7 @@ class ComputeModel:
                     efficiency *= self._fp8_shape(m, n, k, op.batch)
                 return op.flops / (peak * efficiency)
             return op.flops / (peak * self.matmul_efficiency)
-        if kind == ComputeKind.ATTENTION:
+        if kind == ATTENTION:
             return self._attention_seconds(op)
         return op.flops / (self.peak * self.matmul_efficiency)
 

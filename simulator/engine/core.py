@@ -30,7 +30,7 @@ from typing import cast
 import simpy
 
 from simulator.common.errors import DeadlockError, ScenarioError
-from simulator.common.vocabulary import CollectiveKind
+from simulator.common.vocabulary import ALL_TO_ALL
 from simulator.engine.alone import AloneTimes, time_alone, with_images
 from simulator.engine.blocks import BlockTimer
 from simulator.engine.closed_form import evaluate
@@ -389,11 +389,7 @@ class _Engine:
         return cached
 
     def _launch_collective(self, group: str, rendezvous: _Rendezvous) -> None:
-        splits = (
-            rendezvous.splits
-            if rendezvous.kind == CollectiveKind.ALL_TO_ALL and rendezvous.splits
-            else None
-        )
+        splits = rendezvous.splits if rendezvous.kind == ALL_TO_ALL and rendezvous.splits else None
         self._run_transfers(group, rendezvous, splits)
 
     def _run_transfers(self, group: str, rendezvous: _Rendezvous, splits) -> None:

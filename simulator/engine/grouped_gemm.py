@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from simulator.common.vocabulary import ComputeKind
+from simulator.common.vocabulary import GROUPED_GEMM_WGRAD
 from simulator.engine.gemm import K_OVERHEAD, TILE_REUSE_CONSTANT, tile_shapes
 
 __all__ = [
@@ -120,7 +120,7 @@ def grouped_weight_elements(kind: str, shape: tuple[int, int, int], groups: int)
     """Elements of the per-group operand every group streams once: its weight
     (``n × k``) for ``grouped_gemm``, its weight gradient for ``grouped_gemm_wgrad``."""
     m, n, k = shape
-    per_group = m * n if kind == ComputeKind.GROUPED_GEMM_WGRAD else n * k
+    per_group = m * n if kind == GROUPED_GEMM_WGRAD else n * k
     return groups * per_group
 
 

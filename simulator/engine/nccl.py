@@ -28,7 +28,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simulator.common.vocabulary import ALGORITHMS, PROTOCOLS, CollectiveKind
+from simulator.common.vocabulary import (
+    ALGORITHMS,
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    BARRIER,
+    BROADCAST,
+    PROTOCOLS,
+    REDUCE_SCATTER,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -88,11 +97,11 @@ class CollectiveChoice:
 
 def ring_steps(kind: str, n: int) -> int:
     """Steps of NCCL's ring (and of a direct exchange) for ``kind`` on ``n`` ranks."""
-    if kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.BARRIER):
+    if kind in (ALL_REDUCE, BARRIER):
         return 2 * (n - 1)
-    if kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
+    if kind in (ALL_GATHER, REDUCE_SCATTER):
         return n - 1
-    if kind in (CollectiveKind.ALL_TO_ALL, "p2p"):
+    if kind in (ALL_TO_ALL, "p2p"):
         return 1
     return n  # broadcast, reduce
 
@@ -119,11 +128,11 @@ def latency_seconds(
         extra = inter_lat + intra_lat  # one NVLink hand-off, then the network
     else:
         steps = ring_steps(kind, n)
-        if kind == CollectiveKind.BROADCAST:
+        if kind == BROADCAST:
             hw = inter_lat if nodes > 1 else intra_lat
             extra = steps * hw
         else:
-            if kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.BARRIER):
+            if kind in (ALL_REDUCE, BARRIER):
                 inter_steps = 2 * nodes if nodes > 1 else 0
             else:
                 inter_steps = nodes - 1
@@ -153,7 +162,7 @@ def bus_bandwidth(
     ll_cap = _LL_MAX_BUSBW[min(nodes, 3)]
     if algorithm in ("ring", "direct", "hierarchical"):
         if protocol == "LL":
-            share = 0.25 if (nodes > 1 or kind == CollectiveKind.ALL_REDUCE) else 1.0 / 3.0
+            share = 0.25 if (nodes > 1 or kind == ALL_REDUCE) else 1.0 / 3.0
             return min(ll_cap, link_busbw * share)
         if protocol == "LL128":
             return link_busbw * (0.7 if ppn < 2 else 0.92)
@@ -179,5 +188,5 @@ def algorithm_bandwidth(kind: str, algorithm: str, busbw: float, n: int) -> floa
     if algorithm == "nvls":
         return busbw  # each GPU sends its buffer up once and receives the sum once
     if algorithm in ("direct", "hierarchical"):
-        return busbw * n / max(1, n - 1) if kind == CollectiveKind.ALL_TO_ALL else busbw
-    return busbw * n / ring_steps(kind, n) if kind != CollectiveKind.BROADCAST else busbw
+        return busbw * n / max(1, n - 1) if kind == ALL_TO_ALL else busbw
+    return busbw * n / ring_steps(kind, n) if kind != BROADCAST else busbw

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, final
 
-from simulator.common.vocabulary import ActionType
+from simulator.common.vocabulary import (
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    FULL_BACKWARD,
+    OVERLAP_F_B,
+    ActionType,
+)
 from simulator.request.placement import Placement
 from topologies.files import read_config_text
 
@@ -51,7 +58,7 @@ def check_sizes(stages: int, microbatches: int, virtual: int = 1) -> None:
             raise ValueError(f"{name} ({value!r}) must be a positive integer")
 
 
-COMPUTE_TYPES = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)
+COMPUTE_TYPES = (FORWARD, FULL_BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 
 
 _ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
@@ -90,7 +97,7 @@ class Overlap:
 
     forward: Action
     backward: Action
-    type: ClassVar[ActionType] = ActionType.OVERLAP_F_B
+    type: ClassVar[ActionType] = OVERLAP_F_B
 
     @property
     def parts(self) -> tuple[Action, Action]:
@@ -229,18 +236,18 @@ def validate_order(
             if action.type in seen:
                 raise ValueError(f"{where} appears twice")
             needs = {
-                ActionType.F: set(),
-                ActionType.B: {ActionType.F},
-                ActionType.I: {ActionType.F},
-                ActionType.W: {ActionType.I},
+                FORWARD: set(),
+                FULL_BACKWARD: {FORWARD},
+                BACKWARD_INPUT: {FORWARD},
+                BACKWARD_WEIGHT: {BACKWARD_INPUT},
             }[action.type]
             missing = needs - seen
             if missing:
                 raise ValueError(
                     f"{where} runs before {action.stage}{min(missing)}{action.microbatch}"
                 )
-            if (action.type == ActionType.B and ActionType.I in seen) or (
-                action.type == ActionType.I and ActionType.B in seen
+            if (action.type == FULL_BACKWARD and BACKWARD_INPUT in seen) or (
+                action.type == BACKWARD_INPUT and FULL_BACKWARD in seen
             ):
                 raise ValueError(f"{where}: a micro-batch has either B or I and W, not both")
             seen.add(action.type)
@@ -248,11 +255,11 @@ def validate_order(
         rank = placement.rank_of(stage)
         for mb in range(microbatches):
             seen = done.get((stage, mb), set())
-            if ActionType.F not in seen:
+            if FORWARD not in seen:
                 raise ValueError(f"rank {rank} never runs {stage}F{mb}")
-            if ActionType.B not in seen and ActionType.I not in seen:
+            if FULL_BACKWARD not in seen and BACKWARD_INPUT not in seen:
                 raise ValueError(f"rank {rank} never runs {stage}B{mb} (nor {stage}I{mb})")
-            if ActionType.I in seen and ActionType.W not in seen:
+            if BACKWARD_INPUT in seen and BACKWARD_WEIGHT not in seen:
                 raise ValueError(f"rank {rank} runs {stage}I{mb} but never {stage}W{mb}")
     _check_progress(actions_of, stages)
 
@@ -263,21 +270,21 @@ def _check_progress(order: Mapping[int, Sequence[Action]], total: int) -> None:
     position = dict.fromkeys(order, 0)
 
     def needs(action: Action) -> tuple[int, str, int] | None:
-        if action.type == ActionType.F and action.stage > 0:
-            return (action.stage - 1, ActionType.F, action.microbatch)
-        if action.type in (ActionType.B, ActionType.I) and action.stage < total - 1:
-            return (action.stage + 1, ActionType.I, action.microbatch)
+        if action.type == FORWARD and action.stage > 0:
+            return (action.stage - 1, FORWARD, action.microbatch)
+        if action.type in (FULL_BACKWARD, BACKWARD_INPUT) and action.stage < total - 1:
+            return (action.stage + 1, BACKWARD_INPUT, action.microbatch)
         return None
 
     def ready(action: Action) -> bool:
         need = needs(action)
         if need is None:
             return True
-        if need[1] == ActionType.I:
+        if need[1] == BACKWARD_INPUT:
             # the next stage's input gradient comes from its full or its input backward
-            return (need[0], ActionType.I, need[2]) in finished or (
+            return (need[0], BACKWARD_INPUT, need[2]) in finished or (
                 need[0],
-                ActionType.B,
+                FULL_BACKWARD,
                 need[2],
             ) in finished
         return need in finished
@@ -298,7 +305,7 @@ def _check_progress(order: Mapping[int, Sequence[Action]], total: int) -> None:
             action = order[rank][position[rank]]
             need = needs(action)
             assert need is not None
-            kind = ActionType.F if need[1] == ActionType.F else "B/I"
+            kind = FORWARD if need[1] == FORWARD else "B/I"
             waits.append(f"pipeline rank {rank} waits at {action} for {need[0]}{kind}{need[2]}")
         raise ValueError(f"pipeline order can never finish: {'; '.join(waits)}")
 
@@ -311,9 +318,9 @@ def in_flight_peak(actions: Iterable[Step]) -> int:
     """
     in_flight = peak = 0
     for action in compute_actions(actions):
-        if action.type == ActionType.F:
+        if action.type == FORWARD:
             in_flight += 1
             peak = max(peak, in_flight)
-        elif action.type in (ActionType.B, ActionType.I):
+        elif action.type in (FULL_BACKWARD, BACKWARD_INPUT):
             in_flight -= 1
     return peak

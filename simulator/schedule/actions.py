@@ -22,7 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simulator.common.vocabulary import ActionType
+from simulator.common.vocabulary import (
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    FULL_BACKWARD,
+    RECV_B,
+    RECV_F,
+    SEND_B,
+    SEND_F,
+)
 from simulator.request.orders import Action, Overlap, Step
 from simulator.request.placement import Placement
 
@@ -34,37 +43,38 @@ def with_communication(order: Sequence[Step], placement: Placement) -> list[Step
     receives before and sends after the actions that need them."""
     lowered: list[Step] = []
     last = placement.stages - 1
+    same_rank = placement.same_rank
+    append = lowered.append
+    backwards = (FULL_BACKWARD, BACKWARD_INPUT)
 
-    def crosses(stage: int, other: int) -> bool:
-        return not placement.same_rank(stage, other)
-
-    def receives(action: Action) -> list[Action]:
-        stage, mb = action.stage, action.microbatch
-        if action.type == ActionType.F and stage > 0 and crosses(stage, stage - 1):
-            return [Action(stage, ActionType.RECV_F, mb)]
-        if (
-            action.type in (ActionType.B, ActionType.I)
-            and stage < last
-            and crosses(stage, stage + 1)
-        ):
-            return [Action(stage, ActionType.RECV_B, mb)]
-        if action.type not in (ActionType.F, ActionType.B, ActionType.I, ActionType.W):
+    def receive(action: Action) -> None:
+        stage, kind = action.stage, action.type
+        if kind == FORWARD:
+            if stage > 0 and not same_rank(stage, stage - 1):
+                append(Action(stage, RECV_F, action.microbatch))
+        elif kind in backwards:
+            if stage < last and not same_rank(stage, stage + 1):
+                append(Action(stage, RECV_B, action.microbatch))
+        elif kind != BACKWARD_WEIGHT:
             raise ValueError(f"unsupported pipeline action {action}")
-        return []
 
-    def sends(action: Action) -> list[Action]:
-        stage, mb = action.stage, action.microbatch
-        if action.type == ActionType.F and stage < last and crosses(stage, stage + 1):
-            return [Action(stage, ActionType.SEND_F, mb)]
-        if action.type in (ActionType.B, ActionType.I) and stage > 0 and crosses(stage, stage - 1):
-            return [Action(stage, ActionType.SEND_B, mb)]
-        return []
+    def send(action: Action) -> None:
+        stage, kind = action.stage, action.type
+        if kind == FORWARD:
+            if stage < last and not same_rank(stage, stage + 1):
+                append(Action(stage, SEND_F, action.microbatch))
+        elif kind in backwards and stage > 0 and not same_rank(stage, stage - 1):
+            append(Action(stage, SEND_B, action.microbatch))
 
     for step in order:
-        parts = step.parts if type(step) is Overlap else (step,)
-        for part in parts:
-            lowered += receives(part)
-        lowered.append(step)
-        for part in parts:
-            lowered += sends(part)
+        if type(step) is Overlap:
+            receive(step.forward)
+            receive(step.backward)
+            append(step)
+            send(step.forward)
+            send(step.backward)
+        else:
+            receive(step)
+            append(step)
+            send(step)
     return lowered

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
-from simulator.common.vocabulary import CollectiveKind
+from simulator.common.vocabulary import ALL_TO_ALL
 from simulator.schedule.ir import Recv, Send
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class ContextParallelLowering:
         assert group is not None  # called for a CP layer only
         tags: dict[str, Any] = self.out.w.tag_set("cp", layer, mb, phase, self.out.stage)
         op = self.out.w.collective(
-            CollectiveKind.ALL_TO_ALL,
+            ALL_TO_ALL,
             group,
             size,
             "cp",

@@ -30,7 +30,7 @@ from simulator.arithmetic.moe import (
     padded_capacity_rows,
     shared_expert_ops,
 )
-from simulator.common.vocabulary import CollectiveKind, ComputeKind
+from simulator.common.vocabulary import ALL_TO_ALL, GROUPED_GEMM
 from simulator.schedule.ir import Collective
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class ExpertLowering:
             return None
         splits = tuple(float(b) for b in splits)
         op = self.out.w.collective(
-            CollectiveKind.ALL_TO_ALL,
+            ALL_TO_ALL,
             self.ep_group,
             sum(splits),
             "ep",
@@ -177,7 +177,7 @@ class ExpertLowering:
 
         def grads(costs) -> None:
             for cost in reversed(costs):
-                grouped = cost.kind == ComputeKind.GROUPED_GEMM
+                grouped = cost.kind == GROUPED_GEMM
                 backward = expert_backward_of(cost, local) if grouped else backward_of(cost)
                 self._grads(backward, prefix, mb, final, tags, self.out.stage, defer)
 

@@ -50,7 +50,13 @@ import math
 
 from simulator.arithmetic.counts import layer_fp8_parameters, pipeline_rank_parameters
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
-from simulator.common.vocabulary import CollectiveKind, ComputeKind
+from simulator.common.vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ELEMENTWISE,
+    OPTIMIZER,
+    REDUCE_SCATTER,
+)
 from simulator.request.knobs import DDP_BUCKET_BYTES
 from simulator.schedule.context import StepConfig
 from simulator.schedule.sharded_dp import sharding_for
@@ -143,7 +149,7 @@ class DataParallelGradients:
         w = self.out.w
         self.early_gather = [
             w.collective(
-                CollectiveKind.ALL_GATHER,
+                ALL_GATHER,
                 group,
                 size,
                 "dp",
@@ -194,9 +200,15 @@ class DataParallelGradients:
             sharded.after_layer_backward(layer, microbatch, final)
 
     def grad_ready(
-        self, params: int, producer: int, microbatch: int, final: bool, expert: bool = False
+        self,
+        params: int,
+        producer: int | tuple[int, int],
+        microbatch: int,
+        final: bool,
+        expert: bool = False,
     ) -> None:
-        """``params`` weight gradients were completed by op ``producer``; ``final``: in
+        """``params`` weight gradients were completed by op ``producer`` (``(block, body
+        op)``: an op inside a layer's block); ``final``: in
         the stage's last backward, when they are whole and can be reduced."""
         if self.sharded is not None:
             if final or self.sharded.reduces_every_microbatch:
@@ -215,16 +227,12 @@ class DataParallelGradients:
         if self.bucket_bytes[group] >= cap:
             self._flush_bucket(group, producer, microbatch)
 
-    def _flush_bucket(self, group: str, producer: int, microbatch: int) -> None:
+    def _flush_bucket(self, group: str, producer: int | tuple[int, int], microbatch: int) -> None:
         w = self.out.w
         size = self.bucket_bytes.get(group, 0.0)
         if size <= 0:
             return
-        kind = (
-            CollectiveKind.REDUCE_SCATTER
-            if self.recipe.shards_optimizer
-            else CollectiveKind.ALL_REDUCE
-        )
+        kind = REDUCE_SCATTER if self.recipe.shards_optimizer else ALL_REDUCE
         index = self.bucket_index.get(group, 0)
         label = f"{self.layout.axis_of_group(group)}.bucket{index}"
         self.last_buckets[group] = w.collective(
@@ -250,12 +258,10 @@ class DataParallelGradients:
         edp = layout.expert_shard_degree if self.recipe.shards_optimizer else 1
         local = (self.parameters - experts) / dp + experts / edp
         grad_bytes = self.recipe.grad_bytes
-        grad_norm = OpCost(
-            "grad_norm", ComputeKind.ELEMENTWISE, 2.0 * local, grad_bytes * local, 0.0
-        )
+        grad_norm = OpCost("grad_norm", ELEMENTWISE, 2.0 * local, grad_bytes * local, 0.0)
         optimizer = OpCost(
             "optimizer",
-            ComputeKind.OPTIMIZER,
+            OPTIMIZER,
             ADAM_FLOPS_PER_PARAM * local,
             (self.recipe.optimizer_step_bytes + 2 * grad_bytes) * local,
             0.0,
@@ -280,7 +286,7 @@ class DataParallelGradients:
             )
             expert_fp8 = experts if self.recipe.fp8 else 0
             fp8 = (fp8 - expert_fp8) / dp + expert_fp8 / edp
-            cast = OpCost("fp8_weight_cast", ComputeKind.ELEMENTWISE, 2.0 * fp8, 4.0 * fp8, 0.0)
+            cast = OpCost("fp8_weight_cast", ELEMENTWISE, 2.0 * fp8, 4.0 * fp8, 0.0)
             self.out.run(cast, "optimizer.fp8_weight_cast", phase="optimizer")
         if self.gathers and self.early_gather is None:
             # ZeRO-1: every rank updated 1/dp of the weights (its experts' 1/edp); gather
@@ -291,7 +297,7 @@ class DataParallelGradients:
                 calls = max(1, math.ceil(total / self.gather_chunk)) if self.gather_chunk else 1
                 for index in range(calls):
                     w.collective(
-                        CollectiveKind.ALL_GATHER,
+                        ALL_GATHER,
                         group,
                         total / calls,
                         "dp",

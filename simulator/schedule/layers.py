@@ -58,7 +58,22 @@ from simulator.arithmetic.layer_ops import (
     loss_op,
 )
 from simulator.arithmetic.stacks import restack, stack_of
-from simulator.common.vocabulary import PHASE_OF_PART, ActionType, CollectiveKind, ComputeKind
+from simulator.common.vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ATTENTION,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    FULL_BACKWARD,
+    PHASE_OF_PART,
+    RECV_B,
+    RECV_F,
+    REDUCE_SCATTER,
+    SEND_B,
+    SEND_F,
+    CollectiveKind,
+)
 from simulator.request.orders import Action, Overlap, Step, compute_actions
 from simulator.schedule.actions import with_communication
 from simulator.schedule.bodies import ActionBody, LayerBody, SharedBody
@@ -152,7 +167,6 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         self.gradients = DataParallelGradients(
             config, self.out, self.pipeline_rank, self.dp_group, self.edp_group
         )
-        self.out.sink = self.gradients
 
     # -- helpers ----------------------------------------------------------------------
     def _layers(self, stage: int) -> range:
@@ -190,11 +204,13 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         """``RECV_F`` (the input activation from the previous stage) or ``RECV_B`` (the
         output gradient from the next), posted eagerly; the action's compute waits."""
         stage, mb = action.stage, action.microbatch
-        self.out.stage = stage
-        self.out.w.action_open = True
-        forward = action.type == ActionType.RECV_F
+        out = self.out
+        w = out.w
+        out.stage = stage
+        w.action_open = True
+        forward = action.type == RECV_F
         peer = stage - 1 if forward else stage + 1
-        recv = self.out.w.p2p(
+        recv = w.p2p(
             Recv,
             self._stream("pp_recv_fwd" if forward else "pp_recv_bwd", stage),
             self._neighbour(peer),
@@ -202,39 +218,43 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             self._tag(peer, mb, 0 if forward else 1),
             f"recv.{'act' if forward else 'grad'}.s{stage}.mb{mb}",
             (),
-            self.out.w.tag_set("pp", None, mb, phase, stage),
+            w.tag_set("pp", None, mb, phase, stage),
         )
-        self.out.waits.append(recv)
+        out.waits.append(recv)
 
     def send(self, action: Action, phase: str) -> None:
         """``SEND_F`` (the output activation to the next stage) or ``SEND_B`` (the input
         gradient to the previous), after everything the action computed."""
         stage, mb = action.stage, action.microbatch
-        forward = action.type == ActionType.SEND_F
-        self.out.w.p2p(
+        forward = action.type == SEND_F
+        out = self.out
+        w = out.w
+        w.p2p(
             Send,
             self._stream("pp_send_fwd" if forward else "pp_send_bwd", stage),
             self._neighbour(stage + 1 if forward else stage - 1),
             self.boundary_bytes,
             self._tag(stage, mb, 0 if forward else 1),
             f"send.{'act' if forward else 'grad'}.s{stage}.mb{mb}",
-            self.out.after_last(),
-            self.out.w.tag_set("pp", None, mb, phase, stage),
+            out.after_last(),
+            w.tag_set("pp", None, mb, phase, stage),
         )
 
     def forward(self, stage: int, mb: int, blocked: bool = False) -> None:
         """An ``F`` action's compute and TP communication."""
-        self.out.stage = stage
-        self.out.w.action_open = True
-        self._action(ActionType.F, stage, mb, "fwd", blocked, self._forward_body)
+        out = self.out
+        out.stage = stage
+        out.w.action_open = True
+        self._action(FORWARD, stage, mb, "fwd", blocked, self._forward_body)
 
     def backward(self, stage: int, mb: int, final: bool, part: str, blocked: bool = False) -> None:
         """A ``B`` (all of it), ``I`` (input gradients, weight gradients deferred) or ``W``
         (the deferred weight gradients) action's compute and TP communication."""
-        self.out.stage = stage
-        self.out.w.action_open = True
+        out = self.out
+        out.stage = stage
+        out.w.action_open = True
         phase = self._PHASES[part]
-        if part == ActionType.W:
+        if part == BACKWARD_WEIGHT:
             body = lambda s, m: self._weight_gradients(s, m, final)  # noqa: E731
         else:
             body = lambda s, m: self._backward_body(s, m, final, part)  # noqa: E731
@@ -246,16 +266,14 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         fwd: dict[str, Any] = dict(phase="fwd", microbatch=mb)
         if stage == 0:
             self.run(self.embedding, f"embedding.fwd.mb{mb}", **fwd)
-            kind = CollectiveKind.REDUCE_SCATTER if self.sp else CollectiveKind.ALL_REDUCE
+            kind = REDUCE_SCATTER if self.sp else ALL_REDUCE
             self.wait_for(self._tp_collective(kind, f"embedding.{kind}.mb{mb}", **fwd))
         for layer in self._layers(stage):
             self._layer_forward(layer, mb, "fwd")
         if stage == self.stages - 1:
             self.run(self.final_norm, f"final_ln.fwd.mb{mb}", **fwd)
             if self.sp:
-                self.wait_for(
-                    self._tp_collective(CollectiveKind.ALL_GATHER, f"final_ln.ag.mb{mb}", **fwd)
-                )
+                self.wait_for(self._tp_collective(ALL_GATHER, f"final_ln.ag.mb{mb}", **fwd))
             self.run(self.logits, f"logits.fwd.mb{mb}", **fwd)
             self.run(self.loss, f"loss.fwd.mb{mb}", **fwd)
 
@@ -282,13 +300,15 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                     shared[shape] = SharedBody(cached, self.rank)
         # a reused body does to the deferred weight gradients what writing it did (for a
         # body written just now, doing it again changes nothing)
-        if kind == ActionType.W:  # its weight gradients are in the body already
+        if kind == BACKWARD_WEIGHT:  # its weight gradients are in the body already
             self.deferred.pop((stage, mb), None)
         elif cached.deferred:  # an I action defers the weight gradients its W will run
             self.deferred[(stage, mb)] = list(cached.deferred)
-        deps, self.out.waits = tuple(self.out.waits), []
-        tags = self.out.w.tag_set(None, None, mb, phase, stage)
-        self.out.last = self.out.w.block(
+        out = self.out
+        w = out.w
+        deps, out.waits = tuple(out.waits), []
+        tags = w.tag_set(None, None, mb, phase, stage)
+        out.last = w.block(
             cached.ops,
             cached.flops,
             cached.bytes,
@@ -336,18 +356,18 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
     # forward op name -> the TP/SP collective that follows it
     _FWD_COMM: dict[bool, dict[str, CollectiveKind]] = {
         False: {
-            "proj": CollectiveKind.ALL_REDUCE,
-            "fc2": CollectiveKind.ALL_REDUCE,
-            "expert_fc2": CollectiveKind.ALL_REDUCE,
-            "shared_fc2": CollectiveKind.ALL_REDUCE,
+            "proj": ALL_REDUCE,
+            "fc2": ALL_REDUCE,
+            "expert_fc2": ALL_REDUCE,
+            "shared_fc2": ALL_REDUCE,
         },
         True: {
-            "ln1": CollectiveKind.ALL_GATHER,
-            "proj": CollectiveKind.REDUCE_SCATTER,
-            "ln2": CollectiveKind.ALL_GATHER,
-            "fc2": CollectiveKind.REDUCE_SCATTER,
-            "expert_fc2": CollectiveKind.REDUCE_SCATTER,
-            "shared_fc2": CollectiveKind.REDUCE_SCATTER,
+            "ln1": ALL_GATHER,
+            "proj": REDUCE_SCATTER,
+            "ln2": ALL_GATHER,
+            "fc2": REDUCE_SCATTER,
+            "expert_fc2": REDUCE_SCATTER,
+            "shared_fc2": REDUCE_SCATTER,
         },
     }
     _MLP = ("fc1.cast", "fc1", "gelu", "swiglu", "fc2.cast", "fc2")
@@ -372,14 +392,14 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         the GEMM that produces it, chunk by chunk (Transformer Engine's userbuffers)."""
         phase = tags["phase"]
         label = f"L{layer}.{cost.name}.{phase}.mb{mb}"
-        if self.cp_group is not None and cost.kind == ComputeKind.ATTENTION:
+        if self.cp_group is not None and cost.kind == ATTENTION:
             self._cp_before(cost, layer, mb, phase)
             self.run(cost, label, **tags)
             self._cp_after(cost, layer, mb, phase)
             return
         kind = self._FWD_COMM[self.sp].get(cost.name)
         comm_label = f"L{layer}.{cost.name}.{kind}.{phase}.mb{mb}"
-        if self.pipelined and kind == CollectiveKind.REDUCE_SCATTER and self.tp_group is not None:
+        if self.pipelined and kind == REDUCE_SCATTER and self.tp_group is not None:
             scatter = cast(int, self._tp_collective(kind, comm_label, **tags))  # a TP group
             self.run(cost, label, (scatter,), **tags)
             self.wait_for(scatter)
@@ -388,21 +408,21 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         if kind is None:
             return
         collective = self._tp_collective(kind, comm_label, **tags)
-        if self.pipelined and kind == CollectiveKind.ALL_GATHER and collective is not None:
+        if self.pipelined and kind == ALL_GATHER and collective is not None:
             self.out.gathers.append(collective)
         else:
             self.wait_for(collective)
 
     # -- backward ---------------------------------------------------------------------
     _PHASES = PHASE_OF_PART
-    _BACKWARD = PHASE_OF_PART[ActionType.B]
+    _BACKWARD = PHASE_OF_PART[FULL_BACKWARD]
 
     def _backward_body(self, stage: int, mb: int, final: bool, part: str) -> None:
         """The backward's compute and TP communication: loss, logits and final norm
         (last stage), the layers in reverse, the embedding (first stage)."""
         phase = self._PHASES[part]
         bwd = dict(phase=phase, microbatch=mb)
-        defer = part == ActionType.I
+        defer = part == BACKWARD_INPUT
         if stage == self.stages - 1:
             # logits and embedding weights tied on one stage: one gradient, counted once
             tied = self.stages == 1 and self.model.tie_embeddings
@@ -414,26 +434,26 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         if stage == 0:
             if self.sp:  # the backward of the embedding's reduce-scatter
                 label = f"embedding.all_gather.bwd.mb{mb}"
-                self.wait_for(self._tp_collective(CollectiveKind.ALL_GATHER, label, **bwd))
+                self.wait_for(self._tp_collective(ALL_GATHER, label, **bwd))
             self._grads(backward_of(self.embedding), "", mb, final, bwd, stage, defer)
 
     # backward op name -> the TP (SP) collective that follows it in Megatron-LM
     _BWD_COMM: dict[bool, dict[str, CollectiveKind]] = {
         False: {
-            "logits.dgrad": CollectiveKind.ALL_REDUCE,
-            "qkv.dgrad": CollectiveKind.ALL_REDUCE,
-            "fc1.dgrad": CollectiveKind.ALL_REDUCE,
-            "expert_fc1.dgrad": CollectiveKind.ALL_REDUCE,
-            "shared_fc1.dgrad": CollectiveKind.ALL_REDUCE,
+            "logits.dgrad": ALL_REDUCE,
+            "qkv.dgrad": ALL_REDUCE,
+            "fc1.dgrad": ALL_REDUCE,
+            "expert_fc1.dgrad": ALL_REDUCE,
+            "shared_fc1.dgrad": ALL_REDUCE,
         },
         True: {
-            "logits.dgrad": CollectiveKind.REDUCE_SCATTER,
-            "qkv.dgrad": CollectiveKind.REDUCE_SCATTER,
-            "fc1.dgrad": CollectiveKind.REDUCE_SCATTER,
-            "expert_fc1.dgrad": CollectiveKind.REDUCE_SCATTER,
-            "shared_fc1.dgrad": CollectiveKind.REDUCE_SCATTER,
-            "residual2.bwd": CollectiveKind.ALL_GATHER,
-            "residual1.bwd": CollectiveKind.ALL_GATHER,
+            "logits.dgrad": REDUCE_SCATTER,
+            "qkv.dgrad": REDUCE_SCATTER,
+            "fc1.dgrad": REDUCE_SCATTER,
+            "expert_fc1.dgrad": REDUCE_SCATTER,
+            "shared_fc1.dgrad": REDUCE_SCATTER,
+            "residual2.bwd": ALL_GATHER,
+            "residual1.bwd": ALL_GATHER,
         },
     }
     # column-parallel GEMMs whose SP-sharded input Megatron-LM all-gathers again in the
@@ -466,7 +486,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             if self.sp and name in self._REGATHER:
                 label = f"{prefix}{name.split('.')[0]}.input_ag.bwd.mb{mb}"
                 # SP is on with more than one TP rank only: there is a TP group
-                regather = cast(int, self._tp_collective(CollectiveKind.ALL_GATHER, label, **tags))
+                regather = cast(int, self._tp_collective(ALL_GATHER, label, **tags))
                 if self.overlap_tp:
                     self.out.gathers.append(regather)  # beside the dgrad; the wgrad waits
                 else:
@@ -479,13 +499,13 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                 entry = (grad, f"{prefix}{name}", params, expert)
                 self.deferred.setdefault((stage, mb), []).append(entry)
                 continue
-            attention = self.cp_group is not None and grad.kind == ComputeKind.ATTENTION
+            attention = self.cp_group is not None and grad.kind == ATTENTION
             if attention:
                 self._cp_before(grad, tags["layer"], mb, tags["phase"])
             op = self.run(grad, f"{prefix}{name}.mb{mb}", tuple(pending), **tags)
             if attention:
                 self._cp_after(grad, tags["layer"], mb, tags["phase"])
-            self.out.sink.grad_ready(params, op, mb, final, expert)
+            (self.out.sink or self.gradients).grad_ready(params, op, mb, final, expert)
             kind = comm.get(name)
             if kind is None:
                 continue
@@ -495,7 +515,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                 continue
             if name.endswith(".dgrad") and self.overlap_tp:
                 pending.append(collective)  # overlaps the weight gradient
-            elif kind == CollectiveKind.ALL_GATHER and self.pipelined:
+            elif kind == ALL_GATHER and self.pipelined:
                 self.out.gathers.append(collective)  # beside the next (row-parallel) dgrad
             else:
                 self.wait_for(collective)
@@ -539,7 +559,9 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         block = self.out.w.block(entry.ops, entry.flops, entry.bytes, label, deps, mb, tags)
         self.out.last = (block, entry.last)  # an op inside the block
         for params, producer, expert in entry.ready:
-            self.out.sink.grad_ready(params, (block, producer), mb, final, expert)
+            (self.out.sink or self.gradients).grad_ready(
+                params, (block, producer), mb, final, expert
+            )
         if entry.deferred:
             self.deferred.setdefault((self.out.stage, mb), []).extend(entry.deferred)
         self.gradients.after_layer_backward(layer, mb, final)
@@ -622,7 +644,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
     def _weight_gradients(self, stage: int, mb: int, final: bool) -> None:
         for grad, label, params, expert in self.deferred.pop((stage, mb), []):
             op = self.run(grad, f"{label}.mb{mb}", phase="bwd_weight", microbatch=mb)
-            self.out.sink.grad_ready(params, op, mb, final, expert)
+            (self.out.sink or self.gradients).grad_ready(params, op, mb, final, expert)
 
     # -- an overlapped forward and backward --------------------------------------------
     def overlapped(self, pair: Overlap, blocked: bool) -> None:
@@ -638,7 +660,7 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
             strands = []
             for action, write in (
                 (forward, self._forward_body),
-                (backward, lambda s, m: self._backward_body(s, m, False, ActionType.B)),
+                (backward, lambda s, m: self._backward_body(s, m, False, FULL_BACKWARD)),
             ):
                 with self.out.strand(action.stage) as writer:
                     write(action.stage, action.microbatch)
@@ -673,8 +695,8 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
         last_grad = {}
         actions = list(compute_actions(order))
         for act in actions:
-            if act.type in (ActionType.B, ActionType.W, ActionType.I):
-                last_grad[(act.stage, act.type == ActionType.I)] = act
+            if act.type in (FULL_BACKWARD, BACKWARD_WEIGHT, BACKWARD_INPUT):
+                last_grad[(act.stage, act.type == BACKWARD_INPUT)] = act
         finals = set(last_grad.values())
         self.gradients.begin_step(actions[0].stage)
         lowered = with_communication(order, self.config.recipe.placement)
@@ -687,18 +709,14 @@ class RankLowering(ExpertLowering, ContextParallelLowering):
                         "parallelism and is not overlapped"
                     )
                 self.overlapped(action, blocks)
-            elif kind in (ActionType.RECV_F, ActionType.RECV_B):
-                self.receive(
-                    action, "fwd" if kind == ActionType.RECV_F else self._PHASES[ActionType.B]
-                )
-            elif kind in (ActionType.SEND_F, ActionType.SEND_B):
-                self.send(
-                    action, "fwd" if kind == ActionType.SEND_F else self._PHASES[ActionType.B]
-                )
+            elif kind in (RECV_F, RECV_B):
+                self.receive(action, "fwd" if kind == RECV_F else self._PHASES[FULL_BACKWARD])
+            elif kind in (SEND_F, SEND_B):
+                self.send(action, "fwd" if kind == SEND_F else self._PHASES[FULL_BACKWARD])
             else:
                 final = action in finals
                 blocked = blocks and not final
-                if kind == ActionType.F:
+                if kind == FORWARD:
                     self.forward(action.stage, action.microbatch, blocked)
                 else:
                     self.backward(action.stage, action.microbatch, final, kind, blocked)

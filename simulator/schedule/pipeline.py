@@ -42,7 +42,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 
-from simulator.common.vocabulary import CHUNKS_PER_RANK, PIPELINE_SCHEDULES, ActionType
+from simulator.common.vocabulary import (
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    CHUNKS_PER_RANK,
+    FORWARD,
+    FULL_BACKWARD,
+    PIPELINE_SCHEDULES,
+    ActionType,
+)
 from simulator.request.orders import Action, Overlap, Step, check_sizes
 from simulator.request.placement import Placement
 
@@ -62,8 +70,8 @@ def gpipe_order(stages: int, microbatches: int) -> dict[int, list[Action]]:
     """GPipe: every stage runs all forwards, then all backwards."""
     check_sizes(stages, microbatches)
     return {
-        s: [Action(s, ActionType.F, i) for i in range(microbatches)]
-        + [Action(s, ActionType.B, i) for i in range(microbatches)]
+        s: [Action(s, FORWARD, i) for i in range(microbatches)]
+        + [Action(s, FULL_BACKWARD, i) for i in range(microbatches)]
         for s in range(stages)
     }
 
@@ -74,13 +82,13 @@ def one_f_one_b_order(stages: int, microbatches: int) -> dict[int, list[Action]]
     orders: dict[int, list[Action]] = {}
     for s in range(stages):
         warmup = min(stages - s, microbatches)
-        actions = [Action(s, ActionType.F, i) for i in range(warmup)]
+        actions = [Action(s, FORWARD, i) for i in range(warmup)]
         next_forward, next_backward = warmup, 0
         while next_backward < microbatches:
-            actions.append(Action(s, ActionType.B, next_backward))
+            actions.append(Action(s, FULL_BACKWARD, next_backward))
             next_backward += 1
             if next_forward < microbatches:
-                actions.append(Action(s, ActionType.F, next_forward))
+                actions.append(Action(s, FORWARD, next_forward))
                 next_forward += 1
         orders[s] = actions
     return orders
@@ -115,16 +123,16 @@ def interleaved_1f1b_order(stages: int, microbatches: int, virtual: int) -> dict
 
         def action(k: int, kind: ActionType, rank: int = rank) -> Action:
             chunk = (k // stages) % virtual
-            if kind == ActionType.B:
+            if kind == FULL_BACKWARD:
                 chunk = virtual - 1 - chunk
             microbatch = (k // (stages * virtual)) * stages + k % stages
             return Action(placement.stage_of(rank, chunk), kind, microbatch)
 
-        actions = [action(k, ActionType.F) for k in range(warmup)]
+        actions = [action(k, FORWARD) for k in range(warmup)]
         for k in range(total - warmup):
-            actions.append(action(warmup + k, ActionType.F))
-            actions.append(action(k, ActionType.B))
-        actions.extend(action(k, ActionType.B) for k in range(total - warmup, total))
+            actions.append(action(warmup + k, FORWARD))
+            actions.append(action(k, FULL_BACKWARD))
+        actions.extend(action(k, FULL_BACKWARD) for k in range(total - warmup, total))
         orders[rank] = actions
     return orders
 
@@ -135,16 +143,16 @@ def _zero_bubble_order(stages: int, microbatches: int, factor: int) -> dict[int,
     orders: dict[int, list[Action]] = {}
     for s in range(stages):
         warmup = min(factor * (stages - 1 - s), microbatches)
-        actions = [Action(s, ActionType.F, i) for i in range(warmup)]
+        actions = [Action(s, FORWARD, i) for i in range(warmup)]
         next_weight = 0
         for i in range(microbatches):
             if warmup + i < microbatches:
-                actions.append(Action(s, ActionType.F, warmup + i))
-            actions.append(Action(s, ActionType.I, i))
+                actions.append(Action(s, FORWARD, warmup + i))
+            actions.append(Action(s, BACKWARD_INPUT, i))
             if i >= factor * s:
-                actions.append(Action(s, ActionType.W, next_weight))
+                actions.append(Action(s, BACKWARD_WEIGHT, next_weight))
                 next_weight += 1
-        actions.extend(Action(s, ActionType.W, i) for i in range(next_weight, microbatches))
+        actions.extend(Action(s, BACKWARD_WEIGHT, i) for i in range(next_weight, microbatches))
         orders[s] = actions
     return orders
 
@@ -221,10 +229,10 @@ class _ZbvRank:
     def __init__(self, ranks: int, rank: int, first: int, second: int):
         self.ranks, self.rank, self.first, self.second = ranks, rank, first, second
         self.count = {
-            (first, ActionType.F): 0,
-            (second, ActionType.F): 0,
-            (first, ActionType.I): 0,
-            (second, ActionType.I): 0,
+            (first, FORWARD): 0,
+            (second, FORWARD): 0,
+            (first, BACKWARD_INPUT): 0,
+            (second, BACKWARD_INPUT): 0,
         }
         self.weights = {first: 0, second: 0}
         self.actions: list[Action] = []
@@ -235,39 +243,38 @@ class _ZbvRank:
         self.count[key] += 1
 
     def weigh(self, stage: int) -> None:
-        self.actions.append(Action(stage, ActionType.W, self.weights[stage]))
+        self.actions.append(Action(stage, BACKWARD_WEIGHT, self.weights[stage]))
         self.weights[stage] += 1
 
     def plan(self, planned: int) -> list[Action]:
         p, r, first, second, count = self.ranks, self.rank, self.first, self.second, self.count
         for _ in range(2 * (p - r) - 1):
-            self.run(first, ActionType.F)
+            self.run(first, FORWARD)
         for _ in range(r):
-            self.run(second, ActionType.F)
-            self.run(first, ActionType.F)
+            self.run(second, FORWARD)
+            self.run(first, FORWARD)
         for _ in range(p - r):
-            self.run(second, ActionType.F)
-            self.run(second, ActionType.I)
+            self.run(second, FORWARD)
+            self.run(second, BACKWARD_INPUT)
             self.weigh(second)
         while (
-            count[(second, ActionType.F)] < count[(first, ActionType.F)]
-            or count[(first, ActionType.F)] < planned
+            count[(second, FORWARD)] < count[(first, FORWARD)] or count[(first, FORWARD)] < planned
         ):
-            if count[(first, ActionType.F)] < planned:
-                self.run(first, ActionType.F)
-            self.run(first, ActionType.I)
+            if count[(first, FORWARD)] < planned:
+                self.run(first, FORWARD)
+            self.run(first, BACKWARD_INPUT)
             self.weigh(first)
-            self.run(second, ActionType.F)
-            self.run(second, ActionType.I)
+            self.run(second, FORWARD)
+            self.run(second, BACKWARD_INPUT)
             self.weigh(second)
         for _ in range(r):
-            self.run(first, ActionType.I)
-            self.run(second, ActionType.I)
+            self.run(first, BACKWARD_INPUT)
+            self.run(second, BACKWARD_INPUT)
         for _ in range(p - r):
-            self.run(first, ActionType.I)
+            self.run(first, BACKWARD_INPUT)
             self.weigh(first)
         for stage in (second, first):
-            while self.weights[stage] < count[(stage, ActionType.I)]:
+            while self.weights[stage] < count[(stage, BACKWARD_INPUT)]:
                 self.weigh(stage)
         return self.actions
 
@@ -318,24 +325,22 @@ class _DualPipeVRank:
         self.steps: list[Step] = []
 
     def _forward(self, stage: int) -> Action:
-        action = Action(stage, ActionType.F, self.forwards[stage])
+        action = Action(stage, FORWARD, self.forwards[stage])
         self.forwards[stage] += 1
         return action
 
     def _backward(self, stage: int, kind: ActionType) -> Action:
         action = Action(stage, kind, self.backwards[stage])
         self.backwards[stage] += 1
-        if kind == ActionType.I:
-            self.pending.append(Action(stage, ActionType.W, action.microbatch))
+        if kind == BACKWARD_INPUT:
+            self.pending.append(Action(stage, BACKWARD_WEIGHT, action.microbatch))
         return action
 
     def run(self, stage: int, kind: ActionType) -> None:
-        self.steps.append(
-            self._forward(stage) if kind == ActionType.F else self._backward(stage, kind)
-        )
+        self.steps.append(self._forward(stage) if kind == FORWARD else self._backward(stage, kind))
 
     def overlap(self, forward: int, backward: int) -> None:
-        self.steps.append(Overlap(self._forward(forward), self._backward(backward, ActionType.B)))
+        self.steps.append(Overlap(self._forward(forward), self._backward(backward, FULL_BACKWARD)))
 
     def weigh(self) -> None:
         if self.pending:
@@ -344,35 +349,35 @@ class _DualPipeVRank:
     def plan(self, microbatches: int) -> list[Step]:
         p, r, first, second = self.ranks, self.rank, self.first, self.second
         for _ in range(2 * (p - r - 1)):
-            self.run(first, ActionType.F)
+            self.run(first, FORWARD)
         for _ in range(r + 1):
-            self.run(first, ActionType.F)
-            self.run(second, ActionType.F)
+            self.run(first, FORWARD)
+            self.run(second, FORWARD)
         for _ in range(p - r - 1):
-            self.run(second, ActionType.I)
+            self.run(second, BACKWARD_INPUT)
             self.weigh()
-            self.run(second, ActionType.F)
+            self.run(second, FORWARD)
         for i in range(microbatches - 2 * p + r + 1):
             if i == 0 and r == p - 1:  # not overlapped: a shorter bubble
-                self.run(first, ActionType.F)
-                self.run(second, ActionType.B)
+                self.run(first, FORWARD)
+                self.run(second, FULL_BACKWARD)
             else:
                 self.overlap(first, second)
             self.overlap(second, first)
         for _ in range(p - r - 1):
-            self.run(second, ActionType.B)
+            self.run(second, FULL_BACKWARD)
             self.overlap(second, first)
         split = False
         for i in range(r + 1):
             if i == (r + 1) // 2 and r % 2 == 1:
                 split = True
-            self.run(second, ActionType.I if split else ActionType.B)
+            self.run(second, BACKWARD_INPUT if split else FULL_BACKWARD)
             if i == (r + 1) // 2 and r % 2 == 0:
                 split = True
-            self.run(first, ActionType.I if split else ActionType.B)
+            self.run(first, BACKWARD_INPUT if split else FULL_BACKWARD)
         for _ in range(p - r - 1):
             self.weigh()
-            self.run(first, ActionType.I if split else ActionType.B)
+            self.run(first, BACKWARD_INPUT if split else FULL_BACKWARD)
         for _ in range(r + 1):
             self.weigh()
         return self.steps

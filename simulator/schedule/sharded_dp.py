@@ -65,7 +65,12 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.arithmetic.layer_ops import ACT_BYTES, OpCost
-from simulator.common.vocabulary import CollectiveKind, ComputeKind
+from simulator.common.vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ELEMENTWISE,
+    REDUCE_SCATTER,
+)
 from simulator.schedule.sharding_units import (
     DEEPSPEED_MAX_LIVE_PARAMETERS,
     DEEPSPEED_PREFETCH_BUCKET,
@@ -187,7 +192,7 @@ class BlockSharding:
     ) -> int:
         name = f"L{layer}" if unit.name == f"L{layer}" else unit.name
         return self.out.w.collective(
-            CollectiveKind.ALL_GATHER,
+            ALL_GATHER,
             group,
             self.gather_bytes(unit),
             "dp",
@@ -216,7 +221,7 @@ class BlockSharding:
         if group is not None:
             deps = self.reduce_deps(unit, layer, microbatch, grad_bytes)
             reduce = w.collective(
-                CollectiveKind.REDUCE_SCATTER,
+                REDUCE_SCATTER,
                 group,
                 grad_bytes,
                 "dp",
@@ -228,7 +233,7 @@ class BlockSharding:
         if replicate is not None and not unit.expert:
             # HSDP: the shard's gradients, averaged across the replicas
             reduce = w.collective(
-                CollectiveKind.ALL_REDUCE,
+                ALL_REDUCE,
                 replicate,
                 grad_bytes / self.gradients.layout.shard_degree,
                 "dp",
@@ -282,9 +287,7 @@ class Fsdp2Sharding(BlockSharding):
     ) -> int:
         shard = unit.params / len(self.gradients.layout.members(group))
         tags = self._tags(layer, microbatch, phase)
-        cost = OpCost(
-            "fsdp_copy_in", ComputeKind.ELEMENTWISE, 0.0, FSDP2_COPY_IN_BYTES * shard, 0.0
-        )
+        cost = OpCost("fsdp_copy_in", ELEMENTWISE, 0.0, FSDP2_COPY_IN_BYTES * shard, 0.0)
         previous = self.copied_out.get(id(self.out.w))
         copy_deps = tuple(deps) + ((previous,) if previous is not None else ())
         name = f"L{layer}" if unit.name == f"L{layer}" else unit.name
@@ -304,7 +307,7 @@ class Fsdp2Sharding(BlockSharding):
             self.out.waits.append(gather)
             cost = OpCost(
                 "fsdp_copy_out",
-                ComputeKind.ELEMENTWISE,
+                ELEMENTWISE,
                 0.0,
                 FSDP2_COPY_OUT_BYTES * unit.params,
                 0.0,
@@ -323,7 +326,7 @@ class Fsdp2Sharding(BlockSharding):
         """The gradients concatenated into the reduce-scatter input, in the reduce dtype."""
         cost = OpCost(
             "fsdp_rs_copy_in",
-            ComputeKind.ELEMENTWISE,
+            ELEMENTWISE,
             0.0,
             unit.params * ACT_BYTES + grad_bytes,
             0.0,
@@ -435,7 +438,7 @@ class ZeroStage3Sharding(BlockSharding):
             label = f"{first.name}+{len(chosen) - 1}.zero3_all_gather.{phase}.mb{microbatch}"
             ops.append(
                 self.out.w.collective(
-                    CollectiveKind.ALL_GATHER,
+                    ALL_GATHER,
                     self.group(first),
                     size,
                     "dp",
@@ -472,7 +475,7 @@ class ZeroStage3Sharding(BlockSharding):
         index = self.bucket_index.get(group, 0)
         self.reduces.append(
             self.out.w.collective(
-                CollectiveKind.REDUCE_SCATTER,
+                REDUCE_SCATTER,
                 group,
                 elements * self.recipe.grad_bytes,
                 "dp",

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from simulator.arithmetic.layer_ops import OpCost
-from simulator.common.vocabulary import CollectiveKind, ComputeKind
+from simulator.common.vocabulary import GEMM, CollectiveKind
 from simulator.schedule.ir import Block, Collective, Compute, Op, Recv, Send
 
 __all__ = ["ProgramWriter", "Writing"]
@@ -212,7 +212,9 @@ class Writing:
     ``last`` the latest compute op (or ``(block, op)`` inside a layer's block),
     ``waits`` the ops on other streams the next compute op waits for, ``gathers`` the
     all-gathers in flight that the next GEMM runs beside, ``stage`` the stage of the
-    action being written, ``sink`` what receives the gradients a layer completes."""
+    action being written, ``sink`` what receives the gradients a layer completes while a
+    body is written (None: the gradient pass, which holds this state: it is not held
+    back, so the two make no reference cycle)."""
 
     __slots__ = ("rank", "w", "last", "waits", "gathers", "stage", "sink")
 
@@ -261,7 +263,7 @@ class Writing:
         waits for them first."""
         overlapped = False
         if self.gathers:
-            if cost.kind == ComputeKind.GEMM and cost.batch == 1:
+            if cost.kind == GEMM and cost.batch == 1:
                 overlapped = True
                 beside_comm = (*beside_comm, *self.gathers)
             else:
