@@ -31,6 +31,22 @@ cli-1t-analytic     ``parasim run`` of 1t-analytic's scenario with every output 
 cli-gpt3-128-flow   ``parasim run`` of gpt3-128-flow's scenario ÷ the simulation  ≤ 1.3×
                     alone; best of two runs of each, in turn
 cli-mixtral-skewed  ``parasim run scenarios/mixtral-ep-skewed.yaml``            ≤ 30 s
+cli-405b-SIZE-      ``parasim run`` of Llama 3 405B, tp 8 pp 16, data             analytic
+FIDELITY            parallelism growing with the cluster (1k, 16k, 64k and 131k   ≤ 3 s,
+                    GPUs; 32 micro-batches of 1 per replica), ``--outputs         flow
+                    result``, in analytic and flow fidelity                       ≤ 30 s
+cli-405b-analytic-  the 131k command ÷ the 1k command, analytic                   ≤ 1.5×
+growth
+cli-deepseek-v3-    ``parasim run scenarios/deepseek-v3-like-ep.yaml``, every     ≤ 10 s,
+ep-FIDELITY         output, analytic (as shipped) and flow                        ≤ 60 s
+cli-mixtral-8x22b-  ``parasim run`` of Mixtral 8x22B on 128 H100s (tp 2 pp 4      ≤ 3 s
+128                 dp 16 ep 8), ``--outputs result``
+cli-explain-        ``parasim explain`` of the same                               ≤ 20 s
+mixtral-8x22b-128
+cli-sweep-mixtral-  ``parasim sweep scenarios/mixtral-ep.yaml --gpus 256``        ≤ 60 s
+ep-256
+cli-sweep-175b-     ``parasim sweep scenarios/gpt3-175b.yaml --gpus 1024``, cold  ≤ 10 s
+1024
 engine-overhead     simulated events (op completions) per second in a flow      ≥ 0.5
                     replay of gpt3-175b (128 ranks, every op), ÷ the timeouts
                     per second of a bare SimPy loop; both measured in turn in
@@ -67,6 +83,38 @@ ONE_T = {
     "simulation": {"fidelity": "analytic"},
 }
 
+# Mixtral 8x22B on 16 DGX H100 nodes (128 GPUs): tp 2, pp 4, dp 16, ep 8, ZeRO-1
+MIXTRAL_8X22B = {
+    "name": "mixtral-8x22b-128",
+    "cluster": {"preset": "dgx-h100", "nodes": 16},
+    "model": {"preset": "mixtral-8x22b"},
+    "training": {
+        "global_batch": 256,
+        "micro_batch": 1,
+        "recompute": "full",
+        "sharding": "optimizer",
+    },
+    "parallel": {"tp": 2, "pp": 4, "dp": 16, "ep": 8},
+    "simulation": {"fidelity": "analytic"},
+}
+
+
+def llama405b_at(gpus: int, fidelity: str) -> list[str]:
+    """``parasim run`` arguments for Llama 3 405B at tp 8 x pp 16 on ``gpus`` H100s, data
+    parallelism growing with the cluster and each replica keeping its 32 micro-batches
+    of 1 (the shipped scenario's), in ``fidelity``, its ``result.json`` only."""
+    dp = gpus // 128
+    return [
+        "run",
+        "scenarios/llama3-405b.yaml",
+        *("--set", f"cluster.nodes={gpus // 8}"),
+        *("--set", f"parallel.dp={dp}"),
+        *("--set", f"training.global_batch={32 * dp}"),
+        *("--set", f"simulation.fidelity={fidelity}"),
+        *("--outputs", "result", "--out", "{out}"),
+    ]
+
+
 # The simulation and the outputs of one scenario timed apart, as ``parasim run`` runs
 # them, printed as one JSON line (run in a fresh process by _COMMAND).
 _SPLIT = """
@@ -93,7 +141,9 @@ import json, os, pathlib, resource, subprocess, sys, tempfile, time, yaml
 tmp = pathlib.Path(tempfile.mkdtemp())
 one_t = tmp / 'one-t.yaml'
 one_t.write_text(yaml.safe_dump(ONE_T))
-argv = [a.replace('{{one_t}}', str(one_t)).replace('{{out}}', str(tmp / 'out')) for a in {argv!r}]
+mixtral = tmp / 'mixtral-8x22b.yaml'
+mixtral.write_text(yaml.safe_dump(MIXTRAL))
+argv = [a.replace('{{one_t}}', str(one_t)).replace('{{mixtral}}', str(mixtral)).replace('{{out}}', str(tmp / 'out')) for a in {argv!r}]
 split = {split!r}
 runs = []
 for attempt in range({repeats}):
@@ -242,6 +292,86 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         30.0,
         "s",
     ),
+    # -- the largest clusters and MoE runs, whole commands ---------------------------
+    **{
+        f"cli-405b-{size}-{fidelity}": (
+            _COMMAND.format(argv=llama405b_at(gpus, fidelity), split=None, repeats=1),
+            3.0 if fidelity == "analytic" else 30.0,
+            "s",
+        )
+        for size, gpus in (("1k", 1024), ("16k", 16384), ("64k", 65536), ("131k", 131072))
+        for fidelity in ("analytic", "flow")
+    },
+    "cli-405b-analytic-growth": (
+        "import subprocess, sys, tempfile, time\n"
+        "times = {}\n"
+        "for gpus in (1024, 131072):\n"
+        "    out = tempfile.mkdtemp()\n"
+        f"    argv = [a.replace('{{out}}', out) for a in {llama405b_at(0, 'analytic')!r}]\n"
+        "    argv[3], argv[5], argv[7] = (f'cluster.nodes={gpus // 8}', f'parallel.dp={gpus // 128}',\n"
+        "                                 f'training.global_batch={32 * (gpus // 128)}')\n"
+        "    t = time.perf_counter()\n"
+        "    subprocess.run([sys.executable, '-m', 'simulator.cli.entry', *argv], check=True, capture_output=True)\n"
+        "    times[gpus] = time.perf_counter() - t\n"
+        "figure = {'ratio': times[131072] / times[1024], 'times': times}\n",
+        1.5,
+        "x",
+    ),
+    "cli-deepseek-v3-ep-analytic": (
+        _COMMAND.format(
+            argv=["run", "scenarios/deepseek-v3-like-ep.yaml", "--out", "{out}"],
+            split=None,
+            repeats=1,
+        ),
+        10.0,
+        "s",
+    ),
+    "cli-deepseek-v3-ep-flow": (
+        _COMMAND.format(
+            argv=[
+                "run",
+                "scenarios/deepseek-v3-like-ep.yaml",
+                *("--set", "simulation.fidelity=flow"),
+                *("--out", "{out}"),
+            ],
+            split=None,
+            repeats=1,
+        ),
+        60.0,
+        "s",
+    ),
+    "cli-mixtral-8x22b-128": (
+        _COMMAND.format(
+            argv=["run", "{mixtral}", "--outputs", "result", "--out", "{out}"],
+            split=None,
+            repeats=1,
+        ),
+        3.0,
+        "s",
+    ),
+    "cli-explain-mixtral-8x22b-128": (
+        _COMMAND.format(argv=["explain", "{mixtral}", "--out", "{out}"], split=None, repeats=1),
+        20.0,
+        "s",
+    ),
+    "cli-sweep-mixtral-ep-256": (
+        _COMMAND.format(
+            argv=["sweep", "scenarios/mixtral-ep.yaml", "--gpus", "256", "--out", "{out}"],
+            split=None,
+            repeats=1,
+        ),
+        60.0,
+        "s",
+    ),
+    "cli-sweep-175b-1024": (
+        _COMMAND.format(
+            argv=["sweep", "scenarios/gpt3-175b.yaml", "--gpus", "1024", "--out", "{out}"],
+            split=None,
+            repeats=1,
+        ),
+        10.0,
+        "s",
+    ),
     "engine-overhead": (
         "from benchmarks.bench_run import bare_simpy_events_per_second\n"
         "from simulator.request.scenario import load_scenario\n"
@@ -266,6 +396,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
 _WRAPPER = """
 import json, resource, time
 ONE_T = {one_t!r}
+MIXTRAL = {mixtral!r}
 SPLIT = {split!r}
 _start = time.perf_counter()
 {body}
@@ -279,7 +410,11 @@ def run_benchmark(name: str, code_root: Path, limit: float) -> dict:
     env = dict(os.environ, PYTHONPATH=f"{code_root}{os.pathsep}{ROOT}")
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _WRAPPER.format(body=body, one_t=ONE_T, split=_SPLIT)],
+            [
+                sys.executable,
+                "-c",
+                _WRAPPER.format(body=body, one_t=ONE_T, mixtral=MIXTRAL_8X22B, split=_SPLIT),
+            ],
             cwd=code_root,
             env=env,
             capture_output=True,
