@@ -148,7 +148,9 @@ split = {split!r}
 runs = []
 for attempt in range({repeats}):
     t = time.perf_counter()
-    subprocess.run([sys.executable, '-m', 'simulator.cli.entry', *argv], check=True, capture_output=True)
+    done = subprocess.run([sys.executable, '-m', 'simulator.cli.entry', *argv], capture_output=True)
+    if done.returncode not in {ok!r}:  # explain exits 1 when it finds a mistake
+        raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
     run_figure = {{'command_s': time.perf_counter() - t}}
     if split:  # in a fresh process too, so that no cache is warmer than the command's
         path, overrides = split
@@ -244,19 +246,20 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "x",
     ),
     "cli-help": (
-        _COMMAND.format(argv=["--help"], split=None, repeats=1),
+        _COMMAND.format(ok=(0,), argv=["--help"], split=None, repeats=1),
         0.5,
         "s",
     ),
     "cli-small": (
         _COMMAND.format(
-            argv=["run", "scenarios/small.yaml", "--out", "{out}"], split=None, repeats=1
+            ok=(0,), argv=["run", "scenarios/small.yaml", "--out", "{out}"], split=None, repeats=1
         ),
         1.5,
         "s",
     ),
     "cli-1t-analytic": (
         _COMMAND.format(
+            ok=(0,),
             # without recompute the 1T step does not fit in an A100's memory: the speed of
             # writing it is what is measured, so its exit status 3 is allowed
             argv=["run", "{one_t}", "--allow-oom", "--out", "{out}"],
@@ -268,6 +271,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     ),
     "cli-gpt3-128-flow": (
         _COMMAND.format(
+            ok=(0,),
             argv=[
                 "run",
                 "scenarios/gpt3-175b.yaml",
@@ -285,6 +289,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     ),
     "cli-mixtral-skewed": (
         _COMMAND.format(
+            ok=(0,),
             argv=["run", "scenarios/mixtral-ep-skewed.yaml", "--out", "{out}"],
             split=None,
             repeats=1,
@@ -295,7 +300,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     # -- the largest clusters and MoE runs, whole commands ---------------------------
     **{
         f"cli-405b-{size}-{fidelity}": (
-            _COMMAND.format(argv=llama405b_at(gpus, fidelity), split=None, repeats=1),
+            _COMMAND.format(ok=(0,), argv=llama405b_at(gpus, fidelity), split=None, repeats=1),
             3.0 if fidelity == "analytic" else 30.0,
             "s",
         )
@@ -319,6 +324,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     ),
     "cli-deepseek-v3-ep-analytic": (
         _COMMAND.format(
+            ok=(0,),
             argv=["run", "scenarios/deepseek-v3-like-ep.yaml", "--out", "{out}"],
             split=None,
             repeats=1,
@@ -328,6 +334,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     ),
     "cli-deepseek-v3-ep-flow": (
         _COMMAND.format(
+            ok=(0,),
             argv=[
                 "run",
                 "scenarios/deepseek-v3-like-ep.yaml",
@@ -342,6 +349,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     ),
     "cli-mixtral-8x22b-128": (
         _COMMAND.format(
+            ok=(0,),
             argv=["run", "{mixtral}", "--outputs", "result", "--out", "{out}"],
             split=None,
             repeats=1,
@@ -350,12 +358,15 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "s",
     ),
     "cli-explain-mixtral-8x22b-128": (
-        _COMMAND.format(argv=["explain", "{mixtral}", "--out", "{out}"], split=None, repeats=1),
+        _COMMAND.format(
+            ok=(0, 1), argv=["explain", "{mixtral}", "--out", "{out}"], split=None, repeats=1
+        ),
         20.0,
         "s",
     ),
     "cli-sweep-mixtral-ep-256": (
         _COMMAND.format(
+            ok=(0,),
             argv=["sweep", "scenarios/mixtral-ep.yaml", "--gpus", "256", "--out", "{out}"],
             split=None,
             repeats=1,
@@ -365,6 +376,7 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
     ),
     "cli-sweep-175b-1024": (
         _COMMAND.format(
+            ok=(0,),
             argv=["sweep", "scenarios/gpt3-175b.yaml", "--gpus", "1024", "--out", "{out}"],
             split=None,
             repeats=1,

@@ -356,3 +356,23 @@ def test_cpu_localhost_builds_for_any_process_count():
             for dst in range(processes):
                 if src != dst:
                     assert cluster.route(src, dst).latency == spec.nvswitch.latency
+
+
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100", "gb200-nvl72", "pcie-l40s"])
+def test_a_fat_tree_finds_its_routes_by_numbers_as_its_path_names_them(preset):
+    """The fat tree's route by integer hop tables is the route its vertex path names,
+    inside a node, across a leaf, across rails and across pods."""
+    import random
+
+    from topologies.cluster import Cluster
+
+    machine = build_cluster(
+        load_cluster_spec(
+            {"preset": preset, "nodes": 6, "network": {"pod_size": 2, "oversubscription": 2.0}}
+        )
+    )
+    pairs = random.Random(3).sample(
+        [(a, b) for a in range(machine.num_gpus) for b in range(machine.num_gpus) if a != b], 500
+    )
+    for a, b in pairs:
+        assert machine.route(a, b).links == Cluster._route_ids(machine, a, b)

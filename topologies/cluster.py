@@ -87,7 +87,7 @@ class Cluster:
         """NICs per node (0 for a custom topology, which has no rail NICs)."""
         self.num_pods: int = 1
         """Pods of the fat tree (1 for every other fabric)."""
-        self.graph = nx.DiGraph()
+        self._devices: list[tuple[str, str, dict[str, int]]] = []
         self.links: list[Link] = []
         self._link_ids: dict[tuple[str, str], int] = {}
         self._device_latency: dict[str, float] = {}
@@ -164,7 +164,7 @@ class Cluster:
 
     def _add_device(self, name: str, kind: str, latency: float = 0.0, **attrs: int) -> None:
         """A vertex; ``latency`` is what the device charges a transfer passing through it."""
-        self.graph.add_node(name, kind=kind, **attrs)
+        self._devices.append((name, kind, attrs))
         self._device_latency[name] = latency
 
     def _add_link(
@@ -186,13 +186,31 @@ class Cluster:
             link = Link(len(self.links), src, dst, bandwidth, latency)
             self.links.append(link)
             self._link_ids[(src, dst)] = link.id
-            self.graph.add_edge(src, dst, bandwidth=bandwidth, latency=latency, link_id=link.id)
+
+    @functools.cached_property
+    def graph(self) -> nx.DiGraph:
+        """The devices and links as a ``networkx.DiGraph`` (vertices with their ``kind``,
+        GPUs also ``gpu`` and ``node``; edges with ``bandwidth``, ``latency`` and
+        ``link_id``), built when first asked for: routes and the simulator read the link
+        table, and a 131,072-GPU cluster's graph takes seconds to build."""
+        graph = nx.DiGraph()
+        for name, kind, attrs in self._devices:
+            graph.add_node(name, kind=kind, **attrs)
+        for link in self.links:
+            graph.add_edge(
+                link.src, link.dst, bandwidth=link.bandwidth, latency=link.latency, link_id=link.id
+            )
+        return graph
 
     # -- routing ---------------------------------------------------------------------
 
     def _path(self, src_gpu: int, dst_gpu: int) -> list[str]:
         """Vertices from ``src_gpu`` to ``dst_gpu`` (two distinct, checked indices)."""
         raise NotImplementedError
+
+    def _route_ids(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
+        """The link ids of :meth:`_path` in order (a topology may find them faster)."""
+        return tuple(self._link_ids[hop] for hop in pairwise(self._path(src_gpu, dst_gpu)))
 
     def route(self, src_gpu: int, dst_gpu: int) -> Route:
         """Links from ``src_gpu`` to ``dst_gpu`` in path order, with their total latency."""
@@ -204,8 +222,7 @@ class Cluster:
         src_gpu, dst_gpu = self._index(src_gpu, where), self._index(dst_gpu, where)
         if src_gpu == dst_gpu:
             raise TopologyError(f"{where}: source and destination are the same GPU")
-        path = self._path(src_gpu, dst_gpu)
-        ids = tuple(self._link_ids[hop] for hop in pairwise(path))
+        ids = self._route_ids(src_gpu, dst_gpu)
         route = Route(ids, sum(self.links[i].latency for i in ids))
         self._routes[key] = route
         return route

@@ -106,22 +106,32 @@ class FatTreeCluster(Cluster):
         if self._pods:
             self._add_device("core", "core", switch_latency)
 
+        # each hop's link id, upward (the reverse direction's is the next id), by the
+        # integers that name its lower end: a GPU; a node's rail; a pod's rail; a pod
+        self._gpu_up: list[int] = []
+        self._nic_up: list[int] = []
+        self._leaf_up: list[int] = []
+        self._spine_up: list[int] = []
         for node in range(self.num_nodes):
             self._build_node(node)
             for i in range(self.gpus_per_node):
                 rail = i // self._gpus_per_rail
+                self._gpu_up.append(len(self.links))
                 self._add_link(f"n{node}.gpu{i}", f"n{node}.nic{rail}", nic.pcie_bandwidth)
             pod = node // self.pod_size
             for r in range(self.nics_per_node):
+                self._nic_up.append(len(self.links))
                 self._add_link(f"n{node}.nic{r}", self._leaf(pod, r), nic.bandwidth)
         for pod in range(self.num_pods):
             uplink = self.nodes_in_pod(pod) * nic.bandwidth / net.oversubscription
             for r in range(self.nics_per_node):
+                self._leaf_up.append(len(self.links))
                 self._add_link(self._leaf(pod, r), self._spine(pod), uplink)
         if self._pods:
             for pod in range(self.num_pods):
                 pod_uplink = self.nics_per_node * self.nodes_in_pod(pod) * nic.bandwidth
                 core_link = pod_uplink / net.oversubscription / net.core_oversubscription
+                self._spine_up.append(len(self.links))
                 self._add_link(self._spine(pod), "core", core_link)
 
     def _build_node(self, node: int) -> None:
@@ -195,6 +205,35 @@ class FatTreeCluster(Cluster):
             path += [self._spine(src_pod), self._leaf(dst_pod, dst_rail)]
         path += [f"n{dst_node}.nic{dst_rail}", dst]
         return path
+
+    def _route_ids(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
+        """:meth:`_path`'s link ids, between nodes with NVSwitches from the hop tables
+        :meth:`_build` filled (an upward hop's id; the downward one is the next), with
+        no vertex name formatted: a run may ask for every image's route, 131,072 GPUs'
+        worth, once each."""
+        per_node = self.gpus_per_node
+        src_node, dst_node = src_gpu // per_node, dst_gpu // per_node
+        if src_node == dst_node or self.spec.nvswitch is None:
+            return super()._route_ids(src_gpu, dst_gpu)
+        per_rail, nics = self._gpus_per_rail, self.nics_per_node
+        src_rail, dst_rail = src_gpu % per_node // per_rail, dst_gpu % per_node // per_rail
+        src_pod, dst_pod = src_node // self.pod_size, dst_node // self.pod_size
+        nic_up, leaf_up = self._nic_up, self._leaf_up
+        first = (self._gpu_up[src_gpu], nic_up[src_node * nics + src_rail])
+        last = (nic_up[dst_node * nics + dst_rail] + 1, self._gpu_up[dst_gpu] + 1)
+        if src_pod != dst_pod:
+            spine_up = self._spine_up
+            middle: tuple[int, ...] = (
+                leaf_up[src_pod * nics + src_rail],
+                spine_up[src_pod],
+                spine_up[dst_pod] + 1,
+                leaf_up[dst_pod * nics + dst_rail] + 1,
+            )
+        elif src_rail != dst_rail:
+            middle = (leaf_up[src_pod * nics + src_rail], leaf_up[dst_pod * nics + dst_rail] + 1)
+        else:
+            middle = ()
+        return (*first, *middle, *last)
 
     # -- summary ---------------------------------------------------------------------
 

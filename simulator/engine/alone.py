@@ -16,6 +16,7 @@ links the simulated call shares with them instead (:func:`with_images`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -236,14 +237,36 @@ class AloneTimes:
         ]
 
     def p2p_images(self, src: int, dst: int, size: float) -> list[list[TransferSpec]]:
-        """The transfer of a send/recv and of each of its images (the first is its own)."""
+        """The transfer of a send/recv and of each of its images (the first is its own).
+
+        NCCL's plan of a send/recv depends on its route only through whether it stays
+        in a node and its slowest link's rate: the images' plans are made once per such
+        class, and each image takes its own route's links (:meth:`_p2p_like`)."""
         own = [p2p_transfer(self.cluster, src, dst, size, self.protocol)]
         images = self.rank_images
         if src not in images or dst not in images or self._private(own):
             return [own]
+        classes: dict[tuple[bool, float], TransferSpec] = {}
         others = [
-            [p2p_transfer(self.cluster, a, b, size, self.protocol)]
+            [self._p2p_like(a, b, size, classes)]
             for a, b in zip(images[src], images[dst], strict=True)
             if (a, b) != (src, dst)
         ]
         return [own, *others]
+
+    def _p2p_like(
+        self, a: int, b: int, size: float, classes: dict[tuple[bool, float], TransferSpec]
+    ) -> TransferSpec:
+        """:func:`p2p_transfer` from ``a`` to ``b``, its plan taken from the first pair of
+        its class in ``classes`` (in a node or not, and the rate of its slowest link:
+        all :func:`~simulator.engine.collectives.plan_p2p` reads of a route), its usage
+        its own route's."""
+        cluster = self.cluster
+        usage = dict(Counter(cluster.route(a, b).links))
+        links = cluster.links
+        rate = min(links[link].bandwidth / mult for link, mult in usage.items())
+        key = (cluster.node_of(a) == cluster.node_of(b), rate)
+        known = classes.get(key)
+        if known is None:
+            known = classes[key] = p2p_transfer(cluster, a, b, size, self.protocol)
+        return TransferSpec(usage, known.volume, known.latency)
