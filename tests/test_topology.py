@@ -376,3 +376,17 @@ def test_a_fat_tree_finds_its_routes_by_numbers_as_its_path_names_them(preset):
     )
     for a, b in pairs:
         assert machine.route(a, b).links == Cluster._route_ids(machine, a, b)
+
+
+def test_route_links_are_the_route_s_without_keeping_it():
+    machine = build_cluster(load_cluster_spec({"preset": "dgx-h100", "nodes": 3}))
+    kept = machine.route(0, 17)
+    assert machine.route_links(0, 17) == kept.links
+    assert machine.route_links(17, 3) == machine.route(17, 3).links
+    before = len(machine._routes)
+    machine.route_links(5, 20)
+    assert len(machine._routes) == before  # one-off: not kept
+    with pytest.raises(TopologyError, match="same GPU"):
+        machine.route_links(4, 4)
+    with pytest.raises(TopologyError, match=r"out of range 0\.\.23"):
+        machine.route_links(0, 24)

@@ -212,6 +212,19 @@ class Cluster:
         """The link ids of :meth:`_path` in order (a topology may find them faster)."""
         return tuple(self._link_ids[hop] for hop in pairwise(self._path(src_gpu, dst_gpu)))
 
+    def route_links(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
+        """:meth:`route`'s links, found without keeping the route: for the many one-off
+        routes of a run's symmetric images (a route kept is a few hundred bytes, and
+        131,072 GPUs' images ask for half a million)."""
+        cached = self._routes.get((src_gpu, dst_gpu))
+        if cached is not None:
+            return cached.links
+        where = f"route_links({src_gpu!r}, {dst_gpu!r})"
+        src_gpu, dst_gpu = self._index(src_gpu, where), self._index(dst_gpu, where)
+        if src_gpu == dst_gpu:
+            raise TopologyError(f"{where}: source and destination are the same GPU")
+        return self._route_ids(src_gpu, dst_gpu)
+
     def route(self, src_gpu: int, dst_gpu: int) -> Route:
         """Links from ``src_gpu`` to ``dst_gpu`` in path order, with their total latency."""
         key = (src_gpu, dst_gpu)

@@ -262,7 +262,7 @@ class AloneTimes:
         all :func:`~simulator.engine.collectives.plan_p2p` reads of a route), its usage
         its own route's."""
         cluster = self.cluster
-        usage = dict(Counter(cluster.route(a, b).links))
+        usage = dict(Counter(cluster.route_links(a, b)))
         links = cluster.links
         rate = min(links[link].bandwidth / mult for link, mult in usage.items())
         key = (cluster.node_of(a) == cluster.node_of(b), rate)
