@@ -174,6 +174,12 @@ import shutil
 shutil.rmtree(tmp, ignore_errors=True)
 """
 
+
+def _whole(argv: list[str], ok: tuple[int, ...] = (0,)) -> str:
+    """:data:`_COMMAND` for one run of the command ``argv`` alone (exit codes ``ok``)."""
+    return _COMMAND.format(ok=ok, argv=argv, split=None, repeats=1)
+
+
 #: The most of a whole command's wall time its outputs may take, by benchmark.
 OUTPUTS_SHARE = {"cli-1t-analytic": 0.25}
 
@@ -246,14 +252,12 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "x",
     ),
     "cli-help": (
-        _COMMAND.format(ok=(0,), argv=["--help"], split=None, repeats=1),
+        _whole(["--help"]),
         0.5,
         "s",
     ),
     "cli-small": (
-        _COMMAND.format(
-            ok=(0,), argv=["run", "scenarios/small.yaml", "--out", "{out}"], split=None, repeats=1
-        ),
+        _whole(["run", "scenarios/small.yaml", "--out", "{out}"]),
         1.5,
         "s",
     ),
@@ -288,19 +292,14 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "x",
     ),
     "cli-mixtral-skewed": (
-        _COMMAND.format(
-            ok=(0,),
-            argv=["run", "scenarios/mixtral-ep-skewed.yaml", "--out", "{out}"],
-            split=None,
-            repeats=1,
-        ),
+        _whole(["run", "scenarios/mixtral-ep-skewed.yaml", "--out", "{out}"]),
         30.0,
         "s",
     ),
     # -- the largest clusters and MoE runs, whole commands ---------------------------
     **{
         f"cli-405b-{size}-{fidelity}": (
-            _COMMAND.format(ok=(0,), argv=llama405b_at(gpus, fidelity), split=None, repeats=1),
+            _whole(llama405b_at(gpus, fidelity)),
             3.0 if fidelity == "analytic" else 30.0,
             "s",
         )
@@ -323,64 +322,39 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         "x",
     ),
     "cli-deepseek-v3-ep-analytic": (
-        _COMMAND.format(
-            ok=(0,),
-            argv=["run", "scenarios/deepseek-v3-like-ep.yaml", "--out", "{out}"],
-            split=None,
-            repeats=1,
-        ),
+        _whole(["run", "scenarios/deepseek-v3-like-ep.yaml", "--out", "{out}"]),
         10.0,
         "s",
     ),
     "cli-deepseek-v3-ep-flow": (
-        _COMMAND.format(
-            ok=(0,),
-            argv=[
+        _whole(
+            [
                 "run",
                 "scenarios/deepseek-v3-like-ep.yaml",
                 *("--set", "simulation.fidelity=flow"),
                 *("--out", "{out}"),
-            ],
-            split=None,
-            repeats=1,
+            ]
         ),
         60.0,
         "s",
     ),
     "cli-mixtral-8x22b-128": (
-        _COMMAND.format(
-            ok=(0,),
-            argv=["run", "{mixtral}", "--outputs", "result", "--out", "{out}"],
-            split=None,
-            repeats=1,
-        ),
+        _whole(["run", "{mixtral}", "--outputs", "result", "--out", "{out}"]),
         3.0,
         "s",
     ),
     "cli-explain-mixtral-8x22b-128": (
-        _COMMAND.format(
-            ok=(0, 1), argv=["explain", "{mixtral}", "--out", "{out}"], split=None, repeats=1
-        ),
+        _whole(["explain", "{mixtral}", "--out", "{out}"], ok=(0, 1)),
         20.0,
         "s",
     ),
     "cli-sweep-mixtral-ep-256": (
-        _COMMAND.format(
-            ok=(0,),
-            argv=["sweep", "scenarios/mixtral-ep.yaml", "--gpus", "256", "--out", "{out}"],
-            split=None,
-            repeats=1,
-        ),
+        _whole(["sweep", "scenarios/mixtral-ep.yaml", "--gpus", "256", "--out", "{out}"]),
         60.0,
         "s",
     ),
     "cli-sweep-175b-1024": (
-        _COMMAND.format(
-            ok=(0,),
-            argv=["sweep", "scenarios/gpt3-175b.yaml", "--gpus", "1024", "--out", "{out}"],
-            split=None,
-            repeats=1,
-        ),
+        _whole(["sweep", "scenarios/gpt3-175b.yaml", "--gpus", "1024", "--out", "{out}"]),
         10.0,
         "s",
     ),

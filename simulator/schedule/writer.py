@@ -218,14 +218,14 @@ class Writing:
 
     __slots__ = ("rank", "w", "last", "waits", "gathers", "stage", "sink")
 
-    def __init__(self, rank: int, sink: Any = None):
+    def __init__(self, rank: int):
         self.rank = rank
         self.w = ProgramWriter(rank)
         self.last: Any = 0
         self.waits: list[Any] = []
         self.gathers: list[int] = []
         self.stage = 0
-        self.sink = sink
+        self.sink: Any = None
 
     @contextmanager
     def strand(self, stage: int) -> Iterator[ProgramWriter]:
