@@ -360,11 +360,13 @@ def test_cpu_localhost_builds_for_any_process_count():
 
 @pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100", "gb200-nvl72", "pcie-l40s"])
 def test_a_fat_tree_finds_its_routes_by_numbers_as_its_path_names_them(preset):
-    """The fat tree's route by integer hop tables is the route its vertex path names,
-    inside a node, across a leaf, across rails and across pods."""
+    """The fat tree's route from where the link ids put each hop is the route its
+    vertex path names, inside a node, across a leaf, across rails and across pods; all
+    pairs at once (route_arrays) find the same links."""
     import random
+    from itertools import pairwise
 
-    from topologies.cluster import Cluster
+    import numpy as np
 
     machine = build_cluster(
         load_cluster_spec(
@@ -374,8 +376,35 @@ def test_a_fat_tree_finds_its_routes_by_numbers_as_its_path_names_them(preset):
     pairs = random.Random(3).sample(
         [(a, b) for a in range(machine.num_gpus) for b in range(machine.num_gpus) if a != b], 500
     )
+    by_ends = {(link.src, link.dst): link.id for link in machine.links}
+    assert len(by_ends) == len(machine.links)
     for a, b in pairs:
-        assert machine.route(a, b).links == Cluster._route_ids(machine, a, b)
+        named = tuple(by_ends[hop] for hop in pairwise(machine._path(a, b)))
+        assert machine.route(a, b).links == named
+    src, dst = np.array(pairs).T
+    index, links = machine.route_arrays(src, dst)
+    expected = [(i, link) for i, (a, b) in enumerate(pairs) for link in machine.route_links(a, b)]
+    assert list(zip(index.tolist(), links.tolist(), strict=True)) == expected
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100", "pcie-l40s"])
+def test_a_fat_tree_s_link_table_is_the_graph_s_and_its_gpus_own_links(preset):
+    """Links made from their ids agree with the graph's edges, the bandwidth array and
+    each GPU's own links (the ones with it at an end)."""
+    machine = build_cluster(
+        load_cluster_spec({"preset": preset, "nodes": 5, "network": {"pod_size": 2}})
+    )
+    graph = machine.graph
+    assert graph.number_of_edges() == len(machine.links)
+    assert machine.bandwidths.tolist() == [link.bandwidth for link in machine.links]
+    for link in machine.links:
+        assert graph.edges[link.src, link.dst]["link_id"] == link.id
+        at_gpu = "gpu" in (graph.nodes[link.src]["kind"], graph.nodes[link.dst]["kind"])
+        assert machine.is_gpu_link(link.id) == at_gpu
+    for gpu in range(machine.num_gpus):
+        name = machine.gpu_name(gpu)
+        mine = {link.id for link in machine.links if name in (link.src, link.dst)}
+        assert machine.links_of_gpu(gpu) == mine
 
 
 def test_route_links_are_the_route_s_without_keeping_it():

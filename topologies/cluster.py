@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
 import networkx as nx
+import numpy as np
 
 from .errors import TopologyError
 from .spec import ClusterSpec, check_cluster_spec
@@ -88,7 +90,8 @@ class Cluster:
         self.num_pods: int = 1
         """Pods of the fat tree (1 for every other fabric)."""
         self._devices: list[tuple[str, str, dict[str, int]]] = []
-        self.links: list[Link] = []
+        self._link_list: list[Link] = []
+        self.links: Sequence[Link] = self._link_list
         self._link_ids: dict[tuple[str, str], int] = {}
         self._device_latency: dict[str, float] = {}
         self._routes: dict[tuple[int, int], Route] = {}
@@ -123,6 +126,10 @@ class Cluster:
         """The rail GPU ``gpu`` uses to leave its node (here: its local index)."""
         return self.local_index(gpu)
 
+    def rails_of(self, gpus: np.ndarray) -> np.ndarray:
+        """:meth:`rail_of` of every GPU in an array of GPU indices (checked by the caller)."""
+        return gpus % self.gpus_per_node
+
     def pod_of(self, gpu: int) -> int:
         """The pod of GPU ``gpu`` (always 0 outside a fat tree with several pods)."""
         self._index(gpu, f"pod_of({gpu!r})")
@@ -133,10 +140,33 @@ class Cluster:
         return f"n{self.node_of(gpu)}.gpu{self.local_index(gpu)}"
 
     @functools.cached_property
-    def gpu_links(self) -> frozenset[int]:
-        """The links with a GPU at one end: only that GPU's transfers cross them."""
+    def _links_by_gpu(self) -> dict[str, frozenset[int]]:
+        """Each GPU's links (both ends), by the GPU's vertex name."""
         gpus = {self.gpu_name(gpu) for gpu in range(self.num_gpus)}
-        return frozenset(link.id for link in self.links if link.src in gpus or link.dst in gpus)
+        found: dict[str, set[int]] = {}
+        for link in self.links:
+            for end in (link.src, link.dst):
+                if end in gpus:
+                    found.setdefault(end, set()).add(link.id)
+        return {name: frozenset(links) for name, links in found.items()}
+
+    @functools.cached_property
+    def _gpu_link_ids(self) -> frozenset[int]:
+        return frozenset(link for links in self._links_by_gpu.values() for link in links)
+
+    def is_gpu_link(self, link_id: int) -> bool:
+        """Whether a GPU is at one end of link ``link_id``: only that GPU's transfers
+        cross such a link."""
+        return link_id in self._gpu_link_ids
+
+    def links_of_gpu(self, gpu: int) -> frozenset[int]:
+        """The links with GPU ``gpu`` at one end."""
+        return self._links_by_gpu.get(self.gpu_name(gpu), frozenset())
+
+    @functools.cached_property
+    def bandwidths(self) -> np.ndarray:
+        """Every link's bandwidth (bytes/s), by id."""
+        return np.array([link.bandwidth for link in self.links], dtype=float)
 
     # -- what joins the GPUs of a node -----------------------------------------------
 
@@ -184,8 +214,12 @@ class Cluster:
             latency = (self._device_latency[a] + self._device_latency[b]) / 2
         for src, dst in ((a, b), (b, a)) if bidirectional else ((a, b),):
             link = Link(len(self.links), src, dst, bandwidth, latency)
-            self.links.append(link)
+            self._link_list.append(link)
             self._link_ids[(src, dst)] = link.id
+
+    def _device_rows(self) -> Iterator[tuple[str, str, dict[str, int]]]:
+        """Every vertex: its name, kind and attributes."""
+        return iter(self._devices)
 
     @functools.cached_property
     def graph(self) -> nx.DiGraph:
@@ -194,7 +228,7 @@ class Cluster:
         ``link_id``), built when first asked for: routes and the simulator read the link
         table, and a 131,072-GPU cluster's graph takes seconds to build."""
         graph = nx.DiGraph()
-        for name, kind, attrs in self._devices:
+        for name, kind, attrs in self._device_rows():
             graph.add_node(name, kind=kind, **attrs)
         for link in self.links:
             graph.add_edge(
@@ -224,6 +258,18 @@ class Cluster:
         if src_gpu == dst_gpu:
             raise TopologyError(f"{where}: source and destination are the same GPU")
         return self._route_ids(src_gpu, dst_gpu)
+
+    def route_arrays(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The routes of many pairs at once, as two arrays of equal length: for every
+        link a route crosses (in path order, the pairs in their order), the index of the
+        pair in ``src``/``dst`` and the link's id."""
+        pairs: list[int] = []
+        links: list[int] = []
+        for index, (a, b) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
+            route = self.route_links(a, b)
+            pairs += [index] * len(route)
+            links += route
+        return np.array(pairs, dtype=np.int64), np.array(links, dtype=np.int64)
 
     def route(self, src_gpu: int, dst_gpu: int) -> Route:
         """Links from ``src_gpu`` to ``dst_gpu`` in path order, with their total latency."""

@@ -63,14 +63,25 @@ that it stays off the spine, is not modelled yet.
 
 from __future__ import annotations
 
-from .cluster import Cluster, _count
+import functools
+from collections.abc import Iterator, Sequence
+from typing import overload
+
+import numpy as np
+
+from .cluster import Cluster, Link, _count
+from .errors import TopologyError
 from .units import format_bandwidth, format_time
 
 __all__ = ["FatTreeCluster"]
 
 
 class FatTreeCluster(Cluster):
-    """NVSwitch or PCIe nodes, NICs on rails, leaves and a spine per pod, a core."""
+    """NVSwitch or PCIe nodes, NICs on rails, leaves and a spine per pod, a core.
+
+    Nothing is built per GPU: a link's id says where it is (:class:`_FatTreeLinks`), so
+    a cluster of 131,072 GPUs costs no more to set up than one of eight, and routes,
+    link tables and a GPU's own links are arithmetic on the ids."""
 
     def _build(self) -> None:
         spec = self.spec
@@ -81,72 +92,147 @@ class FatTreeCluster(Cluster):
         """Nodes per pod (the last pod may have fewer)."""
         self.num_pods = -(-self.num_nodes // self.pod_size)
         self._pods = self.num_pods > 1
-        switch_latency = net.switch_latency
+        g, nics = self.gpus_per_node, self.nics_per_node
+        # the link ids, in the order of the physical links (each an upward id, the
+        # downward one next): per node its GPUs' links to the NVSwitch (or to their PCIe
+        # switch, then each PCIe switch's to the host bridge), its GPUs' links to their
+        # NICs and its NICs' links to their leaves; then each pod's leaves' links to its
+        # spine, rail by rail; then each pod's spine's link to the core
+        self._switches = 0 if spec.nvswitch is not None else g // self._pcie().gpus_per_switch
+        self._nic_offset = 2 * (g + self._switches)
+        self._leaf_offset = self._nic_offset + 2 * g
+        self._per_node = self._leaf_offset + 2 * nics
+        self._fabric = self.num_nodes * self._per_node
+        self._core = self._fabric + 2 * self.num_pods * nics
+        total = self._core + (2 * self.num_pods if self._pods else 0)
+        self.links = _FatTreeLinks(self, total)
 
+    def _pcie(self):
+        assert self.spec.pcie is not None
+        return self.spec.pcie
+
+    # -- link ids ----------------------------------------------------------------------
+
+    def _gpu_up(self, gpu: int) -> int:
+        """GPU ``gpu``'s link to its NVSwitch (or PCIe switch), upward."""
+        node, local = divmod(gpu, self.gpus_per_node)
+        return node * self._per_node + 2 * local
+
+    def _bridge_up(self, node: int, switch: int) -> int:
+        """PCIe switch ``switch`` of ``node`` to the host bridge, upward."""
+        return node * self._per_node + 2 * (self.gpus_per_node + switch)
+
+    def _gpu_nic_up(self, gpu: int) -> int:
+        """GPU ``gpu``'s link to its rail's NIC, upward."""
+        node, local = divmod(gpu, self.gpus_per_node)
+        return node * self._per_node + self._nic_offset + 2 * local
+
+    def _nic_up(self, node: int, rail: int) -> int:
+        """NIC ``rail`` of ``node`` to its leaf, upward."""
+        return node * self._per_node + self._leaf_offset + 2 * rail
+
+    def _leaf_up(self, pod: int, rail: int) -> int:
+        """Leaf ``rail`` of ``pod`` to the pod's spine, upward."""
+        return self._fabric + 2 * (pod * self.nics_per_node + rail)
+
+    def _spine_up(self, pod: int) -> int:
+        """The spine of ``pod`` to the core, upward."""
+        return self._core + 2 * pod
+
+    def _link(self, link_id: int) -> Link:
+        """The :class:`Link` with id ``link_id`` (in range), from where its id puts it."""
+        spec = self.spec
+        nic, net = spec.nic, spec.network
+        assert nic is not None and net is not None
+        upward, half = link_id % 2 == 0, link_id // 2
+        g = self.gpus_per_node
+        if link_id < self._fabric:
+            node, j = divmod(half, self._per_node // 2)
+            pod = node // self.pod_size
+            if j < g and spec.nvswitch is not None:
+                nvlink = spec.nvswitch.bandwidth * spec.nvswitch.link_efficiency
+                ends = (f"n{node}.gpu{j}", f"n{node}.nvswitch", nvlink)
+                latency = (0.0 + spec.nvswitch.latency) / 2
+            elif j < g:
+                pcie = self._pcie()
+                ends = (f"n{node}.gpu{j}", self._pcie_switch(node, j), pcie.bandwidth)
+                latency = (0.0 + pcie.latency) / 2
+            elif j < g + self._switches:
+                pcie, s = self._pcie(), j - g
+                ends = (f"n{node}.pcie{s}", f"n{node}.cpu", pcie.uplink_bandwidth)
+                latency = (pcie.latency + pcie.bridge_latency) / 2
+            elif j < g + self._switches + g:
+                local = j - g - self._switches
+                rail = local // self._gpus_per_rail
+                ends = (f"n{node}.gpu{local}", f"n{node}.nic{rail}", nic.pcie_bandwidth)
+                latency = (0.0 + nic.latency) / 2
+            else:
+                rail = j - 2 * g - self._switches
+                ends = (f"n{node}.nic{rail}", self._leaf(pod, rail), nic.bandwidth)
+                latency = (nic.latency + net.switch_latency) / 2
+        elif link_id < self._core:
+            pod, rail = divmod(half - self._fabric // 2, self.nics_per_node)
+            uplink = self.nodes_in_pod(pod) * nic.bandwidth / net.oversubscription
+            ends = (self._leaf(pod, rail), self._spine(pod), uplink)
+            latency = (net.switch_latency + net.switch_latency) / 2
+        else:
+            pod = half - self._core // 2
+            pod_uplink = self.nics_per_node * self.nodes_in_pod(pod) * nic.bandwidth
+            core_link = pod_uplink / net.oversubscription / net.core_oversubscription
+            ends = (self._spine(pod), "core", core_link)
+            latency = (net.switch_latency + net.switch_latency) / 2
+        low, high, bandwidth = ends
+        src, dst = (low, high) if upward else (high, low)
+        return Link(link_id, src, dst, bandwidth, latency)
+
+    @functools.cached_property
+    def bandwidths(self) -> np.ndarray:
+        """Every link's bandwidth by id, from the few rates of the fabric."""
+        rates = np.empty(len(self.links))
+        sample = self.links
+        per_node = self._per_node
+        block = np.array([sample[i].bandwidth for i in range(per_node)])
+        rates[: self._fabric] = np.tile(block, self.num_nodes)
+        for link_id in range(self._fabric, len(rates), 2):
+            rates[link_id : link_id + 2] = sample[link_id].bandwidth
+        return rates
+
+    def is_gpu_link(self, link_id: int) -> bool:
+        """Whether a GPU is at one end of link ``link_id``: its link to the NVSwitch (or
+        PCIe switch) and to its NIC."""
+        if not 0 <= link_id < self._fabric:
+            return False
+        j = link_id % self._per_node // 2
+        g = self.gpus_per_node
+        return j < g or g + self._switches <= j < 2 * g + self._switches
+
+    def links_of_gpu(self, gpu: int) -> frozenset[int]:
+        """The links with GPU ``gpu`` at one end, both directions."""
+        gpu = self._index(gpu, f"links_of_gpu({gpu!r})")
+        up, nic_up = self._gpu_up(gpu), self._gpu_nic_up(gpu)
+        return frozenset((up, up + 1, nic_up, nic_up + 1))
+
+    def _device_rows(self) -> Iterator[tuple[str, str, dict[str, int]]]:
+        spec = self.spec
         for node in range(self.num_nodes):
             pod = node // self.pod_size
             for i in range(self.gpus_per_node):
                 gpu = node * self.gpus_per_node + i
-                self._add_device(f"n{node}.gpu{i}", "gpu", node=node, gpu=gpu, pod=pod)
+                yield f"n{node}.gpu{i}", "gpu", {"node": node, "gpu": gpu, "pod": pod}
             if spec.nvswitch is not None:
-                self._add_device(f"n{node}.nvswitch", "nvswitch", spec.nvswitch.latency, node=node)
+                yield f"n{node}.nvswitch", "nvswitch", {"node": node}
             else:
-                assert spec.pcie is not None
-                for s in range(self.gpus_per_node // spec.pcie.gpus_per_switch):
-                    self._add_device(
-                        f"n{node}.pcie{s}", "pcie_switch", spec.pcie.latency, node=node
-                    )
-                self._add_device(f"n{node}.cpu", "cpu", spec.pcie.bridge_latency, node=node)
+                for s in range(self._switches):
+                    yield f"n{node}.pcie{s}", "pcie_switch", {"node": node}
+                yield f"n{node}.cpu", "cpu", {"node": node}
             for r in range(self.nics_per_node):
-                self._add_device(f"n{node}.nic{r}", "nic", nic.latency, node=node, rail=r, pod=pod)
+                yield f"n{node}.nic{r}", "nic", {"node": node, "rail": r, "pod": pod}
         for pod in range(self.num_pods):
             for r in range(self.nics_per_node):
-                self._add_device(self._leaf(pod, r), "leaf", switch_latency, rail=r, pod=pod)
-            self._add_device(self._spine(pod), "spine", switch_latency, pod=pod)
+                yield self._leaf(pod, r), "leaf", {"rail": r, "pod": pod}
+            yield self._spine(pod), "spine", {"pod": pod}
         if self._pods:
-            self._add_device("core", "core", switch_latency)
-
-        # each hop's link id, upward (the reverse direction's is the next id), by the
-        # integers that name its lower end: a GPU; a node's rail; a pod's rail; a pod
-        self._gpu_up: list[int] = []
-        self._nic_up: list[int] = []
-        self._leaf_up: list[int] = []
-        self._spine_up: list[int] = []
-        for node in range(self.num_nodes):
-            self._build_node(node)
-            for i in range(self.gpus_per_node):
-                rail = i // self._gpus_per_rail
-                self._gpu_up.append(len(self.links))
-                self._add_link(f"n{node}.gpu{i}", f"n{node}.nic{rail}", nic.pcie_bandwidth)
-            pod = node // self.pod_size
-            for r in range(self.nics_per_node):
-                self._nic_up.append(len(self.links))
-                self._add_link(f"n{node}.nic{r}", self._leaf(pod, r), nic.bandwidth)
-        for pod in range(self.num_pods):
-            uplink = self.nodes_in_pod(pod) * nic.bandwidth / net.oversubscription
-            for r in range(self.nics_per_node):
-                self._leaf_up.append(len(self.links))
-                self._add_link(self._leaf(pod, r), self._spine(pod), uplink)
-        if self._pods:
-            for pod in range(self.num_pods):
-                pod_uplink = self.nics_per_node * self.nodes_in_pod(pod) * nic.bandwidth
-                core_link = pod_uplink / net.oversubscription / net.core_oversubscription
-                self._spine_up.append(len(self.links))
-                self._add_link(self._spine(pod), "core", core_link)
-
-    def _build_node(self, node: int) -> None:
-        spec = self.spec
-        if spec.nvswitch is not None:
-            nvlink = spec.nvswitch.bandwidth * spec.nvswitch.link_efficiency
-            for i in range(self.gpus_per_node):
-                self._add_link(f"n{node}.gpu{i}", f"n{node}.nvswitch", nvlink)
-            return
-        pcie = spec.pcie
-        assert pcie is not None
-        for i in range(self.gpus_per_node):
-            self._add_link(f"n{node}.gpu{i}", self._pcie_switch(node, i), pcie.bandwidth)
-        for s in range(self.gpus_per_node // pcie.gpus_per_switch):
-            self._add_link(f"n{node}.pcie{s}", f"n{node}.cpu", pcie.uplink_bandwidth)
+            yield "core", "core", {}
 
     # -- names -----------------------------------------------------------------------
 
@@ -165,6 +251,10 @@ class FatTreeCluster(Cluster):
     def rail_of(self, gpu: int) -> int:
         """The rail (index of the NIC and of the leaf switch) GPU ``gpu`` uses."""
         return self.local_index(gpu) // self._gpus_per_rail
+
+    def rails_of(self, gpus: np.ndarray) -> np.ndarray:
+        """:meth:`rail_of` of every GPU in an array of GPU indices."""
+        return gpus % self.gpus_per_node // self._gpus_per_rail
 
     def pod_of(self, gpu: int) -> int:
         """The pod of GPU ``gpu``: ``node_of(gpu) // pod_size``."""
@@ -207,33 +297,90 @@ class FatTreeCluster(Cluster):
         return path
 
     def _route_ids(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
-        """:meth:`_path`'s link ids, between nodes with NVSwitches from the hop tables
-        :meth:`_build` filled (an upward hop's id; the downward one is the next), with
-        no vertex name formatted: a run may ask for every image's route, 131,072 GPUs'
-        worth, once each."""
+        """:meth:`_path`'s link ids from where the ids put each hop (an upward hop's id;
+        the downward one is the next), with no vertex name formatted: a run may ask for
+        every image's route, 131,072 GPUs' worth, once each."""
         per_node = self.gpus_per_node
         src_node, dst_node = src_gpu // per_node, dst_gpu // per_node
-        if src_node == dst_node or self.spec.nvswitch is None:
-            return super()._route_ids(src_gpu, dst_gpu)
-        per_rail, nics = self._gpus_per_rail, self.nics_per_node
+        if src_node == dst_node:
+            if self.spec.nvswitch is not None:
+                return (self._gpu_up(src_gpu), self._gpu_up(dst_gpu) + 1)
+            per_switch = self._pcie().gpus_per_switch
+            up, down = src_gpu % per_node // per_switch, dst_gpu % per_node // per_switch
+            if up == down:
+                return (self._gpu_up(src_gpu), self._gpu_up(dst_gpu) + 1)
+            return (
+                self._gpu_up(src_gpu),
+                self._bridge_up(src_node, up),
+                self._bridge_up(dst_node, down) + 1,
+                self._gpu_up(dst_gpu) + 1,
+            )
+        per_rail = self._gpus_per_rail
         src_rail, dst_rail = src_gpu % per_node // per_rail, dst_gpu % per_node // per_rail
         src_pod, dst_pod = src_node // self.pod_size, dst_node // self.pod_size
-        nic_up, leaf_up = self._nic_up, self._leaf_up
-        first = (self._gpu_up[src_gpu], nic_up[src_node * nics + src_rail])
-        last = (nic_up[dst_node * nics + dst_rail] + 1, self._gpu_up[dst_gpu] + 1)
+        first = (self._gpu_nic_up(src_gpu), self._nic_up(src_node, src_rail))
+        last = (self._nic_up(dst_node, dst_rail) + 1, self._gpu_nic_up(dst_gpu) + 1)
         if src_pod != dst_pod:
-            spine_up = self._spine_up
             middle: tuple[int, ...] = (
-                leaf_up[src_pod * nics + src_rail],
-                spine_up[src_pod],
-                spine_up[dst_pod] + 1,
-                leaf_up[dst_pod * nics + dst_rail] + 1,
+                self._leaf_up(src_pod, src_rail),
+                self._spine_up(src_pod),
+                self._spine_up(dst_pod) + 1,
+                self._leaf_up(dst_pod, dst_rail) + 1,
             )
         elif src_rail != dst_rail:
-            middle = (leaf_up[src_pod * nics + src_rail], leaf_up[dst_pod * nics + dst_rail] + 1)
+            middle = (self._leaf_up(src_pod, src_rail), self._leaf_up(dst_pod, dst_rail) + 1)
         else:
             middle = ()
         return (*first, *middle, *last)
+
+    def route_arrays(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`Cluster.route_arrays` from where the ids put each hop, for all pairs at
+        once (nodes with NVSwitches; PCIe nodes take the pairs one by one)."""
+        if self.spec.nvswitch is None:
+            return super().route_arrays(src, dst)
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        for name, gpus in (("source", src), ("destination", dst)):
+            if len(gpus) and not (0 <= gpus.min() and gpus.max() < self.num_gpus):
+                raise TopologyError(
+                    f"route_arrays: a {name} GPU is out of range 0..{self.num_gpus - 1}"
+                )
+        if np.any(src == dst):
+            raise TopologyError("route_arrays: a source and its destination are the same GPU")
+        g, per_rail = self.gpus_per_node, self._gpus_per_rail
+        src_node, src_local = np.divmod(src, g)
+        dst_node, dst_local = np.divmod(dst, g)
+        src_rail, dst_rail = src_local // per_rail, dst_local // per_rail
+        src_pod, dst_pod = src_node // self.pod_size, dst_node // self.pod_size
+        per, nics = self._per_node, self.nics_per_node
+        hops = np.full((len(src), 8), -1, dtype=np.int64)
+        inside = src_node == dst_node
+        hops[inside, 0] = (src_node * per + 2 * src_local)[inside]
+        hops[inside, 1] = (dst_node * per + 2 * dst_local + 1)[inside]
+        out = ~inside
+        cross_pod = out & (src_pod != dst_pod)
+        cross_rail = out & ~cross_pod & (src_rail != dst_rail)
+        leaf_up = self._fabric + 2 * (src_pod * nics + src_rail)
+        leaf_down = self._fabric + 2 * (dst_pod * nics + dst_rail) + 1
+        columns = [
+            (out, src_node * per + self._nic_offset + 2 * src_local),
+            (out, src_node * per + self._leaf_offset + 2 * src_rail),
+            (cross_pod | cross_rail, leaf_up),
+            (cross_pod, self._core + 2 * src_pod),
+            (cross_pod, self._core + 2 * dst_pod + 1),
+            (cross_pod | cross_rail, leaf_down),
+            (out, dst_node * per + self._leaf_offset + 2 * dst_rail + 1),
+            (out, dst_node * per + self._nic_offset + 2 * dst_local + 1),
+        ]
+        # hops of a route at the front of its row, in path order
+        filled = np.zeros(len(src), dtype=np.int64)
+        filled[inside] = 2
+        for where, ids in columns:
+            rows = np.flatnonzero(where)
+            hops[rows, filled[rows]] = ids[rows]
+            filled[rows] += 1
+        kept = hops >= 0
+        pair = np.broadcast_to(np.arange(len(src))[:, None], hops.shape)[kept]
+        return pair, hops[kept]
 
     # -- summary ---------------------------------------------------------------------
 
@@ -289,3 +436,36 @@ class FatTreeCluster(Cluster):
             f"{format_bandwidth(nic.pcie_bandwidth)} of PCIe, {format_time(nic.latency)} "
             f"per adapter; {fabric} {len(self.links)} directed links."
         )
+
+
+class _FatTreeLinks(Sequence[Link]):
+    """:attr:`FatTreeCluster.links`: every link by id, each made when first asked for
+    (from where its id puts it) and kept."""
+
+    def __init__(self, cluster: FatTreeCluster, count: int) -> None:
+        self._cluster = cluster
+        self._count = count
+        self._made: dict[int, Link] = {}
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Link: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Link]: ...
+
+    def __getitem__(self, index: int | slice) -> Link | list[Link]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        link = self._made.get(index)
+        if link is None:
+            position = index + self._count if index < 0 else index
+            if not 0 <= position < self._count:
+                raise IndexError(f"link {index} out of range 0..{self._count - 1}")
+            link = self._made[index] = self._cluster._link(position)
+        return link
+
+    def __iter__(self) -> Iterator[Link]:
+        return (self[i] for i in range(self._count))

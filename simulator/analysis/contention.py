@@ -4,7 +4,7 @@ Analytic fidelity times every call alone on the network (with its symmetric imag
 :mod:`simulator.engine.alone`). Where two calls of one rank run at once on links they
 share, flow fidelity splits the links' bandwidth between them and both take longer;
 analytic fidelity lets each run at full speed. A GPU's own links (to its NVSwitch, to
-its NIC) carry only that GPU's transfers (``Cluster.gpu_links``), so what analytic
+its NIC) carry only that GPU's transfers (``Cluster.links_of_gpu``), so what analytic
 misses there is what each simulated rank's own calls ask of them at once: a
 tensor-parallel all-reduce beside a data-parallel bucket on NVLink, a context-parallel
 ring beside FSDP's gathers, a TP ring across nodes beside pipeline sends on the NIC.
@@ -96,24 +96,8 @@ class _Demands:
         """The links with ``rank``'s GPU at one end."""
         own = self._own.get(rank)
         if own is None:
-            own = self._own[rank] = self._links_of_gpus().get(
-                self.cluster.gpu_name(rank), frozenset()
-            )
+            own = self._own[rank] = self.cluster.links_of_gpu(rank)
         return own
-
-    def _links_of_gpus(self) -> dict[str, frozenset[int]]:
-        """Each GPU's links, by the GPU's name (memoised on the cluster)."""
-        by_gpu = self.cluster.plan_cache.get(("links-of-gpu",))
-        if by_gpu is None:
-            found: dict[str, set[int]] = {}
-            for link in self.cluster.gpu_links:
-                ends = self.cluster.links[link]
-                found.setdefault(ends.src, set()).add(link)
-                found.setdefault(ends.dst, set()).add(link)
-            by_gpu = self.cluster.plan_cache[("links-of-gpu",)] = {
-                name: frozenset(links) for name, links in found.items()
-            }
-        return by_gpu
 
     def of(self, rank: int, op: Collective | Send | Recv) -> _Need:
         """The demand of ``op`` on ``rank``'s links."""

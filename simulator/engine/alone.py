@@ -23,10 +23,11 @@ from typing import Any, cast
 import numpy as np
 
 from simulator.engine.collectives import TransferSpec, collective_transfers, p2p_transfer
+from simulator.engine.images import ImageLoads, collective_image_loads, p2p_image_loads
 from simulator.schedule.ir import Collective, Schedule
 from topologies import Cluster
 
-__all__ = ["AloneTimes", "time_alone", "with_images"]
+__all__ = ["AloneTimes", "ListedImages", "time_alone", "with_images"]
 
 
 def time_alone(cluster: Cluster, specs: Sequence[TransferSpec], latency: float) -> float:
@@ -71,10 +72,7 @@ def _busiest_by_arrays(cluster: Cluster, specs: Sequence[TransferSpec]) -> float
                 np.fromiter(spec.usage.values(), float, len(spec.usage)),
             )
         columns.append(known)
-    bandwidth = cache.get(("bandwidths", len(cluster.links)))
-    if bandwidth is None:
-        bandwidth = np.array([link.bandwidth for link in cluster.links], dtype=float)
-        cache[("bandwidths", len(cluster.links))] = bandwidth
+    bandwidth = cluster.bandwidths
     links = np.concatenate([column[1] for column in columns])
     volumes = np.concatenate(
         [spec.volume * column[2] for spec, column in zip(specs, columns, strict=True)]
@@ -104,6 +102,27 @@ def with_images(specs: list[TransferSpec], image_specs: list[list[TransferSpec]]
                     usage[link] += mult
         merged.append(TransferSpec(usage, spec.volume, spec.latency))
     return merged
+
+
+class ListedImages:
+    """A call's images planned one by one (:class:`~simulator.engine.images.ImageLoads`'
+    counterpart where the images cannot be made from one plan per class): the
+    transfers of each image, ``own`` the simulated call's, among them."""
+
+    def __init__(self, images: list[list[TransferSpec]], own: list[TransferSpec], latency: float):
+        self.images, self.own, self.latency = images, own, latency
+
+    def seconds(self, cluster: Cluster) -> float:
+        """Every image's transfers at once, alone on the network (:func:`time_alone`)."""
+        return time_alone(cluster, [spec for image in self.images for spec in image], self.latency)
+
+    def merged(self) -> list[TransferSpec]:
+        """The simulated call's transfers carrying its images' crossings (:func:`with_images`)."""
+        return with_images(self.own, self.images)
+
+
+#: What a folded call's images come to: arrays, or the images planned one by one.
+Images = ImageLoads | ListedImages
 
 
 class AloneTimes:
@@ -176,15 +195,11 @@ class AloneTimes:
                 self.protocol,
             )
             if splits is None and op.group in self.images:
-                specs = [
-                    spec
-                    for image in self.image_transfers(op.group, op.kind, op.bytes, choice, specs)
-                    for spec in image
-                ]
-            cached = (
-                time_alone(self.cluster, specs, choice.latency),
-                f"{op.kind}/{choice.algorithm}/{choice.protocol}",
-            )
+                images = self.collective_images(op.group, op.kind, op.bytes, choice, specs)
+                seconds = images.seconds(self.cluster)
+            else:
+                seconds = time_alone(self.cluster, specs, choice.latency)
+            cached = (seconds, f"{op.kind}/{choice.algorithm}/{choice.protocol}")
             if splits is None:
                 self._memo[key] = self.cluster.plan_cache[shared] = cached
         return cached
@@ -206,17 +221,47 @@ class AloneTimes:
             )
             cached = cast("float | None", self.cluster.plan_cache.get(shared))
             if cached is None:
-                specs = [spec for image in self.p2p_images(src, dst, size) for spec in image]
-                cached = self.cluster.plan_cache[shared] = time_alone(
-                    self.cluster, specs, specs[0].latency
-                )
+                cached = self.cluster.plan_cache[shared] = self.p2p_images_of(
+                    src, dst, size
+                ).seconds(self.cluster)
             self._memo[key] = cached
         return cached
 
     def _private(self, specs: list[TransferSpec]) -> bool:
         """Whether ``specs`` cross only links that touch a GPU of their own."""
-        gpu_links = self.cluster.gpu_links
-        return all(link in gpu_links for spec in specs for link in spec.usage)
+        is_gpu_link = self.cluster.is_gpu_link
+        return all(is_gpu_link(link) for spec in specs for link in spec.usage)
+
+    def collective_images(
+        self, group: str, kind: str, size: float, choice: Any, specs: list[TransferSpec]
+    ) -> Images:
+        """``group``'s collective (its plan's ``choice`` and transfers ``specs``) and its
+        images: made from one plan per class where they can be
+        (:func:`~simulator.engine.images.collective_image_loads`), else planned one by
+        one (:meth:`image_transfers`)."""
+        own = self.group_gpus[group]
+        if not self._private(specs):
+            images = self.images.get(group, (own,))
+            loads = collective_image_loads(self.cluster, kind, own, images, size, choice, specs)
+            if loads is not None:
+                return loads
+        return ListedImages(
+            self.image_transfers(group, kind, size, choice, specs), specs, choice.latency
+        )
+
+    def p2p_images_of(self, src: int, dst: int, size: float) -> Images:
+        """A send/recv and its images: made from one plan per class
+        (:func:`~simulator.engine.images.p2p_image_loads`) where it has images to move
+        data beside it, else its own transfer alone."""
+        images = self.rank_images
+        if size > 0 and src in images and dst in images:
+            own = p2p_transfer(self.cluster, src, dst, size, self.protocol)
+            if not self._private([own]):
+                return p2p_image_loads(
+                    self.cluster, src, dst, size, images[src], images[dst], self.protocol
+                )
+        listed = self.p2p_images(src, dst, size)
+        return ListedImages(listed, listed[0], listed[0][0].latency)
 
     def image_transfers(
         self, group: str, kind: str, size: float, choice: Any, specs: list[TransferSpec]

@@ -32,6 +32,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from itertools import accumulate, pairwise
+
+import numpy as np
 
 from simulator.common.vocabulary import (
     ALL_GATHER,
@@ -63,6 +66,8 @@ __all__ = [
     "collective_transfers",
     "p2p_transfer",
     "ring_edges",
+    "candidate_edges",
+    "route_usage",
     "scope_of",
 ]
 
@@ -114,22 +119,43 @@ def scope_of(cluster: Cluster, gpus: list[int]) -> str:
 
 
 def _by_node(cluster: Cluster, gpus: list[int]) -> list[list[int]]:
+    """``gpus`` in order, in runs of one node each (GPUs are numbered node-major)."""
+    ordered = sorted(gpus)
+    for end in (ordered[0], ordered[-1]):
+        cluster.node_of(end)  # checks the range, so all between are in it
+    per_node = cluster.gpus_per_node
     nodes: dict[int, list[int]] = {}
-    for gpu in sorted(gpus):
-        nodes.setdefault(cluster.node_of(gpu), []).append(gpu)
+    for gpu in ordered:
+        nodes.setdefault(gpu // per_node, []).append(gpu)
     return list(nodes.values())
 
 
-def _usage(cluster: Cluster, edges: list[tuple[int, int]]) -> dict[int, int]:
-    usage: Counter[int] = Counter()
-    for src, dst in edges:
-        usage.update(cluster.route(src, dst).links)
-    return dict(usage)
+#: Above this many pairs (or links) a transfer's crossings are counted with arrays.
+_ARRAY_PAIRS = 32
+
+
+def route_usage(cluster: Cluster, edges: list[tuple[int, int]]) -> dict[int, int]:
+    """How often the routes of ``edges`` cross each link, links in the order the routes
+    first reach them."""
+    if len(edges) <= _ARRAY_PAIRS:
+        usage: Counter[int] = Counter()
+        for src, dst in edges:
+            usage.update(cluster.route(src, dst).links)
+        return dict(usage)
+    pairs = np.array(edges, dtype=np.int64)
+    _, links = cluster.route_arrays(pairs[:, 0], pairs[:, 1])
+    unique, first, counts = np.unique(links, return_index=True, return_counts=True)
+    order = np.argsort(first)
+    return dict(zip(unique[order].tolist(), counts[order].tolist(), strict=True))
 
 
 def _rate(cluster: Cluster, usage: dict[int, int]) -> float:
     """Rate of a transfer alone on the network: its most loaded link's share."""
-    return min(cluster.links[link].bandwidth / mult for link, mult in usage.items())
+    if len(usage) <= _ARRAY_PAIRS:
+        return min(cluster.links[link].bandwidth / mult for link, mult in usage.items())
+    links = np.fromiter(usage.keys(), np.int64, len(usage))
+    crossings = np.fromiter(usage.values(), np.int64, len(usage))
+    return float((cluster.bandwidths[links] / crossings).min())
 
 
 def _rings(
@@ -139,7 +165,9 @@ def _rings(
     rings (channels) share the data."""
     if len(nodes) == 1:
         return ring_edges(nodes[0]), 1
-    rails = min(len({cluster.rail_of(g) for g in local}) for local in nodes)
+    rail = cluster.rails_of(np.array([g for local in nodes for g in local])).tolist()
+    starts = list(accumulate((len(local) for local in nodes), initial=0))
+    rails = min(len(set(rail[a:b])) for a, b in pairwise(starts))
     edges = []
     for r in range(rails):
         order = [g for local in nodes for g in local[r:] + local[:r]]
@@ -171,12 +199,35 @@ def _hierarchical_all_to_all(cluster: Cluster, nodes: list[list[int]], n: int) -
         for i in range(ppn)
     ]
     phases = (
-        (_usage(cluster, intra), len(nodes) / n),  # to each local peer: its rail's share
-        (_usage(cluster, inter), ppn / n),  # to each remote rail peer: ppn senders' share
+        (route_usage(cluster, intra), len(nodes) / n),  # to each local peer: its rail's share
+        (route_usage(cluster, inter), ppn / n),  # to each remote rail peer: ppn senders' share
     )
     algbw = 1.0 / max(coef / _rate(cluster, usage) for usage, coef in phases)
     usage = dict(Counter(phases[0][0]) + Counter(phases[1][0]))
     return _Candidate("hierarchical", usage, algbw * (n - 1) / n, phases)
+
+
+def candidate_edges(
+    cluster: Cluster,
+    kind: str,
+    algorithm: str,
+    gpus: list[int],
+    groups: list[list[int]] | None = None,
+) -> list[tuple[int, int]] | None:
+    """The GPU pairs (``gpus`` sorted, on ``groups``, :func:`_by_node`) whose routes
+    carry ``algorithm``'s ``kind``, each once per crossing; None for the two-phase
+    hierarchical all-to-all and an algorithm ``kind`` does not run as."""
+    if kind == ALL_TO_ALL:
+        return [(a, b) for a in gpus for b in gpus if a != b] if algorithm == "direct" else None
+    if kind == "p2p":
+        return [(gpus[0], gpus[1])] if algorithm == "direct" else None
+    if kind == BROADCAST:
+        return ring_edges(sorted(gpus))[:-1] if algorithm == "ring" else None
+    if algorithm == "nvls":
+        return list(zip(gpus, gpus[1:] + gpus[:1], strict=True))
+    if algorithm in ("ring", "tree"):
+        return _rings(cluster, gpus, _by_node(cluster, gpus) if groups is None else groups)[0]
+    return None
 
 
 def _candidates(
@@ -187,29 +238,30 @@ def _candidates(
     n = len(gpus)
     groups = _by_node(cluster, gpus) if groups is None else groups
     nodes = len(groups)
+
+    def usage_of(algorithm: str) -> dict[int, int]:
+        edges = candidate_edges(cluster, kind, algorithm, gpus, groups)
+        assert edges is not None
+        return route_usage(cluster, edges)
+
     if kind == ALL_TO_ALL:
-        usage = _usage(cluster, [(a, b) for a in gpus for b in gpus if a != b])
+        usage = usage_of("direct")
         candidates = [_Candidate("direct", usage, (n - 1) * _rate(cluster, usage))]
         if nodes > 1 and len({len(g) for g in groups}) == 1 and len(groups[0]) > 1:
             candidates.append(_hierarchical_all_to_all(cluster, groups, n))
         return candidates
-    if kind == "p2p":
-        usage = _usage(cluster, [(gpus[0], gpus[1])])
-        return [_Candidate("direct", usage, _rate(cluster, usage))]
-    if kind == BROADCAST:
-        edges = ring_edges(sorted(gpus))[:-1]
-        usage = _usage(cluster, edges)
-        return [_Candidate("ring", usage, _rate(cluster, usage))]
+    if kind in ("p2p", BROADCAST):
+        algorithm = "direct" if kind == "p2p" else "ring"
+        usage = usage_of(algorithm)
+        return [_Candidate(algorithm, usage, _rate(cluster, usage))]
     edges, rings = _rings(cluster, gpus, groups)
-    usage = _usage(cluster, edges)
+    usage = route_usage(cluster, edges)
     ring_busbw = rings * _rate(cluster, usage)
     candidates = [_Candidate("ring", usage, ring_busbw)]
     if kind in (ALL_REDUCE, BARRIER) and nodes > 1:
         candidates.append(_Candidate("tree", usage, ring_busbw))
     if kind in (ALL_REDUCE, BARRIER) and nodes == 1 and cluster.has_nvls and n > 2:
-        up_down = _usage(
-            cluster, [(g, g2) for g, g2 in zip(gpus, gpus[1:] + gpus[:1], strict=True)]
-        )
+        up_down = usage_of("nvls")
         candidates.append(_Candidate("nvls", up_down, _rate(cluster, up_down)))
     return candidates
 

@@ -25,13 +25,13 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import simpy
 
 from simulator.common.errors import DeadlockError, ScenarioError
 from simulator.common.vocabulary import ALL_TO_ALL
-from simulator.engine.alone import AloneTimes, time_alone, with_images
+from simulator.engine.alone import AloneTimes, time_alone
 from simulator.engine.blocks import BlockTimer
 from simulator.engine.closed_form import evaluate
 from simulator.engine.collectives import collective_transfers, measured_in_step
@@ -116,7 +116,7 @@ class _Engine:
             name for name, members in schedule.groups.items() if not set(members) <= simulated
         }
         self.choices: dict[str, int] = {}
-        self._plans: dict[tuple, tuple] = {}  # (group, kind, bytes) -> NCCL plan, reused
+        self._plans: dict[tuple, Any] = {}  # (group, kind, bytes) -> NCCL plan, reused
         self.env = simpy.Environment()
         self.timeouts = 0  # SimPy events the engine scheduled (the network counts its own)
         self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
@@ -375,17 +375,19 @@ class _Engine:
         self._launch(rendezvous, lambda: self._run_transfers(op.group, rendezvous, None))
 
     def _image_transfers(self, group: str, kind: str, size: float, planned: tuple) -> tuple:
-        """``(choice, specs)`` of a folded group's collective with its images."""
+        """A folded group's collective with its images: ``(choice, seconds alone)`` in
+        analytic fidelity (priced by the busiest link of every image's transfers),
+        ``(choice, specs)`` in flow (the simulated call's flows carrying the images'
+        crossings)."""
         key = ("images", group, kind, size)
         cached = self._plans.get(key)
         if cached is None:
             choice, specs = planned
-            images = self.alone.image_transfers(group, kind, size, choice, specs)
-            if self.analytic:  # priced by the busiest link of every image's transfers
-                every = [spec for image in images for spec in image]
-                cached = self._plans[key] = (choice, every)
-            else:  # moved as the simulated call's flows, carrying the images' crossings
-                cached = self._plans[key] = (choice, with_images(specs, images))
+            images = self.alone.collective_images(group, kind, size, choice, specs)
+            if self.analytic:
+                cached = self._plans[key] = (choice, images.seconds(self.cluster))
+            else:
+                cached = self._plans[key] = (choice, images.merged())
         return cached
 
     def _launch_collective(self, group: str, rendezvous: _Rendezvous) -> None:
@@ -407,17 +409,19 @@ class _Engine:
             )
             if splits is None:
                 self._plans[key] = planned
-        if (
+        imaged = (
             splits is None
             and (self.analytic or group in self.folded)
             and group in self.schedule.images
-        ):
+        )
+        if imaged:
             planned = self._image_transfers(group, rendezvous.kind, rendezvous.size, planned)
         choice, specs = planned
         name = f"{rendezvous.kind}/{choice.algorithm}/{choice.protocol}"
         self.choices[name] = self.choices.get(name, 0) + 1
         if self.analytic:
-            self._after(time_alone(self.cluster, specs, choice.latency), rendezvous)
+            seconds = specs if imaged else time_alone(self.cluster, specs, choice.latency)
+            self._after(seconds, rendezvous)
         else:
             self._transfer_all(specs, rendezvous)
 
@@ -491,8 +495,7 @@ class _Engine:
         key = ("p2p", src, dst, size)
         spec = self._plans.get(key)
         if spec is None:
-            own, *others = self.alone.p2p_images(src, dst, size)
-            (spec,) = with_images(own, [own, *others])
+            (spec,) = self.alone.p2p_images_of(src, dst, size).merged()
             self._plans[key] = spec
         self._transfer_all([spec], pair)
 

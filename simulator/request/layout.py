@@ -8,21 +8,22 @@ pipeline stages are the outermost (Megatron-LM's default rank order). Rank ``r``
 on GPU ``r`` of the cluster.
 
 Process groups are named ``<axis><index>`` (``tp0``, ``dp3``, ``pp1``), indexed in the
-order of their lowest rank.
+order of their lowest rank. A group's members and a rank's group are arithmetic on the
+grid, never listed for every rank: a grid of 131,072 ranks costs no more than one of
+eight until something asks for every group (:attr:`Layout.groups`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from simulator.common.errors import ScenarioError
 from simulator.common.vocabulary import GRID_AXES, PLACEMENT_AXES
 
 __all__ = ["Layout", "balanced_stages", "FEWEST_UNEVEN_LAYERS"]
-
-# grid → (groups, group_of), shared by equal layouts; never mutated after building
-_GROUPS: dict[tuple, tuple[dict, dict]] = {}
-_GROUPS_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,6 @@ class Layout:
     # unless the placement names it)
     cp: int = 1
     _strides: dict[str, int] = field(init=False, repr=False, compare=False)
-    _groups: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
-    _group_of: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for axis in GRID_AXES:
@@ -75,85 +74,139 @@ class Layout:
             raise ScenarioError(
                 f"parallel.dp_shard: dp_shard({self.dp_shard}) must divide dp({self.dp})"
             )
-        # the groups depend on the grid alone: a search builds the same grid for many
-        # recipes, so they are computed once per grid (O(world) each)
-        key = (self.tp, self.pp, self.dp, self.placement, self.ep, self.dp_shard, self.cp)
-        built = _GROUPS.get(key)
-        if built is None:
-            if len(_GROUPS) >= _GROUPS_KEPT:
-                _GROUPS.clear()
-            built = _GROUPS[key] = self._build_groups()
-        groups, group_of = built
-        object.__setattr__(self, "_groups", groups)
-        object.__setattr__(self, "_group_of", group_of)
 
-    def _build_groups(self) -> tuple[dict[str, tuple[int, ...]], dict[tuple[str, int], str]]:
-        """Every process group (name → members) and each rank's group on each axis."""
-        strides = self._strides
-        groups: dict[str, tuple[int, ...]] = {}
-        group_of: dict[tuple[str, int], str] = {}
-        for axis in self.axes:
-            # a group is known by its lowest rank (coordinate 0 on the axis): O(world)
-            stride, size = strides[axis], self.size(axis)
-            by_base: dict[int, str] = {}
-            for rank in range(self.world):
-                base = rank - ((rank // stride) % size) * stride
-                name = by_base.get(base)
-                if name is None:
-                    name = by_base[base] = f"{axis}{len(by_base)}"
-                    groups[name] = tuple(base + i * stride for i in range(size))
-                group_of[(axis, rank)] = name
-        # expert parallelism splits each DP group into blocks of ep consecutive replicas
-        # (the EP groups); the replicas holding the same experts form the
-        # expert-data-parallel (edp) groups that reduce expert gradients. HSDP splits it
-        # the same way: shard groups of dp_shard consecutive replicas, replicate groups
-        # across them (torchtitan's ParallelDims: dp_replicate outside dp_shard).
-        for block, inner, outer in (
-            (self.ep, "ep", "edp"),
-            (self.dp_shard, "dp_shard", "dp_replicate"),
-        ):
-            if block > 1 or (inner == "dp_shard" and block):
-                self._split_dp(block, inner, outer, groups, group_of)
-        if self.cp > 1:
-            # the ranks that hold the same weights: every (dp, cp) coordinate of a (tp, pp)
-            # one; data-parallel gradients are reduced over them
-            seen_dpcp: dict[tuple[int, ...], str] = {}
-            for rank in range(self.world):
-                coords = self.coords(rank)
-                members = tuple(
-                    self.rank_of(tp=coords["tp"], pp=coords["pp"], dp=d, cp=c)
-                    for d in range(self.dp)
-                    for c in range(self.cp)
-                )
-                name = seen_dpcp.get(members)
-                if name is None:
-                    name = seen_dpcp[members] = f"dp_cp{len(seen_dpcp)}"
-                    groups[name] = members
-                group_of[("dp_cp", rank)] = name
-        return groups, group_of
+    # -- process groups ----------------------------------------------------------------
+    #
+    # A grid axis's group is known by its lowest rank, its base (coordinate 0 on the
+    # axis); numbered in the order of their bases, the group of base b = hi·(s·n) + lo
+    # (stride s and size n of the axis, lo < s) is number hi·s + lo. Expert parallelism
+    # splits each DP group into blocks of ep consecutive replicas (the EP groups); the
+    # replicas holding the same experts form the expert-data-parallel (edp) groups that
+    # reduce expert gradients. HSDP splits it the same way: shard groups of dp_shard
+    # consecutive replicas, replicate groups across them (torchtitan's ParallelDims:
+    # dp_replicate outside dp_shard). With context parallelism the ranks holding the same
+    # weights, every (dp, cp) coordinate of a (tp, pp) one, form the dp_cp groups.
 
-    def _split_dp(
-        self,
-        block: int,
-        inner: str,
-        outer: str,
-        groups: dict[str, tuple[int, ...]],
-        group_of: dict[tuple[str, int], str],
-    ) -> None:
-        """Name the groups of ``block`` consecutive DP replicas (``inner``) and of the
-        replicas at the same position across those blocks (``outer``), each axis's
-        groups indexed in the order of their lowest rank, like every other group."""
-        dp_groups = [m for name, m in groups.items() if self.axis_of_group(name) == "dp"]
-        for axis, split in (
-            (inner, lambda m: [m[j : j + block] for j in range(0, len(m), block)]),
-            (outer, lambda m: [m[r::block] for r in range(block)]),
+    @functools.cached_property
+    def _splits(self) -> dict[str, tuple[int, bool]]:
+        """The axes that split the DP groups: name → (block, whether a group is a block
+        of consecutive replicas rather than one replica of each block)."""
+        splits: dict[str, tuple[int, bool]] = {}
+        if self.ep > 1:
+            splits["ep"], splits["edp"] = (self.ep, True), (self.ep, False)
+        if self.dp_shard:
+            splits["dp_shard"] = (self.dp_shard, True)
+            splits["dp_replicate"] = (self.dp_shard, False)
+        return splits
+
+    @functools.cached_property
+    def _group_axes(self) -> tuple[str, ...]:
+        """Every axis with groups, in the order :attr:`groups` lists them."""
+        return (*self.axes, *self._splits, *(("dp_cp",) if self.cp > 1 else ()))
+
+    def _group_count(self, axis: str) -> int:
+        if axis == "dp_cp":
+            return self.tp * self.pp
+        split = self._splits.get(axis)
+        if split is None:
+            return self.world // self.size(axis)
+        block, consecutive = split
+        return self.world // self.dp * (self.dp // block if consecutive else block)
+
+    def _cp_bases(self) -> list[int]:
+        """The lowest ranks of the dp_cp groups, in order."""
+        return sorted(self.rank_of(tp=t, pp=p) for t in range(self.tp) for p in range(self.pp))
+
+    def members(self, group: str) -> tuple[int, ...]:
+        """The member ranks of the group named ``group`` (ascending along its axis)."""
+        axis = self.axis_of_group(group)
+        digits = group[len(axis) :]
+        if (
+            axis not in self._group_axes
+            or not digits.isdigit()
+            or str(int(digits)) != digits
+            or int(digits) >= self._group_count(axis)
         ):
-            found = [part for members in dp_groups for part in split(members)]
-            for index, members in enumerate(sorted(found, key=min)):
-                name = f"{axis}{index}"
-                groups[name] = members
-                for rank in members:
-                    group_of[(axis, rank)] = name
+            raise KeyError(group)
+        index = int(digits)
+        if axis == "dp_cp":
+            coords = self.coords(self._cp_bases()[index])
+            return tuple(
+                self.rank_of(tp=coords["tp"], pp=coords["pp"], dp=d, cp=c)
+                for d in range(self.dp)
+                for c in range(self.cp)
+            )
+        split = self._splits.get(axis)
+        stride = self._strides["dp" if split else axis]
+        size = self.dp if split else self.size(axis)
+        if split is None:
+            base = index // stride * stride * size + index % stride
+            return tuple(base + i * stride for i in range(size))
+        block, consecutive = split
+        per = size // block if consecutive else block  # groups per (lo, hi)
+        hi, rest = divmod(index, per * stride)
+        part, lo = divmod(rest, stride)
+        base = hi * stride * size + lo
+        if consecutive:
+            return tuple(base + (part * block + i) * stride for i in range(block))
+        return tuple(base + (part + k * block) * stride for k in range(size // block))
+
+    def group_name(self, axis: str, rank: int) -> str:
+        """The name of ``rank``'s group on ``axis``."""
+        if not 0 <= rank < self.world:
+            raise KeyError((axis, rank))
+        if axis == "dp_cp" and self.cp > 1:
+            coords = self.coords(rank)
+            base = self.rank_of(tp=coords["tp"], pp=coords["pp"])
+            return f"dp_cp{self._cp_bases().index(base)}"
+        split = self._splits.get(axis)
+        grid = axis if split is None else "dp"
+        if grid not in self.axes:
+            raise KeyError((axis, rank))
+        stride, size = self._strides[grid], self.size(grid)
+        hi, within = divmod(rank, stride * size)
+        coord, lo = divmod(within, stride)
+        if split is None:
+            return f"{axis}{hi * stride + lo}"
+        block, consecutive = split
+        part, per = (coord // block, size // block) if consecutive else (coord % block, block)
+        return f"{axis}{(hi * per + part) * stride + lo}"
+
+    def axis_groups(self, axis: str, numbers: np.ndarray | None = None) -> np.ndarray:
+        """Groups of grid axis ``axis`` as rows of member ranks: the groups numbered
+        ``numbers`` (row ``i`` the group ``f"{axis}{numbers[i]}"``), every group by
+        default."""
+        stride, size = self._strides[axis], self.size(axis)
+        index = np.arange(self.world // size) if numbers is None else np.asarray(numbers)
+        base = index // stride * stride * size + index % stride
+        return base[:, None] + np.arange(size) * stride
+
+    def axis_group_numbers(self, axis: str, ranks: np.ndarray) -> np.ndarray:
+        """The number of each rank's group on grid axis ``axis`` (``tp``, ``dp``, ``pp``
+        or ``cp``): :meth:`group_name` for many ranks at once."""
+        stride, size = self._strides[axis], self.size(axis)
+        hi, within = np.divmod(np.asarray(ranks), stride * size)
+        return hi * stride + within % stride
+
+    def group_order(self, group: str) -> tuple[int, int]:
+        """Where the group named ``group`` comes in :attr:`groups`: (its axis's place,
+        its number)."""
+        axis = self.axis_of_group(group)
+        return self._group_axes.index(axis), int(group[len(axis) :])
+
+    def group_members(self, axis: str, rank: int) -> tuple[int, ...]:
+        """The members of ``rank``'s group on ``axis``."""
+        return self.members(self.group_name(axis, rank))
+
+    @property
+    def groups(self) -> dict[str, tuple[int, ...]]:
+        """Every process group, name → member ranks (ascending along the axis), as a
+        new dict: O(world); :meth:`members` reads one group."""
+        return {
+            f"{axis}{index}": self.members(f"{axis}{index}")
+            for axis in self._group_axes
+            for index in range(self._group_count(axis))
+        }
 
     @property
     def world(self) -> int:
@@ -199,19 +252,6 @@ class Layout:
             base + d * dp_stride + t * tp_stride for d in range(self.dp) for t in range(self.tp)
         )
 
-    @property
-    def groups(self) -> dict[str, tuple[int, ...]]:
-        """Every process group, name → member ranks (ascending along the axis), as a
-        new dict (:meth:`members` reads one group without copying them all)."""
-        return dict(self._groups)
-
-    def members(self, group: str) -> tuple[int, ...]:
-        """The member ranks of the group named ``group``."""
-        return self._groups[group]
-
-    def group_name(self, axis: str, rank: int) -> str:
-        return self._group_of[(axis, rank)]
-
     def axis_of_group(self, name: str) -> str:
         """The axis a group belongs to (``'tp'`` for ``'tp3'``)."""
         return name.rstrip("0123456789")
@@ -227,9 +267,6 @@ class Layout:
         """Ranks a routed expert's sharded weight or optimizer state is split over: its
         expert-data-parallel group, ``shard_degree / ep`` (1 when EP spans it)."""
         return max(1, self.shard_degree // self.ep)
-
-    def group_members(self, axis: str, rank: int) -> tuple[int, ...]:
-        return self._groups[self._group_of[(axis, rank)]]
 
     def stage_rank(self, rank: int, pipeline_rank: int) -> int:
         """The rank at ``pipeline_rank`` of ``rank``'s pipeline (which global stages it

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 from pydantic import Field, ValidationError
 
 from simulator.common.errors import ScenarioError
@@ -712,24 +713,27 @@ def _layout_warnings(layout: Layout, cluster_spec: ClusterSpec) -> list[str]:
     per_node = cluster_spec.gpus_per_node
     calibration = cluster_spec.calibration
     notes = [calibration.note] if calibration is not None and calibration.note else []
-    tp_groups, spanning = _spanning_tp_groups(layout, per_node)
+    tp_groups, spanning, first = _spanning_tp_groups(layout, per_node)
     if not spanning:
         return notes
     return notes + [
-        f"tensor-parallel groups span nodes ({len(spanning)} of {tp_groups} TP groups, "
-        f"e.g. ranks {list(spanning[0])} on nodes {sorted({r // per_node for r in spanning[0]})}): "
+        f"tensor-parallel groups span nodes ({spanning} of {tp_groups} TP groups, "
+        f"e.g. ranks {list(first)} on nodes {sorted({r // per_node for r in first})}): "
         "every layer's all-reduces cross the network instead of the node's "
         f"{'NVLink' if cluster_spec.nvswitch is not None else 'PCIe'}"
     ]
 
 
 @functools.lru_cache(maxsize=64)
-def _spanning_tp_groups(layout: Layout, per_node: int) -> tuple[int, tuple[tuple[int, ...], ...]]:
-    """How many TP groups ``layout`` has, and those whose ranks sit on more than one
-    node of ``per_node`` GPUs (a search asks for every recipe of one grid)."""
-    tp_groups = [m for name, m in layout.groups.items() if name.startswith("tp")]
-    spanning = tuple(m for m in tp_groups if len({rank // per_node for rank in m}) > 1)
-    return len(tp_groups), spanning
+def _spanning_tp_groups(layout: Layout, per_node: int) -> tuple[int, int, tuple[int, ...]]:
+    """How many TP groups ``layout`` has, how many of them have ranks on more than one
+    node of ``per_node`` GPUs, and the first of those (a search asks for every recipe
+    of one grid)."""
+    members = layout.axis_groups("tp")
+    nodes = members // per_node
+    spanning = np.flatnonzero(nodes.min(axis=1) != nodes.max(axis=1))
+    first = tuple(members[spanning[0]].tolist()) if len(spanning) else ()
+    return len(members), len(spanning), first
 
 
 def scenario_from_dict(

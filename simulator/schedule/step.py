@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from simulator.arithmetic.moe import stack_of as moe_stack_of
 from simulator.arithmetic.stacks import stack_of
 from simulator.request.layout import Layout
@@ -148,9 +150,16 @@ def _record_images(schedule: Schedule, layout: Layout) -> None:
         representative = next(m for m in members if m in simulated)
         # the groups of the images in order of first appearance: an image in a group
         # already found adds nothing, and is passed over without naming its group
+        images = schedule.rank_images[representative]
+        if axis in layout.axes:  # a grid axis: its groups are arithmetic on the ranks
+            numbers = layout.axis_group_numbers(axis, np.asarray(images))
+            _, first = np.unique(numbers, return_index=True)
+            rows = layout.axis_groups(axis, numbers[np.sort(first)])
+            schedule.images[name] = tuple(map(tuple, rows.tolist()))
+            continue
         found: list[tuple[int, ...]] = []
         covered: set[int] = set()
-        for image in schedule.rank_images[representative]:
+        for image in images:
             if image not in covered:
                 group = layout.members(layout.group_name(axis, image))
                 found.append(tuple(group))
@@ -192,7 +201,7 @@ def _schedule(
                 bodies[id(op.body)] = op.body
     for body in bodies.values():
         used.update(inner.group for inner in body if type(inner) is Collective)
-    groups = {name: members for name, members in layout.groups.items() if name in used}
+    groups = {name: layout.members(name) for name in sorted(used, key=layout.group_order)}
     meta = {
         "moe": _moe_meta(config),
         "virtual_stages": config.recipe.virtual_stages,
