@@ -255,6 +255,16 @@ def test_folded_and_unfolded_steps_agree_within_1_percent(name, overrides, fidel
         assert folded.breakdown.critical[category] == pytest.approx(
             value, abs=0.01 * every.step_time_s
         )
+    assert folded.memory.peak_bytes_per_gpu == every.memory.peak_bytes_per_gpu
+    # every rank's figures read from its class's row are its own, within 1% of the step
+    assert sum(row.ranks for row in folded.per_rank) == world
+    for rank in range(world):
+        mine, its_class = every.rank_figures(rank), folded.rank_figures(rank)
+        assert (its_class.rank, its_class.node, its_class.pp) == (rank, mine.node, mine.pp)
+        for category, value in mine.breakdown.items():
+            assert its_class.breakdown[category] == pytest.approx(
+                value, abs=0.01 * every.step_time_s
+            )
 
 
 OVERSUBSCRIBED = [

@@ -283,3 +283,69 @@ def test_a_call_s_busiest_link_summed_with_arrays_is_the_loop_s_to_the_bit():
             alone._ARRAY_CROSSINGS = saved
         assert arrays == loop
         assert crossings <= saved or arrays > 0
+
+
+def _series_one_entry_at_a_time(log, bandwidths) -> dict[int, list[tuple[float, float]]]:
+    """Each link's load after each log entry, summed entry by entry (a load within
+    1e-9 of the link's bandwidth of zero taken as zero), one point per instant."""
+    loads: dict[int, float] = {}
+    series: dict[int, list[tuple[float, float]]] = {}
+    for now, usage, change, _ in log:
+        for link, mult in usage:
+            load = loads.get(link, 0.0) + mult * change
+            if abs(load) <= 1e-9 * bandwidths[link]:
+                load = 0.0
+            loads[link] = load
+            points = series.setdefault(link, [])
+            if points and points[-1][0] == now:
+                points[-1] = (now, load)
+            elif not points or points[-1][1] != load:
+                points.append((now, load))
+    return series
+
+
+def test_link_series_in_arrays_are_the_loads_summed_entry_by_entry():
+    """Random transfers starting over time on shared links: the arrays' series are the
+    step functions summing the log entry by entry gives (loads to rounding, a point only
+    where the load changes), exactly zero on an idle link, and carry what the series
+    integrate to."""
+    import random
+    from itertools import pairwise
+
+    rng = random.Random(7)
+    bandwidths = [rng.choice([10.0, 25.0, 40.0]) for _ in range(12)]
+    env = simpy.Environment()
+    network = FlowNetwork(env, bandwidths)
+
+    def start(usage, volume, delay):
+        yield env.timeout(delay)
+        network.transfer(usage, volume, rng.choice([0.0, 0.5]), lambda: None)
+
+    for _ in range(60):
+        links = rng.sample(range(12), rng.randint(1, 4))
+        usage = {link: rng.randint(1, 3) for link in links}
+        env.process(start(usage, rng.uniform(5, 500), rng.uniform(0, 40)))
+    env.run()
+    series = network.utilisation
+    expected = _series_one_entry_at_a_time(network._rate_log, bandwidths)
+    assert sorted(series) == sorted(expected)
+    end = env.now
+    carried = series.carried(end)
+    for link, points in expected.items():
+        got = series[link]
+
+        def at(steps, t):
+            return [load for when, load in steps if when <= t][-1]
+
+        instants = sorted({t for t, _ in got} | {t for t, _ in points})
+        assert [at(got, t) for t in instants] == pytest.approx(
+            [at(points, t) for t in instants], abs=1e-9
+        )
+        assert all(a[1] != b[1] for a, b in pairwise(got))
+        assert got[-1][1] == 0.0  # every transfer ended: the link is idle, exactly
+        integral = sum(
+            load * (t1 - t0)
+            for (t0, load), (t1, _) in zip(points, [*points[1:], (end, 0)], strict=True)
+        )
+        assert carried[link] == pytest.approx(integral, rel=1e-9, abs=1e-6)
+        assert series.peak(link) == pytest.approx(max(load for _, load in points))

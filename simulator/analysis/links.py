@@ -9,14 +9,14 @@ and peak utilisation — and :func:`utilisation_bins` into a fixed grid of time 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from topologies import Cluster
+from topologies import Cluster, Link
 
-__all__ = ["carried_bytes", "link_summary", "utilisation_bins"]
+__all__ = ["busiest", "carried_bytes", "link_summary", "link_name", "utilisation_bins"]
 
 
 def _carried(series: list[tuple[float, float]], end: float) -> float:
@@ -33,6 +33,15 @@ def _carried(series: list[tuple[float, float]], end: float) -> float:
 _CARRIED: list[tuple[Any, float, dict[int, float]]] = []
 
 
+@runtime_checkable
+class _Arrays(Protocol):
+    """Series that sum themselves (:class:`~simulator.engine.network.LinkSeries`)."""
+
+    def carried(self, end: float) -> dict[int, float]: ...
+
+    def peak(self, link: int) -> float: ...
+
+
 def carried_bytes(
     utilisation: Mapping[int, list[tuple[float, float]]], step_time: float
 ) -> dict[int, float]:
@@ -41,7 +50,10 @@ def carried_bytes(
     for known, step, carried in _CARRIED:
         if known is utilisation and step == step_time:
             return carried
-    carried = {link: _carried(series, step_time) for link, series in utilisation.items()}
+    if isinstance(utilisation, _Arrays):
+        carried = utilisation.carried(step_time)
+    else:
+        carried = {link: _carried(series, step_time) for link, series in utilisation.items()}
     _CARRIED.append((utilisation, step_time, carried))
     del _CARRIED[:-1]
     return carried
@@ -56,11 +68,9 @@ def link_summary(
     """The ``top`` busiest links (by bytes carried), busiest first."""
     rows = []
     by_link = carried_bytes(utilisation, step_time)
-    for link_id, series in utilisation.items():
+    for link_id in busiest(by_link, top, lambda link: link_name(cluster.links[link], "->")):
         link = cluster.links[link_id]
         carried = by_link[link_id]
-        if carried <= 0:
-            continue
         rows.append(
             {
                 "link": f"{link.src}->{link.dst}",
@@ -69,11 +79,39 @@ def link_summary(
                 "mean_utilisation": carried / (link.bandwidth * step_time)
                 if step_time > 0
                 else 0.0,
-                "peak_utilisation": max(rate for _, rate in series) / link.bandwidth,
+                "peak_utilisation": _peak(utilisation, link_id) / link.bandwidth,
             }
         )
-    rows.sort(key=lambda row: (-row["bytes"], row["link"]))
-    return rows[:top]
+    return rows
+
+
+def _peak(utilisation: Mapping[int, list[tuple[float, float]]], link: int) -> float:
+    if isinstance(utilisation, _Arrays):
+        return utilisation.peak(link)
+    return max(rate for _, rate in utilisation[link])
+
+
+def link_name(link: Link, arrow: str) -> str:
+    """``src{arrow}dst``."""
+    return f"{link.src}{arrow}{link.dst}"
+
+
+def busiest(carried: Mapping[int, float], top: int, name: Callable[[int], str]) -> list[int]:
+    """The ``top`` links that carried the most bytes (any), busiest first, links that
+    carried as much in the order of their ``name``: named are only the links that
+    carried at least the ``top``-th most, so a cluster's many idle links cost nothing."""
+    links = np.fromiter(carried.keys(), np.int64, len(carried))
+    amounts = np.fromiter(carried.values(), float, len(carried))
+    moving = amounts > 0
+    links, amounts = links[moving], amounts[moving]
+    if not len(links):
+        return []
+    # amounts equal to ten digits are ties, broken by name: symmetric links' sums of
+    # the same crossings differ only in rounding
+    least = float(f"{np.sort(amounts)[::-1][min(top, len(amounts)) - 1]:.10g}")
+    candidates = links[amounts >= least * (1 - 1e-9)].tolist()
+    ranked = sorted(candidates, key=lambda link: (-float(f"{carried[link]:.10g}"), name(link)))
+    return ranked[:top]
 
 
 def utilisation_bins(

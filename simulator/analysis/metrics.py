@@ -186,6 +186,7 @@ def account_step(
     it by rank."""
     per_rank = []
     bodies: dict[int, tuple] = {}
+    folded = len(schedule.programs) < layout.world
     for rank in sorted(schedule.programs):
         if idle is not None:
             idle[rank] = []
@@ -200,9 +201,24 @@ def account_step(
             _bodies=bodies,
             intervals=None if idle is None else idle[rank],
         )
-        # the rank's grid coordinates, by RankAccount's fields (tp, dp, pp and cp)
+        # the rank's grid coordinates, by RankAccount's fields (tp, dp, pp and cp), and
+        # the ranks it stands for: a folded rank, its pipeline stage's with its own cp
         coords: dict[str, Any] = layout.coords(rank)
-        per_rank.append(RankAccount(rank=rank, node=rank // gpus_per_node, **coords, **row))
+        if folded:
+            ranks = len(schedule.rank_images.get(rank, (rank,)))
+            shared: dict[str, int] = {a: coords[a] for a in ("pp", "cp") if a in coords}
+        else:
+            ranks, shared = 1, dict(coords)
+        per_rank.append(
+            RankAccount(
+                rank=rank,
+                node=rank // gpus_per_node,
+                **coords,
+                **row,
+                ranks=ranks,
+                class_coords=shared,
+            )
+        )
     critical = max(per_rank, key=lambda r: (r.end_s, -r.rank))
     count = len(per_rank)
     mean = {c: sum(r.breakdown[c] for r in per_rank) / count for c in CATEGORIES}

@@ -92,6 +92,11 @@ class RankAccount:
     compute_by_phase: dict[str, float]
     # the rank's context-parallel coordinate (None without context parallelism)
     cp: int | None = None
+    # how many ranks the row stands for, itself among them (a folded run simulates one
+    # rank of each class), and the grid coordinates they share (those of this rank alone
+    # in a run that simulated every rank); StepResult.rank_figures reads any rank's row
+    ranks: int = 1
+    class_coords: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -211,6 +216,42 @@ class StepResult:
     # ``low``/``high`` on it at ``level``, the runs they come from, and why the run is
     # outside what was validated (None when it is not)
     interval: dict[str, Any] | None = None
+
+    def grid_coords(self, rank: int) -> dict[str, int]:
+        """Rank ``rank``'s coordinates on the run's grid (``cp`` with context
+        parallelism), from the layout's placement, innermost axis first."""
+        layout = self.layout
+        if not 0 <= rank < self.cluster.gpus:
+            raise ValueError(f"rank {rank} is out of range 0..{self.cluster.gpus - 1}")
+        sizes = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp}
+        sizes["cp"] = self.cluster.gpus // (layout.tp * layout.dp * layout.pp)
+        coords, stride = {}, 1
+        for axis in layout.placement:
+            coords[axis] = rank // stride % sizes[axis]
+            stride *= sizes[axis]
+        return coords
+
+    def rank_figures(self, rank: int) -> RankAccount:
+        """Rank ``rank``'s figures: the row of the ranks it is one of (its class: in a
+        folded run, the ranks of its pipeline stage), under its own rank, node and
+        coordinates."""
+        coords = self.grid_coords(rank)
+        folded = bool(self.simulation.get("folded"))
+        for row in self.per_rank:
+            # a file from before rows said their class: a folded row stands for its stage
+            shared = row.class_coords or ({"pp": row.pp} if folded else {"rank": row.rank})
+            if all({**coords, "rank": rank}.get(axis) == value for axis, value in shared.items()):
+                per_node = self.cluster.gpus // self.cluster.nodes
+                return dataclasses.replace(
+                    row,
+                    rank=rank,
+                    node=rank // per_node,
+                    tp=coords["tp"],
+                    dp=coords["dp"],
+                    pp=coords["pp"],
+                    cp=coords.get("cp", row.cp),
+                )
+        raise ValueError(f"rank {rank}: no row of per_rank stands for it")
 
     def to_json(self) -> dict[str, Any]:
         """``result.json``'s content (a measured step's has a ``measured`` section)."""

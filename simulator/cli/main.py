@@ -34,7 +34,17 @@ import threading
 from types import ModuleType
 from typing import Any, NoReturn
 
-from simulator.cli import calibrate, collbench, compare, explain, replay, run, scale, sweep
+from simulator.cli import (
+    calibrate,
+    collbench,
+    compare,
+    explain,
+    query,
+    replay,
+    run,
+    scale,
+    sweep,
+)
 from simulator.common.collector import ends_with_command
 from simulator.common.errors import ParasimError
 from simulator.common.version import __version__
@@ -60,6 +70,7 @@ COMMANDS: dict[str, ModuleType] = {
     "calibrate": calibrate,
     "replay": replay,
     "compare": compare,
+    "query": query,
 }
 
 

@@ -119,7 +119,7 @@ class _Engine:
         self._plans: dict[tuple, Any] = {}  # (group, kind, bytes) -> NCCL plan, reused
         self.env = simpy.Environment()
         self.timeouts = 0  # SimPy events the engine scheduled (the network counts its own)
-        self.network = FlowNetwork(self.env, [link.bandwidth for link in cluster.links])
+        self.network = FlowNetwork(self.env, cluster.bandwidths.tolist())
         self.compute = ComputeModel(cluster.spec, schedule.meta)
         self.alone = AloneTimes.of_schedule(cluster, schedule, options.algorithm, options.protocol)
         self.blocks = BlockTimer(
@@ -597,3 +597,11 @@ class _Utilisation(Mapping):
 
     def __len__(self) -> int:
         return len(self._network.utilisation)
+
+    def carried(self, end: float) -> dict[int, float]:
+        """:meth:`~simulator.engine.network.LinkSeries.carried`."""
+        return self._network.utilisation.carried(end)
+
+    def peak(self, link: int) -> float:
+        """:meth:`~simulator.engine.network.LinkSeries.peak`."""
+        return self._network.utilisation.peak(link)

@@ -23,11 +23,88 @@ reports can show each link's utilisation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
 import simpy
 
-__all__ = ["FlowNetwork", "Transfer"]
+__all__ = ["FlowNetwork", "LinkSeries", "Transfer"]
+
+#: A rate log entry: (time, crossings ``(link, multiplicity)``, change of the transfer's
+#: rate, 1 as the transfer starts to move and -1 as it ends, else 0).
+_Logged = tuple[float, tuple[tuple[int, int], ...], float, int]
+
+
+class LinkSeries(Mapping[int, list[tuple[float, float]]]):
+    """Each used link's carried rate over time, as a mapping: link id ->
+    ``[(time, bytes/s carried from then on)]``, in time order, a point only where the
+    load changes, exactly zero while the link carries nothing. Made from the rate log
+    when asked, link by link: a flow run on a big cluster logs tens of millions of link
+    crossings, and a summary needs every link's bytes (:meth:`carried`, summed per
+    transfer's crossings) but only the busiest links' series."""
+
+    def __init__(self, log: Sequence[_Logged]) -> None:
+        self._log = log
+        index: dict[int, int] = {}
+        self._usages: list[tuple[tuple[int, int], ...]] = []
+        entries = []
+        for _, usage, _, _ in log:
+            known = index.get(id(usage))
+            if known is None:
+                known = index[id(usage)] = len(self._usages)
+                self._usages.append(usage)
+            entries.append(known)
+        self._entry_usage = np.array(entries, dtype=np.int64)
+        self._on: dict[int, list[int]] = {}  # link -> the usages that cross it
+        for number, usage in enumerate(self._usages):
+            for link, _ in usage:
+                self._on.setdefault(link, []).append(number)
+
+    def __getitem__(self, link: int) -> list[tuple[float, float]]:
+        usages = self._on[link]  # KeyError for a link nothing crossed
+        mult = {number: dict(self._usages[number])[link] for number in usages}
+        rows = np.flatnonzero(np.isin(self._entry_usage, usages))
+        points: list[tuple[float, float]] = []
+        load, moving = 0.0, 0
+        for row in rows.tolist():
+            now, _, change, started = self._log[row]
+            moving += started
+            load = 0.0 if moving == 0 else load + mult[int(self._entry_usage[row])] * change
+            if points and points[-1][0] == now:
+                points[-1] = (now, load)
+                if len(points) > 1 and points[-2][1] == load:
+                    points.pop()
+            elif not points or points[-1][1] != load:
+                points.append((now, load))
+        return points
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._on))
+
+    def __len__(self) -> int:
+        return len(self._on)
+
+    def carried(self, end: float) -> dict[int, float]:
+        """Bytes each link carried over ``[0, end]``: every rate change times the time
+        left from it to ``end``, summed per transfer's crossings, then per link."""
+        log = self._log
+        times = np.array([entry[0] for entry in log])
+        changes = np.array([entry[2] for entry in log])
+        weights = np.where(times <= end, changes * np.maximum(0.0, end - times), 0.0)
+        per_usage = np.bincount(self._entry_usage, weights, minlength=len(self._usages))
+        links = [link for usage in self._usages for link, _ in usage]
+        amounts = [
+            per_usage[number] * mult
+            for number, usage in enumerate(self._usages)
+            for _, mult in usage
+        ]
+        carried = np.bincount(links, amounts) if links else np.zeros(0)
+        return {link: float(carried[link]) for link in sorted(self._on)}
+
+    def peak(self, link: int) -> float:
+        """The highest rate ``link`` carried."""
+        return max(load for _, load in self[link])
+
 
 _RELATIVE_TOLERANCE = 1e-12
 
@@ -62,35 +139,18 @@ class FlowNetwork:
         self.timeouts = 0  # SimPy events this network scheduled
         # id(usage) -> (usage, its crossings sorted by link); keeps the dict alive
         self._crossings: dict[int, tuple[dict[int, int], tuple[tuple[int, int], ...]]] = {}
-        # (time, usage, change of the transfer's rate), in time order
-        self._rate_log: list[tuple[float, tuple[tuple[int, int], ...], float]] = []
-        self._utilisation: tuple[int, dict[int, list[tuple[float, float]]]] = (0, {})
+        # (time, usage, change of the transfer's rate, 1 as it starts to move and -1 as
+        # it ends, else 0), in time order
+        self._rate_log: list[_Logged] = []
+        self._utilisation: tuple[int, LinkSeries | None] = (0, None)
 
     @property
-    def utilisation(self) -> dict[int, list[tuple[float, float]]]:
-        """Link id -> ``[(time, bytes/s carried from then on)]``, for every link used."""
+    def utilisation(self) -> LinkSeries:
+        """Each used link's carried rate over time (:class:`LinkSeries`), from the log."""
         logged, series = self._utilisation
-        if logged == len(self._rate_log):
-            return series
-        loads: dict[int, float] = {}
-        series = {}
-        bandwidths = self.bandwidths
-        for now, usage, change in self._rate_log:
-            for link, mult in usage:
-                load = loads.get(link, 0.0) + mult * change
-                if abs(load) <= 1e-9 * bandwidths[link]:
-                    load = 0.0  # rounding left by rates that came and went
-                loads[link] = load
-                points = series.get(link)
-                if points is None:
-                    series[link] = [(now, load)]
-                    continue
-                when, carried = points[-1]
-                if when == now:
-                    points[-1] = (now, load)
-                elif carried != load:
-                    points.append((now, load))
-        self._utilisation = (len(self._rate_log), series)
+        if logged != len(self._rate_log) or series is None:
+            series = LinkSeries(self._rate_log)
+            self._utilisation = (len(self._rate_log), series)
         return series
 
     def transfer(
@@ -134,7 +194,7 @@ class FlowNetwork:
             version = transfer.version
             delay = transfer.remaining / rate
             self._after(delay, lambda _ev: self._finish(transfer, version))
-            self._rate_log.append((self.env.now, transfer.usage, rate))
+            self._rate_log.append((self.env.now, transfer.usage, rate, 1))
             return
         self._rebalance([transfer])
 
@@ -148,7 +208,7 @@ class FlowNetwork:
             neighbours.update(on_link)
         transfer.remaining = 0.0
         transfer.done()
-        self._rate_log.append((self.env.now, transfer.usage, -transfer.rate))
+        self._rate_log.append((self.env.now, transfer.usage, -transfer.rate, -1))
         if neighbours:
             self._rebalance(neighbours.values())
 
@@ -185,7 +245,7 @@ class FlowNetwork:
             rate = rates[t.id]
             if t.rate > 0 and abs(rate - t.rate) <= _RELATIVE_TOLERANCE * t.rate:
                 continue  # unchanged: its scheduled completion still holds
-            log.append((now, t.usage, rate - t.rate))
+            log.append((now, t.usage, rate - t.rate, 0 if t.rate > 0 else 1))
             t.rate = rate
             t.version += 1
             version = t.version

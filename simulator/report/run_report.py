@@ -30,7 +30,8 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from simulator.analysis.links import carried_bytes, utilisation_bins
+from simulator.analysis.links import busiest as busiest_links
+from simulator.analysis.links import carried_bytes, link_name, utilisation_bins
 from simulator.analysis.metrics import CATEGORIES
 from simulator.analysis.result import MemoryEstimate, RankAccount, StepResult
 from simulator.analysis.trace import Trace
@@ -401,11 +402,9 @@ def link_heatmap(
     links = run.scenario.cluster.links
     # the busiest links by the bytes they carried (result.json's own figure), then the
     # bins of those alone: a flow run's series hold millions of points
-    busiest = sorted(
-        (-carried, f"{links[link_id].src} → {links[link_id].dst}", link_id)
-        for link_id, carried in carried_bytes(utilisation, step).items()
-        if carried > 0
-    )[:top]
+    carried = carried_bytes(utilisation, step)
+    ranked = busiest_links(carried, top, lambda link: link_name(links[link], " → "))
+    busiest = [(-carried[link], link_name(links[link], " → "), link) for link in ranked]
     if not busiest:
         return None
     rows = [
