@@ -31,13 +31,16 @@ import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
 from .errors import TopologyError
 from .spec import ClusterSpec, check_cluster_spec
 from .units import format_bandwidth, format_bytes, format_flops
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["Cluster", "FileTopologyCluster", "Link", "Route"]
 
@@ -227,6 +230,8 @@ class Cluster:
         GPUs also ``gpu`` and ``node``; edges with ``bandwidth``, ``latency`` and
         ``link_id``), built when first asked for: routes and the simulator read the link
         table, and a 131,072-GPU cluster's graph takes seconds to build."""
+        import networkx as nx  # only a graph asked for needs it (a tenth of a second)
+
         graph = nx.DiGraph()
         for name, kind, attrs in self._device_rows():
             graph.add_node(name, kind=kind, **attrs)

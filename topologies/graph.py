@@ -18,12 +18,13 @@ the same routes.
 
 from __future__ import annotations
 
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from .cluster import FileTopologyCluster, _count
 from .units import format_time
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = ["GraphCluster"]
 
@@ -61,6 +62,8 @@ class GraphCluster(FileTopologyCluster):
     def _path(self, src_gpu: int, dst_gpu: int) -> list[str]:
         paths = self._paths.get(src_gpu)
         if paths is None:
+            import networkx as nx  # routes by least latency: a graph search
+
             found = nx.single_source_dijkstra_path(
                 self.graph, self._gpu_names[src_gpu], weight=_weight
             )

@@ -34,15 +34,17 @@ times a device can take.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal, get_args
 
-import networkx as nx
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
 from .clocks import check_power_limit, compute_clock_factor
 from .errors import TopologyError
 from .units import Bandwidth, Bytes, FlopRate, Hertz, Seconds, Watts
 from .validation import LARGEST_COUNT, ConfigModel, Name, nearest_key_hint, shown
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "GPUSpec",
@@ -582,6 +584,8 @@ def _check_graph(
             f"{prefix}.devices: {len(gpu_names)} devices of kind gpu, but nodes({nodes}) x "
             f"gpus_per_node({gpus_per_node}) = {gpus}"
         )
+    import networkx as nx  # only a topology given as a graph needs it
+
     graph = nx.DiGraph()
     graph.add_nodes_from(first)
     seen: dict[tuple[str, str], int] = {}
@@ -610,6 +614,8 @@ def _check_graph(
 
 def _check_connected(graph: nx.DiGraph, gpu_names: list[str], prefix: str) -> None:
     """Every GPU reaches every other: all GPUs lie in one strongly connected component."""
+    import networkx as nx
+
     if len(gpu_names) < 2:
         return
     component = {

@@ -79,7 +79,6 @@ def command(args: argparse.Namespace) -> int:
 
     from simulator.common.files import dumps_result
     from simulator.common.folders import check_folder, default_folder, staged_folder
-    from simulator.report.images import check_requirements
     from simulator.report.outputs import run_output_names, write_run_outputs
     from simulator.report.progress import Status, interactive
     from simulator.report.summary import out_of_memory_line, print_summary
@@ -87,6 +86,8 @@ def command(args: argparse.Namespace) -> int:
     from simulator.run.simulate import check_request_size, run_scenario
 
     if args.image:
+        from simulator.report.images import check_requirements
+
         check_requirements()  # before the simulation, not after it
     if args.fidelity is not None:
         args.overrides = [*args.overrides, f"simulation.fidelity={args.fidelity}"]

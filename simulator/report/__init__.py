@@ -6,19 +6,22 @@ that opens offline in any browser. Both read only the Trace, so a predicted and 
 measured step are drawn the same way. :func:`write_run_report` writes ``report.html``:
 the headline numbers, time breakdown, memory, link utilisation and timeline of a run
 on one offline page.
+
+Each name is imported when first used (the pages need plotly), so a run that writes
+only ``result.json`` imports none of it.
 """
 
 from __future__ import annotations
 
-from simulator.report.chrome_trace import chrome_trace_events, write_chrome_trace
-from simulator.report.run_report import run_report_html, write_run_report
-from simulator.report.timeline import timeline_figure, write_timeline_html
+from topologies.exports import lazy_exports
 
-__all__ = [
-    "chrome_trace_events",
-    "write_chrome_trace",
-    "timeline_figure",
-    "write_timeline_html",
-    "run_report_html",
-    "write_run_report",
-]
+_EXPORTS = {
+    "chrome_trace_events": "simulator.report.chrome_trace",
+    "write_chrome_trace": "simulator.report.chrome_trace",
+    "timeline_figure": "simulator.report.timeline",
+    "write_timeline_html": "simulator.report.timeline",
+    "run_report_html": "simulator.report.run_report",
+    "write_run_report": "simulator.report.run_report",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

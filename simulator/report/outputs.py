@@ -12,18 +12,13 @@ from typing import TYPE_CHECKING, Any, cast
 from simulator.common.collector import fewer_collections
 from simulator.common.files import write_atomically, write_json
 from simulator.common.forked import start_forked, wait_all
-from simulator.report import write_chrome_trace, write_run_report, write_timeline_html
-from simulator.report.chrome_trace import write_rank_traces
+from simulator.report.chrome_trace import write_chrome_trace, write_rank_traces
 from simulator.report.images import export_figures
 from simulator.report.plotly_bundle import PLOTLY_JS
-from simulator.report.run_report import (
-    REPORT_MAX_BARS,
-    breakdown_figure,
-    link_heatmap,
-    memory_figure,
-)
-from simulator.report.timeline import timeline_figure
 from simulator.run.simulate import make_trace, trace_ranks
+
+# the pages' writers (and plotly behind them) are imported where a page is written: a
+# run that writes result.json alone imports none of them
 
 if TYPE_CHECKING:
     from simulator.analysis.trace import Trace
@@ -94,12 +89,22 @@ def write_run_outputs(
         write_json(path, run.result.to_json())
         return path
 
+    def timeline(tmp: Path) -> None:
+        from simulator.report.timeline import write_timeline_html
+
+        write_timeline_html(cast("Trace", trace), tmp, title=title)
+
+    def report(tmp: Path) -> None:
+        from simulator.report.run_report import write_run_report
+
+        write_run_report(run, tmp, title=title, trace=trace)
+
     writers: dict[str, Callable[[Path], Path]] = {
         "result": result,
         "trace": lambda path: write_trace(trace, path),  # .gz when large
         # a timeline is wanted only where there is a trace (traced)
-        "timeline": page(lambda tmp: write_timeline_html(cast("Trace", trace), tmp, title=title)),
-        "report": page(lambda tmp: write_run_report(run, tmp, title=title, trace=trace)),
+        "timeline": page(timeline),
+        "report": page(report),
     }
     # some files are written by processes of their own, on other cores, while this
     # one writes the rest (:func:`_aside`); start_forked writes them here first where it
@@ -110,6 +115,9 @@ def write_run_outputs(
         # every page is written by plotly.io's JSON writer, whose first import takes a
         # few tenths of a second: taken here once, before the forks, not in each process
         import plotly.io.json  # noqa: F401
+
+        import simulator.report.run_report
+        import simulator.report.timeline  # noqa: F401
     fork = large or (trace is not None and "timeline" in wanted)
     asides = [
         (name, start_forked(functools.partial(writers[name], out / OUTPUTS[name]), fork=fork))
@@ -202,6 +210,13 @@ def write_run_images(run: Any, trace: Any, out: Path, title: str, image_format: 
     """The charts of ``report.html`` as ``<chart>.png`` or ``.svg`` files in ``out``
     (timeline, breakdown, memory, and link utilisation in flow fidelity), drawn by
     kaleido with the system Chromium (:mod:`simulator.report.images`)."""
+    from simulator.report.run_report import (
+        REPORT_MAX_BARS,
+        breakdown_figure,
+        link_heatmap,
+        memory_figure,
+    )
+    from simulator.report.timeline import timeline_figure
 
     figures = {
         "timeline": timeline_figure(trace, title, max_bars=REPORT_MAX_BARS)[0],
