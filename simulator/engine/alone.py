@@ -22,8 +22,10 @@ from typing import Any, cast
 
 import numpy as np
 
+from simulator.common.vocabulary import ALL_TO_ALL
 from simulator.engine.collectives import TransferSpec, collective_transfers, p2p_transfer
 from simulator.engine.images import ImageLoads, collective_image_loads, p2p_image_loads
+from simulator.engine.uneven import uneven_all_to_all
 from simulator.schedule.ir import Collective, Schedule
 from topologies import Cluster
 
@@ -184,6 +186,8 @@ class AloneTimes:
             cached = cast("tuple[float, str] | None", self.cluster.plan_cache.get(shared))
             if cached is not None:
                 self._memo[key] = cached
+        if cached is None and splits is not None and op.kind == ALL_TO_ALL:
+            cached = self.uneven(op.group, splits)
         if cached is None:
             choice, specs = collective_transfers(
                 self.cluster,
@@ -202,6 +206,24 @@ class AloneTimes:
             cached = (seconds, f"{op.kind}/{choice.algorithm}/{choice.protocol}")
             if splits is None:
                 self._memo[key] = self.cluster.plan_cache[shared] = cached
+        return cached
+
+    def uneven(self, group: str, splits) -> tuple[float, str] | None:
+        """``(seconds, name)`` of an uneven all-to-all on ``group`` priced in arrays
+        (:func:`uneven_all_to_all`; None where it cannot be), memoised by its bytes: a
+        layer's dispatch runs again as the combine's gradient."""
+        gpus = self.group_gpus[group]
+        key = ("uneven", group, tuple(tuple(splits[gpu]) for gpu in gpus), self.protocol)
+        cached = self._memo.get(key)
+        if cached is None:
+            priced = uneven_all_to_all(self.cluster, gpus, splits, self.protocol)
+            if priced is None:
+                return None
+            choice, seconds = priced
+            cached = self._memo[key] = (
+                seconds,
+                f"{ALL_TO_ALL}/{choice.algorithm}/{choice.protocol}",
+            )
         return cached
 
     def p2p(self, src: int, dst: int, size: float) -> float:

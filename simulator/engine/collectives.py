@@ -68,6 +68,7 @@ __all__ = [
     "ring_edges",
     "candidate_edges",
     "route_usage",
+    "plan_options",
     "scope_of",
 ]
 
@@ -339,7 +340,7 @@ def plan_collective(
     return plan
 
 
-def _choices(
+def plan_options(
     cluster: Cluster, kind: str, gpus: list[int], algorithm: str | None, protocol: str | None
 ) -> list[tuple[CollectiveChoice, _Candidate, float]]:
     """Every (algorithm, protocol) ``kind`` can run on ``gpus`` within the pins, each
@@ -407,7 +408,7 @@ def _plan_collective(
     if protocol is not None and protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r} (one of {', '.join(PROTOCOLS)})")
     best: tuple[float, CollectiveChoice, _Candidate, float] | None = None
-    for choice, candidate, rate in _choices(cluster, kind, gpus, algorithm, protocol):
+    for choice, candidate, rate in plan_options(cluster, kind, gpus, algorithm, protocol):
         cost = choice.time(size)
         if best is None or cost < best[0] - 1e-15:
             best = (cost, choice, candidate, rate)

@@ -395,6 +395,13 @@ class _Engine:
         self._run_transfers(group, rendezvous, splits)
 
     def _run_transfers(self, group: str, rendezvous: _Rendezvous, splits) -> None:
+        if self.analytic and splits is not None:
+            priced = self.alone.uneven(group, splits)
+            if priced is not None:
+                seconds, name = priced
+                self.choices[name] = self.choices.get(name, 0) + 1
+                self._after(seconds, rendezvous)
+                return
         key = (group, rendezvous.kind, rendezvous.size)
         planned = None if splits is not None else self._plans.get(key)
         if planned is None:
