@@ -11,7 +11,7 @@ from simulator.cli.main import main
 from simulator.engine.collectives import collective_transfers
 from simulator.engine.core import EngineOptions, simulate
 from simulator.request.scenario import load_scenario
-from simulator.run.simulate import run_scenario
+from simulator.run.simulate import folds, run_scenario
 from simulator.schedule.ir import Collective, Program, Recv, Schedule, Send
 
 from .conftest import SCENARIOS
@@ -224,20 +224,36 @@ def test_blocks_time_a_step_exactly_as_its_ops(name, overrides):
     assert blocked.simulation["ops"] == ops.simulation["ops"]
 
 
-@pytest.mark.parametrize("fidelity", ["analytic", "flow"])
-@pytest.mark.parametrize(
-    "name,overrides",
-    # every rank of a 64- or 128-GPU step of a big model takes seconds to simulate: slow
-    [
-        pytest.param(*case, marks=pytest.mark.slow)
-        if case[0].startswith(("gpt3-175b", "dense-70b"))
-        else case
-        for case in DENSE_STEPS
-    ],
-)
+# MoE steps whose EP ranks receive alike (uniform routing): one rank per stage and EP
+# group stands for the group. DeepSeek-V3-like's 256 ranks over 8 stages (11 layers, one
+# micro-batch) take seconds unfolded in analytic fidelity and minutes in flow: analytic
+MOE_ALIKE = [
+    ("mixtral-ep.yaml", MOE_SMALL, "analytic"),
+    ("mixtral-ep.yaml", MOE_SMALL, "flow"),
+    ("mixtral-ep.yaml", [*MOE_SMALL, "cluster.nodes=4", "parallel.dp=16"], "analytic"),
+    ("mixtral-ep.yaml", [*MOE_SMALL, "cluster.nodes=4", "parallel.dp=16"], "flow"),
+    (
+        "deepseek-v3-like-ep.yaml",
+        ["model.layers=11", "parallel.stage_layers=[2,1,1,1,1,1,2,2]", "training.global_batch=32"],
+        "analytic",
+    ),
+]
+# every rank of a 64- to 256-GPU step of a big model takes seconds to simulate: slow
+_SLOW = ("gpt3-175b", "dense-70b", "deepseek")
+FOLDED_STEPS = [
+    pytest.param(name, overrides, fidelity, marks=[pytest.mark.slow] * name.startswith(_SLOW))
+    for name, overrides, fidelity in [
+        *((n, o, f) for n, o in DENSE_STEPS for f in ("analytic", "flow")),
+        *MOE_ALIKE,
+    ]
+]
+
+
+@pytest.mark.parametrize("name,overrides,fidelity", FOLDED_STEPS)
 def test_folded_and_unfolded_steps_agree_within_1_percent(name, overrides, fidelity):
-    """Folding simulates one rank per pipeline stage for its symmetric peers; where the
-    step is small enough to simulate every rank too, the two agree, and the result says
+    """Folding simulates one rank per pipeline stage (and EP group) for its symmetric
+    peers; where the step is small enough to simulate every rank too, the two agree,
+    every rank's figures read from its class's row are its own, and the result says
     which was done."""
     results = {}
     for fold in (True, False):
@@ -265,6 +281,23 @@ def test_folded_and_unfolded_steps_agree_within_1_percent(name, overrides, fidel
             assert its_class.breakdown[category] == pytest.approx(
                 value, abs=0.01 * every.step_time_s
             )
+
+
+def test_a_folded_moe_step_with_unequal_loads_keeps_its_step_time_and_says_so():
+    """Skewed routing: each folded rank runs its EP group's busiest member's experts, so
+    the step time is the unfolded one; the result warns that every rank's figures are
+    the busiest member's, and such a step folds only when asked."""
+    overrides = [*MOE_SMALL, "simulation.fidelity=analytic"]
+    default = load_scenario(SCENARIOS / "mixtral-ep-skewed.yaml", overrides)
+    assert not folds(default)
+    every = run_scenario(default).result
+    folded = run_scenario(
+        load_scenario(SCENARIOS / "mixtral-ep-skewed.yaml", [*overrides, "simulation.fold=true"])
+    ).result
+    assert folded.simulation["folded"] and not every.simulation["folded"]
+    assert folded.step_time_s == pytest.approx(every.step_time_s, rel=0.01)
+    assert any("busiest member" in w for w in folded.warnings)
+    assert not any("busiest member" in w for w in every.warnings)
 
 
 OVERSUBSCRIBED = [

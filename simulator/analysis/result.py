@@ -219,7 +219,8 @@ class StepResult:
 
     def grid_coords(self, rank: int) -> dict[str, int]:
         """Rank ``rank``'s coordinates on the run's grid (``cp`` with context
-        parallelism), from the layout's placement, innermost axis first."""
+        parallelism; ``ep_group``, its EP group among its stage's, with experts), from
+        the layout's placement, innermost axis first."""
         layout = self.layout
         if not 0 <= rank < self.cluster.gpus:
             raise ValueError(f"rank {rank} is out of range 0..{self.cluster.gpus - 1}")
@@ -229,12 +230,14 @@ class StepResult:
         for axis in layout.placement:
             coords[axis] = rank // stride % sizes[axis]
             stride *= sizes[axis]
+        if self.moe is not None:  # the rank's EP group among its stage's
+            coords["ep_group"] = coords["dp"] // self.moe.ep
         return coords
 
     def rank_figures(self, rank: int) -> RankAccount:
         """Rank ``rank``'s figures: the row of the ranks it is one of (its class: in a
-        folded run, the ranks of its pipeline stage), under its own rank, node and
-        coordinates."""
+        folded run, the ranks of its pipeline stage, and of its EP group with experts),
+        under its own rank, node and coordinates."""
         coords = self.grid_coords(rank)
         folded = bool(self.simulation.get("folded"))
         for row in self.per_rank:

@@ -228,6 +228,13 @@ def expert_loads(
     return _spill(rng.multinomial(total, shares).astype(np.int64), tokens, shares, rng)
 
 
+def loads_equal(spec: MoESpec, tokens: int) -> bool:
+    """Whether every rank routing ``tokens`` tokens gives every expert the same load,
+    so that the ranks of an EP group receive alike: uniform routing whose
+    ``tokens·top_k`` assignments divide evenly over the experts (:func:`expert_loads`)."""
+    return isinstance(spec.routing, UniformRouting) and tokens * spec.top_k % spec.experts == 0
+
+
 def capacity(spec: MoESpec, tokens: int) -> int | None:
     """Assignments one expert accepts from a group of ``tokens`` tokens,
     ``ceil(top_k · capacity_factor · tokens / experts)`` (GShard); None when unlimited.

@@ -166,9 +166,22 @@ class AloneTimes:
             cluster, schedule.groups, algorithm, protocol, schedule.images, schedule.rank_images
         )
 
+    def matrix_splits(self, op: Collective) -> dict[int, tuple[float, ...]]:
+        """A folded call's ``matrix`` as splits: each member GPU's bytes to each member
+        (memoised per matrix: the calls that move the same bytes share it)."""
+        known = self._memo.get(("matrix", id(op.matrix), op.group))
+        if known is None or known[0] is not op.matrix:  # kept alive with its splits
+            rows = map(tuple, op.matrix.tolist())
+            splits = dict(zip(self.group_gpus[op.group], rows, strict=True))
+            known = self._memo[("matrix", id(op.matrix), op.group)] = (op.matrix, splits)
+        return known[1]
+
     def collective(self, op: Collective, splits=None) -> tuple[float, str]:
         """``(seconds, "kind/algorithm/protocol")`` of ``op`` (``splits``: an uneven
-        all-to-all's bytes per member and peer, not memoised)."""
+        all-to-all's bytes per member and peer, not memoised; a folded call's are its
+        ``matrix``)."""
+        if splits is None and op.matrix is not None:
+            splits = self.matrix_splits(op)
         key = (op.group, op.kind, op.bytes)
         cached: tuple[float, str] | None = None if splits is not None else self._memo.get(key)
         if cached is None and splits is None:

@@ -55,6 +55,9 @@ class _ClosedForm:
         self.compute = compute = ComputeModel(cluster.spec, schedule.meta)
         simulated = set(schedule.programs)
         self.folded = {n for n, m in schedule.groups.items() if not set(m) <= simulated}
+        # the simulated members of each group, which meet for its calls: all of them, or
+        # in a folded group those that stand for the rest (one, or one per EP group)
+        self.meeting = {n: len(set(m) & simulated) for n, m in schedule.groups.items()}
         self.choices: dict[str, int] = {}
         alone = AloneTimes.of_schedule(cluster, schedule, options.algorithm, options.protocol)
         self.plan, self.p2p_time = plan, _ = alone.collective, alone.p2p
@@ -157,25 +160,28 @@ class _ClosedForm:
     def collective(self, rank: int, op: Collective, at: float, index: int) -> None:
         """A collective posted at ``at``: folded, it runs at once; else it starts when
         its last member arrives, and every member ends together."""
-        if op.group in self.folded:
+        folded = op.group in self.folded
+        if folded and self.meeting[op.group] == 1:
             self.finish(
                 rank, op.id, at, at + self.collective_time(op) * self.stretch((rank,)), index
             )
             return
         schedule = self.schedule
-        members = schedule.groups[op.group]
         seq = self.sequence.get((op.group, rank), 0)
         self.sequence[(op.group, rank)] = seq + 1
         arrived = self.rendezvous.setdefault((op.group, seq), {})
         arrived[rank] = (op.id, index)
         self.pending[index] = True
-        if len(arrived) < len(members):
+        if len(arrived) < self.meeting[op.group]:
             return
         del self.rendezvous[(op.group, seq)]
         splits = {
             r: cast(Collective, schedule.programs[r].ops[i]).splits for r, (i, _) in arrived.items()
         }
-        uneven = op.kind == ALL_TO_ALL and all(v is not None for v in splits.values())
+        # a folded call's bytes are its matrix's (AloneTimes.collective)
+        uneven = (
+            not folded and op.kind == ALL_TO_ALL and all(v is not None for v in splits.values())
+        )
         begin = max(self.ready[r][i] for r, (i, _) in arrived.items())
         seconds = self.collective_time(op, splits if uneven else None)
         stop = begin + seconds * self.stretch(arrived)

@@ -115,6 +115,11 @@ class _Engine:
         self.folded = {
             name for name, members in schedule.groups.items() if not set(members) <= simulated
         }
+        # the simulated members of each group, which meet for its calls: all of them, or
+        # in a folded group those that stand for the rest (one, or one per EP group)
+        self.meeting = {
+            name: len(set(members) & simulated) for name, members in schedule.groups.items()
+        }
         self.choices: dict[str, int] = {}
         self._plans: dict[tuple, Any] = {}  # (group, kind, bytes) -> NCCL plan, reused
         self.env = simpy.Environment()
@@ -238,7 +243,12 @@ class _Engine:
                     seconds *= self.factors.get(rank, 1.0)
             elif kind is Block:
                 seconds = self._block_time(op, rank)
-            elif kind is Collective and self.analytic and op.group in self.folded:
+            elif (
+                kind is Collective
+                and self.analytic
+                and op.group in self.folded
+                and self.meeting[op.group] == 1
+            ):
                 seconds = self._folded_time(op)  # every member arrives now, by symmetry
             else:
                 self.heads[index], self.clock[index] = head, clock
@@ -299,7 +309,7 @@ class _Engine:
                 f"schedule: rank {rank} op {op.id} calls a collective on group {group} "
                 f"{list(self.groups[group])} that it is not a member of"
             )
-        if group in self.folded:
+        if group in self.folded and self.meeting[group] == 1:
             self._folded_collective(rank, op, at, index)
             return
         sequence = self.collective_seq[rank]
@@ -308,7 +318,7 @@ class _Engine:
         key = (group, seq)
         rendezvous = self.rendezvous.get(key)
         if rendezvous is None:
-            rendezvous = self.rendezvous[key] = _Rendezvous(op.kind, op.bytes, len(members))
+            rendezvous = self.rendezvous[key] = _Rendezvous(op.kind, op.bytes, self.meeting[group])
         elif rendezvous.kind != op.kind or (rendezvous.size != op.bytes and op.splits is None):
             first = next(iter(rendezvous.arrived))
             raise ScenarioError(
@@ -320,7 +330,9 @@ class _Engine:
         rendezvous.members.append((rank, op.id, index))
         if at > rendezvous.begin:
             rendezvous.begin = at
-        if op.splits is not None:
+        if op.matrix is not None:  # a folded call: every member's bytes
+            rendezvous.splits = dict(self.alone.matrix_splits(op))
+        elif op.splits is not None:
             rendezvous.splits[rank] = op.splits
         if len(rendezvous.members) == rendezvous.expected:
             del self.rendezvous[key]
@@ -372,7 +384,9 @@ class _Engine:
         rendezvous = _Rendezvous(op.kind, op.bytes, 1)
         rendezvous.members.append((rank, op.id, index))
         rendezvous.begin = at
-        self._launch(rendezvous, lambda: self._run_transfers(op.group, rendezvous, None))
+        # an uneven all-to-all moves every member's bytes, its own and the others'
+        splits = None if op.matrix is None else self.alone.matrix_splits(op)
+        self._launch(rendezvous, lambda: self._run_transfers(op.group, rendezvous, splits))
 
     def _image_transfers(self, group: str, kind: str, size: float, planned: tuple) -> tuple:
         """A folded group's collective with its images: ``(choice, seconds alone)`` in

@@ -33,6 +33,7 @@ from simulator.arithmetic.counts import (
     model_flops_per_step,
     parameter_count,
 )
+from simulator.arithmetic.moe import loads_equal
 from simulator.common.collector import fewer_collections
 from simulator.common.errors import ParasimError
 from simulator.common.machine import machine_memory
@@ -149,15 +150,37 @@ def per_rank_schedule(scenario: Scenario) -> Schedule:
 def folds(scenario: Scenario) -> bool:
     """Whether the step simulates one rank per pipeline stage for its symmetric peers
     (``simulation.fold``; by default always in analytic fidelity, and in flow fidelity
-    above ``FLOW_FOLD_WORLD`` ranks). A MoE step never folds: replicas route apart; nor
-    does a context-parallel one: its ring passes K/V between ranks of one stage."""
+    above ``FLOW_FOLD_WORLD`` ranks). A MoE step folds one rank per stage and EP group,
+    which runs the busiest member's experts in each layer and micro-batch (its EP
+    groups route apart); a context-parallel one never folds: its ring passes K/V
+    between ranks of one stage."""
     layout = scenario.layout
-    return would_fold(scenario.spec.simulation, scenario.moe is not None, layout.cp, layout.world)
+    return would_fold(
+        scenario.spec.simulation,
+        scenario.moe is not None,
+        layout.cp,
+        layout.world,
+        _alike(scenario),
+    )
 
 
-def would_fold(simulation: SimulationSpec, moe: bool, cp: int, world: int) -> bool:
-    """:func:`folds` from the scenario's parts, before its ranks are laid out."""
-    if moe or cp > 1:
+def _alike(scenario: Scenario) -> bool:
+    """Whether the ranks of each EP group receive alike (True without experts)."""
+    moe = scenario.moe
+    tokens = scenario.training.micro_batch * scenario.model.seq_len
+    return moe is None or loads_equal(moe, tokens)
+
+
+def would_fold(
+    simulation: SimulationSpec, moe: bool, cp: int, world: int, alike: bool = True
+) -> bool:
+    """:func:`folds` from the scenario's parts, before its ranks are laid out (``alike``:
+    the ranks of an EP group receive alike; a MoE step whose do not folds only when
+    ``simulation.fold`` asks: its step time is exact, but every rank's figures are its
+    group's busiest member's)."""
+    if cp > 1:
+        return False
+    if moe and not alike and simulation.fold is None:
         return False
     if simulation.fold is not None:
         return simulation.fold
@@ -245,15 +268,17 @@ def step_size(
     *,
     moe: bool = False,
     ep: int = 1,
+    ep_groups: int = 1,
 ) -> StepSize:
     """The :class:`StepSize` of a step of ``microbatches`` over ``pp`` stages of
     ``layers`` layers on ``world`` GPUs; ``folded``: one rank per stage is simulated
-    (:func:`folds`), in blocks when ``analytic`` too (:func:`build_schedule`); ``moe``:
-    the layers are MoE layers (every one, to bound) over EP groups of ``ep``."""
-    ranks = pp if folded else world
+    (:func:`folds`; a MoE step's, one per stage and each of its ``ep_groups`` EP groups),
+    in blocks when ``analytic`` too and dense (:func:`build_schedule`); ``moe``: the
+    layers are MoE layers (every one, to bound) over EP groups of ``ep``."""
+    ranks = (pp * (ep_groups if moe else 1)) if folded else world
     per_pass = OPS_PER_MOE_LAYER_PASS if moe else OPS_PER_LAYER_PASS
     ops = ranks * (layers / pp) * (microbatches * per_pass + 10)
-    return StepSize(ops, world, folded, folded and analytic, ep if moe else 0)
+    return StepSize(ops, world, folded, folded and analytic and not moe, ep if moe else 0)
 
 
 def scenario_size(scenario: Scenario) -> StepSize:
@@ -270,6 +295,7 @@ def scenario_size(scenario: Scenario) -> StepSize:
         analytic,
         moe=scenario.moe is not None,
         ep=layout.ep,
+        ep_groups=layout.dp // layout.ep,
     )
 
 
@@ -295,7 +321,8 @@ def request_size(raw: Any, base_dir: str | Path | None = None) -> StepSize | Non
     if world > MAX_WORLD or dp < 1 or grid * dp != world:
         return None  # the scenario's own checks refuse it before laying it out
     microbatches = max(1, training.global_batch // (dp * training.micro_batch))
-    folded = would_fold(spec.simulation, moe is not None, parallel.cp, world)
+    alike = moe is None or loads_equal(moe, training.micro_batch * model.seq_len)
+    folded = would_fold(spec.simulation, moe is not None, parallel.cp, world, alike)
     analytic = spec.simulation.fidelity == "analytic"
     return step_size(
         world,
@@ -306,6 +333,7 @@ def request_size(raw: Any, base_dir: str | Path | None = None) -> StepSize | Non
         analytic,
         moe=moe is not None,
         ep=parallel.ep,
+        ep_groups=max(1, dp // parallel.ep),
     )
 
 
@@ -698,6 +726,13 @@ def assemble_result(
             f"{gpu.hbm_capacity / 2**30:.1f} GiB ({memory.dominant_term} dominate)"
         )
     warnings += pin_warnings(scenario.spec.simulation, times.collective_choices)
+    if len(schedule.programs) < world and not _alike(scenario):
+        warnings.append(
+            "simulation.fold: the ranks of an EP group receive unequal expert loads, so "
+            "each folded rank runs its group's busiest member's experts: the step time is "
+            "the unfolded one, but every rank's figures are its group's busiest member's "
+            "(simulation.fold: false simulates each rank)"
+        )
     warnings += oversubscription_warnings(scenario.cluster, schedule, layout, fidelity)
     if fidelity == "analytic":
         simulation = scenario.spec.simulation

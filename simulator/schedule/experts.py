@@ -56,6 +56,7 @@ class ExpertLowering:
     ep_group: str | None
     ep_index: int
     ep_group_index: int
+    envelope: bool
     wait_for: Callable[[int | None], None]
     _forward_op: Callable[[OpCost, int, int, dict[str, Any]], None]
     _grads: Callable[..., None]
@@ -69,12 +70,17 @@ class ExpertLowering:
         assert moe is not None  # an MoE layer's
         traffic = self.config.moe_traffic(layer, mb, self.ep_group_index)
         framework = self.config.recipe.framework
-        rows = traffic.expert_tokens[list(local_experts(moe, self.ep, self.ep_index))]
+        # a folded rank runs, of its EP group, the busiest rank's experts (the most
+        # assignments received) and the most tokens sent: the group's all-to-alls wait
+        # for the last of its members, so its time is the step's (simulate.py, "MoE")
+        index = int(np.argmax(traffic.tokens_received)) if self.envelope else self.ep_index
+        rows = traffic.expert_tokens[list(local_experts(moe, self.ep, index))]
         capacity_rows, padded_splits = padded_capacity_rows(moe, traffic, self.ep, framework)
         splits = traffic.splits if padded_splits is None else padded_splits
-        sent = int(traffic.tokens_sent[self.ep_index])
+        sent_by = traffic.tokens_sent
         if padded_splits is not None:
-            sent = int(round(padded_splits[self.ep_index].sum() / traffic.bytes_per_token))
+            sent_by = np.round(padded_splits.sum(axis=1) / traffic.bytes_per_token)
+        sent = int(sent_by.max() if self.envelope else sent_by[self.ep_index])
         ops = moe_layer_ops(
             moe,
             self.model.hidden,
@@ -107,12 +113,15 @@ class ExpertLowering:
         )
         return fp8_ops(ops) if self.config.recipe.fp8 else ops
 
-    def _all_to_all(self, splits, label: str, wait: bool = True, **tags: Any) -> int | None:
-        """An uneven all-to-all on the EP group, which the next op waits for (with
-        ``wait``; otherwise the caller waits for the returned op later)."""
+    def _all_to_all(
+        self, matrix: np.ndarray, label: str, wait: bool = True, **tags: Any
+    ) -> int | None:
+        """An uneven all-to-all on the EP group (``matrix``: bytes rank i sends rank j),
+        which the next op waits for (with ``wait``; otherwise the caller waits for the
+        returned op later). A folded rank's call carries the whole matrix."""
         if self.ep_group is None:
             return None
-        splits = tuple(float(b) for b in splits)
+        splits = tuple(float(b) for b in matrix[self.ep_index])
         op = self.out.w.collective(
             ALL_TO_ALL,
             self.ep_group,
@@ -122,7 +131,10 @@ class ExpertLowering:
             (self.out.last, *self.out.waits),
             self.out.w.tags(stage=self.out.stage, axis="ep", **tags),
         )
-        cast(Collective, self.out.w.ops[op]).splits = splits
+        call = cast(Collective, self.out.w.ops[op])
+        call.splits = splits
+        if self.envelope:
+            call.matrix = matrix
         if wait:
             self.wait_for(op)
         return op
@@ -142,7 +154,7 @@ class ExpertLowering:
         phase = tags["phase"]
         for cost in (*ops.router, *ops.dispatch):
             self._forward_op(cost, layer, mb, tags)
-        dispatch, combine = splits[self.ep_index], splits[:, self.ep_index]
+        dispatch, combine = splits, splits.T
         label = f"L{layer}.dispatch.{phase}.mb{mb}"
         sent = self._all_to_all(dispatch, label, wait=not overlap, **tags)
         if overlap:
@@ -181,7 +193,7 @@ class ExpertLowering:
                 backward = expert_backward_of(cost, local) if grouped else backward_of(cost)
                 self._grads(backward, prefix, mb, final, tags, self.out.stage, defer)
 
-        dispatch, combine = splits[self.ep_index], splits[:, self.ep_index]
+        dispatch, combine = splits, splits.T
         grads(ops.combine)
         label = f"L{layer}.combine_grad.{phase}.mb{mb}"
         back = self._all_to_all(dispatch, label, wait=not overlap, **tags)

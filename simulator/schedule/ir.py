@@ -18,7 +18,9 @@ Five op types exist:
     on ``group``. ``bytes`` is the buffer size per rank in nccl-tests' sense: the
     all-reduce buffer, the all-gather *output*, the reduce-scatter *input*, the
     all-to-all send buffer. ``splits`` (optional) gives an uneven all-to-all's bytes
-    per peer. Collectives of one group are matched by their order on that group.
+    per peer, and ``matrix``, in a folded step, every member's (the members that are
+    not simulated send theirs too). Collectives of one group are matched by their order
+    on that group.
 ``Send`` / ``Recv``
     ``peer`` rank, ``bytes`` and an integer ``tag``; matched by (src, dst, tag), in
     order when a tag repeats.
@@ -50,6 +52,8 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
 
 from simulator.common.vocabulary import COLLECTIVE_KINDS, CollectiveKind, ComputeKind
 
@@ -109,6 +113,10 @@ class Collective:
     tags: dict[str, Any] = field(default_factory=dict)
     splits: tuple[float, ...] | None = None
     points: tuple[int, ...] = ()
+    # an uneven all-to-all of a folded group (its other members not simulated): every
+    # member's bytes to every member, rows by source in the group's member order (a
+    # numpy array, shared by the calls that move the same bytes)
+    matrix: Any = None
     type = "collective"
 
 
@@ -195,6 +203,7 @@ def retargeter(rank: int, layout: Layout, source: Layout | None = None) -> Calla
                 coll.tags,
                 coll.splits,
                 coll.points,
+                coll.matrix,
             )
         if kind is Block:
             raise TypeError("a block is retargeted through its body")
@@ -313,6 +322,10 @@ def _op_dict(op: Op) -> dict[str, Any]:
         raw = dict(fields, body=[_op_dict(inner) for inner in op.body], type=op.type)
     else:
         raw = dict(asdict(op), type=op.type)
+        if raw.get("matrix") is not None:
+            raw["matrix"] = raw["matrix"].tolist()
+        elif "matrix" in raw:
+            del raw["matrix"]
     if not raw["points"]:  # most ops wait for their deps' own ends: said by omission
         del raw["points"]
     return raw
@@ -330,4 +343,6 @@ def _op_from_dict(raw: dict[str, Any]) -> Op:
         fields["kind"] = ComputeKind(fields["kind"])
     elif op_type is Collective:
         fields["kind"] = CollectiveKind(fields["kind"])
+        if fields.get("matrix") is not None:
+            fields["matrix"] = np.array(fields["matrix"], dtype=float)
     return op_type(**fields)

@@ -103,10 +103,13 @@ class _GradientEvents:
 class RankLowering(ExpertLowering, ContextParallelLowering):
     """Lowers one rank's pipeline actions into its program (see the module docstring)."""
 
-    def __init__(self, rank: int, config: StepConfig):
+    def __init__(self, rank: int, config: StepConfig, envelope: bool = False):
         self.config = config
         self.layout = layout = config.layout
         self.rank = rank
+        # a folded MoE rank: it stands for its EP group's ranks, running the busiest's
+        # experts in each layer and micro-batch (ExpertLowering._moe_ops)
+        self.envelope = envelope
         self.out = Writing(rank)
         self.run = self.out.run
         self.wait_for = self.out.wait_for

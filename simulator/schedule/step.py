@@ -95,10 +95,23 @@ def build_step(
         config.layer_blocks = plan.layer_blocks
     layout = config.layout
     orders = config.pipeline_orders()
+    if config.moe is not None and fold and layout.cp == 1:
+        # each EP group routes its own tokens and its ranks receive unequal shares: one
+        # rank per pipeline stage and EP group stands for the group (and its TP peers),
+        # running the busiest member's experts in each layer and micro-batch
+        programs = {}
+        for pipeline_rank in range(layout.pp):
+            for group in range(layout.dp // layout.ep):
+                rank = layout.rank_of(pp=pipeline_rank, dp=group * layout.ep)
+                lowering = RankLowering(rank, config, envelope=True)
+                programs[rank] = lowering.build(orders[pipeline_rank])
+        schedule = _schedule(config, programs, orders)
+        _record_images(schedule, layout, by_ep_group=True)
+        return schedule
     if config.moe is not None or layout.cp > 1:
         # each data-parallel replica routes its own tokens, so MoE ranks differ, and a
         # context-parallel ring sends to its own stage's ranks: every rank is built
-        # (and simulated), none shares or folds
+        # (and simulated), none shares
         programs = {
             rank: RankLowering(rank, config).build(orders[layout.coords(rank)["pp"]])
             for rank in range(layout.world)
@@ -134,14 +147,19 @@ def build_step(
     return schedule
 
 
-def _record_images(schedule: Schedule, layout: Layout) -> None:
+def _record_images(schedule: Schedule, layout: Layout, by_ep_group: bool = False) -> None:
     """The ranks and groups each simulated rank and group stands for (folded), or runs
     beside by symmetry (unfolded): every rank of its pipeline stage with its own
-    context-parallel coordinate, ordered by (dp, tp) coordinate so that image ``i`` of
-    a rank and image ``i`` of its pipeline neighbour are neighbours too."""
+    context-parallel coordinate (``by_ep_group``: and its own EP group's data-parallel
+    coordinates), ordered by (dp, tp) coordinate so that image ``i`` of a rank and image
+    ``i`` of its pipeline neighbour are neighbours too."""
     folded = len(schedule.programs) < layout.world
     for rank in schedule.programs:
-        schedule.rank_images[rank] = layout.stage_ranks(rank)
+        images = layout.stage_ranks(rank)
+        if by_ep_group:
+            block = layout.coords(rank)["dp"] // layout.ep
+            images = tuple(r for r in images if layout.coords(r)["dp"] // layout.ep == block)
+        schedule.rank_images[rank] = images
     simulated = set(schedule.programs)
     for name, members in schedule.groups.items():
         if folded and set(members) <= simulated:

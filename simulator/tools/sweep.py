@@ -38,8 +38,9 @@ The size of the space: GPT-3 175B on 1024 A100s (``scenarios/gpt3-175b.yaml --gp
 ``dp > 64`` (10 invalid candidates stand for those), 552 do not fit in memory, 4,566
 are dominated, and 1,446 analytic runs of 0.05–0.5 s remain: about a minute on two
 cores (``benchmarks/RESULTS.md``).
-Mixture-of-experts steps are not folded (every rank routes differently), so their runs
-take seconds each; pin some dimensions with ``--fix`` to keep such a sweep short. A
+Mixture-of-experts steps fold one rank per stage and EP group where the group's ranks
+receive alike (uniform routing); others simulate every rank, so their runs take
+seconds each: pin some dimensions with ``--fix`` to keep such a sweep short. A
 sweep estimated too large for this machine, every listed candidate simulated, is
 refused before anything is laid out (:func:`check_search`); so is ``--workers`` above
 four a core (:func:`resolve_workers`).
@@ -68,9 +69,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from simulator.arithmetic.moe import loads_equal
 from simulator.common.errors import ParasimError, ScenarioError
 from simulator.common.vocabulary import BATCH_POLICIES
 from simulator.request.knobs import SEARCHED, format_value
+from simulator.request.moe import MoESpec
 from simulator.request.scenario import (
     MAX_WORLD,
     ScenarioSpec,
@@ -165,6 +168,9 @@ class SweepBase:
     context: dict[str, Any]
     # the scenario's simulation settings (its fold, before --fidelity)
     simulation: SimulationSpec
+    # the model's experts (None: a dense model), for whether a candidate's EP ranks
+    # receive alike and its step folds
+    moe_spec: MoESpec | None
     # how the global batch was set: the ``policy`` (None: the scenario's own size) and
     # the scenario's own ``scenario_gpus`` and ``scenario_global_batch``
     batch: dict[str, Any]
@@ -289,6 +295,7 @@ def prepare(
         layers=model.layers,
         global_batch=global_batch,
         experts=moe.experts if moe is not None else None,
+        moe_spec=moe,
         extra_overrides=overrides,
         context={
             **_scenario_knobs(spec),
@@ -427,7 +434,13 @@ def sweep_sizes(base: SweepBase, candidates: list[Candidate], fidelity: str) -> 
     for :func:`check_search`; tens of thousands of candidates share a few sizes."""
     simulation = base.simulation.model_copy(update={"fidelity": fidelity})
     analytic, moe = fidelity == "analytic", base.experts is not None
-    folded = {cp: would_fold(simulation, moe, cp, base.world) for cp in {c.cp for c in candidates}}
+    seq_len, spec = base.context["seq_len"], base.moe_spec
+    folded = {
+        (cp, micro): would_fold(
+            simulation, moe, cp, base.world, spec is None or loads_equal(spec, micro * seq_len)
+        )
+        for cp, micro in {(c.cp, c.micro_batch) for c in candidates}
+    }
     known: dict[tuple[int, int, int, int, int], StepSize] = {}
     sizes = []
     for candidate in candidates:
@@ -437,7 +450,15 @@ def sweep_sizes(base: SweepBase, candidates: list[Candidate], fidelity: str) -> 
         if size is None:
             microbatches = max(1, base.global_batch // (dp * micro))
             size = step_size(
-                base.world, pp, base.layers, microbatches, folded[cp], analytic, moe=moe, ep=ep
+                base.world,
+                pp,
+                base.layers,
+                microbatches,
+                folded[(cp, micro)],
+                analytic,
+                moe=moe,
+                ep=ep,
+                ep_groups=max(1, dp // ep),
             )
             known[(pp, dp, micro, cp, ep)] = size
         sizes.append(size)
