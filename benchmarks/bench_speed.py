@@ -47,6 +47,13 @@ cli-sweep-mixtral-  ``parasim sweep scenarios/mixtral-ep.yaml --gpus 256``      
 ep-256
 cli-sweep-175b-     ``parasim sweep scenarios/gpt3-175b.yaml --gpus 1024``, cold  ≤ 10 s
 1024
+cli-175b-vs-        ``parasim run scenarios/gpt3-175b.yaml --outputs result``      ≤ 1×
+calculon            analytic ÷ Calculon's ``calculon llm`` on the same layout
+                    (gpt3-175B, 128 A100s, tp 8 pp 8 dp 2, batch 64, micro-batch
+                    1, full recompute: benchmarks/calculon/), both from the same
+                    interpreter's directory, in turn, best of three each; needs
+                    a Calculon checkout in CALCULON (and CALCULON_PYTHON, an
+                    interpreter with its pandas; default this one)
 engine-overhead     simulated events (op completions) per second in a flow      ≥ 0.5
                     replay of gpt3-175b (128 ranks, every op), ÷ the timeouts
                     per second of a bare SimPy loop; both measured in turn in
@@ -172,6 +179,36 @@ figure['largest_file_mb'] = max((f.stat().st_size for f in files), default=0) / 
 figure['plotly_copies'] = sum(b'plotly.js v' in f.read_bytes()[:6_000_000] for f in files)
 import shutil
 shutil.rmtree(tmp, ignore_errors=True)
+"""
+
+
+# One configuration as a whole command, parasim's and Calculon's (a checkout of
+# github.com/calculon-ai/calculon in $CALCULON, run by $CALCULON_PYTHON, which has its
+# pandas), in turn, best of three each, printed as one JSON line.
+_VERSUS_CALCULON = """
+import os, subprocess, sys, tempfile, time
+from pathlib import Path
+calculon = os.environ.get('CALCULON')
+if not calculon or not (Path(calculon) / 'bin' / 'calculon').is_file():
+    raise SystemExit('set CALCULON to a checkout of github.com/calculon-ai/calculon')
+python = os.environ.get('CALCULON_PYTHON', sys.executable)
+tmp = Path(tempfile.mkdtemp())
+ours = [sys.executable, '-m', 'simulator.cli.entry', 'run', 'scenarios/gpt3-175b.yaml',
+        '--set', 'simulation.fidelity=analytic', '--outputs', 'result', '--out', str(tmp / 'p')]
+theirs = [python, str(Path(calculon) / 'bin' / 'calculon'), 'llm',
+          str(Path(calculon) / 'models' / 'gpt3-175B.json'),
+          'benchmarks/calculon/gpt3-175b-tp8-pp8-dp2.json',
+          str(Path(calculon) / 'systems' / 'a100_80g.json'), str(tmp / 'calculon.json')]
+env = dict(os.environ, PYTHONPATH=calculon + os.pathsep + os.environ.get('PYTHONPATH', ''))
+times = {'parasim_s': [], 'calculon_s': []}
+for _ in range(3):
+    for key, argv in (('parasim_s', ours), ('calculon_s', theirs)):
+        t = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True, env=env)
+        times[key].append(time.perf_counter() - t)
+figure = {key: min(values) for key, values in times.items()}
+figure['ratio'] = figure['parasim_s'] / figure['calculon_s']
+figure['runs'] = times
 """
 
 
@@ -321,6 +358,11 @@ BENCHMARKS: dict[str, tuple[str, float, str]] = {
         1.5,
         "x",
     ),
+    "cli-175b-vs-calculon": (
+        _VERSUS_CALCULON,
+        1.0,
+        "x",
+    ),
     "cli-deepseek-v3-ep-analytic": (
         _whole(["run", "scenarios/deepseek-v3-like-ep.yaml", "--out", "{out}"]),
         10.0,
@@ -394,6 +436,10 @@ print(json.dumps({{"wall_s": _wall, "peak_rss_bytes": resource.getrusage(resourc
 def run_benchmark(name: str, code_root: Path, limit: float) -> dict:
     body, target, unit = BENCHMARKS[name]
     env = dict(os.environ, PYTHONPATH=f"{code_root}{os.pathsep}{ROOT}")
+    # a command is timed as an installed one runs: from its compiled bytecode, kept
+    # after the first run (an environment that turns that off compiles every module of
+    # every command again, a tenth of a second or more)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     try:
         proc = subprocess.run(
             [

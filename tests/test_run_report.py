@@ -144,13 +144,14 @@ def test_a_forked_trace_writer_s_failure_reaches_the_command(analytic_run, tmp_p
 
 
 def test_a_failed_report_leaves_no_partial_file(analytic_run, tmp_path, monkeypatch):
-    import simulator.report.outputs
+    import simulator.report.run_report
 
     def broken(run, path, title, trace=None):
         Path(path).write_text("<!DOCTYPE html><html>half a page")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(simulator.report.outputs, "write_run_report", broken)
+    # the outputs import the report's writer where they write it
+    monkeypatch.setattr(simulator.report.run_report, "write_run_report", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         write_run_outputs(analytic_run, tmp_path, title="x")
     # the timeline wrote the plotly.js bundle beside it
