@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
+from typing import cast
 
 import numpy as np
 
@@ -163,9 +164,14 @@ def _rings(
     cluster: Cluster, gpus: list[int], nodes: list[list[int]]
 ) -> tuple[list[tuple[int, int]], int]:
     """Edges of NCCL's rings over ``gpus`` (on ``nodes``, :func:`_by_node`) and how many
-    rings (channels) share the data."""
+    rings (channels) share the data (memoised on the cluster: a group's calls of every
+    kind run on the same rings)."""
     if len(nodes) == 1:
         return ring_edges(nodes[0]), 1
+    key = ("rings", tuple(gpus))
+    known = cluster.plan_cache.get(key)
+    if known is not None:
+        return cast("tuple[list[tuple[int, int]], int]", known)
     rail = cluster.rails_of(np.array([g for local in nodes for g in local])).tolist()
     starts = list(accumulate((len(local) for local in nodes), initial=0))
     rails = min(len(set(rail[a:b])) for a, b in pairwise(starts))
@@ -173,6 +179,7 @@ def _rings(
     for r in range(rails):
         order = [g for local in nodes for g in local[r:] + local[:r]]
         edges += ring_edges(order)
+    cluster.plan_cache[key] = (edges, rails)
     return edges, rails
 
 

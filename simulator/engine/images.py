@@ -47,26 +47,37 @@ __all__ = ["ImageLoads", "collective_image_loads", "p2p_image_loads"]
 class ImageLoads:
     """All images' transfers of one call (one transfer per image): per image and link,
     the image's position in the call's images, the link, how often the image's transfer
-    crosses it and the transfer's bytes per crossing, sorted by image then link; the
+    crosses it and the transfer's bytes per crossing, image by image; the
     simulated call's own transfer and position; and the latest latency of them all."""
 
     own: TransferSpec
     own_image: int
-    image: np.ndarray
-    link: np.ndarray
-    crossings: np.ndarray
+    crossed: Crossings
     volume: np.ndarray
     latency: float
+
+    @property
+    def image(self) -> np.ndarray:
+        return self.crossed.image
+
+    @property
+    def link(self) -> np.ndarray:
+        return self.crossed.link
+
+    @property
+    def crossings(self) -> np.ndarray:
+        return self.crossed.counts
 
     def seconds(self, cluster: Cluster) -> float:
         """The time of every image at once alone on the network: the latest latency
         plus the busiest link's bytes over its bandwidth (as
-        :func:`~simulator.engine.alone.time_alone` on every image's transfer)."""
-        if not len(self.link):
+        :func:`~simulator.engine.alone.time_alone` on every image's transfer, its loads
+        summed per link in the same order)."""
+        crossed = self.crossed
+        if not len(crossed.link):
             return self.latency
-        load = np.bincount(self.link, self.volume * self.crossings)
-        bandwidth = cluster.bandwidths
-        return self.latency + float((load[self.link] / bandwidth[self.link]).max())
+        load = np.bincount(crossed.slot, self.volume * crossed.counts)
+        return self.latency + float((load / crossed.slot_bandwidth).max())
 
     def merged(self) -> list[TransferSpec]:
         """The simulated call's transfer carrying the other images' crossings of its
@@ -80,21 +91,41 @@ class ImageLoads:
         return [TransferSpec(usage, self.own.volume, self.own.latency)]
 
 
+@dataclass(frozen=True)
+class Crossings:
+    """Each image's links and how often its pairs cross each, by image (``image``,
+    ``link``, ``counts``: one entry per image and link; a route crosses a link once), each image's
+    rate alone (``rate``: its busiest link's share of the bandwidth), and each entry's
+    place among the links crossed (``slot``; ``slot_bandwidth``, theirs): what a call's
+    loads need of its images, whatever its size."""
+
+    image: np.ndarray
+    link: np.ndarray
+    counts: np.ndarray
+    rate: np.ndarray
+    slot: np.ndarray
+    slot_bandwidth: np.ndarray
+
+
 def _crossings(
     cluster: Cluster, src: np.ndarray, dst: np.ndarray, pairs_per_image: int, images: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each image's links and how often its pairs cross each (sorted by image, then
-    link), and each image's rate alone (its busiest link's share of the bandwidth)."""
+) -> Crossings:
+    """The :class:`Crossings` of ``images`` images of ``pairs_per_image`` pairs each
+    (``src``/``dst``, image by image)."""
     pair, link = cluster.route_arrays(src, dst)
-    key = (pair // pairs_per_image) * len(cluster.links) + link
-    unique, counts = np.unique(key, return_counts=True)
-    image, link = np.divmod(unique, len(cluster.links))
+    if pairs_per_image == 1:  # one route an image: each of its links once, route order
+        image, counts = pair, np.ones(len(pair), dtype=np.int64)
+    else:
+        key = (pair // pairs_per_image) * len(cluster.links) + link
+        unique, counts = np.unique(key, return_counts=True)
+        image, link = np.divmod(unique, len(cluster.links))
     share = cluster.bandwidths[link] / counts
     starts = np.flatnonzero(np.r_[True, image[1:] != image[:-1]])
     if len(starts) != images:
         raise ValueError("an image crosses no link")
     rate = np.minimum.reduceat(share, starts)
-    return image, link, counts, rate
+    links, slot = np.unique(link, return_inverse=True)
+    return Crossings(image, link, counts, rate, slot.reshape(-1), cluster.bandwidths[links])
 
 
 def p2p_image_loads(
@@ -109,23 +140,42 @@ def p2p_image_loads(
     """A send/recv from ``src`` to ``dst`` and its images (pairs of ``sources`` and
     ``destinations``), its own first, then the others in their order."""
     own = p2p_transfer(cluster, src, dst, size, protocol)
+    a, b, crossed, first, number = _p2p_layout(cluster, src, dst, sources, destinations)
+    volume = np.empty(len(a))
+    volume[0], latency = own.volume, own.latency
+    for kind, index in enumerate(first):  # the others' classes, each planned for its first
+        plan = p2p_transfer(cluster, int(a[index]), int(b[index]), size, protocol)
+        latency = max(latency, plan.latency)
+        volume[1:][number == kind] = plan.volume
+    return ImageLoads(own, 0, crossed, volume[crossed.image], latency)
+
+
+def _p2p_layout(
+    cluster: Cluster,
+    src: int,
+    dst: int,
+    sources: Sequence[int],
+    destinations: Sequence[int],
+) -> tuple[np.ndarray, np.ndarray, Crossings, list[int], np.ndarray]:
+    """What of :func:`p2p_image_loads` holds for sends of every size (memoised on the
+    cluster): the pairs, own first; their :class:`Crossings`; the first pair of each
+    class of the others (in a node or not, their rate) and each other's class."""
+    key = ("p2p-layout", src, dst, id(sources), id(destinations))
+    known = cluster.plan_cache.get(key)
+    if known is not None and known[0] is sources and known[1] is destinations:
+        return known[2]
     a, b = np.asarray(sources, dtype=np.int64), np.asarray(destinations, dtype=np.int64)
     others = ~((a == src) & (b == dst))
     a = np.r_[src, a[others]]
     b = np.r_[dst, b[others]]
-    image, link, counts, rate = _crossings(cluster, a, b, 1, len(a))
+    crossed = _crossings(cluster, a, b, 1, len(a))
     inside = a // cluster.gpus_per_node == b // cluster.gpus_per_node
-    volume = np.empty(len(a))
-    volume[0], latency = own.volume, own.latency
-    plans: dict[tuple[bool, float], TransferSpec] = {}
-    for index in range(1, len(a)):
-        key = (bool(inside[index]), float(rate[index]))
-        plan = plans.get(key)
-        if plan is None:
-            plan = plans[key] = p2p_transfer(cluster, int(a[index]), int(b[index]), size, protocol)
-            latency = max(latency, plan.latency)
-        volume[index] = plan.volume
-    return ImageLoads(own, 0, image, link, counts, volume[image], latency)
+    _, first, number = np.unique(
+        np.stack([inside[1:], crossed.rate[1:]]), axis=1, return_index=True, return_inverse=True
+    )
+    layout = (a, b, crossed, (first + 1).tolist(), number.reshape(-1))
+    cluster.plan_cache[key] = (sources, destinations, layout)
+    return layout
 
 
 def collective_image_loads(
@@ -144,6 +194,53 @@ def collective_image_loads(
     algorithm, protocol = choice.algorithm, choice.protocol
     if kind == BARRIER or size <= 0 or len(own_specs) != 1:
         return None
+    (own_spec,) = own_specs
+    layout = _image_layout(cluster, kind, algorithm, own, images, own_spec)
+    if layout is None:
+        return None
+    mine, crossed, others = layout
+    rate = crossed.rate
+    volume = np.full(len(rate), own_spec.volume)  # the own's class: the own's plan
+    latency = own_spec.latency
+    for key, group in others.items():
+        made, specs = collective_transfers(cluster, kind, group, size, None, algorithm, protocol)
+        if (made.algorithm, made.protocol) != (algorithm, protocol) or len(specs) != 1:
+            return None
+        volume[rate == key] = specs[0].volume
+        latency = max(latency, specs[0].latency)
+    return ImageLoads(own_spec, mine, crossed, volume[crossed.image], latency)
+
+
+def _image_layout(
+    cluster: Cluster,
+    kind: str,
+    algorithm: str,
+    own: Sequence[int],
+    images: Sequence[Sequence[int]],
+    own_spec: TransferSpec,
+) -> tuple[int, Crossings, dict[float, list[int]]] | None:
+    """What of :func:`collective_image_loads` holds for calls of every size (memoised on
+    the cluster): the own's place among the images; the images' crossings and rates
+    (:func:`_crossings`); and a group of each class of rate but the own's, whose plan
+    carries the pairs found here (checked). None where the images are not placed alike
+    or a class's plan is not made of the own's pairs."""
+    key = ("image-layout", kind, algorithm, tuple(own), id(images))
+    known = cluster.plan_cache.get(key)
+    if known is not None and known[0] is images:  # kept alive with its layout
+        return known[1]
+    found = _find_image_layout(cluster, kind, algorithm, own, images, own_spec)
+    cluster.plan_cache[key] = (images, found)
+    return found
+
+
+def _find_image_layout(
+    cluster: Cluster,
+    kind: str,
+    algorithm: str,
+    own: Sequence[int],
+    images: Sequence[Sequence[int]],
+    own_spec: TransferSpec,
+) -> tuple[int, Crossings, dict[float, list[int]]] | None:
     members = np.sort(np.asarray(images, dtype=np.int64), axis=1)
     if members.ndim != 2 or members.shape[1] != len(own):
         return None
@@ -162,35 +259,24 @@ def collective_image_loads(
     first = np.array([position[a] for a, _ in edges])
     second = np.array([position[b] for _, b in edges])
     count = len(members)
-    image, link, counts, rate = _crossings(
+    crossed = _crossings(
         cluster, members[:, first].ravel(), members[:, second].ravel(), len(edges), count
     )
-    (own_spec,) = own_specs
+    image, link, counts, rate = crossed.image, crossed.link, crossed.counts, crossed.rate
     at_own = image == mine[0]
     if dict(zip(link[at_own].tolist(), counts[at_own].tolist(), strict=True)) != own_spec.usage:
         return None
-    volume = np.empty(count)
-    latency = own_spec.latency
-    plans: dict[float, TransferSpec] = {}
-    for index in range(count):
-        if index == mine[0]:
-            volume[index] = own_spec.volume
-            continue
+    # one group of every other class, its plan's pairs checked against the own's
+    others: dict[float, list[int]] = {}
+    own_rate = float(rate[mine[0]])
+    for index in np.unique(rate, return_index=True)[1].tolist():
         key = float(rate[index])
-        plan = plans.get(key)
-        if plan is None:
-            group = members[index].tolist()
-            made, specs = collective_transfers(
-                cluster, kind, group, size, None, algorithm, protocol
-            )
-            pairs = [(group[position[a]], group[position[b]]) for a, b in edges]
-            if (
-                (made.algorithm, made.protocol) != (algorithm, protocol)
-                or len(specs) != 1
-                or specs[0].usage != route_usage(cluster, pairs)
-            ):
-                return None
-            plan = plans[key] = specs[0]
-            latency = max(latency, plan.latency)
-        volume[index] = plan.volume
-    return ImageLoads(own_spec, int(mine[0]), image, link, counts, volume[image], latency)
+        if key == own_rate:
+            continue
+        group = members[index].tolist()
+        pairs = [(group[position[a]], group[position[b]]) for a, b in edges]
+        usage = collective_transfers(cluster, kind, group, 1.0, None, algorithm, None)[1]
+        if len(usage) != 1 or usage[0].usage != route_usage(cluster, pairs):
+            return None
+        others[key] = group
+    return int(mine[0]), crossed, others
