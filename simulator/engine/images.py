@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.common.vocabulary import BARRIER
+from simulator.common.vocabulary import ALL_TO_ALL, BARRIER, BROADCAST
 from simulator.engine.collectives import (
     TransferSpec,
     candidate_edges,
@@ -224,7 +224,9 @@ def _image_layout(
     (:func:`_crossings`); and a group of each class of rate but the own's, whose plan
     carries the pairs found here (checked). None where the images are not placed alike
     or a class's plan is not made of the own's pairs."""
-    key = ("image-layout", kind, algorithm, tuple(own), id(images))
+    # the ring kinds share their rings' pairs, so their images' layout
+    family = kind if kind in (ALL_TO_ALL, BROADCAST) else "ring"
+    key = ("image-layout", family, algorithm, tuple(own), id(images))
     known = cluster.plan_cache.get(key)
     if known is not None and known[0] is images:  # kept alive with its layout
         return known[1]

@@ -108,7 +108,6 @@ def breakdown_rows(result: StepResult) -> tuple[list[dict[str, Any]], str]:
     simulation = result.simulation
     folded = bool(simulation.get("folded"))
     if len(per_rank) <= MAX_BREAKDOWN_ROWS:
-        stands_for = result.cluster.gpus // max(1, len(per_rank))
         rows = []
         for row in per_rank:
             label = f"stage {row.pp} · r{row.rank}" if folded else f"r{row.rank}"
@@ -118,7 +117,8 @@ def breakdown_rows(result: StepResult) -> tuple[list[dict[str, Any]], str]:
                 label += " ★"
             detail = f"node {row.node} · tp {row.tp} · dp {row.dp} · pp {row.pp}"
             if folded:
-                detail += f" · stands for {stands_for} ranks of its stage"
+                group = " and EP group" if "ep_group" in row.class_coords else ""
+                detail += f" · stands for {row.ranks} ranks of its stage{group}"
             if row.rank == critical:
                 detail += " · critical rank (sets the step time)"
             rows.append(
