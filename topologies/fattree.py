@@ -352,35 +352,28 @@ class FatTreeCluster(Cluster):
         src_rail, dst_rail = src_local // per_rail, dst_local // per_rail
         src_pod, dst_pod = src_node // self.pod_size, dst_node // self.pod_size
         per, nics = self._per_node, self.nics_per_node
-        hops = np.full((len(src), 8), -1, dtype=np.int64)
         inside = src_node == dst_node
-        hops[inside, 0] = (src_node * per + 2 * src_local)[inside]
-        hops[inside, 1] = (dst_node * per + 2 * dst_local + 1)[inside]
         out = ~inside
         cross_pod = out & (src_pod != dst_pod)
         cross_rail = out & ~cross_pod & (src_rail != dst_rail)
-        leaf_up = self._fabric + 2 * (src_pod * nics + src_rail)
-        leaf_down = self._fabric + 2 * (dst_pod * nics + dst_rail) + 1
+        # every hop a route may take, one column each in path order (inside a node: the
+        # first two; across nodes: the other eight), and which of them each route takes
         columns = [
+            (inside, src_node * per + 2 * src_local),
+            (inside, dst_node * per + 2 * dst_local + 1),
             (out, src_node * per + self._nic_offset + 2 * src_local),
             (out, src_node * per + self._leaf_offset + 2 * src_rail),
-            (cross_pod | cross_rail, leaf_up),
+            (cross_pod | cross_rail, self._fabric + 2 * (src_pod * nics + src_rail)),
             (cross_pod, self._core + 2 * src_pod),
             (cross_pod, self._core + 2 * dst_pod + 1),
-            (cross_pod | cross_rail, leaf_down),
+            (cross_pod | cross_rail, self._fabric + 2 * (dst_pod * nics + dst_rail) + 1),
             (out, dst_node * per + self._leaf_offset + 2 * dst_rail + 1),
             (out, dst_node * per + self._nic_offset + 2 * dst_local + 1),
         ]
-        # hops of a route at the front of its row, in path order
-        filled = np.zeros(len(src), dtype=np.int64)
-        filled[inside] = 2
-        for where, ids in columns:
-            rows = np.flatnonzero(where)
-            hops[rows, filled[rows]] = ids[rows]
-            filled[rows] += 1
-        kept = hops >= 0
-        pair = np.broadcast_to(np.arange(len(src))[:, None], hops.shape)[kept]
-        return pair, hops[kept]
+        taken = np.stack([where for where, _ in columns], axis=1)
+        hops = np.stack([ids for _, ids in columns], axis=1)
+        pair = np.repeat(np.arange(len(src)), taken.sum(axis=1))
+        return pair, hops[taken]
 
     # -- summary ---------------------------------------------------------------------
 

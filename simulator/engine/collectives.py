@@ -263,8 +263,13 @@ def _candidates(
         usage = usage_of(algorithm)
         return [_Candidate(algorithm, usage, _rate(cluster, usage))]
     edges, rings = _rings(cluster, gpus, groups)
-    usage = route_usage(cluster, edges)
-    ring_busbw = rings * _rate(cluster, usage)
+    # the rings' crossings and rate, for every kind that runs on them (memoised)
+    known = cluster.plan_cache.get(("ring-usage", tuple(gpus)))
+    if known is None:
+        usage = route_usage(cluster, edges)
+        known = cluster.plan_cache[("ring-usage", tuple(gpus))] = (usage, _rate(cluster, usage))
+    usage, rate = cast("tuple[dict[int, int], float]", known)
+    ring_busbw = rings * rate
     candidates = [_Candidate("ring", usage, ring_busbw)]
     if kind in (ALL_REDUCE, BARRIER) and nodes > 1:
         candidates.append(_Candidate("tree", usage, ring_busbw))

@@ -170,9 +170,10 @@ def _p2p_layout(
     b = np.r_[dst, b[others]]
     crossed = _crossings(cluster, a, b, 1, len(a))
     inside = a // cluster.gpus_per_node == b // cluster.gpus_per_node
-    _, first, number = np.unique(
-        np.stack([inside[1:], crossed.rate[1:]]), axis=1, return_index=True, return_inverse=True
-    )
+    # a class is a rate and whether the pair stays in a node: one integer code each
+    _, rate_code = np.unique(crossed.rate[1:], return_inverse=True)
+    code = rate_code.reshape(-1) * 2 + inside[1:]
+    _, first, number = np.unique(code, return_index=True, return_inverse=True)
     layout = (a, b, crossed, (first + 1).tolist(), number.reshape(-1))
     cluster.plan_cache[key] = (sources, destinations, layout)
     return layout

@@ -248,9 +248,8 @@ class Layout:
             ((rank // strides[axis]) % self.size(axis)) * strides[axis] for axis in ("tp", "dp")
         )
         dp_stride, tp_stride = strides["dp"], strides["tp"]
-        return tuple(
-            base + d * dp_stride + t * tp_stride for d in range(self.dp) for t in range(self.tp)
-        )
+        grid = base + np.arange(self.dp)[:, None] * dp_stride + np.arange(self.tp) * tp_stride
+        return tuple(grid.ravel().tolist())
 
     def axis_of_group(self, name: str) -> str:
         """The axis a group belongs to (``'tp'`` for ``'tp3'``)."""
