@@ -73,11 +73,11 @@ class ImageLoads:
         plus the busiest link's bytes over its bandwidth (as
         :func:`~simulator.engine.alone.time_alone` on every image's transfer, its loads
         summed per link in the same order)."""
-        crossed = self.crossed
-        if not len(crossed.link):
+        link = self.crossed.link
+        if not len(link):
             return self.latency
-        load = np.bincount(crossed.slot, self.volume * crossed.counts)
-        return self.latency + float((load / crossed.slot_bandwidth).max())
+        load = np.bincount(link, self.volume * self.crossed.counts)
+        return self.latency + float((load[link] / cluster.bandwidths[link]).max())
 
     def merged(self) -> list[TransferSpec]:
         """The simulated call's transfer carrying the other images' crossings of its
@@ -94,17 +94,14 @@ class ImageLoads:
 @dataclass(frozen=True)
 class Crossings:
     """Each image's links and how often its pairs cross each, by image (``image``,
-    ``link``, ``counts``: one entry per image and link; a route crosses a link once), each image's
-    rate alone (``rate``: its busiest link's share of the bandwidth), and each entry's
-    place among the links crossed (``slot``; ``slot_bandwidth``, theirs): what a call's
-    loads need of its images, whatever its size."""
+    ``link``, ``counts``: one entry per image and link; a route crosses a link once),
+    and each image's rate alone (``rate``: its busiest link's share of the bandwidth):
+    what a call's loads need of its images, whatever its size."""
 
     image: np.ndarray
     link: np.ndarray
     counts: np.ndarray
     rate: np.ndarray
-    slot: np.ndarray
-    slot_bandwidth: np.ndarray
 
 
 def _crossings(
@@ -124,8 +121,7 @@ def _crossings(
     if len(starts) != images:
         raise ValueError("an image crosses no link")
     rate = np.minimum.reduceat(share, starts)
-    links, slot = np.unique(link, return_inverse=True)
-    return Crossings(image, link, counts, rate, slot.reshape(-1), cluster.bandwidths[links])
+    return Crossings(image, link, counts, rate)
 
 
 def p2p_image_loads(
