@@ -192,8 +192,9 @@ class SimulationSpec(_Strict):
     seed: int = Field(default=0, ge=0)
     algorithm: Algorithm | None = None
     protocol: NcclProtocol | None = None
-    # simulate one rank per pipeline stage for the symmetric others (None: analytic
-    # always folds; flow folds above FLOW_FOLD_WORLD ranks)
+    # simulate one rank per pipeline stage (and EP group) for the others (None: analytic
+    # always folds; flow folds above FLOW_FOLD_WORLD ranks; a MoE step whose EP ranks
+    # receive unequal loads folds only when this is true: simulate.would_fold)
     fold: bool | None = None
 
 
