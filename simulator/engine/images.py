@@ -220,26 +220,14 @@ def _image_layout(
     the cluster): the own's place among the images; the images' crossings and rates
     (:func:`_crossings`); and a group of each class of rate but the own's, whose plan
     carries the pairs found here (checked). None where the images are not placed alike
-    or a class's plan is not made of the own's pairs."""
+    or a class's plan is not made of the own's pairs (remembered too)."""
     # the ring kinds share their rings' pairs, so their images' layout
     family = kind if kind in (ALL_TO_ALL, BROADCAST) else "ring"
     key = ("image-layout", family, algorithm, tuple(own), id(images))
     known = cluster.plan_cache.get(key)
     if known is not None and known[0] is images:  # kept alive with its layout
         return known[1]
-    found = _find_image_layout(cluster, kind, algorithm, own, images, own_spec)
-    cluster.plan_cache[key] = (images, found)
-    return found
-
-
-def _find_image_layout(
-    cluster: Cluster,
-    kind: str,
-    algorithm: str,
-    own: Sequence[int],
-    images: Sequence[Sequence[int]],
-    own_spec: TransferSpec,
-) -> tuple[int, Crossings, dict[float, list[int]]] | None:
+    cluster.plan_cache[key] = (images, None)  # unless found below
     members = np.sort(np.asarray(images, dtype=np.int64), axis=1)
     if members.ndim != 2 or members.shape[1] != len(own):
         return None
@@ -269,13 +257,15 @@ def _find_image_layout(
     others: dict[float, list[int]] = {}
     own_rate = float(rate[mine[0]])
     for index in np.unique(rate, return_index=True)[1].tolist():
-        key = float(rate[index])
-        if key == own_rate:
+        class_rate = float(rate[index])
+        if class_rate == own_rate:
             continue
         group = members[index].tolist()
         pairs = [(group[position[a]], group[position[b]]) for a, b in edges]
         usage = collective_transfers(cluster, kind, group, 1.0, None, algorithm, None)[1]
         if len(usage) != 1 or usage[0].usage != route_usage(cluster, pairs):
             return None
-        others[key] = group
-    return int(mine[0]), crossed, others
+        others[class_rate] = group
+    found = (int(mine[0]), crossed, others)
+    cluster.plan_cache[key] = (images, found)
+    return found
