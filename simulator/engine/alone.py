@@ -17,7 +17,7 @@ links the simulated call shares with them instead (:func:`with_images`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 from simulator.common.vocabulary import ALL_TO_ALL
 from simulator.engine.collectives import TransferSpec, collective_transfers, p2p_transfer
 from simulator.engine.images import ImageLoads, collective_image_loads, p2p_image_loads
-from simulator.engine.uneven import uneven_all_to_all
+from simulator.engine.uneven import uneven_all_to_all, uneven_coflow
 from simulator.schedule.ir import Collective, Schedule
 from topologies import Cluster
 
@@ -225,18 +225,27 @@ class AloneTimes:
         """``(seconds, name)`` of an uneven all-to-all on ``group`` priced in arrays
         (:func:`uneven_all_to_all`; None where it cannot be), memoised by its bytes: a
         layer's dispatch runs again as the combine's gradient."""
+        return self._uneven(group, splits, uneven_all_to_all)
+
+    def uneven_flow(self, group: str, splits) -> tuple[TransferSpec, str] | None:
+        """``(coflow, name)`` of an uneven all-to-all on ``group`` for the flow network
+        (:func:`uneven_coflow`; None where it cannot be), memoised by its bytes."""
+        return self._uneven(group, splits, uneven_coflow)
+
+    def _uneven(self, group: str, splits, plan: Callable[..., Any]) -> Any:
+        """``(what plan gives, "all_to_all/algorithm/protocol")`` of the uneven
+        all-to-all on ``group`` (None where ``plan`` cannot give it), memoised."""
         gpus = self.group_gpus[group]
-        key = ("uneven", group, tuple(tuple(splits[gpu]) for gpu in gpus), self.protocol)
+        bytes_moved = tuple(tuple(splits[gpu]) for gpu in gpus)
+        key = (plan.__name__, group, bytes_moved, self.protocol)
         cached = self._memo.get(key)
         if cached is None:
-            priced = uneven_all_to_all(self.cluster, gpus, splits, self.protocol)
-            if priced is None:
+            planned = plan(self.cluster, gpus, splits, self.protocol)
+            if planned is None:
                 return None
-            choice, seconds = priced
-            cached = self._memo[key] = (
-                seconds,
-                f"{ALL_TO_ALL}/{choice.algorithm}/{choice.protocol}",
-            )
+            choice, what = planned
+            name = f"{ALL_TO_ALL}/{choice.algorithm}/{choice.protocol}"
+            cached = self._memo[key] = (what, name)
         return cached
 
     def p2p(self, src: int, dst: int, size: float) -> float:

@@ -31,6 +31,7 @@ A calibration profile replaces NCCL's latency and bandwidth with the fitted ``α
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
 from typing import cast
@@ -78,7 +79,7 @@ __all__ = [
 class TransferSpec:
     """What the network must move: link crossings, bytes per crossing, start latency."""
 
-    usage: dict[int, int]
+    usage: Mapping[int, float]
     volume: float
     latency: float
 
@@ -151,12 +152,12 @@ def route_usage(cluster: Cluster, edges: list[tuple[int, int]]) -> dict[int, int
     return dict(zip(unique[order].tolist(), counts[order].tolist(), strict=True))
 
 
-def _rate(cluster: Cluster, usage: dict[int, int]) -> float:
+def _rate(cluster: Cluster, usage: Mapping[int, float]) -> float:
     """Rate of a transfer alone on the network: its most loaded link's share."""
     if len(usage) <= _ARRAY_PAIRS:
         return min(cluster.links[link].bandwidth / mult for link, mult in usage.items())
     links = np.fromiter(usage.keys(), np.int64, len(usage))
-    crossings = np.fromiter(usage.values(), np.int64, len(usage))
+    crossings = np.fromiter(usage.values(), np.float64, len(usage))
     return float((cluster.bandwidths[links] / crossings).min())
 
 
@@ -186,7 +187,7 @@ def _rings(
 @dataclass(frozen=True, slots=True)
 class _Candidate:
     algorithm: str
-    usage: dict[int, int]
+    usage: Mapping[int, float]
     link_busbw: float
     # concurrent phases of a multi-phase algorithm: (usage, bytes per crossing per byte)
     phases: tuple[tuple[dict[int, int], float], ...] = ()

@@ -416,6 +416,13 @@ class _Engine:
                 self.choices[name] = self.choices.get(name, 0) + 1
                 self._after(seconds, rendezvous)
                 return
+        elif splits is not None:  # flow: the pairs move as one coflow
+            coflow = self.alone.uneven_flow(group, splits)
+            if coflow is not None:
+                spec, name = coflow
+                self.choices[name] = self.choices.get(name, 0) + 1
+                self._transfer_all([spec], rendezvous)
+                return
         key = (group, rendezvous.kind, rendezvous.size)
         planned = None if splits is not None else self._plans.get(key)
         if planned is None:

@@ -32,7 +32,7 @@ __all__ = ["FlowNetwork", "LinkSeries", "Transfer"]
 
 #: A rate log entry: (time, crossings ``(link, multiplicity)``, change of the transfer's
 #: rate, 1 as the transfer starts to move and -1 as it ends, else 0).
-_Logged = tuple[float, tuple[tuple[int, int], ...], float, int]
+_Logged = tuple[float, tuple[tuple[int, float], ...], float, int]
 
 
 class LinkSeries(Mapping[int, list[tuple[float, float]]]):
@@ -46,7 +46,7 @@ class LinkSeries(Mapping[int, list[tuple[float, float]]]):
     def __init__(self, log: Sequence[_Logged]) -> None:
         self._log = log
         index: dict[int, int] = {}
-        self._usages: list[tuple[tuple[int, int], ...]] = []
+        self._usages: list[tuple[tuple[int, float], ...]] = []
         entries = []
         for _, usage, _, _ in log:
             known = index.get(id(usage))
@@ -115,7 +115,11 @@ class Transfer:
     __slots__ = ("id", "usage", "remaining", "rate", "updated_at", "version", "done")
 
     def __init__(
-        self, tid: int, usage: tuple[tuple[int, int], ...], volume: float, done: Callable[[], None]
+        self,
+        tid: int,
+        usage: tuple[tuple[int, float], ...],
+        volume: float,
+        done: Callable[[], None],
     ):
         self.id = tid
         self.usage = usage  # ((link_id, multiplicity), ...)
@@ -138,7 +142,7 @@ class FlowNetwork:
         self.recomputations = 0
         self.timeouts = 0  # SimPy events this network scheduled
         # id(usage) -> (usage, its crossings sorted by link); keeps the dict alive
-        self._crossings: dict[int, tuple[dict[int, int], tuple[tuple[int, int], ...]]] = {}
+        self._crossings: dict[int, tuple[dict[int, float], tuple[tuple[int, float], ...]]] = {}
         # (time, usage, change of the transfer's rate, 1 as it starts to move and -1 as
         # it ends, else 0), in time order
         self._rate_log: list[_Logged] = []
@@ -154,7 +158,7 @@ class FlowNetwork:
         return series
 
     def transfer(
-        self, usage: dict[int, int], volume: float, latency: float, done: Callable[[], None]
+        self, usage: dict[int, float], volume: float, latency: float, done: Callable[[], None]
     ) -> None:
         """Start a transfer now; ``done()`` is called when its last byte arrives."""
         self.transfers_started += 1
@@ -258,7 +262,7 @@ def _max_min_rates(
 ) -> dict[int, float]:
     """Progressive filling with per-link multiplicities."""
     residual = {link: bandwidths[link] for link in links}
-    weight = dict.fromkeys(links, 0)
+    weight = dict.fromkeys(links, 0.0)
     for t in transfers:
         for link, mult in t.usage:
             weight[link] += mult

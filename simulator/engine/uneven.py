@@ -1,4 +1,4 @@
-"""An uneven all-to-all alone on the network, priced in arrays.
+"""An uneven all-to-all alone on the network, priced in arrays, and its coflow.
 
 An MoE layer's dispatch and combine are all-to-alls whose every pair moves its own
 bytes: NCCL runs each pair as a send/recv, so the call is one flow per pair, each
@@ -11,7 +11,8 @@ it stays in a node and its slowest link's rate, and of its size only which proto
 cheapest. Each group's routes are found once, all pairs at once; each call picks every
 pair's protocol, volume and latency in arrays and sums the links' loads in the order
 pair-by-pair planning adds them, so the time is the same to the bit
-(tests/test_uneven.py).
+(tests/test_uneven.py). Flow fidelity moves the same pairs as one coflow whose weight on
+each link is the load found here (:func:`uneven_coflow`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.engine.collectives import plan_options
+from simulator.engine.collectives import TransferSpec, plan_options
 from simulator.engine.nccl import CollectiveChoice
 from topologies import Cluster
 
-__all__ = ["uneven_all_to_all"]
+__all__ = ["uneven_all_to_all", "uneven_coflow"]
 
 
 @dataclass(frozen=True)
@@ -77,16 +78,27 @@ def _routes(cluster: Cluster, gpus: Sequence[int], protocol: str | None) -> _Rou
     return routes
 
 
-def uneven_all_to_all(
+@dataclass(frozen=True)
+class _Priced:
+    """An uneven all-to-all's pairs planned: NCCL's choice of the first pair that moves
+    bytes, the latest pair's latency, and every link's load (bytes per crossing summed
+    over the pairs that cross it, in pair order) with the pairs' mean volume."""
+
+    first: CollectiveChoice
+    latency: float
+    links: np.ndarray  # the loaded links, ascending
+    load: np.ndarray  # their loads
+    mean_volume: float
+
+
+def _priced(
     cluster: Cluster,
     gpus: Sequence[int],
     splits: Mapping[int, Sequence[float]],
-    protocol: str | None = None,
-) -> tuple[CollectiveChoice, float] | None:
-    """The choice of the first pair that moves bytes and the seconds of the uneven
-    all-to-all on ``gpus`` (``splits[src][j]``: bytes from GPU ``src`` to ``gpus[j]``)
-    alone on the network; None where a pair's plan is not NCCL's own (a calibrated
-    send/recv), a route crosses a link twice, or no pair moves bytes."""
+    protocol: str | None,
+) -> _Priced | None:
+    """Every pair of the call planned in arrays; None where a pair's plan is not NCCL's
+    own (a calibrated send/recv), a route crosses a link twice, or no pair moves bytes."""
     if cluster.spec.calibration is not None:
         return None
     n = len(gpus)
@@ -131,5 +143,43 @@ def uneven_all_to_all(
     kept = at >= 0
     links = routes.link[kept]
     load = np.bincount(links, volume[at[kept]])
-    busiest = float((load[links] / cluster.bandwidths[links]).max())
-    return first, float(latency.max()) + busiest
+    used = np.flatnonzero(load > 0)
+    return _Priced(first, float(latency.max()), used, load[used], float(volume.mean()))
+
+
+def uneven_all_to_all(
+    cluster: Cluster,
+    gpus: Sequence[int],
+    splits: Mapping[int, Sequence[float]],
+    protocol: str | None = None,
+) -> tuple[CollectiveChoice, float] | None:
+    """The choice of the first pair that moves bytes and the seconds of the uneven
+    all-to-all on ``gpus`` (``splits[src][j]``: bytes from GPU ``src`` to ``gpus[j]``)
+    alone on the network; None where a pair's plan is not NCCL's own (a calibrated
+    send/recv), a route crosses a link twice, or no pair moves bytes."""
+    priced = _priced(cluster, gpus, splits, protocol)
+    if priced is None:
+        return None
+    busiest = float((priced.load / cluster.bandwidths[priced.links]).max())
+    return priced.first, priced.latency + busiest
+
+
+def uneven_coflow(
+    cluster: Cluster,
+    gpus: Sequence[int],
+    splits: Mapping[int, Sequence[float]],
+    protocol: str | None = None,
+) -> tuple[CollectiveChoice, TransferSpec] | None:
+    """The uneven all-to-all of :func:`uneven_all_to_all` as one coflow for the flow
+    network: its pairs advance together, each in proportion to its bytes, so the call
+    crosses each link as many times as its load there holds the pairs' mean volume (a
+    fractional multiplicity: on a link the call weighs as much as the pairs crossing it,
+    against other traffic, as an even all-to-all's pairs do). Alone it ends when
+    :func:`uneven_all_to_all` says; beside other traffic it slows where it shares a
+    link. None where that function cannot price it."""
+    priced = _priced(cluster, gpus, splits, protocol)
+    if priced is None:
+        return None
+    unit = priced.mean_volume
+    usage = dict(zip(priced.links.tolist(), (priced.load / unit).tolist(), strict=True))
+    return priced.first, TransferSpec(usage, unit, priced.latency)

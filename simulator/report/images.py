@@ -23,7 +23,6 @@ export leaves any previous file in place.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import shutil
@@ -159,6 +158,8 @@ def _render(jobs: list[tuple[Any, dict[str, Any]]]) -> list[bytes]:
             return [await k.calc_fig(figure, opts=opts) for figure, opts in jobs]
 
     def run_draw() -> list[bytes]:
+        import asyncio  # only to draw: a run that draws nothing does not load it
+
         try:
             asyncio.get_running_loop()
         except RuntimeError:
