@@ -185,7 +185,8 @@ def test_a_curve_too_large_for_the_machine_is_refused_before_anything_is_laid_ou
     monkeypatch.setattr(scale, "run_sweep", refuse)
     monkeypatch.setattr(scale, "run_chunked", refuse)
     million = scale.parse_gpus("8,16,...,1048576")
+    unfolded = ["simulation.fold=false"]  # every rank of every size simulated
     for best in (False, True):
         with pytest.raises(ParasimError, match=r"1,048,576 GPUs.*too large.*--force"):
-            scale.run_scale(SMALL, million, best=best, workers=1)
+            scale.run_scale(SMALL, million, best=best, workers=1, overrides=unfolded)
     assert set(laid_out) == {1}  # the scenario at its own size, and no other

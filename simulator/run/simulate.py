@@ -191,12 +191,15 @@ def would_fold(
 # step costs before it is built. Ops: an upper bound on the ops one layer's forward and
 # backward pass puts on a rank (compute, TP collectives, sends; blocks only make it
 # smaller), each about 350 bytes to hold and about 9 us to simulate op by op, 0.4 us in
-# analytic blocks. GPUs: the modelled cluster holds every GPU (its links in the network
-# graph, its rank in the grid, its pipeline transfers and collectives priced), however
-# few ranks are simulated: under a millisecond and about 10 KB a GPU. The measurements
-# behind these figures are in benchmarks/RESULTS.md ("What a step costs to hold and to
-# simulate"). A step estimated above half the machine's memory or above
-# MAX_STEP_SECONDS is refused without force.
+# analytic blocks. GPUs: the modelled cluster holds every GPU (its links are arithmetic
+# on its number, but every image of a folded call is priced, and in flow fidelity
+# every link's load is logged): Llama 3 405B (tp 8, pp 16) on 1,048,576 GPUs took 4.3 s
+# and 0.71 GB in analytic fidelity and 110 s and 1.9 GB in flow, with another job on the
+# second core (2-core VM, 2026-12-05), about 4 us and 0.7 KB, and 100 us and 1.8 KB, a
+# GPU; the figures below allow half as much again. The measurements behind the op
+# figures are in benchmarks/RESULTS.md ("What a step costs to hold and to simulate"). A
+# step estimated above half the machine's memory or above MAX_STEP_SECONDS is refused
+# without force.
 OPS_PER_LAYER_PASS = 40
 BYTES_PER_OP = 400
 # An MoE layer's pass puts more ops on a rank (router, permutes, the all-to-alls, the
@@ -209,8 +212,9 @@ OPS_PER_MOE_LAYER_PASS = 52
 BYTES_PER_OP_PER_EP_RANK = 6
 SECONDS_PER_OP = 1e-5
 SECONDS_PER_BLOCKED_OP = 5e-7
-BYTES_PER_GPU = 8e3
-SECONDS_PER_GPU = 8e-4
+BYTES_PER_GPU = 2.5e3
+SECONDS_PER_GPU = 1.5e-4  # flow fidelity
+SECONDS_PER_GPU_ANALYTIC = 1e-5
 #: The longest a single step may be estimated to take (s): a user waits for one step
 #: of ``parasim run`` or ``explain``, and a larger one is a mistake more often than not.
 MAX_STEP_SECONDS = 600.0
@@ -227,6 +231,12 @@ class StepSize:
     folded: bool = False
     blocked: bool = False
     ep: int = 0  # the EP peers an MoE all-to-all holds a split for (0: no MoE layers)
+    analytic: bool = False
+
+    @property
+    def seconds_per_gpu(self) -> float:
+        """What each GPU of the modelled cluster adds to the time (s)."""
+        return SECONDS_PER_GPU_ANALYTIC if self.analytic else SECONDS_PER_GPU
 
     @property
     def bytes(self) -> float:
@@ -238,7 +248,7 @@ class StepSize:
     def seconds(self) -> float:
         """The time the step takes to simulate, building its cluster included."""
         per_op = SECONDS_PER_BLOCKED_OP if self.blocked else SECONDS_PER_OP
-        return self.ops * per_op + self.gpus * SECONDS_PER_GPU
+        return self.ops * per_op + self.gpus * self.seconds_per_gpu
 
     def describe(self) -> str:
         """``about 4.8e+03 ops on the simulated ranks and 1,000,000 GPUs in the modelled
@@ -278,7 +288,8 @@ def step_size(
     ranks = (pp * (ep_groups if moe else 1)) if folded else world
     per_pass = OPS_PER_MOE_LAYER_PASS if moe else OPS_PER_LAYER_PASS
     ops = ranks * (layers / pp) * (microbatches * per_pass + 10)
-    return StepSize(ops, world, folded, folded and analytic and not moe, ep if moe else 0)
+    blocked = folded and analytic and not moe
+    return StepSize(ops, world, folded, blocked, ep if moe else 0, analytic)
 
 
 def scenario_size(scenario: Scenario) -> StepSize:
@@ -369,7 +380,7 @@ def check_request_size(
 
 def advice(size: StepSize) -> str:
     """What makes a step of ``size`` smaller, for an error line."""
-    if size.gpus * SECONDS_PER_GPU >= size.seconds / 2:
+    if size.gpus * size.seconds_per_gpu >= size.seconds / 2:
         return "use fewer GPUs (the modelled cluster holds every one)"
     fold = "" if size.folded else "fold the ranks (analytic fidelity, simulation.fold: true) or "
     return f"{fold}use fewer micro-batches, layers or GPUs"

@@ -28,7 +28,6 @@ from simulator.common.errors import ParasimError
 from simulator.common.machine import machine_memory
 from simulator.request.scenario import Scenario, apply_overrides, scenario_from_dict
 from simulator.run.simulate import (
-    SECONDS_PER_GPU,
     StepSize,
     advice,
     run_scenario,
@@ -49,7 +48,6 @@ __all__ = [
     "check_search",
     "WORKERS_PER_CORE",
     "MAX_WORKERS",
-    "SECONDS_PER_GPU_SEARCHED",
     "MAX_SEARCH_SECONDS",
 ]
 
@@ -277,11 +275,6 @@ def resolve_workers(workers: int | None) -> int:
 
 # -- how large a search is ---------------------------------------------------------------
 
-# A sweep's worker builds the cluster once and reuses its network graph, routes and
-# priced collectives for every candidate, which then costs about a quarter of a lone
-# step per GPU: gpt3-175b's 54 layouts with tp 8 on 8,192 GPUs in analytic fidelity took
-# 2.1 s each after the first, 0.26 ms a GPU (2-core VM, 2026-12-03).
-SECONDS_PER_GPU_SEARCHED = 2.5e-4
 #: The longest a search may be estimated to take (s), as if every candidate it lists
 #: were simulated: a search beyond it is a mistake more often than not (pin dimensions).
 MAX_SEARCH_SECONDS = 8 * 3600.0
@@ -300,8 +293,8 @@ def check_search(
     (:func:`simulator.run.simulate.size_problem`), the workers' steps together beyond
     half the machine's memory (with ``shared``: they run on this machine), or all the
     steps estimated above :data:`MAX_SEARCH_SECONDS`. ``reuses_cluster``: the steps
-    share one cluster, which each worker builds once (a sweep), rather than one each
-    (a scale run)."""
+    are layouts of one cluster (a sweep), rather than one step per cluster size (a scale
+    run), which only changes the words of the error line."""
     if not sizes:
         return
     running = min(workers, len(sizes))
@@ -323,11 +316,7 @@ def check_search(
                 f"{largest.bytes / 2**30:.3g} GiB each, beyond half the machine's "
                 f"{available / 2**30:.0f} GiB; use fewer --workers"
             )
-    seconds = sum(size.seconds for size in sizes)
-    if reuses_cluster:  # each worker builds the cluster once, then reuses it
-        saved = SECONDS_PER_GPU - SECONDS_PER_GPU_SEARCHED
-        seconds -= (len(sizes) - running) * largest.gpus * saved
-    wall = seconds / running
+    wall = sum(size.seconds for size in sizes) / running
     if problem is None and wall > MAX_SEARCH_SECONDS:
         steps = "layouts" if reuses_cluster else "steps"
         problem = (
