@@ -261,10 +261,14 @@ class _Uses:
         axes = np.concatenate([np.full(len(part[0]), part[4]) for part in self._parts])
         instants = np.unique(np.concatenate([begins, ends]))
         lo, hi = np.searchsorted(instants, begins), np.searchsorted(instants, ends)
-        change = np.zeros((len(self.row), len(instants)))
-        np.add.at(change, (rows, lo), shares)
-        np.add.at(change, (rows, hi), -shares)
-        load = np.cumsum(change, axis=1)[:, :-1]  # on each segment between two instants
+        # each link's change of load at each instant: every start's share added, then
+        # every end's taken off, one after another in this order (bincount adds a
+        # cell's weights in input order)
+        width = len(instants)
+        cells = np.concatenate([rows * width + lo, rows * width + hi])
+        weights = np.concatenate([shares, -shares])
+        change = np.bincount(cells, weights, minlength=len(self.row) * width)
+        load = np.cumsum(change.reshape(len(self.row), width), axis=1)[:, :-1]
         # float sums of shares of 1 land a few ulps either side of a full link
         over = np.maximum(0.0, load.max(axis=0) - 1.0 - 1e-9)
         seconds = float(np.sum(over * np.diff(instants)))
