@@ -471,3 +471,20 @@ def test_an_analytic_step_whose_calls_contend_says_how_much_and_flow_agrees():
     ).result
     assert not any("calls run at once on the links" in w for w in flow.warnings)
     assert flow.step_time_s > 1.02 * analytic.step_time_s
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "flow"])
+def test_an_ep_groups_alike_ranks_run_one_lowered_program(fidelity, monkeypatch):
+    """Every rank simulated, the ranks of an EP group that receive alike run one
+    program lowered once per stage and group (their all-to-alls carrying the group's
+    matrix): the same step, to the bit, as each rank lowered on its own."""
+    from simulator.schedule import step as step_module
+
+    overrides = [*MOE_SMALL, f"simulation.fidelity={fidelity}", "simulation.fold=false"]
+    scenario = load_scenario(SCENARIOS / "mixtral-ep.yaml", overrides)
+    shared = run_scenario(scenario).result
+    monkeypatch.setattr(step_module, "loads_equal", lambda spec, tokens: False)
+    scenario = load_scenario(SCENARIOS / "mixtral-ep.yaml", overrides)
+    alone = run_scenario(scenario).result
+    assert shared.step_time_s == alone.step_time_s
+    assert [row.breakdown for row in shared.per_rank] == [row.breakdown for row in alone.per_rank]

@@ -175,15 +175,18 @@ class _ClosedForm:
         if len(arrived) < self.meeting[op.group]:
             return
         del self.rendezvous[(op.group, seq)]
-        splits = {
-            r: cast(Collective, schedule.programs[r].ops[i]).splits for r, (i, _) in arrived.items()
-        }
-        # a folded call's bytes are its matrix's (AloneTimes.collective)
-        uneven = (
-            not folded and op.kind == ALL_TO_ALL and all(v is not None for v in splits.values())
-        )
         begin = max(self.ready[r][i] for r, (i, _) in arrived.items())
-        seconds = self.collective_time(op, splits if uneven else None)
+        if op.matrix is not None:  # every member's bytes (AloneTimes.collective)
+            seconds = self.collective_time(op)
+        else:
+            splits = {
+                r: cast(Collective, schedule.programs[r].ops[i]).splits
+                for r, (i, _) in arrived.items()
+            }
+            uneven = (
+                not folded and op.kind == ALL_TO_ALL and all(v is not None for v in splits.values())
+            )
+            seconds = self.collective_time(op, splits if uneven else None)
         stop = begin + seconds * self.stretch(arrived)
         for r, (i, k) in arrived.items():
             self.finish(r, i, begin, stop, k)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.arithmetic.moe import loads_equal
 from simulator.arithmetic.moe import stack_of as moe_stack_of
 from simulator.arithmetic.stacks import stack_of
 from simulator.request.layout import Layout
@@ -107,6 +108,29 @@ def build_step(
                 programs[rank] = lowering.build(orders[pipeline_rank])
         schedule = _schedule(config, programs, orders)
         _record_images(schedule, layout, by_ep_group=True)
+        return schedule
+    tokens = config.micro_batch * config.local.seq_len
+    if config.moe is not None and layout.cp == 1 and loads_equal(config.moe, tokens):
+        # every rank simulated, but the ranks of an EP group receive alike: each runs the
+        # same ops, its all-to-alls carrying the group's whole matrix (which the engines
+        # read, not a call's own splits), so one rank per stage and EP group is lowered
+        # and the others run its program retargeted
+        templates: dict[tuple[int, int], tuple[int, list]] = {}
+        programs = {}
+        for rank in range(layout.world):
+            coords = layout.coords(rank)
+            key = (coords["pp"], coords["dp"] // layout.ep)
+            template = templates.get(key)
+            if template is None:
+                first = layout.rank_of(pp=key[0], dp=key[1] * layout.ep)
+                lowered = RankLowering(first, config, envelope=True).build(orders[key[0]])
+                template = templates[key] = (first, lowered.ops)
+            first, ops = template
+            moved = ops if rank == first else list(map(retargeter(rank, layout), ops))
+            programs[rank] = Program(rank, moved)
+        schedule = _schedule(config, programs, orders)
+        if images:
+            _record_images(schedule, layout)
         return schedule
     if config.moe is not None or layout.cp > 1:
         # each data-parallel replica routes its own tokens, so MoE ranks differ, and a
