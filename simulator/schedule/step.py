@@ -115,16 +115,16 @@ def build_step(
         # same ops, its all-to-alls carrying the group's whole matrix (which the engines
         # read, not a call's own splits), so one rank per stage and EP group is lowered
         # and the others run its program retargeted
-        templates: dict[tuple[int, int], tuple[int, list]] = {}
+        by_group: dict[tuple[int, int], tuple[int, list]] = {}
         programs = {}
         for rank in range(layout.world):
             coords = layout.coords(rank)
             key = (coords["pp"], coords["dp"] // layout.ep)
-            template = templates.get(key)
+            template = by_group.get(key)
             if template is None:
                 first = layout.rank_of(pp=key[0], dp=key[1] * layout.ep)
-                lowered = RankLowering(first, config, envelope=True).build(orders[key[0]])
-                template = templates[key] = (first, lowered.ops)
+                program = RankLowering(first, config, envelope=True).build(orders[key[0]])
+                template = by_group[key] = (first, program.ops)
             first, ops = template
             moved = ops if rank == first else list(map(retargeter(rank, layout), ops))
             programs[rank] = Program(rank, moved)
