@@ -279,16 +279,18 @@ def step_size(
     moe: bool = False,
     ep: int = 1,
     ep_groups: int = 1,
+    alike: bool = True,
 ) -> StepSize:
     """The :class:`StepSize` of a step of ``microbatches`` over ``pp`` stages of
     ``layers`` layers on ``world`` GPUs; ``folded``: one rank per stage is simulated
     (:func:`folds`; a MoE step's, one per stage and each of its ``ep_groups`` EP groups),
-    in blocks when ``analytic`` too and dense (:func:`build_schedule`); ``moe``: the
-    layers are MoE layers (every one, to bound) over EP groups of ``ep``."""
+    in blocks when ``analytic`` too and dense or ``alike`` (:func:`build_schedule`); ``moe``:
+    the layers are MoE layers (every one, to bound) over EP groups of ``ep``, whose ranks
+    receive ``alike``."""
     ranks = (pp * (ep_groups if moe else 1)) if folded else world
     per_pass = OPS_PER_MOE_LAYER_PASS if moe else OPS_PER_LAYER_PASS
     ops = ranks * (layers / pp) * (microbatches * per_pass + 10)
-    blocked = folded and analytic and not moe
+    blocked = folded and analytic and (alike or not moe)
     return StepSize(ops, world, folded, blocked, ep if moe else 0, analytic)
 
 
@@ -307,6 +309,7 @@ def scenario_size(scenario: Scenario) -> StepSize:
         moe=scenario.moe is not None,
         ep=layout.ep,
         ep_groups=layout.dp // layout.ep,
+        alike=_alike(scenario),
     )
 
 
@@ -345,6 +348,7 @@ def request_size(raw: Any, base_dir: str | Path | None = None) -> StepSize | Non
         moe=moe is not None,
         ep=parallel.ep,
         ep_groups=max(1, dp // parallel.ep),
+        alike=alike,
     )
 
 

@@ -32,7 +32,7 @@ from simulator.arithmetic.stacks import stack_of
 from simulator.request.layout import Layout
 from simulator.request.model import ModelSpec
 from simulator.request.moe import MoESpec
-from simulator.request.orders import Step
+from simulator.request.orders import Step, compute_actions
 from simulator.request.recipe import Recipe
 from simulator.schedule import relocate
 from simulator.schedule.context import StepConfig
@@ -96,21 +96,28 @@ def build_step(
         config.layer_blocks = plan.layer_blocks
     layout = config.layout
     orders = config.pipeline_orders()
+    tokens = config.micro_batch * config.local.seq_len
+    alike = config.moe is not None and loads_equal(config.moe, tokens)
     if config.moe is not None and fold and layout.cp == 1:
         # each EP group routes its own tokens and its ranks receive unequal shares: one
         # rank per pipeline stage and EP group stands for the group (and its TP peers),
-        # running the busiest member's experts in each layer and micro-batch
+        # running the busiest member's experts in each layer and micro-batch; where the
+        # ranks receive alike, every layer and micro-batch routes the same (uniform
+        # routing draws nothing), so a stage's actions of one kind run the same ops and
+        # are written as blocks, as a dense model's
+        blocked = blocks and alike
         programs = {}
         for pipeline_rank in range(layout.pp):
             for group in range(layout.dp // layout.ep):
                 rank = layout.rank_of(pp=pipeline_rank, dp=group * layout.ep)
                 lowering = RankLowering(rank, config, envelope=True)
-                programs[rank] = lowering.build(orders[pipeline_rank])
-        schedule = _schedule(config, programs, orders)
+                programs[rank] = lowering.build(orders[pipeline_rank], blocked)
+        # blocks route one layer and micro-batch of each kind; the rest route alike
+        routings = _routed_layers(config, programs, orders) if blocked else None
+        schedule = _schedule(config, programs, orders, routings)
         _record_images(schedule, layout, by_ep_group=True)
         return schedule
-    tokens = config.micro_batch * config.local.seq_len
-    if config.moe is not None and layout.cp == 1 and loads_equal(config.moe, tokens):
+    if config.moe is not None and layout.cp == 1 and alike:
         # every rank simulated, but the ranks of an EP group receive alike: each runs the
         # same ops, its all-to-alls carrying the group's whole matrix (which the engines
         # read, not a call's own splits), so one rank per stage and EP group is lowered
@@ -209,11 +216,30 @@ def _record_images(schedule: Schedule, layout: Layout, by_ep_group: bool = False
         schedule.images[name] = tuple(found)
 
 
-def _moe_meta(config: StepConfig) -> dict[str, Any] | None:
-    """Token routing over every MoE layer and micro-batch the step ran."""
+def _routed_layers(
+    config: StepConfig, programs: dict[int, Program], orders: Mapping[int, Sequence[Step]]
+) -> int:
+    """How many (MoE layer, micro-batch, EP group) routings the simulated ranks run."""
+    layout = config.layout
+    keys: set[tuple[int, int, int]] = set()
+    for rank in programs:
+        coords = layout.coords(rank)
+        group = coords["dp"] // layout.ep
+        for stage in {action.stage for action in compute_actions(orders[coords["pp"]])}:
+            for layer in config.layers_of(stage):
+                if config.is_moe_layer(layer):
+                    keys.update((layer, mb, group) for mb in range(config.microbatches))
+    return len(keys)
+
+
+def _moe_meta(config: StepConfig, routings: int | None = None) -> dict[str, Any] | None:
+    """Token routing over every MoE layer and micro-batch the step ran (``routings``:
+    how many there were, where they route alike and only the first was worked out)."""
     if config.moe is None or not config._traffic:
         return None
     traffic = list(config._traffic.values())
+    if routings is not None:
+        traffic = traffic[:1] * routings
     routed = sum(int(t.tokens_routed.sum()) for t in traffic)
     dropped = sum(int(t.tokens_dropped.sum()) for t in traffic)
     imbalance = [t.imbalance for t in traffic]
@@ -230,7 +256,10 @@ def _moe_meta(config: StepConfig) -> dict[str, Any] | None:
 
 
 def _schedule(
-    config: StepConfig, programs: dict[int, Program], orders: Mapping[int, Sequence[Step]]
+    config: StepConfig,
+    programs: dict[int, Program],
+    orders: Mapping[int, Sequence[Step]],
+    routings: int | None = None,
 ) -> Schedule:
     layout = config.layout
     used: set[str] = set()
@@ -245,7 +274,7 @@ def _schedule(
         used.update(inner.group for inner in body if type(inner) is Collective)
     groups = {name: layout.members(name) for name in sorted(used, key=layout.group_order)}
     meta = {
-        "moe": _moe_meta(config),
+        "moe": _moe_meta(config, routings),
         "virtual_stages": config.recipe.virtual_stages,
         "sequence_parallel": config.sp,
         "layout": {

@@ -435,10 +435,12 @@ def sweep_sizes(base: SweepBase, candidates: list[Candidate], fidelity: str) -> 
     simulation = base.simulation.model_copy(update={"fidelity": fidelity})
     analytic, moe = fidelity == "analytic", base.experts is not None
     seq_len, spec = base.context["seq_len"], base.moe_spec
+    alike = {
+        micro: spec is None or loads_equal(spec, micro * seq_len)
+        for micro in {c.micro_batch for c in candidates}
+    }
     folded = {
-        (cp, micro): would_fold(
-            simulation, moe, cp, base.world, spec is None or loads_equal(spec, micro * seq_len)
-        )
+        (cp, micro): would_fold(simulation, moe, cp, base.world, alike[micro])
         for cp, micro in {(c.cp, c.micro_batch) for c in candidates}
     }
     known: dict[tuple[int, int, int, int, int], StepSize] = {}
@@ -459,6 +461,7 @@ def sweep_sizes(base: SweepBase, candidates: list[Candidate], fidelity: str) -> 
                 moe=moe,
                 ep=ep,
                 ep_groups=max(1, dp // ep),
+                alike=alike[micro],
             )
             known[(pp, dp, micro, cp, ep)] = size
         sizes.append(size)
