@@ -207,6 +207,10 @@ DENSE_STEPS += [
 
 @pytest.mark.parametrize("name,overrides", DENSE_STEPS)
 def test_blocks_time_a_step_exactly_as_its_ops(name, overrides):
+    _blocks_against_ops(name, overrides)
+
+
+def _blocks_against_ops(name: str, overrides: list[str]) -> None:
     """A pipeline action written as one block gives the same times and accounting as
     the action written op by op."""
     from simulator.run.simulate import assemble_result
@@ -227,6 +231,7 @@ def test_blocks_time_a_step_exactly_as_its_ops(name, overrides):
     assert blocked.hardware_flops_per_step == pytest.approx(ops.hardware_flops_per_step)
     assert blocked.simulation["collective_choices"] == ops.simulation["collective_choices"]
     assert blocked.simulation["ops"] == ops.simulation["ops"]
+    assert blocked.moe == ops.moe  # a blocked MoE step's routing counts every layer
 
 
 # MoE steps whose EP ranks receive alike (uniform routing): one rank per stage and EP
@@ -243,6 +248,18 @@ MOE_ALIKE = [
         "analytic",
     ),
 ]
+
+
+@pytest.mark.parametrize(
+    "name,overrides",
+    [(name, overrides) for name, overrides, fidelity in MOE_ALIKE if fidelity == "analytic"],
+)
+def test_an_alike_moe_steps_blocks_time_it_exactly_as_its_ops(name, overrides):
+    """Where an EP group's ranks receive alike, every MoE layer and micro-batch routes
+    the same, and the folded step's actions written as blocks time it as its ops do."""
+    _blocks_against_ops(name, overrides)
+
+
 # every rank of a 64- to 256-GPU step of a big model takes seconds to simulate: slow
 _SLOW = ("gpt3-175b", "dense-70b", "deepseek")
 FOLDED_STEPS = [
