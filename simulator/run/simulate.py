@@ -116,6 +116,7 @@ def build_schedule(scenario: Scenario, numbers_only: bool = False) -> Schedule:
         images=analytic,
         share_bodies=numbers_only,
         layer_blocks=numbers_only and bodies_hold_times(scenario),
+        alike_copies=True,
     )
     return build_step(
         scenario.recipe,

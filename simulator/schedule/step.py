@@ -62,7 +62,11 @@ class LoweringPlan:
     relocated onto the others (:mod:`simulator.schedule.relocate`). ``layer_blocks``
     (with ``share_bodies``): the actions that hand gradients to data parallelism are
     written in blocks of layers, their data parallelism waiting for points inside them
-    (``RankLowering._layer_block``). The default plan writes every op of every rank.
+    (``RankLowering._layer_block``). ``alike_copies`` (for the simulators, which read an
+    all-to-all's whole matrix): every rank simulated, the ranks of an EP group that
+    receive alike run copies of one program lowered for the group, whose calls keep the
+    lowered rank's splits; the hardware, which sends each rank's own splits, lowers
+    every rank. The default plan writes every op of every rank.
     """
 
     fold: bool = False
@@ -70,6 +74,7 @@ class LoweringPlan:
     images: bool = False
     share_bodies: bool = False
     layer_blocks: bool = False
+    alike_copies: bool = False
 
 
 def build_step(
@@ -117,7 +122,7 @@ def build_step(
         schedule = _schedule(config, programs, orders, routings)
         _record_images(schedule, layout, by_ep_group=True)
         return schedule
-    if config.moe is not None and layout.cp == 1 and alike:
+    if plan.alike_copies and config.moe is not None and layout.cp == 1 and alike:
         # every rank simulated, but the ranks of an EP group receive alike: each runs the
         # same ops, its all-to-alls carrying the group's whole matrix (which the engines
         # read, not a call's own splits), so one rank per stage and EP group is lowered
