@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, cast
 from simulator.common.collector import fewer_collections
 from simulator.common.files import write_atomically, write_json
 from simulator.common.forked import start_forked, wait_all
+from simulator.report.chrome_trace import write_chrome_trace, write_rank_traces
+from simulator.report.images import export_figures
 from simulator.report.plotly_bundle import PLOTLY_JS
 from simulator.run.simulate import make_trace, trace_ranks
 
@@ -166,8 +168,6 @@ def write_trace(trace: Any, path: Path) -> Path:
     than :data:`TRACE_GZIP_BYTES`, as ``<path>.gz`` instead, compressed as it is
     written. Returns the path written. (An earlier run's file under the other name is
     removed when the files move into the output folder, if it is still parasim's.)"""
-    from simulator.report.chrome_trace import write_chrome_trace
-
     zipped = path.with_name(path.name + ".gz")
     return write_atomically(
         path,
@@ -180,8 +180,6 @@ def write_rank_folder(trace: Any, folder: Path) -> Path:
     """Per-rank trace files (:func:`~simulator.report.chrome_trace.write_rank_traces`)
     written into ``folder``, a new folder of the command's staging folder (whose files
     then move into the output folder: :mod:`simulator.common.folders`)."""
-    from simulator.report.chrome_trace import write_rank_traces
-
     folder.mkdir(parents=True, exist_ok=True)  # normal permissions, as the umask says
     write_rank_traces(trace, folder)
     return folder
@@ -212,7 +210,6 @@ def write_run_images(run: Any, trace: Any, out: Path, title: str, image_format: 
     """The charts of ``report.html`` as ``<chart>.png`` or ``.svg`` files in ``out``
     (timeline, breakdown, memory, and link utilisation in flow fidelity), drawn by
     kaleido with the system Chromium (:mod:`simulator.report.images`)."""
-    from simulator.report.images import export_figures
     from simulator.report.run_report import (
         REPORT_MAX_BARS,
         breakdown_figure,
