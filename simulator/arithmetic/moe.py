@@ -228,10 +228,13 @@ def expert_loads(
     return _spill(rng.multinomial(total, shares).astype(np.int64), tokens, shares, rng)
 
 
-def loads_equal(spec: MoESpec, tokens: int) -> bool:
+def loads_equal(spec: MoESpec | None, tokens: int) -> bool:
     """Whether every rank routing ``tokens`` tokens gives every expert the same load,
     so that the ranks of an EP group receive alike: uniform routing whose
-    ``tokens·top_k`` assignments divide evenly over the experts (:func:`expert_loads`)."""
+    ``tokens·top_k`` assignments divide evenly over the experts (:func:`expert_loads`);
+    True without experts (``spec`` None), whose ranks have no loads to differ in."""
+    if spec is None:
+        return True
     return isinstance(spec.routing, UniformRouting) and tokens * spec.top_k % spec.experts == 0
 
 

@@ -1,10 +1,12 @@
 """Flow-level network: transfers share links max–min fairly.
 
 A *transfer* crosses a set of directed links, each ``multiplicity`` times, and moves
-``volume`` bytes on every crossing at one common rate. A point-to-point flow crosses
-each link of its route once. A ring collective is one transfer whose crossings are all
-the ring's edges: NCCL's ring is pipelined in chunks, and every step waits for the
-slowest edge, so the whole ring advances at the rate of its most loaded link.
+``volume`` bytes on every crossing at one common rate (an uneven all-to-all's coflow
+crosses a link a fraction of times: its load there over its pairs' mean volume). A
+point-to-point flow crosses each link of its route once. A ring collective is one
+transfer whose crossings are all the ring's edges: NCCL's ring is pipelined in chunks,
+and every step waits for the slowest edge, so the whole ring advances at the rate of its
+most loaded link.
 
 Rates follow max–min fairness (progressive filling): all unfrozen transfers raise
 their rate together; a link saturates when ``Σ multiplicity · rate`` reaches its
@@ -142,7 +144,7 @@ class FlowNetwork:
         self.recomputations = 0
         self.timeouts = 0  # SimPy events this network scheduled
         # id(usage) -> (usage, its crossings sorted by link); keeps the dict alive
-        self._crossings: dict[int, tuple[dict[int, float], tuple[tuple[int, float], ...]]] = {}
+        self._crossings: dict[int, tuple[Mapping[int, float], tuple[tuple[int, float], ...]]] = {}
         # (time, usage, change of the transfer's rate, 1 as it starts to move and -1 as
         # it ends, else 0), in time order
         self._rate_log: list[_Logged] = []
@@ -158,7 +160,7 @@ class FlowNetwork:
         return series
 
     def transfer(
-        self, usage: dict[int, float], volume: float, latency: float, done: Callable[[], None]
+        self, usage: Mapping[int, float], volume: float, latency: float, done: Callable[[], None]
     ) -> None:
         """Start a transfer now; ``done()`` is called when its last byte arrives."""
         self.transfers_started += 1

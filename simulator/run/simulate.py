@@ -167,9 +167,7 @@ def folds(scenario: Scenario) -> bool:
 
 def _alike(scenario: Scenario) -> bool:
     """Whether the ranks of each EP group receive alike (True without experts)."""
-    moe = scenario.moe
-    tokens = scenario.training.micro_batch * scenario.model.seq_len
-    return moe is None or loads_equal(moe, tokens)
+    return loads_equal(scenario.moe, scenario.training.micro_batch * scenario.model.seq_len)
 
 
 def would_fold(
@@ -336,7 +334,7 @@ def request_size(raw: Any, base_dir: str | Path | None = None) -> StepSize | Non
     if world > MAX_WORLD or dp < 1 or grid * dp != world:
         return None  # the scenario's own checks refuse it before laying it out
     microbatches = max(1, training.global_batch // (dp * training.micro_batch))
-    alike = moe is None or loads_equal(moe, training.micro_batch * model.seq_len)
+    alike = loads_equal(moe, training.micro_batch * model.seq_len)
     folded = would_fold(spec.simulation, moe is not None, parallel.cp, world, alike)
     analytic = spec.simulation.fidelity == "analytic"
     return step_size(

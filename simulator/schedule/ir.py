@@ -18,9 +18,10 @@ Five op types exist:
     on ``group``. ``bytes`` is the buffer size per rank in nccl-tests' sense: the
     all-reduce buffer, the all-gather *output*, the reduce-scatter *input*, the
     all-to-all send buffer. ``splits`` (optional) gives an uneven all-to-all's bytes
-    per peer, and ``matrix``, in a folded step, every member's (the members that are
-    not simulated send theirs too). Collectives of one group are matched by their order
-    on that group.
+    per peer, and ``matrix`` every member's, which the simulators read instead: in a
+    folded step the members that are not simulated send theirs too, and where an EP
+    group's ranks run copies of one program their calls keep its rank's splits.
+    Collectives of one group are matched by their order on that group.
 ``Send`` / ``Recv``
     ``peer`` rank, ``bytes`` and an integer ``tag``; matched by (src, dst, tag), in
     order when a tag repeats.
@@ -113,9 +114,9 @@ class Collective:
     tags: dict[str, Any] = field(default_factory=dict)
     splits: tuple[float, ...] | None = None
     points: tuple[int, ...] = ()
-    # an uneven all-to-all of a folded group (its other members not simulated): every
-    # member's bytes to every member, rows by source in the group's member order (a
-    # numpy array, shared by the calls that move the same bytes)
+    # an uneven all-to-all of a folded group, or of ranks running copies of one program:
+    # every member's bytes to every member, rows by source in the group's member order
+    # (a numpy array, shared by the calls that move the same bytes)
     matrix: Any = None
     type = "collective"
 

@@ -102,7 +102,7 @@ def build_step(
     layout = config.layout
     orders = config.pipeline_orders()
     tokens = config.micro_batch * config.local.seq_len
-    alike = config.moe is not None and loads_equal(config.moe, tokens)
+    alike = loads_equal(config.moe, tokens)  # used where the step has experts
     if config.moe is not None and fold and layout.cp == 1:
         # each EP group routes its own tokens and its ranks receive unequal shares: one
         # rank per pipeline stage and EP group stands for the group (and its TP peers),

@@ -436,8 +436,7 @@ def sweep_sizes(base: SweepBase, candidates: list[Candidate], fidelity: str) -> 
     analytic, moe = fidelity == "analytic", base.experts is not None
     seq_len, spec = base.context["seq_len"], base.moe_spec
     alike = {
-        micro: spec is None or loads_equal(spec, micro * seq_len)
-        for micro in {c.micro_batch for c in candidates}
+        micro: loads_equal(spec, micro * seq_len) for micro in {c.micro_batch for c in candidates}
     }
     folded = {
         (cp, micro): would_fold(simulation, moe, cp, base.world, alike[micro])
