@@ -49,7 +49,8 @@ def _command(*argv: str) -> int:
 
 
 def test_every_fitting_layout_is_found_and_ranked_by_step_time(tmp_path, capsys):
-    assert _command(SMALL, *PINNED, "--workers", 2, "--out", tmp_path, "--top", 3) == 0
+    # --top at least the layouts that fit: the search ranks every one of them
+    assert _command(SMALL, *PINNED, "--workers", 2, "--out", tmp_path, "--top", 50) == 0
     result = json.loads((tmp_path / "sweep.json").read_text())
     rows = result["rows"]
 
@@ -106,6 +107,7 @@ def test_every_fitting_layout_is_found_and_ranked_by_step_time(tmp_path, capsys)
     }
     out = capsys.readouterr().out
     assert top["layout"] in out and "enumerated" in out and "invalid 2" in out
+    assert "not examined" not in out and result["counts"]["bounded"] == 0
 
 
 def test_listed_layouts_are_valid_and_outputs_are_written(tmp_path):
@@ -124,7 +126,11 @@ def test_listed_layouts_are_valid_and_outputs_are_written(tmp_path):
         assert f"[{','.join(row['placement'])}]" in row["layout"]
     counts = result["counts"]
     assert counts["enumerated"] == (
-        counts["invalid"] + counts["pruned_memory"] + counts["dominated"] + counts["simulated"]
+        counts["invalid"]
+        + counts["pruned_memory"]
+        + counts["dominated"]
+        + counts["bounded"]
+        + counts["simulated"]
     )
     with (out / "sweep.csv").open() as handle:
         table = list(csv.DictReader(handle))

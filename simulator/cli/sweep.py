@@ -49,7 +49,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("scenario", help="scenario YAML file")
     parser.add_argument("--gpus", type=int, help="resize the cluster to N GPUs (whole nodes)")
     add_batch_option(parser, "--gpus")
-    parser.add_argument("--top", type=int, default=10, help="layouts to show (default 10)")
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=10,
+        help=(
+            "layouts to show and rank exactly (default 10): only layouts whose lower bound "
+            "can still place them among these are simulated"
+        ),
+    )
     parser.add_argument(
         "--out", type=folder_argument, help="output folder (default: out/<scenario>-sweep)"
     )
@@ -73,8 +81,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--exhaustive",
         action="store_true",
         help=(
-            "also simulate layouts that a lighter recompute of the same layout beats, and "
-            "ZeRO-2 where ZeRO-1 fits"
+            "simulate every layout that fits: also those a lighter recompute of the same "
+            "layout beats, ZeRO-2 where ZeRO-1 fits, and those whose lower bound already "
+            "exceeds the --top fastest"
         ),
     )
     parser.add_argument(
@@ -136,6 +145,7 @@ def command(args: argparse.Namespace) -> int:
         scheduler=scheduler_address(args.scheduler),
         batch=args.batch,
         force=args.force,
+        keep=args.top,
     )
     if not result.rows:
         raise ParasimError(no_layout_message(result))

@@ -573,6 +573,12 @@ def count_lines(result: SweepResult) -> list[str]:
         f"dominated {counts['dominated']} (a lighter recompute, or ZeRO-1 for ZeRO-2, of the "
         "same layout fits)"
     )
+    if counts.get("bounded"):
+        lines.append(
+            f"not examined {counts['bounded']} (their lower bound on the step exceeds "
+            f"{format_time(counts['bound_s'])}, the slowest the ranking keeps; --exhaustive "
+            "simulates them)"
+        )
     if counts["failed"]:
         lines.append(f"failed {counts['failed']}")
         for reason, n in counts["failed_by_reason"].items():

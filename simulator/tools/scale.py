@@ -400,6 +400,7 @@ def _best_rows(
             progress=progress,
             batch="fixed",
             force=True,  # checked above, all sizes together
+            keep=1,  # the best layout is all a size needs
         )
         if not result.rows:
             rows.append(

@@ -48,6 +48,7 @@ __all__ = [
     "parse_fixes",
     "enumerate_layouts",
     "select_lightest",
+    "faster_first",
 ]
 
 #: Dimensions ``--fix`` can pin, in the order a layout string shows them.
@@ -66,6 +67,15 @@ MAX_MICRO_BATCH = 8
 LONG_SEQUENCE = 16384
 VIRTUAL_STAGES = (2, 4)
 _FASTER_FIRST = tuple(knob for knob in SEARCHED if knob.faster_first)
+# knob name -> value -> (its group in the knob's faster_first order, its place in it)
+_PLACES = {
+    knob.name: {
+        value: (group, within)
+        for group, values in enumerate(knob.faster_first)
+        for within, value in enumerate(values)
+    }
+    for knob in _FASTER_FIRST
+}
 
 
 class _CandidateMethods:
@@ -168,6 +178,15 @@ def check_fixed(fixed: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def faster_first(candidate: Candidate) -> tuple[Candidate, tuple[int, ...]]:
+    """``candidate``'s place in its knobs' ``faster_first`` orders: the candidate with each
+    such knob replaced by its group (the same for every candidate one of them makes
+    needless) and its position within the groups (lighter first)."""
+    spots = [_PLACES[knob.name][getattr(candidate, knob.name)] for knob in _FASTER_FIRST]
+    groups = {knob.name: group for knob, (group, _) in zip(_FASTER_FIRST, spots, strict=True)}
+    return candidate.with_(**groups), tuple(within for _, within in spots)
+
+
 def select_lightest(
     candidates: list[Candidate], checks: list[dict], exhaustive: bool
 ) -> tuple[list[int], int]:
@@ -177,25 +196,12 @@ def select_lightest(
     fits = [i for i, check in enumerate(checks) if check["status"] == "fits"]
     if exhaustive:
         return fits, 0
-    place = {
-        knob.name: {
-            value: (group, within)
-            for group, values in enumerate(knob.faster_first)
-            for within, value in enumerate(values)
-        }
-        for knob in _FASTER_FIRST
-    }
-    lightest: dict[Candidate, int] = {}
-    weights: dict[int, tuple[int, ...]] = {}
+    lightest: dict[Candidate, tuple[tuple[int, ...], int]] = {}
     for i in fits:
-        candidate = candidates[i]
-        spots = [place[knob.name][getattr(candidate, knob.name)] for knob in _FASTER_FIRST]
-        groups = {knob.name: group for knob, (group, _) in zip(_FASTER_FIRST, spots, strict=True)}
-        key = candidate.with_(**groups)
-        weights[i] = tuple(within for _, within in spots)
-        if key not in lightest or weights[i] < weights[lightest[key]]:
-            lightest[key] = i
-    chosen = sorted(lightest.values())
+        key, weight = faster_first(candidates[i])
+        if key not in lightest or weight < lightest[key][0]:
+            lightest[key] = (weight, i)
+    chosen = sorted(i for _, i in lightest.values())
     return chosen, len(fits) - len(chosen)
 
 

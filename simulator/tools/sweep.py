@@ -28,16 +28,24 @@ Each candidate then meets these filters, in order, and the count of each is repo
    the same time and ZeRO-2 only saves memory), full sharding that keeps the gathered
    weights from the forward to the backward (``reshard_after_forward: false``, one
    all-gather fewer). ``--exhaustive`` simulates them anyway;
-4. *simulated*: one step with :func:`simulator.run.simulate.run_scenario`, in ``analytic``
+4. *bounded* (``keep``: ``--top``): every candidate gets a lower bound on its step
+   (:mod:`simulator.tools.bound`), and the candidates are examined (checked, then
+   simulated) in the order of it, a lighter recompute or sharding first among equal
+   bounds; the search stops where the next bound exceeds the slowest step the ranking
+   must hold, the ``keep``-th fastest simulated or the top of the fastest one's trust
+   interval, whichever is longer. The candidates never examined or simulated are
+   counted as *bounded*. Without ``keep`` (the Python default) or with ``--exhaustive``
+   every candidate is examined;
+5. *simulated*: one step with :func:`simulator.run.simulate.run_scenario`, in ``analytic``
    fidelity by default (collectives in closed form, symmetric ranks folded), on every
    core, and ranked by step time (ties broken by the layout string). A simulation
    that ends in an error (a schedule that cannot finish) is counted as *failed*.
 
 The size of the space: GPT-3 175B on 1024 A100s (``scenarios/gpt3-175b.yaml --gpus
-1024 --batch fixed``, global batch 64) enumerates 6,574 candidates. The global batch rules out
-``dp > 64`` (10 invalid candidates stand for those), 552 do not fit in memory, 4,566
-are dominated, and 1,446 analytic runs of 0.05–0.5 s remain: about a minute on two
-cores (``benchmarks/RESULTS.md``).
+1024``, global batch 512) enumerates 24,565 candidates; examined every one, 11,081 do
+not fit in memory, 9,867 are dominated and 3,616 are simulated (about 90 s on two
+cores); ranking the ten fastest, the bound leaves 21,550 unexamined and 436 are
+simulated (``benchmarks/RESULTS.md``).
 Mixture-of-experts steps fold one rank per stage and EP group where the group's ranks
 receive alike (uniform routing); others simulate every rank, so their runs take
 seconds each: pin some dimensions with ``--fix`` to keep such a sweep short. A
@@ -59,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -85,6 +94,7 @@ from simulator.request.scenario import (
     spec_settings,
 )
 from simulator.run.simulate import StepSize, step_size, would_fold
+from simulator.tools.bound import StepBound
 from simulator.tools.cache import ResultCache
 from simulator.tools.pool import (
     check_chunk,
@@ -108,6 +118,7 @@ from simulator.tools.space import (
     Candidate,
     check_fixed,
     enumerate_layouts,
+    faster_first,
     parse_fixes,
     select_lightest,
 )
@@ -140,6 +151,11 @@ __all__ = [
     "plan_sweep",
     "sweep_sizes",
 ]
+
+
+#: Checking or simulating candidates: their overrides and a progress callback in, one
+#: outcome each out.
+Work = Callable[[list[list[str]], Callable[[int], None]], list[dict]]
 
 
 # -- the scenario being swept -----------------------------------------------------------
@@ -481,6 +497,7 @@ def run_sweep(
     scheduler: str | None = None,
     batch: str | None = None,
     force: bool = False,
+    keep: int | None = None,
 ) -> SweepResult:
     """Enumerate, validate, prune and simulate every layout; rows ranked by step time
     (:class:`SweepResult`). ``gpus`` resizes the cluster, the global batch following
@@ -515,59 +532,68 @@ def run_sweep(
     all_overrides = [base.candidate_overrides(c, fidelity) for c in candidates]
     args = (base.raw, base.source, base.base_dir)
     cache = cache or ResultCache(None)
+    bound = None if exhaustive or keep is None else _bound_of(base, candidates, all_overrides)
     executor, workers = open_executor(scheduler, workers, len(candidates))
     # a Dask task costs the scheduler milliseconds: hand it chunks four times as large
     scale = 4 if scheduler is not None else 1
+
+    def work(kind: str, chunk: Callable[..., list[dict]], largest: int, forced: bool) -> Work:
+        """Check or simulate candidates by their overrides: in chunks of at most
+        ``largest`` on the pool, through the cache."""
+
+        def run(items: list[list[str]], advance: Callable[[int], None]) -> list[dict]:
+            return cache.run(
+                kind,
+                base.raw,
+                base.base_dir,
+                items,
+                lambda missing: run_chunked(
+                    chunk,
+                    args,
+                    missing,
+                    executor,
+                    workers,
+                    advance,
+                    largest=largest * scale,
+                    together=same_grid,
+                ),
+                advance,
+                forced,
+            )
+
+        return run
+
+    check = work("check", check_chunk, 64, False)
+    simulate = work("simulate", functools.partial(simulate_chunk, force=force), 4, force)
+
     try:
         with progress or Silent() as bar:
-            advance = bar.stage(f"checking {len(candidates)} layouts", len(candidates))
-            checks = cache.run(
-                "check",
-                base.raw,
-                base.base_dir,
-                all_overrides,
-                lambda items: run_chunked(
-                    check_chunk,
-                    args,
-                    items,
-                    executor,
-                    workers,
-                    advance,
-                    largest=64 * scale,
-                    together=same_grid,
-                ),
-                advance,
-            )
-            chosen, dominated = select_lightest(candidates, checks, exhaustive)
-            checked = time.perf_counter()
-            advance = bar.stage(f"simulating {len(chosen)} layouts ({fidelity})", len(chosen))
-            runs = cache.run(
-                "simulate",
-                base.raw,
-                base.base_dir,
-                [all_overrides[i] for i in chosen],
-                lambda items: run_chunked(
-                    functools.partial(simulate_chunk, force=force),
-                    args,
-                    items,
-                    executor,
-                    workers,
-                    advance,
-                    largest=4 * scale,
-                    together=same_grid,
-                ),
-                advance,
-                force,
-            )
+            if bound is None:
+                search = _search_all(
+                    candidates, all_overrides, check, simulate, bar, exhaustive, fidelity
+                )
+            else:
+                search = _search_best_first(
+                    candidates,
+                    all_overrides,
+                    bound,
+                    max(1, keep or 1),
+                    workers * scale,
+                    check,
+                    simulate,
+                    bar,
+                )
     finally:
         if executor is not None:
             executor.shutdown(cancel_futures=True)
+    checked = started + search.check_s
 
-    invalid = Counter(c["reason"] for c in checks if c["status"] == "invalid")
-    pruned = [c for c in checks if c["status"] == "pruned"]
-    failed = Counter(r["reason"] for r in runs if r["status"] == "failed")
+    checks, runs = search.checks, search.runs
+    invalid = Counter(c["reason"] for c in checks.values() if c["status"] == "invalid")
+    pruned = [c for c in checks.values() if c["status"] == "pruned"]
+    failed = Counter(r["reason"] for r in runs.values() if r["status"] == "failed")
     rows = []
-    for index, run in zip(chosen, runs, strict=True):
+    for index, run in runs.items():
         if run["status"] != "simulated":
             continue
         candidate = candidates[index]
@@ -583,10 +609,10 @@ def run_sweep(
     for position, row in enumerate(rows, 1):
         row["rank"] = position
     outcomes = {
-        candidate: (checks[i], runs[chosen.index(i)] if i in chosen else None)
+        candidate: (checks.get(i), runs.get(i), i in search.bounded)
         for i, candidate in enumerate(candidates)
     }
-    own = _scenario_layout(base, fidelity, rows, outcomes, cache, force)
+    own = _scenario_layout(base, fidelity, rows, outcomes, cache, force, keep)
     counts = {
         "enumerated": len(candidates),
         "invalid": sum(invalid.values()),
@@ -594,7 +620,9 @@ def run_sweep(
         "pruned_memory": len(pruned),
         "pruned_by_term": dict(Counter(c["dominant_term"] for c in pruned).most_common()),
         "smallest_pruned_bytes": min((c["peak_bytes_per_gpu"] for c in pruned), default=None),
-        "dominated": dominated,
+        "dominated": search.dominated,
+        "bounded": len(search.bounded),
+        "bound_s": search.threshold if bound is not None else None,
         "failed": sum(failed.values()),
         "failed_by_reason": dict(sorted(failed.items(), key=lambda kv: (-kv[1], kv[0]))),
         "simulated": len(rows),
@@ -630,22 +658,165 @@ def run_sweep(
     )
 
 
+@dataclass
+class _Search:
+    """What a sweep's search found: each examined candidate's ``checks`` and ``runs``
+    (by index), how many were ``dominated``, the indices the bound left unexamined or
+    unsimulated (``bounded``), the ``threshold`` it stopped at (the slowest step the
+    ranking must hold; infinite when it examined everything) and the seconds spent
+    checking (``check_s``)."""
+
+    checks: dict[int, dict[str, Any]]
+    runs: dict[int, dict[str, Any]]
+    dominated: int
+    bounded: set[int]
+    threshold: float
+    check_s: float
+
+
+def _search_all(
+    candidates: list[Candidate],
+    all_overrides: list[list[str]],
+    check: Work,
+    simulate: Work,
+    bar: Any,
+    exhaustive: bool,
+    fidelity: str,
+) -> _Search:
+    """Check every candidate, then simulate every one that fits and no lighter one
+    makes needless (``exhaustive``: every one that fits)."""
+    started = time.perf_counter()
+    advance = bar.stage(f"checking {len(candidates)} layouts", len(candidates))
+    results = check(all_overrides, advance)
+    chosen, dominated = select_lightest(candidates, results, exhaustive)
+    check_s = time.perf_counter() - started
+    advance = bar.stage(f"simulating {len(chosen)} layouts ({fidelity})", len(chosen))
+    runs = simulate([all_overrides[i] for i in chosen], advance)
+    runs_by_index = dict(zip(chosen, runs, strict=True))
+    return _Search(dict(enumerate(results)), runs_by_index, dominated, set(), math.inf, check_s)
+
+
+def _search_best_first(
+    candidates: list[Candidate],
+    all_overrides: list[list[str]],
+    bounds: list[float],
+    keep: int,
+    width: int,
+    check: Work,
+    simulate: Work,
+    bar: Any,
+) -> _Search:
+    """Examine the candidates in the order of their lower bound (:mod:`.bound`; a lighter
+    recompute or sharding first among equal bounds, so that it is known before the
+    layouts it makes needless), check them in batches, simulate those that fit and no
+    lighter one makes needless, and stop where the next bound exceeds the threshold:
+    the ``keep``-th fastest step simulated, or the fastest step's interval, whichever
+    is longer. A simulated step below its own bound would mean the bound is wrong: the
+    search then goes on through every candidate."""
+    count = len(candidates)
+    weights = [faster_first(candidate) for candidate in candidates]
+    order = sorted(range(count), key=lambda i: (bounds[i], weights[i][1], i))
+    advance = bar.stage(f"searching {count} layouts, the lowest bound first", count)
+    checks: dict[int, dict[str, Any]] = {}
+    runs: dict[int, dict[str, Any]] = {}
+    lightest: set[Candidate] = set()
+    needless: set[int] = set()
+    threshold, trusted = math.inf, True
+    position, check_s = 0, 0.0
+    while position < count and bounds[order[position]] <= threshold:
+        batch: list[int] = []
+        while position < count and len(batch) < 64 * width:
+            if bounds[order[position]] > threshold:
+                break
+            batch.append(order[position])
+            position += 1
+        started = time.perf_counter()
+        results = check([all_overrides[i] for i in batch], _no_progress)
+        check_s += time.perf_counter() - started
+        todo = []
+        for i, result in zip(batch, results, strict=True):
+            checks[i] = result
+            if result["status"] != "fits":
+                continue
+            key = weights[i][0]
+            if key in lightest:  # a lighter recompute or sharding of it fits
+                needless.add(i)
+                continue
+            lightest.add(key)
+            todo.append(i)
+        size = max(keep, 4 * width)
+        while todo:
+            todo = [i for i in todo if bounds[i] <= threshold]
+            now, todo = todo[:size], todo[size:]
+            ran = simulate([all_overrides[i] for i in now], _no_progress)
+            for i, run in zip(now, ran, strict=True):
+                runs[i] = run
+                if run["status"] == "simulated" and run["step_time_s"] < bounds[i] * (1 - 1e-9):
+                    trusted = False
+            threshold = _threshold(list(runs.values()), keep) if trusted else math.inf
+        advance(len(batch))
+    advance(count - position)
+    settled = {i for i, result in checks.items() if result["status"] != "fits"}
+    bounded = set(range(count)) - settled - needless - set(runs)
+    return _Search(checks, runs, len(needless), bounded, threshold, check_s)
+
+
+def _threshold(runs: list[dict[str, Any]], keep: int) -> float:
+    """The slowest step a ranking of ``keep`` layouts holds: the ``keep``-th fastest of
+    ``runs``, or the top of the fastest one's interval where that is longer (every
+    layout inside it is ranked); infinite while fewer than ``keep`` have run."""
+    simulated = sorted(
+        (run for run in runs if run["status"] == "simulated"), key=lambda run: run["step_time_s"]
+    )
+    if len(simulated) < keep:
+        return math.inf
+    best = simulated[0]
+    interval = best.get("interval") or {}
+    top = best["step_time_s"] * interval.get("high", 1.0)
+    return max(simulated[keep - 1]["step_time_s"], top)
+
+
+def _bound_of(
+    base: SweepBase, candidates: list[Candidate], all_overrides: list[list[str]]
+) -> list[float] | None:
+    """Each candidate's lower bound on its step (:class:`StepBound`), from the scenario
+    at its own layout, or the first candidate that validates (None where none of the
+    first few does: the search then examines every candidate)."""
+    tries = [["parallel.dp=null"], *all_overrides[:_BOUND_TRIES]]
+    for overrides in tries:
+        try:
+            scenario = load_overridden(base.raw, base.source, base.base_dir, overrides)
+        except ParasimError:
+            continue
+        fraction = _spec(base.raw).training.recompute_fraction
+        bound = StepBound(scenario, fraction)
+        return [bound.seconds(candidate, base.global_batch) for candidate in candidates]
+    return None
+
+
+#: Candidates tried in turn for the scenario a sweep's bounds start from.
+_BOUND_TRIES = 16
+
+
 def _scenario_layout(
     base: SweepBase,
     fidelity: str,
     rows: list[dict[str, Any]],
-    outcomes: dict[Candidate, tuple[dict[str, Any], dict[str, Any] | None]],
+    outcomes: dict[Candidate, tuple[dict[str, Any] | None, dict[str, Any] | None, bool]],
     cache: ResultCache,
     force: bool,
+    keep: int | None = None,
 ) -> dict[str, Any]:
     """The scenario's own layout at the sweep's size (its ``tp``, ``cp``, ``pp`` and
     recipe as written, ``dp`` the rest), so that a ranking always says where the
     user's layout stands: its ``layout``, ``status`` (``simulated``, ``pruned``,
-    ``invalid`` or ``failed``), ``rank`` among the rows (None where
-    it is not one of them: a lighter recompute of it fits, or it lies outside the
-    searched space, and it is then checked and simulated on its own, through the
-    cache), its fields and numbers or its ``reason``, and the ``overrides`` that give it
-    with ``parasim run``."""
+    ``invalid`` or ``failed``), ``rank`` among the rows (None where it is not one of
+    them, ``unranked`` saying why: a lighter recompute of it fits, its bound put it
+    outside the ``keep`` fastest, or it lies outside the searched space; it is then
+    checked and simulated on its own, through the cache), its fields and numbers or its
+    ``reason``, and the ``overrides`` that give it with ``parasim run``.
+    ``outcomes`` holds each candidate's check and run (None where the search did
+    neither) and whether the bound left it out."""
     own = ["parallel.dp=null", f"simulation.fidelity={fidelity}"]
     entry: dict[str, Any] = {"rank": None, "overrides": [*base.extra_overrides, *own]}
     try:
@@ -656,16 +827,14 @@ def _scenario_layout(
     for row in rows:
         if Candidate.from_knobs(row) == candidate:
             return {**row, "status": "simulated"}
-    searched = candidate in outcomes
-    entry = {
-        "layout": candidate.label(),
-        **candidate.fields(),
-        **entry,
-        "unranked": "a lighter recompute of it fits, or ZeRO-1 where it has ZeRO-2 (never slower)"
-        if searched
-        else "outside the searched space",
-    }
-    check, run = outcomes.get(candidate, (None, None))
+    check, run, bounded = outcomes.get(candidate, (None, None, False))
+    if candidate not in outcomes:
+        why = "outside the searched space"
+    elif bounded:
+        why = f"its lower bound puts it outside the {keep} fastest, which the search ranks"
+    else:
+        why = "a lighter recompute of it fits, or ZeRO-1 where it has ZeRO-2 (never slower)"
+    entry = {"layout": candidate.label(), **candidate.fields(), **entry, "unranked": why}
     if check is None:
         check = _alone(cache, "check", base, own, check_chunk)
     if check["status"] != "fits":

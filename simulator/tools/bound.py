@@ -1,0 +1,370 @@
+"""A lower bound on a layout's step time, without simulating it: what lets a sweep
+simulate its best layouts only.
+
+Most layouts a sweep enumerates are far slower than the best, and a number that no
+simulation of a layout can beat says which of them need no simulation: a sweep
+simulates its candidates in the order of this bound and stops where the next bound
+exceeds the slowest layout its ranking must hold (:mod:`simulator.tools.sweep`).
+
+The bound of a layout is the longest of its pipeline ranks' necessary time, each
+rank's made of what its compute stream cannot avoid, priced by the same models the
+simulation uses:
+
+* **its layers' compute**, every micro-batch: the ops the lowering runs for a layer
+  (:func:`~simulator.arithmetic.layer_ops.layer_forward_ops` and their backward), each
+  at :class:`~simulator.engine.compute.ComputeModel`'s time alone, plus the forward
+  again in the layers full recompute reruns (``recompute_fraction`` as the recipe picks
+  them) or the attention core (selective recompute);
+* **the tensor-parallel collectives the compute stream waits for**: the forward's
+  all-reduces (with SP, its all-gathers and reduce-scatters) unless Transformer
+  Engine's pipelined overlap runs them beside their GEMMs; in the backward, the SP
+  all-gathers before the row-parallel GEMMs (unless pipelined) and, without
+  ``tp_comm_overlap``, every collective after an input gradient and the re-gathered
+  inputs. Each is priced as NCCL's plan for the call alone on its group, with nothing
+  else on the network (the simulation prices it with its images, never faster), at the
+  cheaper of two TP groups (the first rank's and the last's);
+* **the pipeline's fill and drain**: no op of a rank can start before the forward of
+  every stage ahead of its first one has run, and without a split backward a rank's
+  last op is a backward of its first stage, after which every stage ahead of it runs
+  its backward of that micro-batch (a zero-bubble schedule may end on a weight
+  gradient, so only the fill counts for it).
+
+What the bound leaves out only makes the step longer, so the bound stays below any
+simulation of the layout: the embedding, the output layer and the loss, the optimizer,
+data-parallel, sharded, expert, context-parallel and pipeline communication, the
+host's issue of kernels, the SMs NCCL takes from overlapped GEMMs, an MoE layer's
+experts, DualPipeV's tensor-parallel calls (it runs them behind the other
+micro-batch's compute). With stragglers (``gpu.jitter``) every rank's time is scaled
+by the fastest rank's factor. ``tests/test_bound.py`` holds the bound below the
+simulated step on every shipped scenario's layout and on sampled sweep candidates.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simulator.arithmetic.layer_ops import (
+    ACT_BYTES,
+    OpCost,
+    attention_core_names,
+    backward_of,
+    fp8_ops,
+    layer_forward_ops,
+)
+from simulator.arithmetic.moe import (
+    expert_backward_of,
+    loads_equal,
+    local_experts,
+    moe_layer_ops,
+    moe_layer_traffic,
+    shared_expert_ops,
+)
+from simulator.arithmetic.stacks import stack_of
+from simulator.common.errors import ParasimError
+from simulator.common.vocabulary import (
+    ALL_GATHER,
+    GROUPED_GEMM,
+    PIPELINE_SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    CollectiveKind,
+)
+from simulator.engine.alone import time_alone
+from simulator.engine.collectives import collective_transfers
+from simulator.engine.compute import ComputeModel
+from simulator.engine.stragglers import normal_scores
+from simulator.request.layout import Layout, balanced_stages
+from simulator.request.moe import is_moe_layer
+from simulator.request.placement import Placement, placement_style
+from simulator.request.scenario import Scenario
+from simulator.schedule.layers import RankLowering
+
+__all__ = ["StepBound", "LayerTimes"]
+
+#: The schedule whose tensor-parallel calls run behind the other micro-batch's compute.
+_OVERLAPPED_PAIRS = ("dualpipev",)
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """One layer's necessary seconds for one micro-batch on one rank: ``forward``,
+    ``backward_input`` (input gradients, with the exposed TP calls of both), ``weight``
+    (weight gradients), and what its recompute adds, ``full`` or ``selective``."""
+
+    forward: float
+    backward_input: float
+    weight: float
+    full: float
+    selective: float
+
+    def backward(self, recompute: str | None) -> float:
+        """Its whole backward, with ``recompute`` (None: none) before it."""
+        extra = {"full": self.full, "selective": self.selective}.get(recompute or "", 0.0)
+        return self.backward_input + self.weight + extra
+
+
+class StepBound:
+    """Lower bounds on the steps of layouts of one scenario (module docstring): its
+    model, cluster and every recipe setting but the searched knobs come from
+    ``scenario``, each layout's searched knobs from the candidate;
+    ``recompute_fraction`` is the scenario's as written."""
+
+    def __init__(self, scenario: Scenario, recompute_fraction: float = 1.0):
+        recipe = scenario.recipe
+        self.model, self.moe = scenario.model, scenario.moe
+        self.layers = self.model.layers
+        self.recipe = recipe
+        self.stack = stack_of(recipe.framework, recipe.compile, recipe.cross_entropy)
+        meta = {
+            "host_dispatch_s": self.stack.dispatch_s,
+            "attention_backend": recipe.attention_backend,
+            "framework": recipe.framework,
+        }
+        self.compute = ComputeModel(scenario.cluster_spec, meta)
+        self.cluster = scenario.cluster
+        self.world = scenario.layout.world
+        simulation = scenario.spec.simulation
+        self.algorithm, self.protocol = simulation.algorithm, simulation.protocol
+        # the share of a stage's layers full recompute reruns: the scenario's (a layout
+        # with another recompute may have reset it), the smaller where the two differ
+        own = recipe.recompute_fraction if recipe.recompute == "full" else 1.0
+        self.fraction = min(own, recompute_fraction)
+        jitter = scenario.cluster_spec.gpu.jitter
+        # the fastest rank's compute factor (stragglers.rank_factors draws no faster one)
+        self.fastest = 1.0
+        if jitter > 0:
+            self.fastest = min(1.0, max(0.5, 1.0 + jitter * float(normal_scores(self.world)[0])))
+        self.overlap_tp = recipe.tp_comm_overlap in ("async", "pipelined")
+        self._layers: dict[tuple, tuple[LayerTimes, LayerTimes]] = {}
+        self._groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
+        self._calls: dict[tuple, float] = {}
+        self._ranks: dict[tuple, list[tuple[float, float]]] = {}
+        self.seed = simulation.seed
+        self._moe_layers = [
+            self.moe is not None and is_moe_layer(self.moe, layer) for layer in range(self.layers)
+        ]
+        self._first_moe = self._moe_layers.index(True) if any(self._moe_layers) else 0
+
+    # -- one layer -------------------------------------------------------------------
+    def layer_times(self, candidate: Any) -> tuple[LayerTimes, LayerTimes]:
+        """A dense and an MoE layer's :class:`LayerTimes` for ``candidate``."""
+        tp, sp, mb = candidate.tp, candidate.sp, candidate.micro_batch
+        cp, cp_kind, ep = candidate.cp, candidate.cp_kind, candidate.ep
+        tp_calls = None if candidate.schedule in _OVERLAPPED_PAIRS else self._tp_groups(candidate)
+        key = (tp, sp, mb, cp, cp_kind, ep, tp_calls)
+        known = self._layers.get(key)
+        if known is None:
+            known = self._layers[key] = (
+                self._layer(tp, sp, mb, cp, cp_kind, ep, tp_calls, moe=False),
+                self._layer(tp, sp, mb, cp, cp_kind, ep, tp_calls, moe=True),
+            )
+        return known
+
+    def _layer(
+        self,
+        tp: int,
+        sp: bool,
+        mb: int,
+        cp: int,
+        cp_kind: str,
+        ep: int,
+        groups: tuple[tuple[int, ...], ...] | None,
+        moe: bool,
+    ) -> LayerTimes:
+        recipe, model = self.recipe, self.model
+        local = model.model_copy(update={"seq_len": model.seq_len // cp}) if cp > 1 else model
+        ops = layer_forward_ops(
+            local, mb, tp, sp, recipe.attention, cp, cp_kind, recipe.fp8, self.stack
+        )
+        pairs = [(op, backward_of(op)) for op in ops]
+        if moe:
+            mlp = RankLowering._MLP
+            pairs = [pair for pair in pairs if pair[0].name not in mlp]
+            pairs += self._expert_pairs(local, tp, mb, ep)
+        time = self.compute.duration
+        activation = ACT_BYTES * mb * local.seq_len * local.hidden
+        pipelined = recipe.tp_comm_overlap == "pipelined" and sp
+
+        def call(kind: CollectiveKind) -> float:
+            return 0.0 if groups is None or tp == 1 else self._call(groups, kind, activation)
+
+        forward = sum(time(op) for op, _ in pairs)
+        if not pipelined:
+            forward_calls = RankLowering._FWD_COMM[sp]
+            forward += sum(
+                call(forward_calls[op.name]) for op, _ in pairs if op.name in forward_calls
+            )
+        backward_input = weight = 0.0
+        backward_calls = RankLowering._BWD_COMM[sp]
+        for _, grads in pairs:
+            for grad in grads:
+                if grad.name.endswith(".wgrad"):
+                    weight += time(grad)
+                    continue
+                backward_input += time(grad)
+                kind = backward_calls.get(grad.name)
+                if kind == ALL_GATHER:  # SP's gather before a row-parallel GEMM's backward
+                    backward_input += 0.0 if pipelined else call(kind)
+                elif kind is not None and not self.overlap_tp:  # after an input gradient
+                    backward_input += call(kind)
+                if sp and grad.name in RankLowering._REGATHER and not self.overlap_tp:
+                    backward_input += call(ALL_GATHER)
+        core = attention_core_names(recipe.attention, cp, cp_kind)
+        selective = sum(time(op) for op, _ in pairs if op.name in core)
+        return LayerTimes(forward, backward_input, weight, forward, selective)
+
+    def _expert_pairs(
+        self, local: Any, tp: int, mb: int, ep: int
+    ) -> list[tuple[OpCost, list[OpCost]]]:
+        """An MoE layer's own ops with their backward, as
+        :class:`~simulator.schedule.experts.ExpertLowering` runs them: the router, the
+        reordering around the all-to-alls (counted at no assignment sent) and the shared
+        experts on the rank's own tokens; the local experts only where every rank
+        receives alike (uniform routing), on the rows routing gives them, unpadded."""
+        moe = self.moe
+        if moe is None:
+            return []
+        recipe = self.recipe
+        tokens = mb * local.seq_len
+        alike = loads_equal(moe, tokens)
+        rows = np.zeros(moe.experts // ep, dtype=np.int64)
+        if alike:
+            traffic = moe_layer_traffic(
+                moe, ep, tokens, local.hidden, ACT_BYTES, self.seed, self._first_moe, 0
+            )
+            rows = traffic.expert_tokens[list(local_experts(moe, ep, 0))]
+        ops = moe_layer_ops(
+            moe,
+            local.hidden,
+            rows,
+            tokens=tokens,
+            sent=0,
+            tp=tp,
+            framework=recipe.framework,
+            fp8=recipe.fp8,
+            compiled=recipe.compile,
+            model_ffn=local.ffn,
+            mlp=local.mlp,
+            bias=local.bias,
+        )
+        routed = (*ops.received, *ops.experts, *ops.returned) if alike else ()
+        shared = shared_expert_ops(
+            moe, local.hidden, tokens, tp, model_ffn=local.ffn, mlp=local.mlp, bias=local.bias
+        )
+        if recipe.fp8:
+            shared = fp8_ops(shared)
+        per_rank = moe.experts // ep
+        pairs = []
+        for op in (*ops.router, *ops.dispatch, *routed, *ops.combine):
+            grouped = op.kind == GROUPED_GEMM
+            pairs.append((op, expert_backward_of(op, per_rank) if grouped else backward_of(op)))
+        return pairs + [(op, backward_of(op)) for op in shared]
+
+    def _tp_groups(self, candidate: Any) -> tuple[tuple[int, ...], ...] | None:
+        """The GPUs of the first and the last rank's TP groups (None without TP)."""
+        if candidate.tp == 1:
+            return None
+        key = (candidate.tp, candidate.cp, candidate.pp, candidate.dp, candidate.placement)
+        known = self._groups.get(key)
+        if known is None:
+            layout = Layout(
+                candidate.tp,
+                candidate.pp,
+                candidate.dp,
+                tuple(candidate.placement),
+                cp=candidate.cp,
+            )
+            known = self._groups[key] = tuple(
+                layout.members(layout.group_name("tp", rank)) for rank in (0, layout.world - 1)
+            )
+        return known
+
+    def _call(self, groups: tuple[tuple[int, ...], ...], kind: str, size: float) -> float:
+        """NCCL's time for one call alone on the cheaper of ``groups``."""
+        key = (groups, kind, size)
+        seconds = self._calls.get(key)
+        if seconds is None:
+            times = []
+            for gpus in groups:
+                choice, specs = collective_transfers(
+                    self.cluster, kind, list(gpus), size, None, self.algorithm, self.protocol
+                )
+                times.append(time_alone(self.cluster, specs, choice.latency))
+            seconds = self._calls[key] = min(times)
+        return seconds
+
+    # -- a whole step ----------------------------------------------------------------
+    def seconds(self, candidate: Any, global_batch: int) -> float:
+        """The bound on ``candidate``'s step with ``global_batch`` sequences a step; 0
+        for a layout the lowering cannot form (the validator says why)."""
+        try:
+            dense, moe = self.layer_times(candidate)
+        except (ValueError, ArithmeticError, ParasimError):
+            return 0.0
+        microbatches = max(1, global_batch // (candidate.dp * candidate.micro_batch))
+        pp, chunks = candidate.pp, candidate.virtual_stages
+        stages = candidate.stage_layers or _balanced(self.layers, pp * chunks)
+        if len(stages) != pp * chunks or sum(stages) != self.layers:
+            return 0.0  # not a valid split: the validator says why
+        recompute = candidate.recompute if candidate.recompute != "none" else None
+        key = (dense, moe, pp, chunks, tuple(stages), candidate.schedule, recompute)
+        terms = self._ranks.get(key)
+        if terms is None:
+            terms = self._ranks[key] = self._rank_terms(*key)
+        return max(fill + microbatches * work for fill, work in terms) * self.fastest
+
+    def _rank_terms(
+        self,
+        dense: LayerTimes,
+        moe: LayerTimes,
+        pp: int,
+        chunks: int,
+        stages: tuple[int, ...],
+        schedule: str,
+        recompute: str | None,
+    ) -> list[tuple[float, float]]:
+        """Each pipeline rank's ``(fill and drain, work of one micro-batch)``: its time is
+        the first plus the micro-batches times the second."""
+        fraction = self.fraction if recompute == "full" else 1.0
+        forward, backward = [], []
+        first = 0
+        for count in stages:
+            moe_count = sum(self._moe_layers[first : first + count])
+            first += count
+            dense_count = count - moe_count
+            forward.append(dense_count * dense.forward + moe_count * moe.forward)
+            base = dense_count * dense.backward(None) + moe_count * moe.backward(None)
+            if recompute is not None:
+                # full recompute reruns round(count·fraction) of the stage's layers
+                reruns = math.floor(count * fraction + 0.5) if recompute == "full" else count
+                kinds = [dense] * bool(dense_count) + [moe] * bool(moe_count)
+                base += reruns * min((getattr(kind, recompute) for kind in kinds), default=0.0)
+            backward.append(base)
+        placement = Placement(pp, chunks, placement_style(schedule))
+        # a custom order may end on a weight gradient as a zero-bubble one does
+        split = schedule in SPLIT_BACKWARD_SCHEDULES or schedule not in PIPELINE_SCHEDULES
+        ahead_forward = list(itertools.accumulate(forward, initial=0.0))
+        ahead_backward = list(itertools.accumulate(backward, initial=0.0))
+        terms: dict[float, float] = {}  # work of a micro-batch -> the longest fill with it
+        for rank in range(pp):
+            held = placement.stages_of(rank)
+            ahead = min(held)
+            fill = ahead_forward[ahead] + (0.0 if split else ahead_backward[ahead])
+            work = sum(forward[s] + backward[s] for s in held)
+            terms[work] = max(fill, terms.get(work, 0.0))
+        # only the ranks no other outlasts at every count of micro-batches matter
+        kept: list[tuple[float, float]] = []
+        for work, fill in sorted(terms.items(), reverse=True):
+            if not kept or fill > kept[-1][0]:
+                kept.append((fill, work))
+        return kept
+
+
+@functools.lru_cache(maxsize=256)
+def _balanced(layers: int, stages: int) -> tuple[int, ...]:
+    return balanced_stages(layers, stages)

@@ -1,0 +1,164 @@
+"""The lower bound a sweep examines its layouts by (``simulator/tools/bound.py``): below
+every simulated step, shipped scenarios and sampled sweep layouts alike, never higher
+for a lighter recompute, and a best-first sweep that ranks what simulating every layout
+ranks."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from simulator.common.errors import ParasimError
+from simulator.report.sweep_report import count_lines
+from simulator.request.scenario import load_scenario
+from simulator.run.simulate import run_scenario
+from simulator.tools import sweep
+from simulator.tools.bound import StepBound
+from simulator.tools.pool import load_overridden
+from simulator.tools.space import Candidate, faster_first
+
+from .conftest import SCENARIOS
+
+SHIPPED = sorted(SCENARIOS.glob("*.yaml")) + sorted((SCENARIOS / "teaching").glob("*.yaml"))
+SMALL = SCENARIOS / "small.yaml"
+TWO_NODES = ["model.heads=16", "cluster.nodes=2"]  # GPT-2 small on 16 A100s
+
+
+def _bound(scenario) -> float:
+    bound = StepBound(scenario, scenario.recipe.recompute_fraction)
+    return bound.seconds(Candidate.of_recipe(scenario.recipe), scenario.spec.training.global_batch)
+
+
+def _step(scenario) -> float:
+    return run_scenario(scenario, numbers_only=True).result.step_time_s
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_bound_lies_below_every_shipped_scenarios_step(path):
+    # as written, and with the TP collectives waited for at once
+    for overrides in ([], ["training.tp_comm_overlap=none"]):
+        scenario = load_scenario(path, ["simulation.fidelity=analytic", *overrides])
+        bound, step = _bound(scenario), _step(scenario)
+        assert 0 < bound <= step, (overrides, bound, step)
+
+
+@pytest.mark.parametrize(
+    "path, overrides",
+    [
+        (SMALL, [*TWO_NODES, "parallel.tp=2", "parallel.pp=2", "simulation.fidelity=flow"]),
+        (SCENARIOS / "pipeline-demo.yaml", ["simulation.fidelity=flow"]),
+        (SMALL, ["cluster.gpu.jitter=0.2"]),  # stragglers: some ranks run faster
+        (SCENARIOS / "gpt3-175b.yaml", ["training.recompute_fraction=0.5"]),
+    ],
+    ids=["flow-3d", "flow-pipeline", "jitter", "recompute-fraction"],
+)
+def test_the_bound_lies_below_other_fidelities_and_recipes(path, overrides):
+    scenario = load_scenario(path, overrides)
+    bound, step = _bound(scenario), _step(scenario)
+    assert 0 < bound <= step
+
+
+def _sample(path, overrides, gpus, per_schedule, seed=0):
+    """Valid candidates of a sweep, ``per_schedule`` of each schedule (at random)."""
+    base, candidates = sweep.plan_sweep(path, overrides, gpus)
+    rng = random.Random(seed)
+    rng.shuffle(candidates)
+    by_schedule: dict[str, list] = defaultdict(list)
+    for candidate in candidates:
+        chosen = by_schedule[candidate.schedule]
+        if len(chosen) >= per_schedule:
+            continue
+        overrides = base.candidate_overrides(candidate, "analytic")
+        try:
+            scenario = load_overridden(base.raw, base.source, base.base_dir, overrides)
+        except ParasimError:
+            continue
+        chosen.append((candidate, scenario))
+    return base, [pair for pairs in by_schedule.values() for pair in pairs]
+
+
+@pytest.mark.parametrize(
+    "path, overrides, gpus, per_schedule",
+    [
+        (SMALL, TWO_NODES, None, 8),
+        (SCENARIOS / "gpt3-175b.yaml", [], 64, 6),
+        (SCENARIOS / "mixtral-ep.yaml", [], 64, 4),
+        (SCENARIOS / "mixtral-ep-skewed.yaml", ["training.global_batch=16"], 32, 2),
+    ],
+    ids=["small-16", "gpt3-64", "mixtral-64", "mixtral-skewed-32"],
+)
+def test_the_bound_lies_below_sampled_sweep_layouts(path, overrides, gpus, per_schedule):
+    base, sample = _sample(path, overrides, gpus, per_schedule)
+    assert len({candidate.schedule for candidate, _ in sample}) > 2
+    bound = StepBound(sample[0][1], sweep._spec(base.raw).training.recompute_fraction)
+    for candidate, scenario in sample:
+        seconds = bound.seconds(candidate, base.global_batch)
+        step = _step(scenario)
+        assert 0 < seconds <= step, (candidate.label(), seconds, step)
+
+
+def test_a_lighter_recompute_or_sharding_never_bounds_higher():
+    # the best-first search examines a lighter layout before those it makes needless
+    base, candidates = sweep.plan_sweep(SCENARIOS / "gpt3-175b.yaml", gpus=256)
+    scenario = load_overridden(base.raw, base.source, base.base_dir, ["parallel.dp=null"])
+    bound = StepBound(scenario)
+    groups: dict[Candidate, list[tuple[tuple[int, ...], float]]] = defaultdict(list)
+    for candidate in candidates:
+        key, weight = faster_first(candidate)
+        groups[key].append((weight, bound.seconds(candidate, base.global_batch)))
+    compared = 0
+    for members in groups.values():
+        members.sort()
+        for (_, lighter), (_, heavier) in zip(members, members[1:], strict=False):
+            assert lighter <= heavier
+            compared += 1
+    assert compared > 1000
+
+
+def _ranked(result, keep):
+    return [(row["layout"], row["step_time_s"]) for row in result.rows[:keep]]
+
+
+# GPT-2 small on 16 A100s, micro-batches of one sequence (global batch 32): 1,665 layouts
+SPACE = {
+    "overrides": [*TWO_NODES, "training.global_batch=32", "training.micro_batch=1"]
+    + ["parallel.tp=8", "parallel.pp=2"],  # its own layout: far from the best
+    "fixed": {"micro_batch": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def every_layout():
+    return sweep.run_sweep(SMALL, workers=1, **SPACE)
+
+
+def test_a_best_first_sweep_ranks_what_simulating_every_layout_ranks(every_layout):
+    every = every_layout
+    best = sweep.run_sweep(SMALL, workers=1, keep=5, **SPACE)
+    assert _ranked(best, 5) == _ranked(every, 5)
+    counts = best.counts
+    assert counts["bounded"] > counts["simulated"] > 5
+    assert every.counts["bounded"] == 0 and every.counts["bound_s"] is None
+    assert counts["enumerated"] == sum(
+        counts[key] for key in ("invalid", "pruned_memory", "dominated", "bounded", "simulated")
+    )
+    # every ranked row's step is below the threshold the search stopped at
+    assert counts["bound_s"] >= best.rows[4]["step_time_s"]
+    assert sum("not examined" in line for line in count_lines(best)) == 1
+    # the scenario's own layout, which the bound left out, still gets its step
+    own = best.scenario_layout
+    assert own is not None and own["rank"] is None
+    assert "outside the 5 fastest" in own["unranked"]
+    assert own["step_time_s"] > counts["bound_s"]
+
+
+def test_a_bound_above_a_simulated_step_makes_the_search_examine_everything(
+    every_layout, monkeypatch
+):
+    every = every_layout
+    monkeypatch.setattr(StepBound, "seconds", lambda self, candidate, batch: 1e6)
+    wrong = sweep.run_sweep(SMALL, workers=1, keep=5, **SPACE)
+    assert wrong.counts["bounded"] == 0
+    assert _ranked(wrong, len(every.rows)) == _ranked(every, len(every.rows))
