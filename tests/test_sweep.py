@@ -107,7 +107,7 @@ def test_every_fitting_layout_is_found_and_ranked_by_step_time(tmp_path, capsys)
     }
     out = capsys.readouterr().out
     assert top["layout"] in out and "enumerated" in out and "invalid 2" in out
-    assert "not examined" not in out and result["counts"]["bounded"] == 0
+    assert "\nleft out" not in out and result["counts"]["bounded"] == 0
 
 
 def test_listed_layouts_are_valid_and_outputs_are_written(tmp_path):

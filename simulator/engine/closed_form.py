@@ -261,7 +261,9 @@ class _ClosedForm:
                 if kind is Compute:
                     if op.host_index == 0:
                         action_start[rank] = at
-                    elif host:
+                    elif host and rank in action_start:
+                        # a side stream's op (FSDP2's copy-in) may be issued before the
+                        # rank's first action starts: nothing holds it then
                         at = max(at, action_start[rank] + op.host_index * host)
                 issued[op_id] = at
                 if kind is Compute or kind is Block:

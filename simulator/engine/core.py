@@ -230,7 +230,9 @@ class _Engine:
             if kind is Compute:
                 if op.host_index == 0:
                     self.action_start[rank] = at
-                elif self.compute.host_overhead:
+                elif self.compute.host_overhead and rank in self.action_start:
+                    # a side stream's op (FSDP2's copy-in) may be issued before the rank's
+                    # first action starts: nothing holds it then
                     at = max(
                         at, self.action_start[rank] + op.host_index * self.compute.host_overhead
                     )

@@ -575,9 +575,9 @@ def count_lines(result: SweepResult) -> list[str]:
     )
     if counts.get("bounded"):
         lines.append(
-            f"not examined {counts['bounded']} (their lower bound on the step exceeds "
-            f"{format_time(counts['bound_s'])}, the slowest the ranking keeps; --exhaustive "
-            "simulates them)"
+            f"left out {counts['bounded']} (their lower bound on the step, or the step, "
+            f"exceeds {format_time(counts['bound_s'])}, the slowest the ranking keeps; "
+            "--exhaustive simulates them all)"
         )
     if counts["failed"]:
         lines.append(f"failed {counts['failed']}")

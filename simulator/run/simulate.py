@@ -58,6 +58,9 @@ from topologies import TopologyError, load_cluster_spec
 __all__ = [
     "RunResult",
     "run_scenario",
+    "simulate_step",
+    "finish_step",
+    "SimulatedStep",
     "assemble_result",
     "build_schedule",
     "per_rank_schedule",
@@ -655,12 +658,26 @@ def pin_warnings(simulation: Any, choices: dict[str, int]) -> list[str]:
     return warnings
 
 
-@fewer_collections()
-def run_scenario(scenario: Scenario, force: bool = False, numbers_only: bool = False) -> RunResult:
-    """Simulate one step of ``scenario``; the result dict is ``result.json``'s content.
-    A step too large for this machine is refused (:func:`check_size`) unless ``force``.
-    With ``numbers_only`` the result is the same, and the run is for it alone: its
-    schedule's labels are not fit for a trace (:func:`build_schedule`)."""
+@dataclass
+class SimulatedStep:
+    """A step's schedule and op times before any accounting (:func:`simulate_step`):
+    enough to know its step time, which is all a search needs of a layout that cannot
+    rank. ``factors`` are the stragglers' compute factors, ``sharing`` and
+    ``comm_sharing`` the slowdowns of CPU ranks that share cores."""
+
+    schedule: Schedule
+    times: SimulationTimes
+    options: EngineOptions
+    factors: dict[int, float]
+    sharing: dict[int, float]
+    comm_sharing: dict[int, float]
+
+
+def simulate_step(
+    scenario: Scenario, force: bool = False, numbers_only: bool = False
+) -> SimulatedStep:
+    """Build and replay one step of ``scenario`` (the first half of
+    :func:`run_scenario`; :func:`finish_step` is the second)."""
     if not force:
         check_size(scenario)
     schedule = build_schedule(scenario, numbers_only)
@@ -689,17 +706,34 @@ def run_scenario(scenario: Scenario, force: bool = False, numbers_only: bool = F
                 comm_factors=tuple(comm_sharing.items()),
             ),
         )
+    return SimulatedStep(schedule, times, options, factors, sharing, comm_sharing)
+
+
+def finish_step(scenario: Scenario, step: SimulatedStep, numbers_only: bool = False) -> RunResult:
+    """Account a replayed step (:func:`simulate_step`) into ``result.json``'s numbers,
+    with the stragglers' cost (the same step with every rank at the mean)."""
+    schedule, times = step.schedule, step.times
     idle: dict[int, list[tuple[str, float, float]]] | None = None if numbers_only else {}
-    result = assemble_result(scenario, schedule, times, simulation.fidelity, idle)
-    if factors:  # what the stragglers cost: the same step with every rank at the mean
+    fidelity = scenario.spec.simulation.fidelity
+    result = assemble_result(scenario, schedule, times, fidelity, idle)
+    if step.factors:
         even_options = replace(
-            options,
-            rank_factors=tuple(sharing.items()),
-            comm_factors=tuple(comm_sharing.items()),
+            step.options,
+            rank_factors=tuple(step.sharing.items()),
+            comm_factors=tuple(step.comm_sharing.items()),
         )
         even = simulate(schedule, scenario.cluster, even_options).step_time
         result.straggler_s = max(0.0, times.step_time - even)
     return RunResult(scenario=scenario, schedule=schedule, times=times, result=result, idle=idle)
+
+
+@fewer_collections()
+def run_scenario(scenario: Scenario, force: bool = False, numbers_only: bool = False) -> RunResult:
+    """Simulate one step of ``scenario``; the result dict is ``result.json``'s content.
+    A step too large for this machine is refused (:func:`check_size`) unless ``force``.
+    With ``numbers_only`` the result is the same, and the run is for it alone: its
+    schedule's labels are not fit for a trace (:func:`build_schedule`)."""
+    return finish_step(scenario, simulate_step(scenario, force, numbers_only), numbers_only)
 
 
 def assemble_result(

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.arithmetic.counts import layer_parameter_count
 from simulator.arithmetic.layer_ops import (
     ACT_BYTES,
     OpCost,
@@ -71,6 +72,7 @@ from simulator.common.vocabulary import (
     ALL_GATHER,
     GROUPED_GEMM,
     PIPELINE_SCHEDULES,
+    REDUCE_SCATTER,
     SPLIT_BACKWARD_SCHEDULES,
     CollectiveKind,
 )
@@ -88,6 +90,9 @@ __all__ = ["StepBound", "LayerTimes"]
 
 #: The schedule whose tensor-parallel calls run behind the other micro-batch's compute.
 _OVERLAPPED_PAIRS = ("dualpipev",)
+#: The frameworks whose full sharding gathers a layer's block as one unit on the ``dp``
+#: stream, which its reduce-scatters share (simulator.schedule.sharded_dp).
+_BLOCK_SHARDING = ("megatron", "torchtitan")
 
 
 @dataclass(frozen=True)
@@ -143,7 +148,9 @@ class StepBound:
         self._layers: dict[tuple, tuple[LayerTimes, LayerTimes]] = {}
         self._groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self._calls: dict[tuple, float] = {}
-        self._ranks: dict[tuple, list[tuple[float, float]]] = {}
+        self._ranks: dict[tuple, tuple[list[tuple[float, float]], int]] = {}
+        self._sharded: dict[tuple, tuple[float, float]] = {}
+        self._layer_params = layer_parameter_count(self.model)
         self.seed = simulation.seed
         self._moe_layers = [
             self.moe is not None and is_moe_layer(self.moe, layer) for layer in range(self.layers)
@@ -313,10 +320,54 @@ class StepBound:
             return 0.0  # not a valid split: the validator says why
         recompute = candidate.recompute if candidate.recompute != "none" else None
         key = (dense, moe, pp, chunks, tuple(stages), candidate.schedule, recompute)
-        terms = self._ranks.get(key)
-        if terms is None:
-            terms = self._ranks[key] = self._rank_terms(*key)
-        return max(fill + microbatches * work for fill, work in terms) * self.fastest
+        known = self._ranks.get(key)
+        if known is None:
+            known = self._ranks[key] = self._rank_terms(*key)
+        terms, busiest = known
+        compute = max(fill + microbatches * work for fill, work in terms) * self.fastest
+        sharded = self._sharded_calls(candidate)
+        if sharded is None:
+            return compute
+        gather, reduce = sharded
+        gathers = microbatches * (2 if candidate.reshard_after_forward else 1)
+        return max(compute, busiest * (gathers * gather + reduce))
+
+    def _sharded_calls(self, candidate: Any) -> tuple[float, float] | None:
+        """One layer's gather and reduce-scatter on a rank's ``dp`` stream under full
+        sharding, each alone on the cheaper of two DP groups; None where another
+        sharding, framework or grid decides that stream (ZeRO-1/2, FSDP1, ZeRO-3, HSDP,
+        experts, context parallelism).
+
+        Megatron-Core's and FSDP2's units (:mod:`simulator.schedule.sharded_dp`) put
+        their calls one after another on the ``dp`` stream: every micro-batch gathers
+        each of the rank's layers before its forward (and, resharded after it, again
+        before its backward), and their gradients are reduce-scattered at least once. A
+        layer's weights count as its parameters over ``tp`` (norms and biases, which
+        every TP rank holds whole, once); the embedding's and output layer's units are
+        left out."""
+        if (
+            candidate.sharding != "full"
+            or self.recipe.framework not in _BLOCK_SHARDING
+            or candidate.dp_shard
+            or candidate.cp > 1
+            or candidate.dp == 1
+            or self.moe is not None
+        ):
+            return None
+        key = (candidate.tp, candidate.pp, candidate.dp, tuple(candidate.placement))
+        known = self._sharded.get(key)
+        if known is None:
+            layout = Layout(*key[:3], key[3])
+            groups = tuple(
+                layout.members(layout.group_name("dp", rank)) for rank in (0, layout.world - 1)
+            )
+            params = self._layer_params / candidate.tp
+            weight_bytes = 1 if self.recipe.fp8_all_gather else ACT_BYTES
+            known = self._sharded[key] = (
+                self._call(groups, ALL_GATHER, params * weight_bytes),
+                self._call(groups, REDUCE_SCATTER, params * self.recipe.grad_bytes),
+            )
+        return known
 
     def _rank_terms(
         self,
@@ -327,9 +378,10 @@ class StepBound:
         stages: tuple[int, ...],
         schedule: str,
         recompute: str | None,
-    ) -> list[tuple[float, float]]:
-        """Each pipeline rank's ``(fill and drain, work of one micro-batch)``: its time is
-        the first plus the micro-batches times the second."""
+    ) -> tuple[list[tuple[float, float]], int]:
+        """Each pipeline rank's ``(fill and drain, work of one micro-batch)`` (its time is
+        the first plus the micro-batches times the second; only the ranks no other
+        outlasts at every count of micro-batches), and the most layers a rank holds."""
         fraction = self.fraction if recompute == "full" else 1.0
         forward, backward = [], []
         first = 0
@@ -357,12 +409,12 @@ class StepBound:
             fill = ahead_forward[ahead] + (0.0 if split else ahead_backward[ahead])
             work = sum(forward[s] + backward[s] for s in held)
             terms[work] = max(fill, terms.get(work, 0.0))
-        # only the ranks no other outlasts at every count of micro-batches matter
         kept: list[tuple[float, float]] = []
         for work, fill in sorted(terms.items(), reverse=True):
             if not kept or fill > kept[-1][0]:
                 kept.append((fill, work))
-        return kept
+        busiest = max(sum(stages[s] for s in placement.stages_of(rank)) for rank in range(pp))
+        return kept, busiest
 
 
 @functools.lru_cache(maxsize=256)

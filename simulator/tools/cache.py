@@ -355,10 +355,12 @@ class ResultCache:
         compute: Callable[[list[list[str]]], list[dict[str, Any]]],
         advance: Callable[[int], None],
         forced: bool = False,
+        store: Callable[[dict[str, Any]], bool] | None = None,
     ) -> list[dict[str, Any]]:
         """The outcomes of ``items`` (each a candidate's overrides), in order: those in
         the cache read from it (``advance`` told at once), the others from
-        ``compute(missing)`` and then stored (``forced``: :meth:`key`)."""
+        ``compute(missing)`` and then stored (``forced``: :meth:`key`), those ``store``
+        accepts where it is given (an outcome that holds for one search only)."""
         if self.folder is None:
             return compute(items)
         base = json.dumps(raw, sort_keys=True, default=str)
@@ -373,5 +375,6 @@ class ResultCache:
         for i, value in zip(missing, computed, strict=True):
             # JSON round trip: a fresh outcome reads exactly as a cached one would
             found[i] = json.loads(json.dumps(value, sort_keys=True))
-            self.put(keys[i], value)
+            if store is None or store(value):
+                self.put(keys[i], value)
         return cast("list[dict[str, Any]]", found)  # every missing one computed above

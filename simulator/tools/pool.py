@@ -30,7 +30,8 @@ from simulator.request.scenario import Scenario, apply_overrides, scenario_from_
 from simulator.run.simulate import (
     StepSize,
     advice,
-    run_scenario,
+    finish_step,
+    simulate_step,
     size_problem,
 )
 from simulator.tools.scheduler import open_dask
@@ -108,10 +109,17 @@ def check_chunk(
 
 @fewer_collections()
 def simulate_overrides(
-    raw: dict[str, Any], source: str, base_dir: str, overrides: list[str], force: bool = False
+    raw: dict[str, Any],
+    source: str,
+    base_dir: str,
+    overrides: list[str],
+    force: bool = False,
+    slower_than: float = math.inf,
 ) -> dict[str, Any]:
     """Simulate one candidate; the headline numbers of its ``result.json`` (``force``:
-    past the step guard, as the search itself was forced). The
+    past the step guard, as the search itself was forced), or, where its step takes
+    longer than ``slower_than`` (a ranking's slowest: it cannot rank), its step time
+    alone, unaccounted (status ``slower``). The
     collector's slower pace lasts until the candidate's schedule and times are dropped,
     so the collection that follows finds little left to walk (run_scenario's own block,
     which ends while its result is alive, is then inside this one)."""
@@ -129,7 +137,10 @@ def simulate_overrides(
         else:  # the network graph and its routes do not depend on the layout: reuse them
             scenario = dataclasses.replace(scenario, _cluster=cluster)
         # a search keeps numbers, not traces: stages of one shape share their lowering
-        result = run_scenario(scenario, force=force, numbers_only=True).result
+        simulated = simulate_step(scenario, force=force, numbers_only=True)
+        if simulated.times.step_time > slower_than:
+            return {"status": "slower", "step_time_s": simulated.times.step_time}
+        result = finish_step(scenario, simulated, numbers_only=True).result
     except ParasimError as exc:
         return {"status": "failed", "reason": (str(exc).splitlines() or [""])[0]}
     step = result.step_time_s
@@ -158,10 +169,18 @@ def simulate_overrides(
 
 
 def simulate_chunk(
-    raw: dict[str, Any], source: str, base_dir: str, chunk: list[list[str]], force: bool = False
+    raw: dict[str, Any],
+    source: str,
+    base_dir: str,
+    chunk: list[list[str]],
+    force: bool = False,
+    slower_than: float = math.inf,
 ) -> list[dict]:
     """:func:`simulate_overrides` of several candidates (one task of the process pool)."""
-    return [simulate_overrides(raw, source, base_dir, overrides, force) for overrides in chunk]
+    return [
+        simulate_overrides(raw, source, base_dir, overrides, force, slower_than)
+        for overrides in chunk
+    ]
 
 
 # -- running tasks on every core --------------------------------------------------------

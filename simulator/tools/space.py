@@ -49,6 +49,7 @@ __all__ = [
     "enumerate_layouts",
     "select_lightest",
     "faster_first",
+    "never_slower",
 ]
 
 #: Dimensions ``--fix`` can pin, in the order a layout string shows them.
@@ -181,27 +182,39 @@ def check_fixed(fixed: dict[str, Any]) -> dict[str, Any]:
 def faster_first(candidate: Candidate) -> tuple[Candidate, tuple[int, ...]]:
     """``candidate``'s place in its knobs' ``faster_first`` orders: the candidate with each
     such knob replaced by its group (the same for every candidate one of them makes
-    needless) and its position within the groups (lighter first)."""
+    needless) and its position within each group (lighter first)."""
     spots = [_PLACES[knob.name][getattr(candidate, knob.name)] for knob in _FASTER_FIRST]
     groups = {knob.name: group for knob, (group, _) in zip(_FASTER_FIRST, spots, strict=True)}
     return candidate.with_(**groups), tuple(within for _, within in spots)
+
+
+def never_slower(lighter: tuple[int, ...], heavier: tuple[int, ...]) -> bool:
+    """Whether a candidate at positions ``lighter`` makes one at ``heavier`` needless
+    (the same group): no knob of it later in its ``faster_first`` order, and not the
+    same candidate."""
+    return lighter != heavier and all(a <= b for a, b in zip(lighter, heavier, strict=True))
 
 
 def select_lightest(
     candidates: list[Candidate], checks: list[dict], exhaustive: bool
 ) -> tuple[list[int], int]:
     """Indices of the candidates to simulate, and how many were dominated: of the
-    candidates that fit and differ only in knobs with a ``faster_first`` order, the
-    earliest in it, its group standing for the later values (``--exhaustive``: all)."""
+    candidates that fit and differ only in knobs with a ``faster_first`` order, those
+    no other one makes needless (:func:`never_slower`: as light in every such knob and
+    lighter in one; ``--exhaustive``: all)."""
     fits = [i for i, check in enumerate(checks) if check["status"] == "fits"]
     if exhaustive:
         return fits, 0
-    lightest: dict[Candidate, tuple[tuple[int, ...], int]] = {}
+    groups: dict[Candidate, list[tuple[tuple[int, ...], int]]] = {}
     for i in fits:
         key, weight = faster_first(candidates[i])
-        if key not in lightest or weight < lightest[key][0]:
-            lightest[key] = (weight, i)
-    chosen = sorted(i for _, i in lightest.values())
+        groups.setdefault(key, []).append((weight, i))
+    chosen = sorted(
+        i
+        for members in groups.values()
+        for weight, i in members
+        if not any(never_slower(other, weight) for other, _ in members)
+    )
     return chosen, len(fits) - len(chosen)
 
 

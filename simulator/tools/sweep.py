@@ -22,7 +22,7 @@ Each candidate then meets these filters, in order, and the count of each is repo
    (:func:`simulator.analysis.memory.memory_per_rank`, no simulation needed); the
    dominant memory term of the pruned layouts is reported;
 3. *dominated*: the same layout with a value its knob lists as never slower
-   (``faster_first``) also fits: a lighter recompute (``none`` < ``selective`` <
+   (``faster_first``), and no knob at a slower value, also fits: a lighter recompute (``none`` < ``selective`` <
    ``full``; recompute only adds work to a step), ZeRO-1 where ZeRO-2 is asked (both
    reduce-scatter the gradients and gather the updated parameters, so their steps take
    the same time and ZeRO-2 only saves memory), full sharding that keeps the gathered
@@ -119,6 +119,7 @@ from simulator.tools.space import (
     check_fixed,
     enumerate_layouts,
     faster_first,
+    never_slower,
     parse_fixes,
     select_lightest,
 )
@@ -153,9 +154,9 @@ __all__ = [
 ]
 
 
-#: Checking or simulating candidates: their overrides and a progress callback in, one
-#: outcome each out.
-Work = Callable[[list[list[str]], Callable[[int], None]], list[dict]]
+#: Checking or simulating candidates: their overrides and a progress callback in (and,
+#: for a simulation, the step beyond which a layout cannot rank), one outcome each out.
+Work = Callable[..., list[dict]]
 
 
 # -- the scenario being swept -----------------------------------------------------------
@@ -539,16 +540,22 @@ def run_sweep(
 
     def work(kind: str, chunk: Callable[..., list[dict]], largest: int, forced: bool) -> Work:
         """Check or simulate candidates by their overrides: in chunks of at most
-        ``largest`` on the pool, through the cache."""
+        ``largest`` on the pool, through the cache (a step's time alone, where it is
+        slower than a ranking needs, is not kept: it holds for this search only)."""
 
-        def run(items: list[list[str]], advance: Callable[[int], None]) -> list[dict]:
+        def run(
+            items: list[list[str]], advance: Callable[[int], None], slower_than: float = math.inf
+        ) -> list[dict]:
+            task = chunk
+            if slower_than < math.inf:
+                task = functools.partial(chunk, slower_than=slower_than)
             return cache.run(
                 kind,
                 base.raw,
                 base.base_dir,
                 items,
                 lambda missing: run_chunked(
-                    chunk,
+                    task,
                     args,
                     missing,
                     executor,
@@ -559,6 +566,7 @@ def run_sweep(
                 ),
                 advance,
                 forced,
+                store=lambda outcome: outcome["status"] != "slower",
             )
 
         return run
@@ -711,15 +719,17 @@ def _search_best_first(
     layouts it makes needless), check them in batches, simulate those that fit and no
     lighter one makes needless, and stop where the next bound exceeds the threshold:
     the ``keep``-th fastest step simulated, or the fastest step's interval, whichever
-    is longer. A simulated step below its own bound would mean the bound is wrong: the
-    search then goes on through every candidate."""
+    is longer. A candidate whose step exceeds the threshold at its simulation is not
+    accounted (status ``slower``): it cannot rank, and counts with those its bound left
+    out. A simulated step below its own bound would mean the bound is wrong: the
+    search then goes on through every candidate, in full."""
     count = len(candidates)
     weights = [faster_first(candidate) for candidate in candidates]
     order = sorted(range(count), key=lambda i: (bounds[i], weights[i][1], i))
     advance = bar.stage(f"searching {count} layouts, the lowest bound first", count)
     checks: dict[int, dict[str, Any]] = {}
     runs: dict[int, dict[str, Any]] = {}
-    lightest: set[Candidate] = set()
+    lightest: dict[Candidate, list[tuple[int, ...]]] = {}  # fitting positions by group
     needless: set[int] = set()
     threshold, trusted = math.inf, True
     position, check_s = 0, 0.0
@@ -738,26 +748,33 @@ def _search_best_first(
             checks[i] = result
             if result["status"] != "fits":
                 continue
-            key = weights[i][0]
-            if key in lightest:  # a lighter recompute or sharding of it fits
-                needless.add(i)
+            key, weight = weights[i]
+            fitting = lightest.setdefault(key, [])
+            if any(never_slower(other, weight) for other in fitting):
+                needless.add(i)  # a lighter recompute or sharding of it fits
                 continue
-            lightest.add(key)
+            fitting.append(weight)
             todo.append(i)
-        size = max(keep, 4 * width)
+        size = max(keep, 16 * width)
         while todo:
             todo = [i for i in todo if bounds[i] <= threshold]
             now, todo = todo[:size], todo[size:]
-            ran = simulate([all_overrides[i] for i in now], _no_progress)
+            ran = simulate([all_overrides[i] for i in now], _no_progress, threshold)
             for i, run in zip(now, ran, strict=True):
                 runs[i] = run
-                if run["status"] == "simulated" and run["step_time_s"] < bounds[i] * (1 - 1e-9):
+                step = run.get("step_time_s")
+                if step is not None and step < bounds[i] * (1 - 1e-9):
                     trusted = False
             threshold = _threshold(list(runs.values()), keep) if trusted else math.inf
+        if not trusted:  # the steps cut short under a threshold no longer trusted, in full
+            redo = [i for i, run in runs.items() if run["status"] == "slower"]
+            again = simulate([all_overrides[i] for i in redo], _no_progress)
+            runs.update(zip(redo, again, strict=True))
         advance(len(batch))
     advance(count - position)
     settled = {i for i, result in checks.items() if result["status"] != "fits"}
-    bounded = set(range(count)) - settled - needless - set(runs)
+    ranked = {i for i, run in runs.items() if run["status"] != "slower"}
+    bounded = set(range(count)) - settled - needless - ranked
     return _Search(checks, runs, len(needless), bounded, threshold, check_s)
 
 
@@ -839,7 +856,7 @@ def _scenario_layout(
         check = _alone(cache, "check", base, own, check_chunk)
     if check["status"] != "fits":
         return {**entry, **check}
-    if run is None:
+    if run is None or run["status"] == "slower":  # its step alone: account it
         chunk = functools.partial(simulate_chunk, force=force)
         run = _alone(cache, "simulate", base, own, chunk, force)
     return {**entry, **run}
