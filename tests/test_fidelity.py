@@ -7,6 +7,7 @@ import json
 import pytest
 
 from simulator.analysis.contention import missed_contention
+from simulator.arithmetic.moe import loads_equal
 from simulator.cli.main import main
 from simulator.engine.collectives import collective_transfers
 from simulator.engine.core import EngineOptions, simulate
@@ -90,8 +91,11 @@ def test_whole_steps_agree_within_5_percent(name, overrides):
     # one rank per stage (and EP group), where an EP group's ranks receive alike
     if analytic.scenario.moe is None:
         simulated = layout.pp
-    elif folds(analytic.scenario):
-        simulated = layout.pp * layout.dp // layout.ep
+    elif folds(analytic.scenario):  # one per EP group too, where they route apart
+        scenario = analytic.scenario
+        tokens = scenario.training.micro_batch * scenario.model.seq_len
+        alike = loads_equal(scenario.moe, tokens)
+        simulated = layout.pp * (1 if alike else layout.dp // layout.ep)
     else:
         simulated = layout.world
     assert analytic.result.simulation["simulated_ranks"] == simulated

@@ -207,7 +207,8 @@ def account_step(
         if folded:
             ranks = len(schedule.rank_images.get(rank, (rank,)))
             shared: dict[str, int] = {a: coords[a] for a in ("pp", "cp") if a in coords}
-            if schedule.meta.get("moe") is not None and layout.ep > 1:
+            stage = layout.world // (layout.pp * layout.cp)
+            if schedule.meta.get("moe") is not None and layout.ep > 1 and ranks < stage:
                 shared["ep_group"] = coords["dp"] // layout.ep  # a folded MoE rank's group
         else:
             ranks, shared = 1, dict(coords)

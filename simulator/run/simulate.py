@@ -285,11 +285,12 @@ def step_size(
 ) -> StepSize:
     """The :class:`StepSize` of a step of ``microbatches`` over ``pp`` stages of
     ``layers`` layers on ``world`` GPUs; ``folded``: one rank per stage is simulated
-    (:func:`folds`; a MoE step's, one per stage and each of its ``ep_groups`` EP groups),
+    (:func:`folds`; a MoE step's whose EP ranks do not receive ``alike``, one per stage
+    and each of its ``ep_groups`` EP groups),
     in blocks when ``analytic`` too and dense or ``alike`` (:func:`build_schedule`); ``moe``:
     the layers are MoE layers (every one, to bound) over EP groups of ``ep``, whose ranks
     receive ``alike``."""
-    ranks = (pp * (ep_groups if moe else 1)) if folded else world
+    ranks = (pp * (ep_groups if moe and not alike else 1)) if folded else world
     per_pass = OPS_PER_MOE_LAYER_PASS if moe else OPS_PER_LAYER_PASS
     ops = ranks * (layers / pp) * (microbatches * per_pass + 10)
     blocked = folded and analytic and (alike or not moe)

@@ -110,17 +110,22 @@ def build_step(
         # ranks receive alike, every layer and micro-batch routes the same (uniform
         # routing draws nothing), so a stage's actions of one kind run the same ops and
         # are written as blocks, as a dense model's
+        # where they receive alike, every EP group routes alike too: one rank per stage
+        # stands for them all, the other groups' calls its images
         blocked = blocks and alike
+        groups = 1 if alike else layout.dp // layout.ep
         programs = {}
         for pipeline_rank in range(layout.pp):
-            for group in range(layout.dp // layout.ep):
+            for group in range(groups):
                 rank = layout.rank_of(pp=pipeline_rank, dp=group * layout.ep)
                 lowering = RankLowering(rank, config, envelope=True)
                 programs[rank] = lowering.build(orders[pipeline_rank], blocked)
-        # blocks route one layer and micro-batch of each kind; the rest route alike
-        routings = _routed_layers(config, programs, orders) if blocked else None
+        # alike, one routing stands for every layer, micro-batch and EP group's
+        routings = None
+        if alike:
+            routings = _routed_layers(config, programs, orders) * (layout.dp // layout.ep)
         schedule = _schedule(config, programs, orders, routings)
-        _record_images(schedule, layout, by_ep_group=True)
+        _record_images(schedule, layout, by_ep_group=not alike)
         return schedule
     if plan.alike_copies and config.moe is not None and layout.cp == 1 and alike:
         # every rank simulated, but the ranks of an EP group receive alike: each runs the

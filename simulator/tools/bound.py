@@ -15,14 +15,19 @@ simulation uses:
   at :class:`~simulator.engine.compute.ComputeModel`'s time alone, plus the forward
   again in the layers full recompute reruns (``recompute_fraction`` as the recipe picks
   them) or the attention core (selective recompute);
-* **the tensor-parallel collectives the compute stream waits for**: the forward's
+* **the collectives the compute stream waits for**: the tensor-parallel forward's
   all-reduces (with SP, its all-gathers and reduce-scatters) unless Transformer
   Engine's pipelined overlap runs them beside their GEMMs; in the backward, the SP
   all-gathers before the row-parallel GEMMs (unless pipelined) and, without
   ``tp_comm_overlap``, every collective after an input gradient and the re-gathered
-  inputs. Each is priced as NCCL's plan for the call alone on its group, with nothing
-  else on the network (the simulation prices it with its images, never faster), at the
-  cheaper of two TP groups (the first rank's and the last's);
+  inputs; where an MoE layer's EP ranks receive alike, its dispatch and combine
+  all-to-alls and their gradients (only the dispatch's gradient where shared experts
+  run beside the others). Each is priced as NCCL's plan for the call alone on its
+  group, with nothing else on the network (the simulation prices it with its images,
+  never faster), on the cheaper of two groups (the first rank's and the last's);
+* **full sharding's ``dp`` stream** (Megatron-Core's and FSDP2's units): every
+  micro-batch's gathers of the rank's layers and their reduce-scatters, one after
+  another, which no rank's step can be shorter than;
 * **the pipeline's fill and drain**: no op of a rank can start before the forward of
   every stage ahead of its first one has run, and without a split backward a rank's
   last op is a backward of its first stage, after which every stage ahead of it runs
@@ -31,12 +36,13 @@ simulation uses:
 
 What the bound leaves out only makes the step longer, so the bound stays below any
 simulation of the layout: the embedding, the output layer and the loss, the optimizer,
-data-parallel, sharded, expert, context-parallel and pipeline communication, the
-host's issue of kernels, the SMs NCCL takes from overlapped GEMMs, an MoE layer's
-experts, DualPipeV's tensor-parallel calls (it runs them behind the other
-micro-batch's compute). With stragglers (``gpu.jitter``) every rank's time is scaled
-by the fastest rank's factor. ``tests/test_bound.py`` holds the bound below the
-simulated step on every shipped scenario's layout and on sampled sweep candidates.
+the other data-parallel, expert, context-parallel and pipeline transfers, the host's
+issue of kernels, the SMs NCCL takes from overlapped GEMMs, an MoE layer's experts and
+all-to-alls where routing is skewed, DualPipeV's tensor-parallel and expert calls (it
+runs them behind the other micro-batch's compute). With stragglers (``gpu.jitter``)
+every rank's compute is scaled by the fastest rank's factor. ``tests/test_bound.py``
+holds the bound below the simulated step on every shipped scenario's layout and on
+sampled sweep candidates.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ from simulator.arithmetic.stacks import stack_of
 from simulator.common.errors import ParasimError
 from simulator.common.vocabulary import (
     ALL_GATHER,
+    ALL_TO_ALL,
     GROUPED_GEMM,
     PIPELINE_SCHEDULES,
     REDUCE_SCATTER,
@@ -162,13 +169,15 @@ class StepBound:
         """A dense and an MoE layer's :class:`LayerTimes` for ``candidate``."""
         tp, sp, mb = candidate.tp, candidate.sp, candidate.micro_batch
         cp, cp_kind, ep = candidate.cp, candidate.cp_kind, candidate.ep
-        tp_calls = None if candidate.schedule in _OVERLAPPED_PAIRS else self._tp_groups(candidate)
-        key = (tp, sp, mb, cp, cp_kind, ep, tp_calls)
+        overlapped = candidate.schedule in _OVERLAPPED_PAIRS
+        tp_calls = None if overlapped else self._groups_of(candidate, "tp")
+        ep_calls = None if overlapped or self.moe is None else self._groups_of(candidate, "ep")
+        key = (tp, sp, mb, cp, cp_kind, ep, tp_calls, ep_calls)
         known = self._layers.get(key)
         if known is None:
             known = self._layers[key] = (
-                self._layer(tp, sp, mb, cp, cp_kind, ep, tp_calls, moe=False),
-                self._layer(tp, sp, mb, cp, cp_kind, ep, tp_calls, moe=True),
+                self._layer(tp, sp, mb, cp, cp_kind, ep, tp_calls, None, moe=False),
+                self._layer(tp, sp, mb, cp, cp_kind, ep, tp_calls, ep_calls, moe=True),
             )
         return known
 
@@ -181,6 +190,7 @@ class StepBound:
         cp_kind: str,
         ep: int,
         groups: tuple[tuple[int, ...], ...] | None,
+        ep_groups: tuple[tuple[int, ...], ...] | None,
         moe: bool,
     ) -> LayerTimes:
         recipe, model = self.recipe, self.model
@@ -189,10 +199,14 @@ class StepBound:
             local, mb, tp, sp, recipe.attention, cp, cp_kind, recipe.fp8, self.stack
         )
         pairs = [(op, backward_of(op)) for op in ops]
+        forward = backward_input = 0.0
         if moe:
             mlp = RankLowering._MLP
             pairs = [pair for pair in pairs if pair[0].name not in mlp]
-            pairs += self._expert_pairs(local, tp, mb, ep)
+            experts, splits = self._expert_pairs(local, tp, mb, ep)
+            pairs += experts
+            if splits is not None and ep_groups is not None:
+                forward, backward_input = self._exposed_all_to_alls(ep_groups, splits)
         time = self.compute.duration
         activation = ACT_BYTES * mb * local.seq_len * local.hidden
         pipelined = recipe.tp_comm_overlap == "pipelined" and sp
@@ -200,13 +214,13 @@ class StepBound:
         def call(kind: CollectiveKind) -> float:
             return 0.0 if groups is None or tp == 1 else self._call(groups, kind, activation)
 
-        forward = sum(time(op) for op, _ in pairs)
+        forward += sum(time(op) for op, _ in pairs)
         if not pipelined:
             forward_calls = RankLowering._FWD_COMM[sp]
             forward += sum(
                 call(forward_calls[op.name]) for op, _ in pairs if op.name in forward_calls
             )
-        backward_input = weight = 0.0
+        weight = 0.0
         backward_calls = RankLowering._BWD_COMM[sp]
         for _, grads in pairs:
             for grad in grads:
@@ -227,24 +241,29 @@ class StepBound:
 
     def _expert_pairs(
         self, local: Any, tp: int, mb: int, ep: int
-    ) -> list[tuple[OpCost, list[OpCost]]]:
+    ) -> tuple[list[tuple[OpCost, list[OpCost]]], np.ndarray | None]:
         """An MoE layer's own ops with their backward, as
         :class:`~simulator.schedule.experts.ExpertLowering` runs them: the router, the
         reordering around the all-to-alls (counted at no assignment sent) and the shared
         experts on the rank's own tokens; the local experts only where every rank
-        receives alike (uniform routing), on the rows routing gives them, unpadded."""
+        receives alike (uniform routing), on the rows routing gives them, unpadded. With
+        them, the dispatch's bytes from each EP rank to each (None where routing is
+        skewed, or node-limited routing sends less than it routes)."""
         moe = self.moe
         if moe is None:
-            return []
+            return [], None
         recipe = self.recipe
         tokens = mb * local.seq_len
         alike = loads_equal(moe, tokens)
         rows = np.zeros(moe.experts // ep, dtype=np.int64)
+        splits = None
         if alike:
             traffic = moe_layer_traffic(
                 moe, ep, tokens, local.hidden, ACT_BYTES, self.seed, self._first_moe, 0
             )
             rows = traffic.expert_tokens[list(local_experts(moe, ep, 0))]
+            plain = moe.dispatcher != "deepep" and moe.max_nodes_per_token is None
+            splits = traffic.splits if plain else None
         ops = moe_layer_ops(
             moe,
             local.hidden,
@@ -270,13 +289,52 @@ class StepBound:
         for op in (*ops.router, *ops.dispatch, *routed, *ops.combine):
             grouped = op.kind == GROUPED_GEMM
             pairs.append((op, expert_backward_of(op, per_rank) if grouped else backward_of(op)))
-        return pairs + [(op, backward_of(op)) for op in shared]
+        return pairs + [(op, backward_of(op)) for op in shared], splits
 
-    def _tp_groups(self, candidate: Any) -> tuple[tuple[int, ...], ...] | None:
-        """The GPUs of the first and the last rank's TP groups (None without TP)."""
-        if candidate.tp == 1:
+    def _exposed_all_to_alls(
+        self, groups: tuple[tuple[int, ...], ...], splits: np.ndarray
+    ) -> tuple[float, float]:
+        """The EP all-to-alls an MoE layer's compute stream waits for, forward and
+        backward: the dispatch and the combine and their gradients, each alone on the
+        cheaper of ``groups``; with shared experts overlapped, only the dispatch's
+        gradient (the others run beside the shared experts)."""
+        moe = self.moe
+        assert moe is not None  # an MoE layer's
+        key = (groups, splits.tobytes())
+        seconds = self._calls.get(key)
+        if seconds is None:
+            times = []
+            for gpus in groups:
+                rows = {gpu: tuple(map(float, row)) for gpu, row in zip(gpus, splits, strict=True)}
+                choice, specs = collective_transfers(
+                    self.cluster,
+                    ALL_TO_ALL,
+                    list(gpus),
+                    float(splits[0].sum()),
+                    rows,
+                    self.algorithm,
+                    self.protocol,
+                )
+                times.append(time_alone(self.cluster, specs, choice.latency))
+            seconds = self._calls[key] = min(times)
+        if moe.shared_experts and moe.overlap_shared_experts:
+            return 0.0, seconds
+        return 2 * seconds, 2 * seconds
+
+    def _groups_of(self, candidate: Any, axis: str) -> tuple[tuple[int, ...], ...] | None:
+        """The GPUs of the first and the last rank's ``axis`` groups (None where the
+        axis has one rank)."""
+        if getattr(candidate, axis) == 1:
             return None
-        key = (candidate.tp, candidate.cp, candidate.pp, candidate.dp, candidate.placement)
+        key = (
+            axis,
+            candidate.tp,
+            candidate.cp,
+            candidate.pp,
+            candidate.dp,
+            candidate.ep,
+            tuple(candidate.placement),
+        )
         known = self._groups.get(key)
         if known is None:
             layout = Layout(
@@ -284,10 +342,11 @@ class StepBound:
                 candidate.pp,
                 candidate.dp,
                 tuple(candidate.placement),
+                ep=candidate.ep,
                 cp=candidate.cp,
             )
             known = self._groups[key] = tuple(
-                layout.members(layout.group_name("tp", rank)) for rank in (0, layout.world - 1)
+                layout.members(layout.group_name(axis, rank)) for rank in (0, layout.world - 1)
             )
         return known
 
@@ -354,16 +413,13 @@ class StepBound:
             or self.moe is not None
         ):
             return None
-        key = (candidate.tp, candidate.pp, candidate.dp, tuple(candidate.placement))
-        known = self._sharded.get(key)
+        groups = self._groups_of(candidate, "dp")
+        assert groups is not None  # more than one replica
+        known = self._sharded.get(groups)
         if known is None:
-            layout = Layout(*key[:3], key[3])
-            groups = tuple(
-                layout.members(layout.group_name("dp", rank)) for rank in (0, layout.world - 1)
-            )
             params = self._layer_params / candidate.tp
             weight_bytes = 1 if self.recipe.fp8_all_gather else ACT_BYTES
-            known = self._sharded[key] = (
+            known = self._sharded[groups] = (
                 self._call(groups, ALL_GATHER, params * weight_bytes),
                 self._call(groups, REDUCE_SCATTER, params * self.recipe.grad_bytes),
             )
