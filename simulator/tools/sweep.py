@@ -22,10 +22,11 @@ Each candidate then meets these filters, in order, and the count of each is repo
    (:func:`simulator.analysis.memory.memory_per_rank`, no simulation needed); the
    dominant memory term of the pruned layouts is reported;
 3. *dominated*: the same layout with a value its knob lists as never slower
-   (``faster_first``), and no knob at a slower value, also fits: a lighter recompute (``none`` < ``selective`` <
-   ``full``; recompute only adds work to a step), ZeRO-1 where ZeRO-2 is asked (both
-   reduce-scatter the gradients and gather the updated parameters, so their steps take
-   the same time and ZeRO-2 only saves memory), full sharding that keeps the gathered
+   (``faster_first``), and no knob at a slower value, also fits: a lighter recompute
+   (``none`` < ``selective`` < ``full``; recompute only adds work to a step), ZeRO-1
+   where ZeRO-2 is asked (both reduce-scatter the gradients and gather the updated
+   parameters, so their steps take the same time and ZeRO-2 only saves memory), full
+   sharding that keeps the gathered
    weights from the forward to the backward (``reshard_after_forward: false``, one
    all-gather fewer). ``--exhaustive`` simulates them anyway;
 4. *bounded* (``keep``: ``--top``): every candidate gets a lower bound on its step
