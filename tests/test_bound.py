@@ -28,8 +28,13 @@ TWO_NODES = ["model.heads=16", "cluster.nodes=2"]  # GPT-2 small on 16 A100s
 
 
 def _bound(scenario) -> float:
+    """The refined bound of the scenario's own layout, after checking that the cheap one
+    lies below it."""
     bound = StepBound(scenario, scenario.recipe.recompute_fraction)
-    return bound.seconds(Candidate.of_recipe(scenario.recipe), scenario.spec.training.global_batch)
+    candidate, batch = Candidate.of_recipe(scenario.recipe), scenario.spec.training.global_batch
+    cheap, refined = bound.seconds(candidate, batch), bound.refined(candidate, batch)
+    assert 0 < cheap <= refined
+    return refined
 
 
 def _step(scenario) -> float:
@@ -101,9 +106,10 @@ def test_the_bound_lies_below_sampled_sweep_layouts(path, overrides, gpus, per_s
     assert len({candidate.schedule for candidate, _ in sample}) > 2
     bound = StepBound(sample[0][1], sweep._spec(base.raw).training.recompute_fraction)
     for candidate, scenario in sample:
-        seconds = bound.seconds(candidate, base.global_batch)
+        cheap = bound.seconds(candidate, base.global_batch)
+        refined = bound.refined(candidate, base.global_batch)
         step = _step(scenario)
-        assert 0 < seconds <= step, (candidate.label(), seconds, step)
+        assert 0 < cheap <= refined <= step, (candidate.label(), cheap, refined, step)
 
 
 def test_a_lighter_recompute_or_sharding_never_bounds_higher():
@@ -123,6 +129,18 @@ def test_a_lighter_recompute_or_sharding_never_bounds_higher():
                     assert low <= high
                     compared += 1
     assert compared > 1000
+
+
+def test_a_bound_does_not_depend_on_what_was_bounded_before():
+    # every memo of the bound is keyed by all it depends on: the same bounds in any order
+    base, candidates = sweep.plan_sweep(SCENARIOS / "gpt3-175b.yaml", gpus=256)
+    scenario = load_overridden(base.raw, base.source, base.base_dir, ["parallel.dp=null"])
+    sample = random.Random(1).sample(candidates, 400)
+    batch = base.global_batch
+    forward, backward = StepBound(scenario), StepBound(scenario)
+    ahead = [(forward.seconds(c, batch), forward.refined(c, batch)) for c in sample]
+    behind = [(backward.seconds(c, batch), backward.refined(c, batch)) for c in sample[::-1]]
+    assert ahead == behind[::-1]
 
 
 def _ranked(result, keep):

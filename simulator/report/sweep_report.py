@@ -458,10 +458,14 @@ def interval_line(result: SweepResult) -> str | None:
     if not inside:
         return f"{band}: the next layout lies outside it"
     span = f"#{inside[0]}" if len(inside) == 1 else f"#{inside[0]}–#{inside[-1]}"
-    return (
+    line = (
         f"{band}: {span} lie inside it, so parasim cannot rank "
         f"{'it' if len(inside) == 1 else 'them'} apart from the best with confidence"
     )
+    if inside[-1] == len(rows) and result.counts.get("bounded"):
+        # the search ranked no further than this: layouts it left out may lie inside too
+        line += f", nor perhaps layouts beyond the {len(rows)} ranked (--top ranks more)"
+    return line
 
 
 def policy_text(batch: dict[str, Any]) -> str:

@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,10 @@ from simulator.common.errors import ParasimError
 from simulator.common.vocabulary import (
     ALL_GATHER,
     ALL_TO_ALL,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    FULL_BACKWARD,
     GROUPED_GEMM,
     PIPELINE_SCHEDULES,
     REDUCE_SCATTER,
@@ -89,9 +94,11 @@ from simulator.engine.compute import ComputeModel
 from simulator.engine.stragglers import normal_scores
 from simulator.request.layout import Layout, balanced_stages
 from simulator.request.moe import is_moe_layer
+from simulator.request.orders import Overlap
 from simulator.request.placement import Placement, placement_style
 from simulator.request.scenario import Scenario
 from simulator.schedule.layers import RankLowering
+from simulator.schedule.pipeline import pipeline_order
 
 __all__ = ["StepBound", "LayerTimes"]
 
@@ -157,6 +164,7 @@ class StepBound:
         self._calls: dict[tuple, float] = {}
         self._ranks: dict[tuple, tuple[list[tuple[float, float]], int]] = {}
         self._sharded: dict[tuple, tuple[float, float]] = {}
+        self._paths: dict[tuple, float] = {}
         self._layer_params = layer_parameter_count(self.model)
         self.seed = simulation.seed
         self._moe_layers = [
@@ -165,11 +173,15 @@ class StepBound:
         self._first_moe = self._moe_layers.index(True) if any(self._moe_layers) else 0
 
     # -- one layer -------------------------------------------------------------------
-    def layer_times(self, candidate: Any) -> tuple[LayerTimes, LayerTimes]:
-        """A dense and an MoE layer's :class:`LayerTimes` for ``candidate``."""
+    def layer_times(
+        self, candidate: Any, calls: bool | None = None
+    ) -> tuple[LayerTimes, LayerTimes]:
+        """A dense and an MoE layer's :class:`LayerTimes` for ``candidate``, with the
+        calls its compute stream waits for (``calls``; by default, unless its schedule
+        runs them behind another micro-batch's compute)."""
         tp, sp, mb = candidate.tp, candidate.sp, candidate.micro_batch
         cp, cp_kind, ep = candidate.cp, candidate.cp_kind, candidate.ep
-        overlapped = candidate.schedule in _OVERLAPPED_PAIRS
+        overlapped = candidate.schedule in _OVERLAPPED_PAIRS if calls is None else not calls
         tp_calls = None if overlapped else self._groups_of(candidate, "tp")
         ep_calls = None if overlapped or self.moe is None else self._groups_of(candidate, "ep")
         key = (tp, sp, mb, cp, cp_kind, ep, tp_calls, ep_calls)
@@ -415,15 +427,66 @@ class StepBound:
             return None
         groups = self._groups_of(candidate, "dp")
         assert groups is not None  # more than one replica
-        known = self._sharded.get(groups)
+        key = (groups, candidate.tp)
+        known = self._sharded.get(key)
         if known is None:
             params = self._layer_params / candidate.tp
             weight_bytes = 1 if self.recipe.fp8_all_gather else ACT_BYTES
-            known = self._sharded[groups] = (
+            known = self._sharded[key] = (
                 self._call(groups, ALL_GATHER, params * weight_bytes),
                 self._call(groups, REDUCE_SCATTER, params * self.recipe.grad_bytes),
             )
         return known
+
+    def refined(self, candidate: Any, global_batch: int) -> float:
+        """A tighter bound than :meth:`seconds`, at the cost of walking the pipeline's
+        order (about a millisecond for a few thousand actions): the longest path through
+        the schedule's actions (:func:`~simulator.schedule.pipeline.pipeline_order`), each
+        action its stage's layers' time as :meth:`seconds` counts them, each rank's
+        actions one after another in its order, a forward after the previous stage's, a
+        backward after the next stage's and its own forward, a weight gradient after its
+        input gradient, and an overlapped forward and backward (DualPipeV) taking both
+        of their times from the later of the two being ready. Where the walk cannot
+        follow the order, :meth:`seconds`."""
+        cheap = self.seconds(candidate, global_batch)
+        if candidate.schedule not in PIPELINE_SCHEDULES or cheap == 0.0:
+            return cheap
+        microbatches = max(1, global_batch // (candidate.dp * candidate.micro_batch))
+        pp, chunks = candidate.pp, candidate.virtual_stages
+        stages = tuple(candidate.stage_layers or _balanced(self.layers, pp * chunks))
+        recompute = candidate.recompute if candidate.recompute != "none" else None
+        # an action alone waits for its calls; an overlapped pair's run behind the other
+        alone = self._stage_times(*self.layer_times(candidate, True), stages, recompute)
+        paired = self._stage_times(*self.layer_times(candidate, False), stages, recompute)
+        key = (candidate.schedule, pp, microbatches, chunks, alone, paired)
+        longest = self._paths.get(key)
+        if longest is None:
+            order = pipeline_order(candidate.schedule, pp, microbatches, chunks)
+            longest = self._paths[key] = _longest_path(order, alone, paired)
+        return max(cheap, longest * self.fastest)
+
+    def _stage_times(
+        self, dense: LayerTimes, moe: LayerTimes, stages: tuple[int, ...], recompute: str | None
+    ) -> _StageTimes:
+        """Each global stage's forward, input-gradient (with its recompute) and
+        weight-gradient seconds for one micro-batch."""
+        fraction = self.fraction if recompute == "full" else 1.0
+        forward, inputs, weights = [], [], []
+        first = 0
+        for count in stages:
+            moe_count = sum(self._moe_layers[first : first + count])
+            first += count
+            dense_count = count - moe_count
+            forward.append(dense_count * dense.forward + moe_count * moe.forward)
+            weights.append(dense_count * dense.weight + moe_count * moe.weight)
+            base = dense_count * dense.backward_input + moe_count * moe.backward_input
+            if recompute is not None:
+                # full recompute reruns round(count·fraction) of the stage's layers
+                reruns = math.floor(count * fraction + 0.5) if recompute == "full" else count
+                kinds = [dense] * bool(dense_count) + [moe] * bool(moe_count)
+                base += reruns * min((getattr(kind, recompute) for kind in kinds), default=0.0)
+            inputs.append(base)
+        return tuple(forward), tuple(inputs), tuple(weights)
 
     def _rank_terms(
         self,
@@ -438,21 +501,8 @@ class StepBound:
         """Each pipeline rank's ``(fill and drain, work of one micro-batch)`` (its time is
         the first plus the micro-batches times the second; only the ranks no other
         outlasts at every count of micro-batches), and the most layers a rank holds."""
-        fraction = self.fraction if recompute == "full" else 1.0
-        forward, backward = [], []
-        first = 0
-        for count in stages:
-            moe_count = sum(self._moe_layers[first : first + count])
-            first += count
-            dense_count = count - moe_count
-            forward.append(dense_count * dense.forward + moe_count * moe.forward)
-            base = dense_count * dense.backward(None) + moe_count * moe.backward(None)
-            if recompute is not None:
-                # full recompute reruns round(count·fraction) of the stage's layers
-                reruns = math.floor(count * fraction + 0.5) if recompute == "full" else count
-                kinds = [dense] * bool(dense_count) + [moe] * bool(moe_count)
-                base += reruns * min((getattr(kind, recompute) for kind in kinds), default=0.0)
-            backward.append(base)
+        forward, inputs, weights = self._stage_times(dense, moe, stages, recompute)
+        backward = [i + w for i, w in zip(inputs, weights, strict=True)]
         placement = Placement(pp, chunks, placement_style(schedule))
         # a custom order may end on a weight gradient as a zero-bubble one does
         split = schedule in SPLIT_BACKWARD_SCHEDULES or schedule not in PIPELINE_SCHEDULES
@@ -471,6 +521,82 @@ class StepBound:
                 kept.append((fill, work))
         busiest = max(sum(stages[s] for s in placement.stages_of(rank)) for rank in range(pp))
         return kept, busiest
+
+
+#: Each global stage's forward, input-gradient and weight-gradient seconds.
+_StageTimes = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
+
+
+def _longest_path(
+    order: Mapping[int, Sequence[Any]], alone: _StageTimes, paired: _StageTimes
+) -> float:
+    """The last action's end when each pipeline rank runs its ``order`` one action after
+    another as soon as what it needs is done (:meth:`StepBound.refined`), an action
+    taking its stage's ``alone`` times, the halves of an overlapped pair their
+    ``paired`` ones; 0 where the order cannot be followed so (an action this walk does
+    not know)."""
+    last = len(alone[0]) - 1
+    ends: dict[tuple[str, int, int], float] = {}  # ("F" or "G", stage, mb) -> its end
+    ranks = sorted(order)
+    position = dict.fromkeys(ranks, 0)
+    free = dict.fromkeys(ranks, 0.0)
+    waiting: dict[tuple[str, int, int], list[int]] = {}
+    ready = list(ranks)
+
+    def needs(action: Any) -> tuple[str, tuple[tuple[str, int, int], ...]]:
+        stage, mb, kind = action.stage, action.microbatch, action.type
+        if kind == FORWARD:
+            return "F", (("F", stage - 1, mb),) if stage else ()
+        if kind == BACKWARD_WEIGHT:
+            return "W", (("G", stage, mb),)
+        after = (("F", stage, mb),) + ((("G", stage + 1, mb),) if stage < last else ())
+        return "G", after
+
+    while ready:
+        rank = ready.pop()
+        actions = order[rank]
+        while position[rank] < len(actions):
+            action = actions[position[rank]]
+            parts = (action.forward, action.backward) if type(action) is Overlap else (action,)
+            found: list[tuple[float, ...]] = []
+            missing = None
+            for part in parts:
+                if part.type not in (FORWARD, FULL_BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT):
+                    return 0.0
+                mark, deps = needs(part)
+                times = []
+                for dep in deps:
+                    if dep not in ends:
+                        missing = dep
+                        break
+                    times.append(ends[dep])
+                if missing is not None:
+                    break
+                found.append((max(times, default=0.0),))
+            if missing is not None:
+                waiting.setdefault(missing, []).append(rank)
+                break
+            start = max(free[rank], found[0][0])
+            done = start
+            forward, inputs, weights = paired if len(parts) > 1 else alone
+            for part, (after,) in zip(parts, found, strict=True):
+                stage, kind = part.stage, part.type
+                seconds = {
+                    FORWARD: forward[stage],
+                    BACKWARD_INPUT: inputs[stage],
+                    BACKWARD_WEIGHT: weights[stage],
+                }.get(kind, inputs[stage] + weights[stage])
+                end = max(start + seconds, after + seconds)
+                done = max(done + seconds, end)
+                mark, _ = needs(part)
+                key = (mark, stage, part.microbatch)
+                ends[key] = end
+                ready.extend(waiting.pop(key, ()))
+            free[rank] = done
+            position[rank] += 1
+    if any(position[rank] < len(order[rank]) for rank in ranks):
+        return 0.0
+    return max(free.values(), default=0.0)
 
 
 @functools.lru_cache(maxsize=256)

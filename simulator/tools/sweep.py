@@ -26,17 +26,15 @@ Each candidate then meets these filters, in order, and the count of each is repo
    (``none`` < ``selective`` < ``full``; recompute only adds work to a step), ZeRO-1
    where ZeRO-2 is asked (both reduce-scatter the gradients and gather the updated
    parameters, so their steps take the same time and ZeRO-2 only saves memory), full
-   sharding that keeps the gathered
-   weights from the forward to the backward (``reshard_after_forward: false``, one
-   all-gather fewer). ``--exhaustive`` simulates them anyway;
+   sharding that keeps the gathered weights from the forward to the backward
+   (``reshard_after_forward: false``, one all-gather fewer). ``--exhaustive`` simulates them anyway;
 4. *bounded* (``keep``: ``--top``): every candidate gets a lower bound on its step
    (:mod:`simulator.tools.bound`), and the candidates are examined (checked, then
    simulated) in the order of it, a lighter recompute or sharding first among equal
    bounds; the search stops where the next bound exceeds the slowest step the ranking
-   must hold, the ``keep``-th fastest simulated or the top of the fastest one's trust
-   interval, whichever is longer. The candidates never examined or simulated are
-   counted as *bounded*. Without ``keep`` (the Python default) or with ``--exhaustive``
-   every candidate is examined;
+   must hold, the ``keep``-th fastest simulated. The candidates never examined, or
+   found slower than that, are counted as *bounded*. Without ``keep`` (the Python
+   default) or with ``--exhaustive`` every candidate is examined;
 5. *simulated*: one step with :func:`simulator.run.simulate.run_scenario`, in ``analytic``
    fidelity by default (collectives in closed form, symmetric ranks folded), on every
    core, and ranked by step time (ties broken by the layout string). A simulation
@@ -68,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 import time
 from collections import Counter
@@ -708,7 +707,7 @@ def _search_all(
 def _search_best_first(
     candidates: list[Candidate],
     all_overrides: list[list[str]],
-    bounds: list[float],
+    bound: tuple[list[float], Callable[[int], float]],
     keep: int,
     width: int,
     check: Work,
@@ -719,28 +718,37 @@ def _search_best_first(
     recompute or sharding first among equal bounds, so that it is known before the
     layouts it makes needless), check them in batches, simulate those that fit and no
     lighter one makes needless, and stop where the next bound exceeds the threshold:
-    the ``keep``-th fastest step simulated, or the fastest step's interval, whichever
-    is longer. A candidate whose step exceeds the threshold at its simulation is not
-    accounted (status ``slower``): it cannot rank, and counts with those its bound left
-    out. A simulated step below its own bound would mean the bound is wrong: the
-    search then goes on through every candidate, in full."""
+    the ``keep``-th fastest step simulated. A candidate's cheap bound orders it until it
+    comes first, then its refined bound (a walk of its pipeline's order) does. A
+    candidate whose step exceeds the threshold at its simulation is not accounted
+    (status ``slower``): it cannot rank, and counts with those its bound left out. A
+    simulated step below its own bound would mean the bound is wrong: the search then
+    goes on through every candidate, in full."""
+    cheap, refine = bound
+    bounds = list(cheap)
     count = len(candidates)
     weights = [faster_first(candidate) for candidate in candidates]
-    order = sorted(range(count), key=lambda i: (bounds[i], weights[i][1], i))
+    # (bound, faster-first positions, index, refined?): the next candidate first
+    heap = [(bounds[i], weights[i][1], i, False) for i in range(count)]
+    heapq.heapify(heap)
     advance = bar.stage(f"searching {count} layouts, the lowest bound first", count)
     checks: dict[int, dict[str, Any]] = {}
     runs: dict[int, dict[str, Any]] = {}
     lightest: dict[Candidate, list[tuple[int, ...]]] = {}  # fitting positions by group
     needless: set[int] = set()
     threshold, trusted = math.inf, True
-    position, check_s = 0, 0.0
-    while position < count and bounds[order[position]] <= threshold:
+    check_s = 0.0
+    while heap and heap[0][0] <= threshold:
         batch: list[int] = []
-        while position < count and len(batch) < 64 * width:
-            if bounds[order[position]] > threshold:
-                break
-            batch.append(order[position])
-            position += 1
+        while heap and heap[0][0] <= threshold and len(batch) < 64 * width:
+            key, weight, i, refined = heapq.heappop(heap)
+            if not refined and threshold < math.inf:  # worth a closer look now
+                bounds[i] = max(key, refine(i))
+                heapq.heappush(heap, (bounds[i], weight, i, True))
+                continue
+            batch.append(i)
+        if not batch:
+            break
         started = time.perf_counter()
         results = check([all_overrides[i] for i in batch], _no_progress)
         check_s += time.perf_counter() - started
@@ -749,8 +757,8 @@ def _search_best_first(
             checks[i] = result
             if result["status"] != "fits":
                 continue
-            key, weight = weights[i]
-            fitting = lightest.setdefault(key, [])
+            group, weight = weights[i]
+            fitting = lightest.setdefault(group, [])
             if any(never_slower(other, weight) for other in fitting):
                 needless.add(i)  # a lighter recompute or sharding of it fits
                 continue
@@ -772,7 +780,7 @@ def _search_best_first(
             again = simulate([all_overrides[i] for i in redo], _no_progress)
             runs.update(zip(redo, again, strict=True))
         advance(len(batch))
-    advance(count - position)
+    advance(count - len(checks))
     settled = {i for i, result in checks.items() if result["status"] != "fits"}
     ranked = {i for i, run in runs.items() if run["status"] != "slower"}
     bounded = set(range(count)) - settled - needless - ranked
@@ -781,35 +789,31 @@ def _search_best_first(
 
 def _threshold(runs: list[dict[str, Any]], keep: int) -> float:
     """The slowest step a ranking of ``keep`` layouts holds: the ``keep``-th fastest of
-    ``runs``, or the top of the fastest one's interval where that is longer (every
-    layout inside it is ranked); infinite while fewer than ``keep`` have run."""
-    simulated = sorted(
-        (run for run in runs if run["status"] == "simulated"), key=lambda run: run["step_time_s"]
-    )
-    if len(simulated) < keep:
-        return math.inf
-    best = simulated[0]
-    interval = best.get("interval") or {}
-    top = best["step_time_s"] * interval.get("high", 1.0)
-    return max(simulated[keep - 1]["step_time_s"], top)
+    ``runs``; infinite while fewer than ``keep`` have run."""
+    steps = sorted(run["step_time_s"] for run in runs if run["status"] == "simulated")
+    return steps[keep - 1] if len(steps) >= keep else math.inf
 
 
 def _bound_of(
     base: SweepBase, candidates: list[Candidate], all_overrides: list[list[str]]
-) -> list[float] | None:
-    """Each candidate's lower bound on its step (:class:`StepBound`), from the scenario
-    at its own layout, or the first candidate that validates (None where none of the
-    first few does: the search then examines every candidate)."""
-    tries = [["parallel.dp=null"], *all_overrides[:_BOUND_TRIES]]
-    for overrides in tries:
+) -> tuple[list[float], Callable[[int], float]] | None:
+    """Each candidate's cheap lower bound on its step (:meth:`StepBound.seconds`) and
+    the refined one of a candidate by its index (:meth:`StepBound.refined`), from the
+    scenario at its own layout, or the first candidate that validates (None where none
+    of the first few does: the search then examines every candidate)."""
+    scenario = None
+    for overrides in [["parallel.dp=null"], *all_overrides[:_BOUND_TRIES]]:
         try:
             scenario = load_overridden(base.raw, base.source, base.base_dir, overrides)
+            break
         except ParasimError:
             continue
-        fraction = _spec(base.raw).training.recompute_fraction
-        bound = StepBound(scenario, fraction)
-        return [bound.seconds(candidate, base.global_batch) for candidate in candidates]
-    return None
+    if scenario is None:
+        return None
+    bound = StepBound(scenario, _spec(base.raw).training.recompute_fraction)
+    batch = base.global_batch
+    cheap = [bound.seconds(candidate, batch) for candidate in candidates]
+    return cheap, lambda i: bound.refined(candidates[i], batch)
 
 
 #: Candidates tried in turn for the scenario a sweep's bounds start from.
