@@ -50,9 +50,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -104,6 +103,8 @@ __all__ = ["StepBound", "LayerTimes"]
 
 #: The schedule whose tensor-parallel calls run behind the other micro-batch's compute.
 _OVERLAPPED_PAIRS = ("dualpipev",)
+#: The schedules whose order a walk bounds more tightly than their fill and drain do.
+_WALKED = ("interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev")
 #: The frameworks whose full sharding gathers a layer's block as one unit on the ``dp``
 #: stream, which its reduce-scatters share (simulator.schedule.sharded_dp).
 _BLOCK_SHARDING = ("megatron", "torchtitan")
@@ -449,8 +450,8 @@ class StepBound:
         of their times from the later of the two being ready. Where the walk cannot
         follow the order, :meth:`seconds`."""
         cheap = self.seconds(candidate, global_batch)
-        if candidate.schedule not in PIPELINE_SCHEDULES or cheap == 0.0:
-            return cheap
+        if cheap == 0.0 or candidate.pp == 1 or candidate.schedule not in _WALKED:
+            return cheap  # 1F1B's and GPipe's fill and drain are the walk's already
         microbatches = max(1, global_batch // (candidate.dp * candidate.micro_batch))
         pp, chunks = candidate.pp, candidate.virtual_stages
         stages = tuple(candidate.stage_layers or _balanced(self.layers, pp * chunks))
@@ -461,8 +462,8 @@ class StepBound:
         key = (candidate.schedule, pp, microbatches, chunks, alone, paired)
         longest = self._paths.get(key)
         if longest is None:
-            order = pipeline_order(candidate.schedule, pp, microbatches, chunks)
-            longest = self._paths[key] = _longest_path(order, alone, paired)
+            plan = _walk_plan(candidate.schedule, pp, microbatches, chunks)
+            longest = self._paths[key] = 0.0 if plan is None else _longest_path(plan, alone, paired)
         return max(cheap, longest * self.fastest)
 
     def _stage_times(
@@ -527,76 +528,104 @@ class StepBound:
 _StageTimes = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
 
 
+#: An action's part as the walk reads it: its kind (0 forward, 1 input gradient, 2 weight
+#: gradient, 3 whole backward), its stage, the number of what it completes and of what
+#: it needs (a forward's or an input gradient's end, numbered by stage and micro-batch).
+_Part = tuple[int, int, int, tuple[int, ...]]
+_KINDS = {FORWARD: 0, BACKWARD_INPUT: 1, BACKWARD_WEIGHT: 2, FULL_BACKWARD: 3}
+
+
+@functools.lru_cache(maxsize=64)
+def _walk_plan(
+    schedule: str, pp: int, microbatches: int, chunks: int
+) -> tuple[tuple[tuple[_Part, ...], ...], ...] | None:
+    """Each pipeline rank's actions, each the parts it runs (two for an overlapped
+    pair), in the form :func:`_longest_path` walks; None where an action is not a
+    forward or a backward."""
+    order = pipeline_order(schedule, pp, microbatches, chunks)
+    last = pp * chunks - 1
+    grads = (last + 1) * microbatches  # an input gradient's number: after the forwards'
+
+    def part(action: Any) -> _Part | None:
+        kind = _KINDS.get(action.type)
+        if kind is None:
+            return None
+        stage, mb = action.stage, action.microbatch
+        forward = stage * microbatches + mb
+        if kind == 0:
+            return 0, stage, forward, (forward - microbatches,) if stage else ()
+        if kind == 2:
+            return 2, stage, -1, (grads + forward,)
+        later = (grads + forward + microbatches,) if stage < last else ()
+        return kind, stage, grads + forward, (forward, *later)
+
+    plan = []
+    for rank in sorted(order):
+        actions = []
+        for action in order[rank]:
+            halves = (action.forward, action.backward) if type(action) is Overlap else (action,)
+            parts = tuple(part(half) for half in halves)
+            if any(p is None for p in parts):
+                return None
+            actions.append(cast("tuple[_Part, ...]", parts))
+        plan.append(tuple(actions))
+    return tuple(plan)
+
+
 def _longest_path(
-    order: Mapping[int, Sequence[Any]], alone: _StageTimes, paired: _StageTimes
+    plan: tuple[tuple[tuple[_Part, ...], ...], ...], alone: _StageTimes, paired: _StageTimes
 ) -> float:
-    """The last action's end when each pipeline rank runs its ``order`` one action after
-    another as soon as what it needs is done (:meth:`StepBound.refined`), an action
-    taking its stage's ``alone`` times, the halves of an overlapped pair their
-    ``paired`` ones; 0 where the order cannot be followed so (an action this walk does
-    not know)."""
-    last = len(alone[0]) - 1
-    ends: dict[tuple[str, int, int], float] = {}  # ("F" or "G", stage, mb) -> its end
-    ranks = sorted(order)
-    position = dict.fromkeys(ranks, 0)
-    free = dict.fromkeys(ranks, 0.0)
-    waiting: dict[tuple[str, int, int], list[int]] = {}
+    """The last action's end when each pipeline rank runs its actions (``plan``,
+    :func:`_walk_plan`) one after another as soon as what it needs is done
+    (:meth:`StepBound.refined`), an action taking its stage's ``alone`` times, the
+    halves of an overlapped pair their ``paired`` ones; 0 where the walk cannot finish."""
+    seconds = [
+        [forward, inputs, weights, tuple(i + w for i, w in zip(inputs, weights, strict=True))]
+        for forward, inputs, weights in (alone, paired)
+    ]
+    ends: dict[int, float] = {}
+    ranks = range(len(plan))
+    position = [0] * len(plan)
+    free = [0.0] * len(plan)
+    waiting: dict[int, list[int]] = {}
     ready = list(ranks)
-
-    def needs(action: Any) -> tuple[str, tuple[tuple[str, int, int], ...]]:
-        stage, mb, kind = action.stage, action.microbatch, action.type
-        if kind == FORWARD:
-            return "F", (("F", stage - 1, mb),) if stage else ()
-        if kind == BACKWARD_WEIGHT:
-            return "W", (("G", stage, mb),)
-        after = (("F", stage, mb),) + ((("G", stage + 1, mb),) if stage < last else ())
-        return "G", after
-
     while ready:
         rank = ready.pop()
-        actions = order[rank]
+        actions = plan[rank]
         while position[rank] < len(actions):
-            action = actions[position[rank]]
-            parts = (action.forward, action.backward) if type(action) is Overlap else (action,)
-            found: list[tuple[float, ...]] = []
-            missing = None
-            for part in parts:
-                if part.type not in (FORWARD, FULL_BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT):
-                    return 0.0
-                mark, deps = needs(part)
-                times = []
+            parts = actions[position[rank]]
+            afters = []
+            missing = -1
+            for _, _, _, deps in parts:
+                after = 0.0
                 for dep in deps:
-                    if dep not in ends:
+                    end = ends.get(dep)
+                    if end is None:
                         missing = dep
                         break
-                    times.append(ends[dep])
-                if missing is not None:
+                    if end > after:
+                        after = end
+                if missing >= 0:
                     break
-                found.append((max(times, default=0.0),))
-            if missing is not None:
+                afters.append(after)
+            if missing >= 0:
                 waiting.setdefault(missing, []).append(rank)
                 break
-            start = max(free[rank], found[0][0])
+            times = seconds[len(parts) > 1]
+            start = max(free[rank], afters[0])
             done = start
-            forward, inputs, weights = paired if len(parts) > 1 else alone
-            for part, (after,) in zip(parts, found, strict=True):
-                stage, kind = part.stage, part.type
-                seconds = {
-                    FORWARD: forward[stage],
-                    BACKWARD_INPUT: inputs[stage],
-                    BACKWARD_WEIGHT: weights[stage],
-                }.get(kind, inputs[stage] + weights[stage])
-                end = max(start + seconds, after + seconds)
-                done = max(done + seconds, end)
-                mark, _ = needs(part)
-                key = (mark, stage, part.microbatch)
-                ends[key] = end
-                ready.extend(waiting.pop(key, ()))
+            for (kind, stage, key, _), after in zip(parts, afters, strict=True):
+                took = times[kind][stage]
+                end = max(start, after) + took
+                done = max(done + took, end)
+                if key >= 0:
+                    ends[key] = end
+                    ready.extend(waiting.pop(key, ()))
             free[rank] = done
             position[rank] += 1
-    if any(position[rank] < len(order[rank]) for rank in ranks):
+    if any(position[rank] < len(plan[rank]) for rank in ranks):
         return 0.0
-    return max(free.values(), default=0.0)
+    return max(free, default=0.0)
 
 
 @functools.lru_cache(maxsize=256)

@@ -70,7 +70,7 @@ import heapq
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -530,7 +530,7 @@ def run_sweep(
             hint=hint,
         )
     check_base(base)
-    all_overrides = [base.candidate_overrides(c, fidelity) for c in candidates]
+    all_overrides = _Overrides(base, candidates, fidelity)
     args = (base.raw, base.source, base.base_dir)
     cache = cache or ResultCache(None)
     bound = None if exhaustive or keep is None else _bound_of(base, candidates, all_overrides)
@@ -666,6 +666,27 @@ def run_sweep(
     )
 
 
+class _Overrides(Sequence[list[str]]):
+    """Each candidate's ``--set`` overrides (:meth:`SweepBase.candidate_overrides`),
+    made when first asked for: a search that examines few of its candidates writes few."""
+
+    def __init__(self, base: SweepBase, candidates: list[Candidate], fidelity: str):
+        self.base, self.candidates, self.fidelity = base, candidates, fidelity
+        self.made: dict[int, list[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        made = self.made.get(index)
+        if made is None:
+            candidate = self.candidates[index]
+            made = self.made[index] = self.base.candidate_overrides(candidate, self.fidelity)
+        return made
+
+
 @dataclass
 class _Search:
     """What a sweep's search found: each examined candidate's ``checks`` and ``runs``
@@ -684,7 +705,7 @@ class _Search:
 
 def _search_all(
     candidates: list[Candidate],
-    all_overrides: list[list[str]],
+    all_overrides: Sequence[list[str]],
     check: Work,
     simulate: Work,
     bar: Any,
@@ -695,7 +716,7 @@ def _search_all(
     makes needless (``exhaustive``: every one that fits)."""
     started = time.perf_counter()
     advance = bar.stage(f"checking {len(candidates)} layouts", len(candidates))
-    results = check(all_overrides, advance)
+    results = check(list(all_overrides), advance)
     chosen, dominated = select_lightest(candidates, results, exhaustive)
     check_s = time.perf_counter() - started
     advance = bar.stage(f"simulating {len(chosen)} layouts ({fidelity})", len(chosen))
@@ -706,7 +727,7 @@ def _search_all(
 
 def _search_best_first(
     candidates: list[Candidate],
-    all_overrides: list[list[str]],
+    all_overrides: Sequence[list[str]],
     bound: tuple[list[float], Callable[[int], float]],
     keep: int,
     width: int,
@@ -795,14 +816,15 @@ def _threshold(runs: list[dict[str, Any]], keep: int) -> float:
 
 
 def _bound_of(
-    base: SweepBase, candidates: list[Candidate], all_overrides: list[list[str]]
+    base: SweepBase, candidates: list[Candidate], all_overrides: Sequence[list[str]]
 ) -> tuple[list[float], Callable[[int], float]] | None:
     """Each candidate's cheap lower bound on its step (:meth:`StepBound.seconds`) and
     the refined one of a candidate by its index (:meth:`StepBound.refined`), from the
     scenario at its own layout, or the first candidate that validates (None where none
     of the first few does: the search then examines every candidate)."""
     scenario = None
-    for overrides in [["parallel.dp=null"], *all_overrides[:_BOUND_TRIES]]:
+    tries = [["parallel.dp=null"], *all_overrides[:_BOUND_TRIES]]
+    for overrides in tries:
         try:
             scenario = load_overridden(base.raw, base.source, base.base_dir, overrides)
             break
