@@ -50,6 +50,20 @@ def test_the_bound_lies_below_every_shipped_scenarios_step(path):
         assert 0 < bound <= step, (overrides, bound, step)
 
 
+ZERO_AT_1024 = [
+    "cluster.nodes=128",
+    "training.global_batch=512",
+    "parallel.tp=8",
+    "parallel.pp=1",
+    "parallel.dp=128",
+    "parallel.sp=true",
+    "training.micro_batch=4",
+    "training.recompute=full",
+    "training.sharding=gradients",
+    "training.optimizer_sharding=false",
+]
+
+
 @pytest.mark.parametrize(
     "path, overrides",
     [
@@ -57,8 +71,11 @@ def test_the_bound_lies_below_every_shipped_scenarios_step(path):
         (SCENARIOS / "pipeline-demo.yaml", ["simulation.fidelity=flow"]),
         (SMALL, ["cluster.gpu.jitter=0.2"]),  # stragglers: some ranks run faster
         (SCENARIOS / "gpt3-175b.yaml", ["training.recompute_fraction=0.5"]),
+        # ZeRO-2 over 128 replicas: the updated weights gathered in one call, whose
+        # latency a call per layer would count 96 times
+        (SCENARIOS / "gpt3-175b.yaml", ZERO_AT_1024),
     ],
-    ids=["flow-3d", "flow-pipeline", "jitter", "recompute-fraction"],
+    ids=["flow-3d", "flow-pipeline", "jitter", "recompute-fraction", "zero2-gather"],
 )
 def test_the_bound_lies_below_other_fidelities_and_recipes(path, overrides):
     scenario = load_scenario(path, overrides)

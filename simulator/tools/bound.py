@@ -163,7 +163,7 @@ class StepBound:
         self._layers: dict[tuple, tuple[LayerTimes, LayerTimes]] = {}
         self._groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self._calls: dict[tuple, float] = {}
-        self._ranks: dict[tuple, tuple[list[tuple[float, float]], int]] = {}
+        self._ranks: dict[tuple, tuple[list[tuple[float, float]], int, int]] = {}
         self._sharded: dict[tuple, tuple[float, float]] = {}
         self._paths: dict[tuple, float] = {}
         self._layer_params = layer_parameter_count(self.model)
@@ -395,14 +395,38 @@ class StepBound:
         known = self._ranks.get(key)
         if known is None:
             known = self._ranks[key] = self._rank_terms(*key)
-        terms, busiest = known
+        terms, busiest, fewest = known
         compute = max(fill + microbatches * work for fill, work in terms) * self.fastest
+        compute += self._gather_after_step(candidate, fewest)
         sharded = self._sharded_calls(candidate)
         if sharded is None:
             return compute
         gather, reduce = sharded
         gathers = microbatches * (2 if candidate.reshard_after_forward else 1)
         return max(compute, busiest * (gathers * gather + reduce))
+
+    def _gather_after_step(self, candidate: Any, layers: int) -> float:
+        """A sharded optimizer's (ZeRO-1/2) all-gather of ``layers`` layers' updated
+        weights, alone on the cheaper of two DP groups: a rank gathers its layers' in
+        one call after its optimizer, which waits for its last backward's gradients, so nothing
+        of the rank overlaps it (:mod:`simulator.schedule.gradients`); 0 where it runs
+        beside the next step (``param_gather_overlap``), or another framework (DeepSpeed
+        gathers in chunks), grid or model decides it (experts, context parallelism)."""
+        recipe = self.recipe
+        if (
+            candidate.sharding not in ("optimizer", "gradients")
+            or recipe.param_gather_overlap
+            or recipe.framework == "deepspeed"
+            or candidate.dp == 1
+            or candidate.cp > 1
+            or self.moe is not None
+        ):
+            return 0.0
+        groups = self._groups_of(candidate, "dp")
+        assert groups is not None  # more than one replica
+        weight_bytes = 1 if recipe.fp8_all_gather else ACT_BYTES
+        size = layers * self._layer_params / candidate.tp * weight_bytes
+        return self._call(groups, ALL_GATHER, size)
 
     def _sharded_calls(self, candidate: Any) -> tuple[float, float] | None:
         """One layer's gather and reduce-scatter on a rank's ``dp`` stream under full
@@ -464,7 +488,10 @@ class StepBound:
         if longest is None:
             plan = _walk_plan(candidate.schedule, pp, microbatches, chunks)
             longest = self._paths[key] = 0.0 if plan is None else _longest_path(plan, alone, paired)
-        return max(cheap, longest * self.fastest)
+        placement = Placement(pp, chunks, placement_style(candidate.schedule))
+        fewest = min(sum(stages[s] for s in placement.stages_of(rank)) for rank in range(pp))
+        tail = self._gather_after_step(candidate, fewest)
+        return max(cheap, longest * self.fastest + tail)
 
     def _stage_times(
         self, dense: LayerTimes, moe: LayerTimes, stages: tuple[int, ...], recompute: str | None
@@ -498,10 +525,11 @@ class StepBound:
         stages: tuple[int, ...],
         schedule: str,
         recompute: str | None,
-    ) -> tuple[list[tuple[float, float]], int]:
+    ) -> tuple[list[tuple[float, float]], int, int]:
         """Each pipeline rank's ``(fill and drain, work of one micro-batch)`` (its time is
         the first plus the micro-batches times the second; only the ranks no other
-        outlasts at every count of micro-batches), and the most layers a rank holds."""
+        outlasts at every count of micro-batches), and the most and fewest layers a rank
+        holds."""
         forward, inputs, weights = self._stage_times(dense, moe, stages, recompute)
         backward = [i + w for i, w in zip(inputs, weights, strict=True)]
         placement = Placement(pp, chunks, placement_style(schedule))
@@ -520,8 +548,8 @@ class StepBound:
         for work, fill in sorted(terms.items(), reverse=True):
             if not kept or fill > kept[-1][0]:
                 kept.append((fill, work))
-        busiest = max(sum(stages[s] for s in placement.stages_of(rank)) for rank in range(pp))
-        return kept, busiest
+        layers = [sum(stages[s] for s in placement.stages_of(rank)) for rank in range(pp)]
+        return kept, max(layers), min(layers)
 
 
 #: Each global stage's forward, input-gradient and weight-gradient seconds.
