@@ -116,6 +116,7 @@ class BlockSharding:
         # ops the layer waits for
         self.prefetched: dict[tuple[int, int, int, bool], list[int]] = {}
         self.reduces: list[int] = []  # what the optimizer waits for
+        self.program = self.out.w  # the rank's program (a block's body is another writer)
         self._units: dict[int, list[Unit]] = {}
 
     # -- units and groups ---------------------------------------------------------------
@@ -242,6 +243,14 @@ class BlockSharding:
                 tags,
             )
         if reduce is not None:
+            self.waited_by_optimizer(reduce)
+
+    def waited_by_optimizer(self, reduce: int) -> None:
+        """Make the optimizer wait for ``reduce``, written in the rank's program; one
+        written in a block's body (an earlier micro-batch's backward, where the stack
+        reduces every micro-batch) ends with its block, which the optimizer follows, and
+        its number is the body's, not the program's."""
+        if self.out.w is self.program:
             self.reduces.append(reduce)
 
     def reduce_deps(self, unit: Unit, layer: int, microbatch: int, grad_bytes: float) -> tuple:
@@ -473,7 +482,7 @@ class ZeroStage3Sharding(BlockSharding):
         if elements <= 0:
             return
         index = self.bucket_index.get(group, 0)
-        self.reduces.append(
+        self.waited_by_optimizer(
             self.out.w.collective(
                 REDUCE_SCATTER,
                 group,
