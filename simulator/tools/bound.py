@@ -101,7 +101,8 @@ from simulator.schedule.pipeline import pipeline_order
 
 __all__ = ["StepBound", "LayerTimes"]
 
-#: The schedule whose tensor-parallel calls run behind the other micro-batch's compute.
+#: The schedule whose tensor- and expert-parallel calls run behind the other
+#: micro-batch's compute, where two of them are overlapped.
 _OVERLAPPED_PAIRS = ("dualpipev",)
 #: The schedules whose order a walk bounds more tightly than their fill and drain do.
 _WALKED = ("interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev")
@@ -113,7 +114,7 @@ _BLOCK_SHARDING = ("megatron", "torchtitan")
 @dataclass(frozen=True)
 class LayerTimes:
     """One layer's necessary seconds for one micro-batch on one rank: ``forward``,
-    ``backward_input`` (input gradients, with the exposed TP calls of both), ``weight``
+    ``backward_input`` (input gradients, with the exposed calls of both), ``weight``
     (weight gradients), and what its recompute adds, ``full`` or ``selective``."""
 
     forward: float
