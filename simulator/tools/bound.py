@@ -123,11 +123,6 @@ class LayerTimes:
     full: float
     selective: float
 
-    def backward(self, recompute: str | None) -> float:
-        """Its whole backward, with ``recompute`` (None: none) before it."""
-        extra = {"full": self.full, "selective": self.selective}.get(recompute or "", 0.0)
-        return self.backward_input + self.weight + extra
-
 
 class StepBound:
     """Lower bounds on the steps of layouts of one scenario (module docstring): its

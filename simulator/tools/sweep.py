@@ -41,10 +41,9 @@ Each candidate then meets these filters, in order, and the count of each is repo
    that ends in an error (a schedule that cannot finish) is counted as *failed*.
 
 The size of the space: GPT-3 175B on 1024 A100s (``scenarios/gpt3-175b.yaml --gpus
-1024``, global batch 512) enumerates 24,565 candidates; examined every one, 11,081 do
-not fit in memory, 9,867 are dominated and 3,616 are simulated (about 90 s on two
-cores); ranking the ten fastest, the bound leaves 21,550 unexamined and 436 are
-simulated (``benchmarks/RESULTS.md``).
+1024``, global batch 512) enumerates 24,565 candidates; examined every one, 4,206 are
+simulated (about two minutes on two cores); ranking the ten fastest, the bound leaves
+22,706 out and 48 are simulated in full (``benchmarks/RESULTS.md``).
 Mixture-of-experts steps fold one rank per stage and EP group where the group's ranks
 receive alike (uniform routing); others simulate every rank, so their runs take
 seconds each: pin some dimensions with ``--fix`` to keep such a sweep short. A
