@@ -138,6 +138,15 @@ class Cluster:
         self._index(gpu, f"pod_of({gpu!r})")
         return 0
 
+    def symmetric_shift(self, lowest_gpu: int) -> int:
+        """How many GPUs toward GPU 0 a set of GPUs, the lowest ``lowest_gpu``, can be
+        moved, every GPU by the same count, with the network the same to it: the
+        routes between the moved GPUs cross links of the same bandwidths and
+        latencies, shared alike, so calls on them cost the same. 0 here (a custom
+        topology's links are its own); a fabric of alike nodes says more."""
+        self._index(lowest_gpu, f"symmetric_shift({lowest_gpu!r})")
+        return 0
+
     def gpu_name(self, gpu: int) -> str:
         """The graph vertex of GPU ``gpu``, e.g. ``'n1.gpu3'``."""
         return f"n{self.node_of(gpu)}.gpu{self.local_index(gpu)}"

@@ -260,6 +260,17 @@ class FatTreeCluster(Cluster):
         """The pod of GPU ``gpu``: ``node_of(gpu) // pod_size``."""
         return self.node_of(gpu) // self.pod_size
 
+    def symmetric_shift(self, lowest_gpu: int) -> int:
+        """Whole nodes in one pod, whole pods where the pods are alike (none where the
+        last pod is smaller: its spine's links are slower): the nodes are alike and
+        their routes depend only on whether two GPUs share a node, a rail and a pod."""
+        node = self.node_of(lowest_gpu)
+        if self.num_pods == 1:
+            return node * self.gpus_per_node
+        if self.num_nodes % self.pod_size:
+            return 0
+        return node // self.pod_size * self.pod_size * self.gpus_per_node
+
     def nodes_in_pod(self, pod: int) -> int:
         """Nodes of pod ``pod`` (``pod_size``, or fewer in the last pod)."""
         return min(self.pod_size, self.num_nodes - pod * self.pod_size)

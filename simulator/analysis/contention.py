@@ -76,9 +76,12 @@ def _need_of(cluster: Cluster, specs: list[TransferSpec], own: frozenset[int]) -
     need: dict[int, float] = {}
     links = cluster.links
     for spec in specs:
-        for link, crossings in spec.usage.items():
-            if link in own:
-                need[link] = need.get(link, 0.0) + spec.volume * crossings / links[link].bandwidth
+        usage = spec.usage
+        # a ring of a thousand GPUs crosses thousands of links, the rank's own a few
+        # (the order of a rank's links changes nothing: each is a row of its own)
+        crossed = usage if len(usage) <= len(own) else sorted(own)
+        for link in (link for link in crossed if link in own and link in usage):
+            need[link] = need.get(link, 0.0) + spec.volume * usage[link] / links[link].bandwidth
     return need
 
 

@@ -152,6 +152,8 @@ class AloneTimes:
         self.rank_images = rank_images or {}
         # collective() keys -> (seconds, name), p2p() keys -> seconds
         self._memo: dict[tuple, Any] = {}
+        self._placements: dict[Any, tuple] = {}
+        self._arrays: dict[int, tuple[Any, np.ndarray]] = {}
 
     @classmethod
     def of_schedule(
@@ -187,15 +189,8 @@ class AloneTimes:
         if cached is None and splits is None:
             # the same call on the same GPUs and images costs the same in every step
             # on this cluster (a sweep's candidates share it)
-            shared = (
-                "alone",
-                op.kind,
-                op.bytes,
-                tuple(self.group_gpus[op.group]),
-                self.images.get(op.group),
-                self.algorithm,
-                self.protocol,
-            )
+            shared = ("alone", op.kind, op.bytes, *self._placed(op.group))
+            shared += (self.algorithm, self.protocol)
             cached = cast("tuple[float, str] | None", self.cluster.plan_cache.get(shared))
             if cached is not None:
                 self._memo[key] = cached
@@ -220,6 +215,50 @@ class AloneTimes:
             if splits is None:
                 self._memo[key] = self.cluster.plan_cache[shared] = cached
         return cached
+
+    def _placed(self, group: str) -> tuple:
+        """``group``'s members and images (the groups it stands for), moved toward GPU 0
+        as far as the cluster's symmetry allows
+        (:meth:`~topologies.cluster.Cluster.symmetric_shift`): a key under which the
+        same call on groups that are moves of one another (a pipeline's stages, say)
+        is priced once."""
+        known = self._placements.get(group)
+        if known is None:
+            own, images = self.group_gpus[group], self.images.get(group)
+            known = self._placements[group] = self._moved_together(own, images)
+        return known
+
+    def _placed_pair(self, src: int, dst: int) -> tuple:
+        """A send/recv's two GPUs and the ranks each stands for, moved as
+        :meth:`_placed` moves a group's."""
+        key = ("p2p", src, dst)
+        known = self._placements.get(key)
+        if known is None:
+            sources, destinations = self.rank_images.get(src), self.rank_images.get(dst)
+            known = self._placements[key] = self._moved_together(src, dst, sources, destinations)
+        return known
+
+    def _moved_together(self, *parts: int | Sequence[Any] | None) -> tuple:
+        """Keys of ``parts`` (a GPU, GPUs, groups of as many GPUs each; None) all moved
+        by the one shift their lowest GPU allows: each part's shape and numbers' bytes
+        (the parts themselves where groups differ in size, unmoved)."""
+        try:
+            arrays = [None if part is None else self._array(part) for part in parts]
+        except ValueError:  # groups of different sizes: no array, no move
+            return parts
+        lowest = min(int(array.min()) for array in arrays if array is not None and array.size)
+        shift = self.cluster.symmetric_shift(lowest)
+        return tuple(
+            None if array is None else (array.shape, (array - shift).tobytes()) for array in arrays
+        )
+
+    def _array(self, gpus: int | Sequence[Any]) -> np.ndarray:
+        """``gpus`` as an array (memoised while it lives: a rank's images are both ends
+        of its sends and its receives)."""
+        known = self._arrays.get(id(gpus))
+        if known is None or known[0] is not gpus:
+            known = self._arrays[id(gpus)] = (gpus, np.asarray(gpus, dtype=np.int64))
+        return known[1]
 
     def uneven(self, group: str, splits) -> tuple[float, str] | None:
         """``(seconds, name)`` of an uneven all-to-all on ``group`` priced in arrays
@@ -254,15 +293,7 @@ class AloneTimes:
         key = ("p2p", src, dst, size)
         cached: float | None = self._memo.get(key)
         if cached is None:
-            shared = (
-                "alone-p2p",
-                src,
-                dst,
-                size,
-                self.rank_images.get(src),
-                self.rank_images.get(dst),
-                self.protocol,
-            )
+            shared = ("alone-p2p", size, *self._placed_pair(src, dst), self.protocol)
             cached = cast("float | None", self.cluster.plan_cache.get(shared))
             if cached is None:
                 cached = self.cluster.plan_cache[shared] = self.p2p_images_of(
