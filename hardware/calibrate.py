@@ -34,15 +34,17 @@ from functools import partial
 from pathlib import Path
 from typing import TypedDict
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
+from simulator.common import fitting
 from simulator.common.files import write_json
 from simulator.engine.collectives import algorithm_steps, bus_factor
 from simulator.request.scenario import load_scenario
 from simulator.schedule.ir import Compute
+from simulator.traces.calibration import op_table_rows
 from topologies import load_cluster_spec, parse_flops
+from topologies.devices import CPU_PRESET, preset_of_device
 from topologies.profile import PROFILE_FORMAT, PROFILE_VERSION
 
 from .executor import ComputeKernels, make_buffers
@@ -104,33 +106,14 @@ SWEEPS: dict[str, Sweep] = {
         "iters": 7,
     },
 }
-# device name (as torch.cuda.get_device_name reports it) -> preset; checked in order
-DEVICE_PRESETS = {
-    "GB200": "gb200-nvl72",
-    "B200": "dgx-b200",
-    "H200": "hgx-h200",
-    "H100": "dgx-h100",
-    "A100": "dgx-a100",
-}
 
 
 def fit_line(x: list[float], y: list[float]) -> tuple[float, float, float]:
-    """Least squares ``y = a + b·x`` with ``a >= 0``, in relative terms (each point
-    weighted by ``1/y``, so the small sizes that pin the fixed cost count as much as
-    the large ones that pin the rate); returns ``(a, b, rms residual in seconds)``."""
-    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    weights = 1.0 / ys
-    design = np.vstack([np.ones_like(xs), xs]).T * weights[:, None]
-    a, b = np.linalg.lstsq(design, ys * weights, rcond=None)[0]
-    if a < 0:  # a negative fixed cost is noise: fit through the origin instead
-        a, b = 0.0, float(np.sum(xs / ys) / np.sum((xs / ys) ** 2))
-    if b <= 0:
-        raise HardwareError(
-            f"cannot fit a positive slope to {len(xs)} points (times do not grow with size: "
-            f"{', '.join(f'{t:.3g} s' for t in ys)} at {', '.join(f'{v:.3g}' for v in xs)})"
-        )
-    rms = float(np.sqrt(np.mean((ys - (a + b * xs)) ** 2)))
-    return float(a), float(b), rms
+    """:func:`simulator.common.fitting.fit_line`, its refusal a :class:`HardwareError`."""
+    try:
+        return fitting.fit_line(x, y)
+    except fitting.FitError as exc:
+        raise HardwareError(str(exc)) from None
 
 
 def _peak_flops(args: argparse.Namespace, runtime: Runtime) -> tuple[float, str]:
@@ -139,10 +122,10 @@ def _peak_flops(args: argparse.Namespace, runtime: Runtime) -> tuple[float, str]
     preset = args.preset
     if preset is None:
         if not runtime.is_cuda:
-            preset = "cpu-localhost"
+            preset = CPU_PRESET
         else:
             name = runtime.device_name()
-            preset = next((p for key, p in DEVICE_PRESETS.items() if key in name), None)
+            preset = preset_of_device(name)
             if preset is None:
                 raise HardwareError(
                     f"no preset matches device {name!r}: give --preset or --peak-flops"
@@ -487,21 +470,7 @@ def _op_table(
     if not spreads and len(gathered) > 1:
         spreads = _spreads([totals for _, totals, _ in gathered])
     jitter = min(0.5, statistics.median(spreads)) if spreads else 0.0
-    rows = []
-    for (kind, flops, size, shape, batch, fp8), values in merged.items():
-        rows.append(
-            {
-                "kind": kind,
-                "flops": flops,
-                "bytes": size,
-                "shape": list(shape) if shape is not None else None,
-                "batch": batch,
-                "fp8": fp8,
-                # the mean, as every timing here: a step is a sum of many such ops, so
-                # an op's occasional slow runs (a tick, a preemption) count in proportion
-                "seconds": statistics.fmean(values) + overheads["compute_op_s"],
-            }
-        )
+    rows = op_table_rows(merged, overheads["compute_op_s"])
     return rows, jitter, calls
 
 

@@ -23,17 +23,20 @@ was issued, ``start`` when it began on its stream, ``end`` when it finished.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from simulator.schedule.ir import Collective, Compute, Recv, Schedule, Send
+from simulator.traces.labels import call_label, compute_label
 
 from .compat import all_gather_single, reduce_scatter_single
 from .p2p import issuable
@@ -197,8 +200,11 @@ class ProgramExecutor:
         groups: dict[str, dist.ProcessGroup],
         peak_flops: float,
         memory_bandwidth: float,
+        labelled: bool = False,
     ):
         self.runtime = runtime
+        # under a profiler: each op's range named for what it is (simulator.traces.labels)
+        self.labelled = labelled
         self.rank = runtime.rank
         self.program = schedule.programs[runtime.rank]
         self.ops = self.program.ops
@@ -252,6 +258,22 @@ class ProgramExecutor:
                 counts.append(self._numel(peer_op.splits[me]) if peer_op.splits else 0)
             received[op.id] = counts
         return received
+
+    # -- profiler ranges ----------------------------------------------------------------
+    def _range(self, op) -> Any:
+        """A profiler range naming ``op`` (a compute op, or a call where it is issued),
+        or nothing when the executor is not labelled."""
+        if not self.labelled:
+            return contextlib.nullcontext()
+        if type(op) is Compute:
+            name = compute_label(op.kind, op.flops, op.bytes, op.shape, op.batch, op.fp8)
+        elif type(op) is Collective:
+            members = self.group_members[op.group]
+            name = call_label(op.id, op.kind, op.group, members, op.bytes)
+        else:
+            src, dst = (self.rank, op.peer) if type(op) is Send else (op.peer, self.rank)
+            name = call_label(op.id, "p2p", f"{src}>{dst}:{op.tag}", (src, dst), op.bytes)
+        return torch.profiler.record_function(name)
 
     # -- communication ------------------------------------------------------------------
     def _issue_comm(self, op, verify: bool) -> tuple[list, Callable[[], None]]:
@@ -435,7 +457,8 @@ class ProgramExecutor:
                 self.current = op.id
                 inject_fault(self.rank, op.id)
                 ready[op.id] = start[op.id] = time.perf_counter() - t0
-                works, check = self._issue_comm(op, verify)
+                with self._range(op):
+                    works, check = self._issue_comm(op, verify)
                 pending[op.id] = len(works)
                 inflight[name] = (op, check)
                 for work in works:
@@ -451,7 +474,8 @@ class ProgramExecutor:
                 self.current = op.id
                 inject_fault(self.rank, op.id)
                 ready[op.id] = start[op.id] = time.perf_counter() - t0
-                self.kernels.run(op)
+                with self._range(op):
+                    self.kernels.run(op)
                 end[op.id] = time.perf_counter() - t0
                 finished[op.id] = True
                 remaining -= 1
@@ -477,7 +501,11 @@ class ProgramExecutor:
             for op in members:
                 begin_events[op.id].record(stream)
             calls = [self._p2p(op, verify) for op in members]
-            for work in dist.batch_isend_irecv([p2p for p2p, _ in calls]):
+            with contextlib.ExitStack() as ranges:
+                for op in members:
+                    ranges.enter_context(self._range(op))
+                works = dist.batch_isend_irecv([p2p for p2p, _ in calls])
+            for work in works:
                 work.wait()  # makes this stream wait for the transfers
             if verify:
                 stream.synchronize()
@@ -517,9 +545,11 @@ class ProgramExecutor:
             with torch.cuda.stream(stream):
                 begin_events[op.id].record(stream)
                 if type(op) is Compute:
-                    self.kernels.run(op)
+                    with self._range(op):
+                        self.kernels.run(op)
                 else:
-                    works, check = self._issue_comm(op, verify)
+                    with self._range(op):
+                        works, check = self._issue_comm(op, verify)
                     for w in works:
                         w.wait()  # makes this stream wait for the communication
                     if verify:

@@ -21,10 +21,14 @@ a busy or disturbed machine is named in the warnings.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,6 +38,7 @@ from simulator.engine.core import SimulationTimes
 from simulator.report.outputs import write_run_outputs
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import RunResult, assemble_result, per_rank_schedule
+from simulator.traces.kineto import REPLAY_FOLDER
 
 from .executor import ProgramExecutor
 from .groups import build_groups
@@ -60,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-verify", dest="verify", action="store_false")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record the measured steps with torch.profiler: one trace per rank in "
+        f"{REPLAY_FOLDER}/",
+    )
     parser.add_argument(
         "--ifname",
         help="network interface the ranks connect over between nodes (sets "
@@ -89,6 +100,7 @@ def replay(args: argparse.Namespace) -> int:
         groups,
         peak_flops=gpu.peak_flops * gpu.matmul_efficiency,
         memory_bandwidth=gpu.hbm_bandwidth,
+        labelled=args.profile,
     )
     watchdog = Watchdog(runtime.rank, runtime.timeout_s, executor.describe_current)
     for step in range(args.warmup):
@@ -96,7 +108,16 @@ def replay(args: argparse.Namespace) -> int:
     offset = clock_offset(runtime)
     probe = speed_probe(runtime)
     wall, cpu, ticks = time.perf_counter(), time.process_time(), cpu_ticks()
-    measured = [executor.run_step(watchdog=watchdog) for _ in range(args.steps)]
+    with _profiler(args, runtime, scenario):
+        measured = []
+        for step in range(args.steps):
+            # the span torch.profiler's own step() names, so a reader finds the steps
+            with (
+                torch.profiler.record_function(f"ProfilerStep#{step}")
+                if args.profile
+                else (contextlib.nullcontext())
+            ):
+                measured.append(executor.run_step(watchdog=watchdog))
     cpu_per_wall = (time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
     steal = steal_fraction(ticks, cpu_ticks())
     watchdog.stop()
@@ -111,6 +132,39 @@ def replay(args: argparse.Namespace) -> int:
         assert gathered is not None
         _write_measured(args, scenario, schedule, runtime, gathered, steal, probe)
     return 0
+
+
+@contextlib.contextmanager
+def _profiler(args, runtime, scenario) -> Iterator[Any]:
+    """With ``--profile``, torch.profiler around the measured steps (shapes recorded, as
+    ``parasim calibrate --from-trace`` reads them), this rank's trace written to
+    ``kineto/rank<r>.pt.trace.json.gz`` after them, with what a trace does not say of
+    the machine (its cores, the rank's node size) under ``parasim``; else nothing."""
+    if not args.profile:
+        yield None
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if runtime.is_cuda:
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities, record_shapes=True) as profiler:
+        profiler.add_metadata_json(
+            "parasim",
+            json.dumps(
+                {
+                    "scenario": scenario.name,
+                    "torch": torch.__version__,
+                    "cores": machine_cores(),
+                    "per_node": runtime.local_world,
+                    "device": runtime.device_name(),
+                }
+            ),
+        )
+        yield profiler
+    folder = args.out / REPLAY_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    profiler.export_chrome_trace(str(folder / f"rank{runtime.rank}.pt.trace.json.gz"))
 
 
 def common_clock(steps: list[tuple]) -> tuple[list[tuple], float]:

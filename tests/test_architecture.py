@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("simulator.engine",),
     ("simulator.analysis",),
     ("simulator.run",),
-    ("simulator.tools",),
+    ("simulator.tools", "simulator.traces"),
     ("simulator.report",),
     ("hardware",),
     ("simulator.cli",),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cli.launch import add_launch_options, backend, launcher
+from simulator.common.errors import ParasimError
 
 __all__ = ["add_parser", "command"]
 
@@ -20,10 +21,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=(
             "Run GEMM, memory and collective microbenchmarks on --nproc local ranks (NCCL "
             "on GPUs, gloo on CPUs) and, with --scenario, time the compute ops (GEMMs, "
-            "attention, elementwise) and collective sizes that scenario runs; fit the "
-            "model's parameters and write them as a profile that cluster.profile applies "
-            "(docs/hardware.md)."
+            "attention, elementwise) and collective sizes that scenario runs; or, with "
+            "--from-trace, read what a real run measured from its PyTorch profiler traces "
+            "(one per rank) and start nothing. Fit the model's parameters and write them "
+            "as a profile that cluster.profile applies (docs/hardware.md)."
         ),
+    )
+    parser.add_argument(
+        "--from-trace",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="PyTorch profiler traces of a real run (.json or .json.gz, one per rank, or "
+        "folders of them, as export_chrome_trace or tensorboard_trace_handler writes "
+        "them): calibrate from them instead of running benchmarks",
     )
     add_launch_options(parser)
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")
@@ -59,8 +70,10 @@ def command(args: argparse.Namespace) -> int:
     from simulator.common.folders import check_own_file
     from simulator.request.scenario import load_scenario
 
-    launch = launcher("calibrating")
     check_own_file(args.out, "--out", _is_profile, "a parasim calibration profile")
+    if args.from_trace:
+        return _from_trace(args)
+    launch = launcher("calibrating")
     forwarded = ["--out", str(args.out.resolve())]
     if args.quick:
         forwarded.append("--quick")
@@ -74,3 +87,53 @@ def command(args: argparse.Namespace) -> int:
     nproc = 1 if args.nproc is None else args.nproc
     launch("hardware.calibrate", forwarded, nproc, backend(args), args.timeout)
     return 0
+
+
+def _from_trace(args: argparse.Namespace) -> int:
+    """Write the profile of the run whose traces ``--from-trace`` names, and say what it
+    holds and which kernels it could not classify."""
+    from simulator.common.files import write_json
+    from simulator.traces.calibration import calibrate_from_traces
+
+    if args.scenario or args.quick:
+        flag = "--scenario" if args.scenario else "--quick"
+        raise ParasimError(f"{flag}: not with --from-trace (the traces are the measurement)")
+    profile, measurements, passed_over = calibrate_from_traces(
+        args.from_trace, args.preset, args.peak_flops
+    )
+    write_json(args.out, profile)
+    gpu, trace = profile["gpu"], profile["trace"]
+    calls = sum(len(fit["table"]) for scopes in profile["comm"].values() for fit in scopes.values())
+    print(
+        f"parasim: wrote {args.out} from {len(measurements.ranks)} rank trace"
+        f"{'s' if len(measurements.ranks) != 1 else ''}: {len(gpu['op_table'])} measured ops, "
+        f"{len(gpu['gemm_table'])} GEMM shapes, matmul efficiency "
+        f"{gpu['matmul_efficiency']:.3f} of {gpu['peak_flops']:.4g} FLOP/s, "
+        f"{calls} measured call sizes in {sum(len(v) for v in profile['comm'].values())} "
+        f"communication fits, jitter {gpu['jitter']:.1%}"
+    )
+    for entry in trace["unknown"][:UNKNOWN_SHOWN]:
+        print(
+            f"parasim: unclassified kernel {_printable(entry['name'])[:120]}: "
+            f"{entry['kernels']} runs, {entry['seconds'] * 1e3:.3f} ms"
+        )
+    if len(trace["unknown"]) > UNKNOWN_SHOWN:
+        print(
+            f"parasim: ... and {len(trace['unknown']) - UNKNOWN_SHOWN} more "
+            "(the profile's trace.unknown)"
+        )
+    if passed_over:
+        shown = ", ".join(p.name for p in passed_over[:5])
+        print(
+            f"parasim: passed over {len(passed_over)} file(s) that are not profiler traces: {shown}"
+        )
+    return 0
+
+
+#: Unclassified kernels the command names (the profile's ``trace.unknown`` has them all).
+UNKNOWN_SHOWN = 10
+
+
+def _printable(text: str) -> str:
+    """``text`` without control characters (a kernel name is the trace's to choose)."""
+    return "".join(c if c.isprintable() else "?" for c in text)

@@ -40,6 +40,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="warm-up steps, the first checking results (default 2)",
     )
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also record the measured steps with torch.profiler, one trace per rank in "
+        "kineto/ (for parasim calibrate --from-trace and parasim compare)",
+    )
+    parser.add_argument(
         "--steps",
         type=int,
         default=10,
@@ -55,6 +61,7 @@ def command(args: argparse.Namespace) -> int:
     from simulator.common.folders import staged_folder
     from simulator.report.outputs import OUTPUTS, run_output_names
     from simulator.request.scenario import load_scenario
+    from simulator.traces.kineto import REPLAY_FOLDER
 
     scenario = load_scenario(args.scenario, args.overrides)  # bad input fails here, at once
     world = scenario.layout.world
@@ -64,7 +71,7 @@ def command(args: argparse.Namespace) -> int:
             f"({scenario.layout.describe()}), not {args.nproc}"
         )
     launch = launcher(f"replaying {scenario.name}")
-    names = run_output_names(OUTPUTS)
+    names = run_output_names(OUTPUTS) + ([REPLAY_FOLDER] if args.profile else [])
     out = output_folder(args, "-measured", names)
     # the ranks write into a staging folder whose files move into --out once they all
     # finished: a launcher killed midway leaves --out as it was, whatever its workers do
@@ -72,6 +79,7 @@ def command(args: argparse.Namespace) -> int:
         forwarded = [str(Path(args.scenario).resolve()), "--out", str(stage.resolve())]
         forwarded += [f"--set={o}" for o in args.overrides]
         forwarded += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+        forwarded += ["--profile"] if args.profile else []
         launch("hardware.replay", forwarded, world, backend(args), args.timeout)
     print(f"parasim: wrote {out}")
     return 0

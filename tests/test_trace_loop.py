@@ -1,0 +1,61 @@
+"""The trace loop for real, on gloo CPU processes: a replay recorded with the profiler,
+a profile made from its traces alone, and the same scenario predicted with it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from simulator.cli.main import main  # noqa: E402
+from simulator.request.scenario import load_scenario  # noqa: E402
+from simulator.run.simulate import run_scenario  # noqa: E402
+from simulator.traces.labels import read_call, read_compute  # noqa: E402
+from topologies.profile import load_profile  # noqa: E402
+
+from .conftest import ROOT  # noqa: E402
+
+pytestmark = pytest.mark.hardware  # and so slow: see tests/conftest.py
+
+SCENARIO = str(ROOT / "scenarios" / "cpu-tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("replay") / "measured"
+    args = ["replay", SCENARIO, "--backend", "gloo", "--profile", "--steps", "6", "--out", str(out)]
+    assert main(args) == 0
+    return out
+
+
+def test_a_profiled_replay_writes_one_labelled_trace_per_rank(replayed):
+    files = sorted((replayed / "kineto").iterdir())
+    assert [f.name for f in files] == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+    trace = json.loads(gzip.decompress(files[0].read_bytes()))
+    assert trace["distributedInfo"]["rank"] == 0 and trace["parasim"]["cores"] >= 1
+    names = [e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"]
+    steps = [n for n in names if n.startswith("ProfilerStep#")]
+    assert steps == [f"ProfilerStep#{i}" for i in range(6)]
+    labelled = [n for n in names if read_compute(n) is not None]
+    calls = [n for n in names if read_call(n) is not None]
+    ops = run_scenario(load_scenario(SCENARIO)).schedule.programs
+    assert labelled and calls
+    # every compute op of every measured step is named, and every call
+    assert len(labelled) == 6 * sum(1 for op in ops[0].ops if op.type == "compute")
+    assert len(calls) == 6 * sum(1 for op in ops[0].ops if op.type == "collective")
+
+
+def test_a_profile_from_the_replay_s_traces_predicts_its_step(replayed, tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    assert main(["calibrate", "--from-trace", str(replayed), "--out", str(profile)]) == 0
+    loaded = load_profile(profile)
+    assert loaded.gpu.op_table and loaded.comm["all_reduce"]["intra_node"].table
+    measured = json.loads((replayed / "result.json").read_text())["step_time_s"]
+    predicted = run_scenario(load_scenario(SCENARIO, [f"cluster.profile={profile}"]))
+    error = predicted.result.step_time_s / measured - 1
+    assert abs(error) <= 0.10, (
+        f"predicted {predicted.result.step_time_s:.4f} s, measured {measured:.4f} s"
+    )
