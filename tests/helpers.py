@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from simulator.report.compare_report import load_run_dir
 from topologies import Cluster, build_cluster, load_cluster_spec
 
 FREE_NETWORK = {
@@ -95,3 +98,110 @@ A100_PROFILE: dict[str, Any] = {
         }
     },
 }
+
+
+#: Kernel names of each compute kind, as a GPU run records them (write_traces).
+TRACE_KERNELS = {
+    "gemm": "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32_stage3",
+    "attention": "flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>",
+    "elementwise": "void at::native::vectorized_elementwise_kernel<4, add_functor>",
+    "optimizer": "void at::native::multi_tensor_apply_kernel<AdamFunctor>",
+}
+TRACE_NCCL = {
+    "all_reduce": "AllReduce",
+    "all_gather": "AllGather",
+    "reduce_scatter": "ReduceScatter",
+}
+
+
+def _choice(result) -> tuple[str, str]:
+    counts = result.simulation["collective_choices"]
+    name = max(counts, key=lambda n: counts[n])
+    _, algorithm, protocol = name.split("/")
+    return algorithm.upper(), protocol.upper()
+
+
+def write_traces(
+    predicted: Path,
+    folder: Path,
+    slow_rank: int | None = None,
+    slower: float = 1.0,
+    algorithm: tuple[str, str] | None = None,
+    longer: float = 1.0,
+) -> Path:
+    """One Kineto trace per rank of the predicted step, as a GPU run would record it:
+    ``slow_rank``'s compute kernels ``slower`` times as long; with ``algorithm``, the
+    all-reduces run as that (algorithm, protocol), ``longer`` times as long."""
+    result, trace = load_run_dir(predicted)
+    chosen = algorithm or _choice(result)
+    folder.mkdir(parents=True)
+    members = {}
+    for record in trace.records:
+        if record.group:
+            members.setdefault(record.group, set()).add(record.rank)
+    for rank in trace.ranks():
+        events = [
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "ProfilerStep#0",
+                "pid": 1,
+                "tid": 1,
+                "ts": 0.0,
+                "dur": trace.step_time * 1e6,
+            },
+        ]
+        for record in trace.records:
+            if record.rank != rank:
+                continue
+            start, duration = record.start * 1e6, (record.end - record.start) * 1e6
+            if record.op == "compute":
+                if rank == slow_rank:
+                    duration *= slower
+                name = TRACE_KERNELS.get(record.kind, TRACE_KERNELS["elementwise"])
+                events.append(
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": name,
+                        "pid": 0,
+                        "tid": 7,
+                        "ts": start,
+                        "dur": duration,
+                        "args": {},
+                    }
+                )
+            elif record.op == "collective" and record.kind in TRACE_NCCL:
+                ring, protocol = chosen if record.kind == "all_reduce" else _choice(result)
+                if algorithm is not None and record.kind == "all_reduce":
+                    duration *= longer
+                ranks = sorted(members.get(record.group, {rank}))
+                events.append(
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "pid": 0,
+                        "tid": 13,
+                        "ts": start,
+                        "dur": duration,
+                        "name": f"ncclDevKernel_{TRACE_NCCL[record.kind]}_Sum_bf16_"
+                        f"{ring}_{protocol}(x)",
+                        "args": {
+                            "Collective name": record.kind.replace("_", ""),
+                            "In msg nelems": int(record.bytes // 2),
+                            "Out msg nelems": int(record.bytes // 2),
+                            "Group size": len(ranks),
+                            "dtype": "BFloat16",
+                            "Process Group Name": record.group,
+                            "Process Group Ranks": str(ranks),
+                        },
+                    }
+                )
+        document = {
+            "schemaVersion": 1,
+            "deviceProperties": [{"name": "NVIDIA A100-SXM4-80GB"}],
+            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": len(trace.ranks())},
+            "traceEvents": events,
+        }
+        (folder / f"rank{rank}.json").write_text(json.dumps(document))
+    return folder

@@ -45,6 +45,7 @@ from simulator.run.simulate import make_trace, run_scenario, trace_ranks
 from simulator.tools.compare import overlay_trace
 
 from .conftest import SCENARIOS
+from .helpers import write_traces
 
 pytestmark = pytest.mark.browser  # and so slow: see tests/conftest.py
 
@@ -434,6 +435,19 @@ def test_compare_report_renders(driver, workdir, run_dir):
     page = check_report(driver, out / "compare.html", workdir)
     overlay = overlay_trace(load_run_dir(run_dir)[1], load_run_dir(measured)[1], ("A", "B"))
     check_lanes(page, overlay, "compare.html")
+
+
+def test_compare_against_profiler_traces_renders(driver, workdir):
+    # a GPU run's traces of a step of SMALL (every rank drawn), one rank slower: the
+    # page names it
+    predicted = workdir / "run-small"
+    _parasim("run", SMALL, "--outputs", "result,trace", "--out", predicted)
+    traces = write_traces(predicted, workdir / "kineto", slow_rank=1, slower=1.5)
+    out = workdir / "compare-traces"
+    _parasim("compare", predicted, traces, "--out", out)
+    check_report(driver, out / "compare.html", workdir)
+    differences = driver.find_element("id", "parasim-differences")
+    assert differences.is_displayed() and differences.text.startswith("rank 1:")
 
 
 def test_a_script_error_fails_the_console_check(driver, workdir):

@@ -59,3 +59,21 @@ def test_a_profile_from_the_replay_s_traces_predicts_its_step(replayed, tmp_path
     assert abs(error) <= 0.10, (
         f"predicted {predicted.result.step_time_s:.4f} s, measured {measured:.4f} s"
     )
+
+
+def test_the_prediction_set_against_the_replay_s_traces(replayed, tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    assert main(["calibrate", "--from-trace", str(replayed), "--out", str(profile)]) == 0
+    predicted = tmp_path / "predicted"
+    args = ["run", SCENARIO, "--set", f"cluster.profile={profile}", "--out", str(predicted)]
+    assert main([*args, "--outputs", "result,trace"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(predicted), str(replayed / "kineto"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mode"] == "traces" and report["runs"]["measured"]["ranks"] == [0, 1]
+    assert abs(report["step_time"]["error"]) <= 0.10
+    categories = {row["category"]: row for row in report["categories"]}
+    assert categories["compute"]["measured_s"] > 0 and categories["compute"]["predicted_s"] > 0
+    kinds = {row["kind"] for row in report["op_kinds"]}
+    assert {"gemm", "attention", "all_reduce"} <= kinds and "barrier" not in kinds
+    assert (predicted / "compare.html").exists()

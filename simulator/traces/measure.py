@@ -48,7 +48,7 @@ from .kernels import (
 from .kineto import Event, RankTrace
 from .labels import read_call, read_compute
 
-__all__ = ["CallSample", "OpSample", "TraceMeasurements", "measure_traces"]
+__all__ = ["CallSample", "OpSample", "RankReader", "TraceMeasurements", "measure_traces"]
 
 #: How many ops before a kernel's launch call are looked at for the one around it.
 _ENCLOSING_SCAN = 64
@@ -255,7 +255,7 @@ def _sample_of_cpu_op(rank: int, op: Event, family: str, seconds: float) -> OpSa
     return OpSample(rank, family, op.name, op.start, seconds, bytes=_moved_bytes(op))
 
 
-class _RankReader:
+class RankReader:
     """One rank's trace read into samples."""
 
     def __init__(self, trace: RankTrace):
@@ -483,7 +483,7 @@ def _nccl_call(
     return group, collective, float(elements * element), members, ranks
 
 
-def _gpu_calls(readers: list[_RankReader]) -> list[_Call]:
+def _gpu_calls(readers: list[RankReader]) -> list[_Call]:
     """Calls from NCCL kernels: each member's kernel, matched by group and order (or,
     labelled, by the replay's op), its time the kernel's."""
     calls: dict[tuple, _Call] = {}
@@ -516,7 +516,7 @@ def _gpu_calls(readers: list[_RankReader]) -> list[_Call]:
     return list(calls.values())
 
 
-def _cpu_calls(readers: list[_RankReader]) -> list[_Call]:
+def _cpu_calls(readers: list[RankReader]) -> list[_Call]:
     """Calls of a CPU run: each labelled issue matched to the gloo worker range that
     ran it (the first of its kind after it, on a worker thread of its group, in
     order), its time from the issue to the range's end."""
@@ -579,7 +579,7 @@ def _steps(trace: RankTrace) -> list[Event]:
 
 def measure_traces(traces: Sequence[RankTrace]) -> TraceMeasurements:
     """What ``traces`` (one per rank of one run) measured."""
-    readers = [_RankReader(trace) for trace in traces]
+    readers = [RankReader(trace) for trace in traces]
     on_gpu = any(t.on_gpu for t in traces)
     devices = next((t.devices for t in traces if t.devices), [])
     metadata = next((t.metadata for t in traces if t.metadata), {})
