@@ -104,11 +104,11 @@ def _check_two_folders(a: Path, b: Path) -> None:
 def _holds_traces(path: Path) -> bool:
     """Whether ``path`` is a folder of profiler traces (and no run folder: a replay's
     own folder is compared as a run, its ``kineto/`` as traces), or a trace file."""
-    from simulator.traces.kineto import TraceError, find_traces
+    from simulator.traces.kineto import TraceError, find_traces, looks_like_trace
 
-    if path.is_dir() and (path / "result.json").exists():
-        return False
-    if not path.exists():
+    if path.is_file():
+        return looks_like_trace(path)
+    if not path.is_dir() or (path / "result.json").exists():
         return False
     try:
         find_traces([path])

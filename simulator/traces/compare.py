@@ -217,17 +217,17 @@ def _rank_step(reader: RankReader, window: tuple[float, float], host_gap: float)
     start, end = window
     # a GPU's work of the step may end after the host's span of it: kernels launched in it
     compute = [s for s in reader.compute_samples() if start <= s.start < end]
-    comm = []
+    comm: list[tuple[Event, str, str | None, str | None]] = []
     if reader.trace.on_gpu:
         for kernel, kind in reader.kernel_classes():
             if kind.family == COMMUNICATION and start <= kernel.start < end:
                 comm.append((kernel, kind.collective or "unknown", kind.algorithm, kind.protocol))
     else:
         for worker in reader.gloo:
-            kind = collective_of(worker.name) or "unknown"
+            collective = collective_of(worker.name) or "unknown"
             # a barrier is the run keeping its ranks in step, not the step's work
-            if start <= worker.start < end and kind != BARRIER:
-                comm.append((worker, kind, None, None))
+            if start <= worker.start < end and collective != BARRIER:
+                comm.append((worker, collective, None, None))
     host = _gpu_host_gaps(reader, compute, comm) if reader.trace.on_gpu else host_gap * len(compute)
     last = max([end] + [s.start + s.seconds for s in compute] + [e.end for e, *_ in comm])
     return _RankStep(reader.rank, start, last, compute, comm, host)

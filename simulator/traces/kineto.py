@@ -40,6 +40,7 @@ __all__ = [
     "RankTrace",
     "TraceError",
     "find_traces",
+    "looks_like_trace",
     "read_trace",
     "read_traces",
 ]
@@ -139,7 +140,7 @@ def find_traces(paths: Iterable[Path]) -> tuple[list[Path], list[Path]]:
         if path.is_dir():
             for candidate in sorted(path.iterdir()):
                 if candidate.is_file() and candidate.name.endswith(_SUFFIXES):
-                    (files if _looks_like_trace(candidate) else passed_over).append(candidate)
+                    (files if looks_like_trace(candidate) else passed_over).append(candidate)
         elif path.is_file():
             files.append(path)
         else:
@@ -150,7 +151,7 @@ def find_traces(paths: Iterable[Path]) -> tuple[list[Path], list[Path]]:
     return files, passed_over
 
 
-def _looks_like_trace(path: Path) -> bool:
+def looks_like_trace(path: Path) -> bool:
     """Whether ``path`` starts as a Kineto trace does (a JSON object whose first
     kilobytes name ``traceEvents`` or ``schemaVersion``)."""
     try:

@@ -143,9 +143,6 @@ class TraceMeasurements:
     metadata: dict[str, Any] = field(default_factory=dict)
     labelled: bool = False
 
-    def family_seconds(self, family: str) -> float:
-        return self.families.get(family, [0, 0.0])[1]
-
 
 def _dims(op: Event) -> list:
     dims = op.args.get("Input Dims")
@@ -283,7 +280,6 @@ class RankReader:
         self.cpu_main = [e for e in cpu if e.tid == self.main]
         self.cpu_main_starts = [e.start for e in self.cpu_main]
         self.kernels = trace.of("kernel", "gpu_memcpy", "gpu_memset")
-        self.kernel_starts = [e.start for e in self.kernels]
         runtime = trace.of("cuda_runtime")
         self.launches = {
             e.args["correlation"]: e for e in runtime if isinstance(e.args.get("correlation"), int)
@@ -573,10 +569,6 @@ def _spread(values: list[float]) -> float:
     return statistics.pstdev(values) / mean * (n / (n - 1)) ** 0.5
 
 
-def _steps(trace: RankTrace) -> list[Event]:
-    return [s for s in trace.steps()]
-
-
 def measure_traces(traces: Sequence[RankTrace]) -> TraceMeasurements:
     """What ``traces`` (one per rank of one run) measured."""
     readers = [RankReader(trace) for trace in traces]
@@ -610,7 +602,7 @@ def measure_traces(traces: Sequence[RankTrace]) -> TraceMeasurements:
                     entry = families.setdefault(COMMUNICATION, [0, 0.0])
                     entry[0] += 1
                     entry[1] += kernel.duration
-        spans = _steps(reader.trace)
+        spans = reader.trace.steps()
         steps[reader.rank] = [s.duration for s in spans]
         starts = [s.start for s in samples]
         compute_per_step[reader.rank] = []
