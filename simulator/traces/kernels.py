@@ -159,7 +159,7 @@ _NOT_GEMM = re.compile(r"fbgemm", re.IGNORECASE)
 _ATTENTION = re.compile(r"flash|fmha|attention|_sdpa|sdpa_|mha_", re.IGNORECASE)
 _NORM = re.compile(
     r"layer_?norm|rms_?norm|batch_?norm|group_?norm|_norm_kernel|bn_fw|bn_bw|cudnn::bn_"
-    r"|gammabetabackward",
+    r"|gammabetabackward|moments",
     re.IGNORECASE,
 )
 _OPTIMIZER = re.compile(r"multi_tensor_apply|adam|sgd_|lamb|lion|_foreach_", re.IGNORECASE)
@@ -168,7 +168,8 @@ _ELEMENTWISE = re.compile(
     r"|dropout|gelu|silu|swiglu|relu|rotary|rope|cross_entropy|nll_loss|cumsum|sort|topk"
     r"|transpose|permute|cast|convert|where|masked|arange|clamp|cunn_|vectorized|unrolled"
     r"|triton_|fused_|distribution_|bernoulli|uniform|normal_|pool|nchwtonhwc|nhwctonchw"
-    r"|upsample|pad|im2col|col2im|bucketize|bounds_check|cub::|radix|histogram|unique",
+    r"|upsample|pad|im2col|col2im|bucketize|bounds_check|cub::|radix|histogram|unique"
+    r"|quantize|dequant|fp8rowwise|qparam",
     re.IGNORECASE,
 )
 
