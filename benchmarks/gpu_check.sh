@@ -10,8 +10,9 @@
 #      the wheel folder DIR and then parasim from this checkout with --no-deps;
 #   2. calibrates one device at the shapes of scenarios/single-gpu.yaml
 #      (parasim calibrate --scenario), 3. predicts the scenario with that profile,
-#   4. replays it on the device and 5. compares; every file lands in OUT, with a
-#      summary in OUT/gpu_check.txt.
+#   4. replays it on the device and 5. compares; 6. replays it again with the profiler,
+#      calibrates from those traces alone, predicts and compares against them; every
+#      file lands in OUT, with a summary in OUT/gpu_check.txt.
 #
 # --device cpu runs the same loop on one CPU process (gloo) with single-gpu.yaml shrunk
 # to a CPU's size, so every step of the script is checked where there is no GPU.
@@ -109,6 +110,14 @@ parasim calibrate --nproc 1 --backend "$backend" --scenario scenario.yaml --out 
 parasim run scenario.yaml --set cluster.profile=profile.json --out predicted > predicted.txt
 parasim replay scenario.yaml --backend "$backend" --out measured
 parasim compare predicted measured --out compared | tee compare.txt
+# 6. the trace loop: the replay recorded with the profiler (Kineto, CUDA kernels on a
+#    GPU), a profile made from its traces alone, the step predicted with it and set
+#    against those traces
+parasim replay scenario.yaml --backend "$backend" --profile --out traced
+parasim calibrate --from-trace traced --out trace-profile.json | tee trace-calibrate.txt
+parasim run scenario.yaml --set cluster.profile=trace-profile.json --outputs result,trace \
+  --out trace-predicted > trace-predicted.txt
+parasim compare trace-predicted traced/kineto --out trace-compared | tee trace-compare.txt
 "$VPY" - "$OUT" "$started" <<'PY'
 import json, sys, time
 out, started = sys.argv[1], int(sys.argv[2])
@@ -125,6 +134,17 @@ lines = [
     f"step time: predicted {report['step_time']['predicted_s']:.6g} s, measured "
     f"{report['step_time']['measured_s']:.6g} s (median of {len(measured['step_times_s'])}, "
     f"spread {100 * measured['spread']:.0f}%), error {100 * report['step_time']['error']:+.1f}%",
+]
+traced = json.load(open(f"{out}/trace-compared/compare.json"))
+replayed = json.load(open(f"{out}/traced/result.json"))["step_time_s"]
+predicted = traced["step_time"]["predicted_s"]
+lines += [
+    f"trace loop: predicted {predicted:.6g} s from the replay's own traces, replay median "
+    f"{replayed:.6g} s, error {100 * (predicted / replayed - 1):+.1f}%",
+    *(
+        f"  {d['place']}: {d['seconds'] * 1e3:+.3f} ms ({d['mechanism']}; {d['field']})"
+        for d in traced["differences"]
+    ),
     f"wall time of the check: {time.time() - started:.0f} s",
 ]
 open(f"{out}/gpu_check.txt", "w").write("\n".join(lines) + "\n")

@@ -6,6 +6,7 @@ which needs PyPI or pip's cache). Both scripts run with the Python running the t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -55,6 +56,12 @@ def test_gpu_check_runs_on_a_cpu_from_a_wheel_folder(tmp_path):
     for name in ("profile.json", "predicted/result.json", "measured/result.json"):
         assert (out / name).exists(), name
     assert (out / "compared" / "compare.json").exists()
+    # the trace loop: the profiled replay's traces made a profile that predicts its step
+    assert sorted(p.name for p in (out / "traced" / "kineto").iterdir()) == [
+        "rank0.pt.trace.json.gz"
+    ]
+    assert "trace loop: predicted" in summary
+    assert json.loads((out / "trace-compared" / "compare.json").read_text())["mode"] == "traces"
     # parasim came from the checkout into the script's own environment
     site = list((out / "venv").glob("lib/python*/site-packages/simulator"))
     assert site, "parasim is not installed in the check's environment"

@@ -406,3 +406,122 @@ def test_a_gpu_no_preset_describes_needs_its_peak(tmp_path, capsys):
     ]
     assert main(args) == 0
     assert load_profile(out).gpu.peak_flops == pytest.approx(125e12)
+
+
+def _gpu_rank(rank: int, gemm_us: float, allreduce_us: float) -> dict:
+    """A labelled GPU rank as ``parasim replay --profile`` records one on a GPU: the op's
+    range on the host, the ATen op and its launch inside it, the kernel on the device
+    (linked by the launch's correlation only, as older traces do)."""
+    label = compute_label(
+        "gemm", 2.0 * 64 * 128 * 32, 2.0 * (64 * 32 + 32 * 128 + 64 * 128), (64, 128, 32), 1, False
+    )
+    call = call_label(3, "all_reduce", "tp0", (0, 1), 4096.0)
+    host = {"pid": 10, "tid": 10}
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"name": "NVIDIA H100 80GB HBM3"}],
+        "host_name": "node0",  # one host: the call is inside a node
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2},
+        "traceEvents": [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "ProfilerStep#0",
+                "ts": 0,
+                "dur": 900,
+                **host,
+            },
+            {"ph": "X", "cat": "user_annotation", "name": label, "ts": 10, "dur": 30, **host},
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "aten::mm",
+                "ts": 12,
+                "dur": 20,
+                **host,
+                "args": {"External id": 5},
+            },
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "ts": 15,
+                "dur": 5,
+                **host,
+                "args": {"correlation": 77},
+            },
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "sm90_xmma_gemm_bf16bf16",
+                "pid": 0,
+                "tid": 7,
+                "ts": 50,
+                "dur": gemm_us,
+                "args": {"correlation": 77, "External id": 77},
+            },
+            {"ph": "X", "cat": "user_annotation", "name": call, "ts": 60, "dur": 30, **host},
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "ts": 70,
+                "dur": 5,
+                **host,
+                "args": {"correlation": 78},
+            },
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)",
+                "pid": 0,
+                "tid": 13,
+                "ts": 300,
+                "dur": allreduce_us,
+                "args": {"correlation": 78},
+            },
+            # the same call again (a fit needs two): its kernel linked by the ATen op
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": call_label(4, "all_reduce", "tp0", (0, 1), 4096.0),
+                "ts": 700,
+                "dur": 30,
+                **host,
+            },
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "c10d::allreduce_",
+                "ts": 705,
+                "dur": 20,
+                **host,
+                "args": {"External id": 9},
+            },
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)",
+                "pid": 0,
+                "tid": 13,
+                "ts": 800,
+                "dur": allreduce_us,
+                "args": {"External id": 9},
+            },
+        ],
+    }
+
+
+def test_a_labelled_gpu_replay_s_ops_take_their_kernels_times(tmp_path):
+    for rank, (gemm, allreduce) in enumerate([(100.0, 400.0), (120.0, 250.0)]):
+        _write(tmp_path / f"rank{rank}.json", _gpu_rank(rank, gemm, allreduce))
+    profile, measured, _ = calibrate_from_traces([tmp_path])
+    (row,) = profile["gpu"]["op_table"]
+    assert row["shape"] == [64, 128, 32] and row["seconds"] == pytest.approx(110e-6)  # no host gap
+    calls = {(c.kind, c.ranks, c.bytes, c.algorithm, c.protocol, c.seconds) for c in measured.calls}
+    assert len(measured.calls) == 2 and len(calls) == 1
+    (call,) = calls
+    # the member that arrived last waited least: its kernel's time is the call's
+    assert call == ("all_reduce", 2, 4096.0, "ring", "LL", pytest.approx(250e-6))
+    table = profile["comm"]["all_reduce"]["intra_node"]["table"]
+    assert table == [{"ranks": 2, "bytes": 4096.0, "seconds": pytest.approx(250e-6)}]

@@ -284,6 +284,20 @@ class RankReader:
         self.launches = {
             e.args["correlation"]: e for e in runtime if isinstance(e.args.get("correlation"), int)
         }
+        self.kernels_by_id: dict[Any, list[Event]] = {}
+        for kernel in self.kernels:
+            self.kernels_by_id.setdefault(kernel.args.get("External id"), []).append(kernel)
+        self.kernels_by_id.pop(None, None)
+        # each thread's launch calls in start order, with the kernel each launched
+        by_thread: dict[Any, list[tuple[float, Event]]] = {}
+        for kernel in self.kernels:
+            launch = self.launches.get(kernel.args.get("correlation"))
+            if launch is not None:
+                by_thread.setdefault(launch.tid, []).append((launch.start, kernel))
+        self.launched = {
+            tid: ([t for t, _ in pairs], [k for _, k in pairs])
+            for tid, pairs in ((tid, sorted(v, key=lambda x: x[0])) for tid, v in by_thread.items())
+        }
         self.cpu_by_thread: dict[Any, list[Event]] = {}
         for event in cpu:
             self.cpu_by_thread.setdefault(event.tid, []).append(event)
@@ -310,14 +324,18 @@ class RankReader:
         return self.cpu_by_id.get(kernel.args.get("External id"))
 
     def kernels_launched_in(self, span: Event) -> list[Event]:
-        """The kernels the CPU ops inside ``span`` (on its thread) launched."""
-        ids = {
-            e.args.get("External id")
-            for e in _within(self.cpu_main, self.cpu_main_starts, span)
-            if e.tid == span.tid
-        }
-        ids.discard(None)
-        return [k for k in self.kernels if k.args.get("External id") in ids]
+        """The kernels launched inside ``span`` (on its thread): by the CPU ops inside
+        it (their ``External id``), or by a launch call inside it (its
+        ``correlation``)."""
+        found: dict[int, Event] = {}
+        for op in _within(self.cpu_main, self.cpu_main_starts, span):
+            if op.tid == span.tid:
+                for kernel in self.kernels_by_id.get(op.args.get("External id"), ()):
+                    found[id(kernel)] = kernel
+        starts, kernels = self.launched.get(span.tid, ([], []))
+        for kernel in kernels[bisect_left(starts, span.start) : bisect_right(starts, span.end)]:
+            found[id(kernel)] = kernel
+        return sorted(found.values(), key=lambda k: k.start)
 
     def compute_samples(self) -> list[OpSample]:
         if self.compute_labels:
