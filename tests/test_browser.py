@@ -450,6 +450,19 @@ def test_compare_against_profiler_traces_renders(driver, workdir):
     assert differences.is_displayed() and differences.text.startswith("rank 1:")
 
 
+def test_plan_report_renders(driver, workdir):
+    out = workdir / "plan"
+    run = "run={tokens: 5e10, price_per_gpu_hour: 2, failures: {mtbf_node: '2 h'}}"
+    _parasim("plan", SMALL, "--set", "cluster.preset=dgx-h100", "--set", run, "--out", out)
+    page = check_report(driver, out / "plan.html", workdir)
+    names = {name for plot in page["plots"] for name in plot.get("names", [])}
+    del names
+    assert (
+        driver.execute_script("return document.querySelectorAll('.scatterlayer .trace').length")
+        >= 2
+    ), "progress and interruptions drawn"
+
+
 def test_a_script_error_fails_the_console_check(driver, workdir):
     page = workdir / "broken.html"
     page.write_text(

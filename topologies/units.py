@@ -46,12 +46,14 @@ __all__ = [
     "parse_bytes",
     "parse_bandwidth",
     "parse_time",
+    "parse_duration",
     "parse_flops",
     "parse_power",
     "parse_frequency",
     "Bytes",
     "Bandwidth",
     "Seconds",
+    "Duration",
     "FlopRate",
     "Watts",
     "Hertz",
@@ -107,6 +109,17 @@ _TIME_UNITS = {
     "\u00b5s": 1e-6,  # MICRO SIGN
     "\u03bcs": 1e-6,  # GREEK SMALL LETTER MU
     "ns": 1e-9,
+}
+# a whole run's durations: a checkpoint's interval, a restart, a time between failures
+_DURATION_UNITS = {
+    **_TIME_UNITS,
+    "min": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
 }
 # FLOP units are matched case-insensitively: "TFLOPS", "TFLOP/s" and "tflops" agree.
 _FLOP_UNITS = {
@@ -170,6 +183,8 @@ PLAUSIBLE: dict[str, tuple[float, float, str]] = {
     "bandwidth": (1e3, 1e15, "1 kB/s to 1 PB/s"),
     "FLOP rate": (1e6, 1e18, "1 MFLOP/s to 1 EFLOP/s"),
     "time": (1e-12, 60.0, "1 ps to 60 s"),
+    # a run's durations: a millisecond (an asynchronous checkpoint's stall) to ten years
+    "duration": (1e-3, 3.2e8, "1 ms to 10 years"),
     # a GPU board draws watts to a few kW (a GB300 1.4 kW); clocks are MHz to a few GHz
     "power": (1.0, 1e5, "1 W to 100 kW"),
     "frequency": (1e6, 1e10, "1 MHz to 10 GHz"),
@@ -222,6 +237,11 @@ def parse_time(value: Any) -> float:
     return _parse(value, _TIME_UNITS, "a time", "'1.5 us', '600 ns' or '2 ms'")
 
 
+def parse_duration(value: Any) -> float:
+    """Seconds from ``"90 s"``, ``"10 min"``, ``"3 h"``, ``"2 days"`` or a number."""
+    return _parse(value, _DURATION_UNITS, "a duration", "'10 min', '3 h' or '2 days'")
+
+
 def parse_flops(value: Any) -> float:
     """FLOP/s from ``"312 TFLOP/s"``, ``"989.4 TFLOPS"``, ``"1 PFLOP/s"`` or a number."""
     return _parse(
@@ -258,6 +278,14 @@ Seconds = Annotated[
     float, BeforeValidator(_field(parse_time, "s", "'1.5 us' or '2 ms'", 0.0, 1.0, "time"))
 ]
 """A duration in seconds; accepts ``"1.5 us"``-style text (a bare number: under 1 s)."""
+
+Duration = Annotated[
+    float,
+    BeforeValidator(
+        _field(parse_duration, "s", "'10 min' or '3 h'", 1e-3, 3.2e8, "duration")
+    ),
+]
+"""A run's duration in seconds; accepts ``"10 min"``, ``"3 h"``, ``"2 days"``-style text."""
 
 FlopRate = Annotated[
     float,

@@ -39,6 +39,7 @@ from simulator.cli import (
     collbench,
     compare,
     explain,
+    plan,
     query,
     replay,
     run,
@@ -71,6 +72,7 @@ COMMANDS: dict[str, ModuleType] = {
     "replay": replay,
     "compare": compare,
     "query": query,
+    "plan": plan,
 }
 
 

@@ -57,6 +57,7 @@ from simulator.request.model import MODEL_PRESETS, ModelSpec
 from simulator.request.moe import MoESpec, check_expert_parallel
 from simulator.request.orders import Action, load_csv_order, validate_order
 from simulator.request.recipe import Recipe
+from simulator.request.run_plan import RunSpec
 from topologies import Cluster, ClusterSpec, TopologyError, build_cluster, load_cluster_spec
 from topologies.config_text import LONGEST_NUMBER, ConfigTextError, read_yaml
 from topologies.files import LARGEST_SCENARIO, ConfigFileError, read_config_text
@@ -226,6 +227,7 @@ class ScenarioSpec(_Strict):
     training: TrainingSpec
     parallel: ParallelSpec = ParallelSpec()
     simulation: SimulationSpec = SimulationSpec()
+    run: RunSpec | None = None
 
 
 @dataclass
