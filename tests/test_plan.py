@@ -180,3 +180,57 @@ def test_a_bad_run_is_one_line_naming_the_field(tmp_path, capsys, run, message):
     assert main(["plan", SMALL, "--set", f"run={run}", "--out", str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+SLOW_STORAGE = (
+    "run={tokens: 5e10, failures: {mtbf_node: '3 h'}, checkpoint: {bandwidth_per_node: '20 MB/s'}}"
+)
+FIXED = {"tp": 2, "pp": 1, "sp": False, "reshard_after_forward": True, "recompute": "none"}
+
+
+def test_a_sweep_on_time_to_train_ranks_down_the_layout_whose_checkpoint_loses():
+    from simulator.tools.sweep import run_sweep
+
+    sets = [SLOW_STORAGE, "cluster.nodes=4"]
+    by_step = run_sweep(SMALL, sets, fixed=FIXED, keep=10, workers=1)
+    by_run = run_sweep(SMALL, sets, fixed=FIXED, keep=10, workers=1, objective="time-to-train")
+    assert by_run.objective == "time-to-train"
+    replicated = "tp2 pp1 dp16 mb1 1f1b rc=none [tp,dp,pp]"
+    steps = [row["layout"] for row in by_step.rows]
+    runs = [row["layout"] for row in by_run.rows]
+    assert replicated in steps and replicated in runs
+    # a replicated optimizer's checkpoint goes out through one replica of sixteen over
+    # slow storage: faster steps do not make up for it
+    assert runs.index(replicated) > steps.index(replicated)
+    row = next(r for r in by_run.rows if r["layout"] == replicated)
+    assert row["run"]["checkpoint_sharded"] is False
+    sharded = [r for r in by_run.rows if r["run"]["checkpoint_sharded"]]
+    assert sharded and row["run"]["goodput"] < min(r["run"]["goodput"] for r in sharded)
+    # a sharded layout slower per step ranks above it on the run
+    assert any(
+        r["step_time_s"] > row["step_time_s"] and runs.index(r["layout"]) < runs.index(replicated)
+        for r in sharded
+    )
+    values = [r["objective_value"] for r in by_run.rows]
+    assert values == sorted(values)
+
+
+@pytest.mark.parametrize("objective", ["time-to-train", "cost", "energy"])
+def test_best_first_on_a_run_objective_ranks_what_every_layout_ranks(objective):
+    from simulator.tools.sweep import run_sweep
+
+    run = "run={tokens: 1e10, price_per_gpu_hour: 2, failures: {mtbf_node: '6 h'}}"
+    sets = [run, "cluster.preset=dgx-h100"]
+    fixed = {"tp": 2, "pp": 1}  # a space of a few hundred layouts
+    best = run_sweep(SMALL, sets, fixed=fixed, keep=3, workers=1, objective=objective)
+    every = run_sweep(SMALL, sets, fixed=fixed, exhaustive=True, workers=1, objective=objective)
+    assert [r["layout"] for r in best.rows[:3]] == [r["layout"] for r in every.rows[:3]]
+    assert best.counts["simulated"] < every.counts["simulated"]
+
+
+def test_a_run_objective_needs_the_run(capsys, tmp_path):
+    assert main(["sweep", SMALL, "--objective", "time-to-train", "--out", str(tmp_path / "s")]) == 2
+    assert "no run: section" in capsys.readouterr().err
+    args = ["sweep", SMALL, "--set", "run={tokens: 1e9}", "--objective", "cost"]
+    assert main([*args, "--out", str(tmp_path / "c")]) == 2
+    assert "price_per_gpu_hour is missing" in capsys.readouterr().err

@@ -281,9 +281,7 @@ Seconds = Annotated[
 
 Duration = Annotated[
     float,
-    BeforeValidator(
-        _field(parse_duration, "s", "'10 min' or '3 h'", 1e-3, 3.2e8, "duration")
-    ),
+    BeforeValidator(_field(parse_duration, "s", "'10 min' or '3 h'", 1e-3, 3.2e8, "duration")),
 ]
 """A run's duration in seconds; accepts ``"10 min"``, ``"3 h"``, ``"2 days"``-style text."""
 

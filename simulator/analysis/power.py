@@ -32,7 +32,15 @@ from simulator.analysis.result import StepResult
 from simulator.engine.compute import NCCL_CHANNELS
 from topologies.spec import GPUSpec
 
-__all__ = ["NODE_OTHER_W", "StepEnergy", "node_other_power", "step_energy"]
+__all__ = [
+    "NODE_OTHER_W",
+    "StepEnergy",
+    "energy_of",
+    "gpu_powers",
+    "node_other_power",
+    "rank_seconds",
+    "step_energy",
+]
 
 #: A node's power beyond its GPUs, by the GPU name of its preset: the system's datasheet
 #: maximum less its GPUs' TDPs. DGX A100 6.5 kW less 8 × 400 W; DGX H100 and DGX H200
@@ -93,14 +101,9 @@ def gpu_powers(gpu: GPUSpec) -> tuple[float, float, float] | None:
     return limit, static + share * (limit - static), static
 
 
-def step_energy(
-    result: StepResult, gpu: GPUSpec, nodes: int, pue: float, node_other_w: float | None
-) -> StepEnergy | None:
-    """The energy of ``result``'s step (None where the GPU's power is not known)."""
-    powers = gpu_powers(gpu)
-    if powers is None:
-        return None
-    computing, communicating, waiting = powers
+def rank_seconds(result: StepResult) -> dict[str, float]:
+    """The step's seconds over every rank, by what the power model tells apart:
+    ``compute``, ``exposed_comm``, ``waiting`` (bubbles, stalls, other idle)."""
     parts = {"compute": 0.0, "exposed_comm": 0.0, "waiting": 0.0}
     for row in result.per_rank:
         times = row.breakdown
@@ -109,11 +112,35 @@ def step_energy(
         parts["waiting"] += row.ranks * sum(
             times.get(name, 0.0) for name in ("bubble", "imbalance_stall", "other")
         )
+    return parts
+
+
+def step_energy(
+    result: StepResult, gpu: GPUSpec, nodes: int, pue: float, node_other_w: float | None
+) -> StepEnergy | None:
+    """The energy of ``result``'s step (None where the GPU's power is not known)."""
+    return energy_of(rank_seconds(result), result.step_time_s, gpu, nodes, pue, node_other_w)
+
+
+def energy_of(
+    parts: dict[str, float],
+    step: float,
+    gpu: GPUSpec,
+    nodes: int,
+    pue: float,
+    node_other_w: float | None,
+) -> StepEnergy | None:
+    """The energy of a step of ``step`` seconds whose ranks spent ``parts``
+    (:func:`rank_seconds`), None where the GPU's power is not known."""
+    powers = gpu_powers(gpu)
+    if powers is None:
+        return None
+    computing, communicating, waiting = powers
     other = node_other_power(gpu) if node_other_w is None else node_other_w
     return StepEnergy(
         compute_j=computing * parts["compute"],
         communication_j=communicating * parts["exposed_comm"],
         waiting_j=waiting * parts["waiting"],
-        node_other_j=nodes * other * result.step_time_s,
+        node_other_j=nodes * other * step,
         pue=pue,
     )

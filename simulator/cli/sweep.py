@@ -18,6 +18,7 @@ from simulator.cli.options import (
 )
 from simulator.common.errors import ParasimError
 from simulator.common.folders import folder_argument
+from simulator.common.vocabulary import OBJECTIVES
 from simulator.request.knobs import SEARCHED, SWEEP_FIX_KEYS
 
 __all__ = ["add_parser", "command"]
@@ -77,6 +78,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_workers_option(parser)
     add_set_option(parser, "override a scenario field before sweeping (repeatable)")
     add_force_option(parser, "sweep even when the sweep is estimated too large for this machine")
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="step",
+        help="rank on the step time (default), or on the scenario's whole run (its run: "
+        "section) trained at each layout: its expected time to train under failures and "
+        "checkpoints, its cost, its energy",
+    )
     parser.add_argument(
         "--exhaustive",
         action="store_true",
@@ -146,6 +155,7 @@ def command(args: argparse.Namespace) -> int:
         batch=args.batch,
         force=args.force,
         keep=args.top,
+        objective=args.objective,
     )
     if not result.rows:
         raise ParasimError(no_layout_message(result))

@@ -293,3 +293,6 @@ SCALE_MODES = ("weak", "strong")
 # size (simulator.tools.sweep.scaled_batch), the default first; ``scale --mode weak``
 # and ``strong`` are the older names of ``per-gpu`` and ``fixed``.
 BATCH_POLICIES = ("per-gpu", "fixed", "tokens")
+# What ``parasim sweep --objective`` ranks layouts on (simulator.tools.objective): the
+# step, or the scenario's whole run trained at the layout; the default first.
+OBJECTIVES = ("step", "time-to-train", "cost", "energy")

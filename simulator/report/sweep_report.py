@@ -412,13 +412,25 @@ def print_sweep(
         ("exp. comm", "right"),
         ("stall", "right"),
     )
+    if result.objective != "step":
+        columns = (
+            *columns[:3],
+            (OBJECTIVE_HEADER[result.objective], "right"),
+            ("goodput", "right"),
+            *columns[3:],
+        )
+        table.title = f"{table.title} · ranked by {result.objective}"
     for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
     for entry, (row, also) in enumerate(top_layouts(result, top), 1):
+        extra = []
+        if result.objective != "step":
+            extra = [objective_text(result.objective, row), _percent(row["run"]["goodput"])]
         table.add_row(
             str(entry),
             Text(_label(row, also)),
             format_time(row["step_time_s"]),
+            *extra,
             f"{row['tflops_per_gpu']:.1f}",
             _percent(row["mfu"]),
             f"{row['peak_bytes_per_gpu'] / 2**30:.1f}/{row['capacity_bytes'] / 2**30:.0f} GiB",
@@ -439,6 +451,20 @@ def print_sweep(
         console.print(line)
     if outputs:
         console.print("wrote " + ", ".join(str(p) for p in outputs))
+
+
+#: The column of a sweep ranked on a run's objective.
+OBJECTIVE_HEADER = {"time-to-train": "time to train", "cost": "cost", "energy": "energy"}
+
+
+def objective_text(objective: str, row: dict[str, Any]) -> str:
+    """A row's objective, in its unit (days, dollars, MWh)."""
+    value = row["objective_value"]
+    if objective == "time-to-train":
+        return f"{value / 86400:,.2f} days"
+    if objective == "cost":
+        return f"${value:,.0f}"
+    return f"{value / 3.6e9:,.1f} MWh"
 
 
 def interval_line(result: SweepResult) -> str | None:

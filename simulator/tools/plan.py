@@ -19,14 +19,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.analysis.checkpoint import CheckpointWrite, checkpoint_write
-from simulator.analysis.power import StepEnergy, gpu_powers, node_other_power, step_energy
+from simulator.analysis.power import (
+    StepEnergy,
+    energy_of,
+    gpu_powers,
+    node_other_power,
+    rank_seconds,
+)
+from simulator.arithmetic.counts import parameter_count
 from simulator.common.errors import ScenarioError
 from simulator.request.run_plan import RunSpec
 from simulator.request.scenario import Scenario, load_scenario
 from simulator.run.simulate import run_scenario
 from simulator.tools.goodput import Goodput, optimal_interval, simulate_goodput
 
-__all__ = ["PhasePlan", "RunPlan", "plan_run"]
+__all__ = ["PhasePlan", "RunPlan", "phase_plan", "plan_run"]
 
 
 @dataclass
@@ -151,17 +158,45 @@ def _sharded(scenario: Scenario, run: RunSpec) -> bool:
 def _phase(
     base: Scenario, path: str, overrides: list[str], name: str, tokens: float, run: RunSpec
 ) -> PhasePlan:
-    """One phase planned: its step simulated, its checkpoint and its goodput."""
+    """One phase planned: its step simulated, then accounted (:func:`phase_plan`)."""
     scenario = load_scenario(path, overrides) if overrides else base
     simulated = run_scenario(scenario, numbers_only=True).result
+    return phase_plan(
+        scenario,
+        simulated.step_time_s,
+        rank_seconds(simulated),
+        tokens,
+        run,
+        name,
+        overrides,
+        simulated.model.parameters,
+        simulated.layout.recipe,
+    )
+
+
+def phase_plan(
+    scenario: Scenario,
+    step: float,
+    parts: dict[str, float],
+    tokens: float,
+    run: RunSpec,
+    name: str = "all",
+    overrides: list[str] | None = None,
+    parameters: float | None = None,
+    recipe: str | None = None,
+) -> PhasePlan:
+    """A phase of ``tokens`` trained at ``scenario``'s layout, whose step takes ``step``
+    seconds and its ranks ``parts`` (:func:`~simulator.analysis.power.rank_seconds`):
+    its checkpoint, its goodput under the run's failures, its energy."""
     spec = scenario.cluster_spec
     layout = scenario.layout
+    if parameters is None:
+        parameters = parameter_count(scenario.model, scenario.moe)
     tokens_per_step = scenario.spec.training.global_batch * scenario.model.seq_len
     steps = math.ceil(tokens / tokens_per_step)
-    step = simulated.step_time_s
     nic = spec.nic
     write = checkpoint_write(
-        simulated.model.parameters,
+        parameters,
         scenario.recipe.optimizer_state_bytes,
         layout,
         spec.gpus_per_node,
@@ -179,24 +214,16 @@ def _phase(
     work = steps * step
     timeline: list[tuple[float, float, str]] = []
     goodput = simulate_goodput(
-        work,
-        rate,
-        interval,
-        write.stall_s,
-        run.restart,
-        run.trials,
-        run.seed,
-        timeline,
+        work, rate, interval, write.stall_s, run.restart, run.trials, run.seed, timeline
     )
     nodes = math.ceil(gpus / spec.gpus_per_node)
-    energy = step_energy(simulated, spec.gpu, nodes, run.power.pue, run.power.node_other_w)
+    energy = energy_of(parts, step, spec.gpu, nodes, run.power.pue, run.power.node_other_w)
     energy_j = None
     if energy is not None:
         powers = gpu_powers(spec.gpu)
         assert powers is not None
-        other = (
-            node_other_power(spec.gpu) if run.power.node_other_w is None else run.power.node_other_w
-        )
+        other = run.power.node_other_w
+        other = node_other_power(spec.gpu) if other is None else other
         idle_w = run.power.pue * (gpus * powers[2] + nodes * other)
         per_second = energy.total_j / step
         # training and the work redone at the step's power; checkpoints and restarts idle
@@ -205,8 +232,8 @@ def _phase(
         )
     return PhasePlan(
         name=name,
-        overrides=list(overrides),
-        recipe=simulated.layout.recipe,
+        overrides=list(overrides or []),
+        recipe=recipe or str(scenario.recipe),
         gpus=gpus,
         nodes=nodes,
         tokens=tokens,

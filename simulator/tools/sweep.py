@@ -84,6 +84,7 @@ from simulator.request.knobs import SEARCHED, format_value
 from simulator.request.moe import MoESpec
 from simulator.request.scenario import (
     MAX_WORLD,
+    Scenario,
     ScenarioSpec,
     SimulationSpec,
     apply_overrides,
@@ -95,6 +96,8 @@ from simulator.request.scenario import (
 from simulator.run.simulate import StepSize, step_size, would_fold
 from simulator.tools.bound import StepBound
 from simulator.tools.cache import ResultCache
+from simulator.tools.objective import RunObjective
+from simulator.tools.plan import PhasePlan
 from simulator.tools.pool import (
     check_chunk,
     check_search,
@@ -400,6 +403,8 @@ class SweepResult:
     scenario_layout: dict[str, Any] | None
     wall_s: float
     timing_s: dict[str, float]
+    #: what the rows are ranked on (simulator.tools.objective)
+    objective: str = "step"
 
     def to_json(self) -> dict[str, Any]:
         """What ``sweep.json`` holds: every field but the timings, so that the same
@@ -498,6 +503,7 @@ def run_sweep(
     batch: str | None = None,
     force: bool = False,
     keep: int | None = None,
+    objective: str = "step",
 ) -> SweepResult:
     """Enumerate, validate, prune and simulate every layout; rows ranked by step time
     (:class:`SweepResult`). ``gpus`` resizes the cluster, the global batch following
@@ -506,7 +512,10 @@ def run_sweep(
     ``force``. With ``cache``, a candidate checked or simulated before (the same
     scenario, files and parasim) is read from it instead. With ``scheduler``
     (``local`` or a Dask scheduler's address), the candidates run on that Dask cluster
-    instead of this machine's process pool (:mod:`simulator.tools.scheduler`)."""
+    instead of this machine's process pool (:mod:`simulator.tools.scheduler`). With an
+    ``objective`` other than ``step`` (:mod:`simulator.tools.objective`) the rows are
+    ranked on the scenario's run trained at each layout, and no layout makes another
+    needless (a heavier sharding writes its checkpoint faster)."""
     started = time.perf_counter()
     if fidelity not in ("analytic", "flow"):
         raise ParasimError(f"--fidelity: expected analytic or flow (got {fidelity!r})")
@@ -531,6 +540,20 @@ def run_sweep(
     check_base(base)
     all_overrides = _Overrides(base, candidates, fidelity)
     args = (base.raw, base.source, base.base_dir)
+    first = _first_scenario(base, all_overrides) if objective != "step" else None
+    goal = RunObjective.of(objective, first)
+    scored: dict[int, tuple[float, PhasePlan | None]] = {}
+
+    def score(index: int, run: dict[str, Any]) -> float:
+        """The objective of candidate ``index``'s simulated ``run``."""
+        if goal.run is None:
+            return float(run["step_time_s"])
+        known = scored.get(index)
+        if known is None:
+            scenario = load_overridden(*args, all_overrides[index])
+            known = scored[index] = goal.value(scenario, run)
+        return known[0]
+
     cache = cache or ResultCache(None)
     bound = None if exhaustive or keep is None else _bound_of(base, candidates, all_overrides)
     executor, workers = open_executor(scheduler, workers, len(candidates))
@@ -577,7 +600,13 @@ def run_sweep(
         with progress or Silent() as bar:
             if bound is None:
                 search = _search_all(
-                    candidates, all_overrides, check, simulate, bar, exhaustive, fidelity
+                    candidates,
+                    all_overrides,
+                    check,
+                    simulate,
+                    bar,
+                    exhaustive or goal.run is not None,
+                    fidelity,
                 )
             else:
                 search = _search_best_first(
@@ -589,6 +618,8 @@ def run_sweep(
                     check,
                     simulate,
                     bar,
+                    (score, goal.per_step_second),
+                    dominance=goal.run is None,
                 )
     finally:
         if executor is not None:
@@ -609,10 +640,11 @@ def run_sweep(
                 "layout": candidate.label(),
                 **candidate.fields(),
                 **{k: v for k, v in run.items() if k != "status"},
+                **_objective_fields(objective, score(index, run), scored.get(index)),
                 "overrides": all_overrides[index],
             }
         )
-    rows.sort(key=lambda row: (row["step_time_s"], row["layout"]))
+    rows.sort(key=lambda row: (row["objective_value"], row["step_time_s"], row["layout"]))
     for position, row in enumerate(rows, 1):
         row["rank"] = position
     outcomes = {
@@ -662,6 +694,7 @@ def run_sweep(
             "simulate": time.perf_counter() - checked,
             "cached": cache.hits,
         },
+        objective=objective,
     )
 
 
@@ -733,6 +766,8 @@ def _search_best_first(
     check: Work,
     simulate: Work,
     bar: Any,
+    scoring: tuple[Callable[[int, dict[str, Any]], float], float] | None = None,
+    dominance: bool = True,
 ) -> _Search:
     """Examine the candidates in the order of their lower bound (:mod:`.bound`; a lighter
     recompute or sharding first among equal bounds, so that it is known before the
@@ -743,7 +778,11 @@ def _search_best_first(
     candidate whose step exceeds the threshold at its simulation is not accounted
     (status ``slower``): it cannot rank, and counts with those its bound left out. A
     simulated step below its own bound would mean the bound is wrong: the search then
-    goes on through every candidate, in full."""
+    goes on through every candidate, in full. With ``scoring`` (the objective of a
+    simulated candidate, by its index and run, and the least it is per second of step),
+    the threshold is the ``keep``-th best objective over that least, in seconds of
+    step; without ``dominance`` no candidate makes another needless."""
+    score, per_step = scoring or ((lambda i, run: float(run["step_time_s"])), 1.0)
     cheap, refine = bound
     bounds = list(cheap)
     count = len(candidates)
@@ -779,7 +818,7 @@ def _search_best_first(
                 continue
             group, weight = weights[i]
             fitting = lightest.setdefault(group, [])
-            if any(never_slower(other, weight) for other in fitting):
+            if dominance and any(never_slower(other, weight) for other in fitting):
                 needless.add(i)  # a lighter recompute or sharding of it fits
                 continue
             fitting.append(weight)
@@ -794,7 +833,7 @@ def _search_best_first(
                 step = run.get("step_time_s")
                 if step is not None and step < bounds[i] * (1 - 1e-9):
                     trusted = False
-            threshold = _threshold(list(runs.values()), keep) if trusted else math.inf
+            threshold = _threshold(runs, keep, score) / per_step if trusted else math.inf
         if not trusted:  # the steps cut short under a threshold no longer trusted, in full
             redo = [i for i, run in runs.items() if run["status"] == "slower"]
             again = simulate([all_overrides[i] for i in redo], _no_progress)
@@ -807,11 +846,31 @@ def _search_best_first(
     return _Search(checks, runs, len(needless), bounded, threshold, check_s)
 
 
-def _threshold(runs: list[dict[str, Any]], keep: int) -> float:
-    """The slowest step a ranking of ``keep`` layouts holds: the ``keep``-th fastest of
-    ``runs``; infinite while fewer than ``keep`` have run."""
-    steps = sorted(run["step_time_s"] for run in runs if run["status"] == "simulated")
-    return steps[keep - 1] if len(steps) >= keep else math.inf
+def _threshold(
+    runs: dict[int, dict[str, Any]], keep: int, score: Callable[[int, dict[str, Any]], float]
+) -> float:
+    """The worst objective a ranking of ``keep`` layouts holds: the ``keep``-th best
+    ``score`` of the simulated ``runs``; infinite while fewer than ``keep`` have run."""
+    values = sorted(score(i, run) for i, run in runs.items() if run["status"] == "simulated")
+    return values[keep - 1] if len(values) >= keep else math.inf
+
+
+def _objective_fields(
+    objective: str, value: float, scored: tuple[float, PhasePlan | None] | None
+) -> dict[str, Any]:
+    """A row's objective, and with a run's, its time to train, goodput, cost and energy."""
+    fields: dict[str, Any] = {"objective": objective, "objective_value": value}
+    if scored is not None and scored[1] is not None:
+        phase = scored[1]
+        fields["run"] = {
+            "time_to_train_s": phase.goodput.wall_mean,
+            "goodput": phase.goodput.goodput,
+            "gpu_hours": phase.gpus * phase.goodput.wall_mean / 3600.0,
+            "energy_j": phase.energy_j,
+            "checkpoint_s": phase.checkpoint.stall_s,
+            "checkpoint_sharded": phase.checkpoint.sharded,
+        }
+    return fields
 
 
 def _bound_of(
@@ -821,15 +880,9 @@ def _bound_of(
     the refined one of a candidate by its index (:meth:`StepBound.refined`), from the
     scenario at its own layout, or the first candidate that validates (None where none
     of the first few does: the search then examines every candidate)."""
-    scenario = None
-    tries = [["parallel.dp=null"], *all_overrides[:_BOUND_TRIES]]
-    for overrides in tries:
-        try:
-            scenario = load_overridden(base.raw, base.source, base.base_dir, overrides)
-            break
-        except ParasimError:
-            continue
-    if scenario is None:
+    try:
+        scenario = _first_scenario(base, all_overrides)
+    except ParasimError:
         return None
     bound = StepBound(scenario, _spec(base.raw).training.recompute_fraction)
     batch = base.global_batch
@@ -839,6 +892,21 @@ def _bound_of(
 
 #: Candidates tried in turn for the scenario a sweep's bounds start from.
 _BOUND_TRIES = 16
+
+
+def _first_scenario(base: SweepBase, all_overrides: Sequence[list[str]]) -> Scenario:
+    """The scenario at the sweep's size: at its own layout, or the first of a few
+    candidates that validates (its layout may not fit the new size); the last one's
+    error where none does."""
+    tries = [["parallel.dp=null"], *all_overrides[:_BOUND_TRIES]]
+    error: ParasimError | None = None
+    for overrides in tries:
+        try:
+            return load_overridden(base.raw, base.source, base.base_dir, overrides)
+        except ParasimError as exc:
+            error = exc
+    assert error is not None
+    raise error
 
 
 def _scenario_layout(
