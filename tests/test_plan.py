@@ -234,3 +234,30 @@ def test_a_run_objective_needs_the_run(capsys, tmp_path):
     args = ["sweep", SMALL, "--set", "run={tokens: 1e9}", "--objective", "cost"]
     assert main([*args, "--out", str(tmp_path / "c")]) == 2
     assert "price_per_gpu_hour is missing" in capsys.readouterr().err
+
+
+GPT3 = str(ROOT / "scenarios" / "gpt3-175b.yaml")
+FAILING_RUN = (
+    "run={tokens: 3e11, failures: {mtbf_node: '1 day'}, "
+    "checkpoint: {bandwidth_per_node: '100 MB/s'}}"
+)
+
+
+def test_explain_names_a_layout_whose_checkpoint_loses_the_run():
+    from simulator.tools.explain import explain
+
+    (finding,) = [f for f in explain(GPT3, [FAILING_RUN]) if f.id == "checkpoint-loses-at-scale"]
+    assert "one data-parallel replica writes the whole" in finding.problem
+    assert "longer than with a sharded save" in finding.problem
+    assert finding.fix == {"run.checkpoint.sharded": True}
+    # the fix is how the run saves: the step is the same
+    assert (
+        finding.after is not None and finding.after["step_time_s"] == finding.before["step_time_s"]
+    )
+    # a sharded save, a run without failures, or no run: nothing to find
+    for sets in (
+        [FAILING_RUN, "training.sharding=optimizer"],
+        ["run={tokens: 3e11, failures: {per_gpu_hour: none}}"],
+        [],
+    ):
+        assert "checkpoint-loses-at-scale" not in {f.id for f in explain(GPT3, sets)}

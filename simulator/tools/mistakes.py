@@ -39,10 +39,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from simulator.analysis.power import rank_seconds
 from simulator.analysis.result import MemoryEstimate, StepResult
 from simulator.common.vocabulary import RECOMPUTE_MODES
 from simulator.request.layout import Layout
 from simulator.request.scenario import Scenario
+from simulator.tools.plan import PhasePlan, phase_plan
 from topologies.units import format_bytes, format_time
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "STALL_SHARE",
     "CAPACITY_FIX",
     "SP_PRESSURE",
+    "CHECKPOINT_LOSS",
     "NO_FIX",
     "NO_FASTER_FIX",
     "NODE_LIMIT",
@@ -75,6 +78,9 @@ STALL_SHARE = 0.10
 CAPACITY_FIX = 1.25
 #: Activations dominating more than this share of a GPU's memory make SP worth turning on.
 SP_PRESSURE = 0.5
+#: A replicated checkpoint is a finding where a sharded save trains the run this much
+#: sooner (its share of the wall time).
+CHECKPOINT_LOSS = 0.01
 #: What a finding says in place of a fix when no option was found.
 NO_FIX = "no layout change that fits was found"
 #: What a time finding says when every option it simulated was slower than the step.
@@ -851,6 +857,68 @@ def _fix_routing(case: Case) -> Remedy:
     )
 
 
+# ------------------------------------------------------------------- the whole run
+
+
+def _checkpoint_runs(case: Case) -> tuple[PhasePlan, PhasePlan] | None:
+    """The scenario's run (``run:``) trained at its layout with its replicated
+    checkpoint, and with a sharded save; None where it has no run or saves sharded."""
+    run = case.scenario.spec.run
+    if run is None:
+        return None
+    said = run.checkpoint.sharded
+    if said is True or (said == "auto" and case.scenario.recipe.shards_optimizer):
+        return None
+    parts = rank_seconds(case.result)
+    replicated = phase_plan(case.scenario, case.step, parts, run.tokens, run)
+    saving = run.checkpoint.model_copy(update={"sharded": True})
+    sharded = phase_plan(
+        case.scenario, case.step, parts, run.tokens, run.model_copy(update={"checkpoint": saving})
+    )
+    return replicated, sharded
+
+
+def _check_checkpoint(case: Case) -> Symptom | None:
+    runs = _checkpoint_runs(case)
+    if runs is None:
+        return None
+    replicated, sharded = runs
+    before, after = replicated.goodput, sharded.goodput
+    if after.wall_mean >= before.wall_mean * (1 - CHECKPOINT_LOSS):
+        return None
+    write = replicated.checkpoint
+    lost = before.wall_mean - after.wall_mean
+    return Symptom(
+        f"one data-parallel replica writes the whole {format_bytes(write.bytes)} checkpoint "
+        f"({format_bytes(write.node_bytes)} from the busiest node, {format_time(write.stall_s)}"
+        f" a save, every {format_time(before.interval)}); at "
+        f"{before.failures / max(before.wall_mean / 86400, 1e-12):.1f} failures a day on "
+        f"{replicated.gpus:,} GPUs the run's goodput is {before.goodput:.1%}, and training "
+        f"its {replicated.tokens:.3g} tokens takes {lost / 86400:,.2f} days "
+        f"({_pct(lost, before.wall_mean)}) longer than with a sharded save "
+        f"({format_time(sharded.checkpoint.stall_s)} a save, goodput {after.goodput:.1%})."
+    )
+
+
+def _fix_checkpoint(case: Case) -> Remedy:
+    notes = [
+        "the step hardly changes: what the fix saves is the run's time, checkpoints and "
+        "the work lost to failures between them (parasim plan shows it)"
+    ]
+    candidates: list[tuple[dict[str, Any], str]] = [
+        (
+            {"run.checkpoint.sharded": True},
+            "save sharded: every rank writes its share of the state "
+            "(torch.distributed.checkpoint, Megatron-Core's fully parallel save)",
+        ),
+        (
+            {"training.sharding": "optimizer"},
+            "shard the optimizer (ZeRO-1): its checkpoint is sharded with it",
+        ),
+    ]
+    return Remedy(case.options(candidates), notes)
+
+
 # ------------------------------------------------------------------- sharding
 
 
@@ -1080,6 +1148,17 @@ MISTAKES: tuple[Mistake, ...] = (
         check=_check_routing,
         fix=_fix_routing,
         teaching="moe-imbalance",
+        choose="first",
+    ),
+    Mistake(
+        id="checkpoint-loses-at-scale",
+        title="a replicated checkpoint that loses the run at scale",
+        when=(
+            "the scenario has a run: whose checkpoint one data-parallel replica writes, and a "
+            "sharded save would train it more than 1% sooner under its failures"
+        ),
+        check=_check_checkpoint,
+        fix=_fix_checkpoint,
         choose="first",
     ),
     Mistake(
