@@ -261,3 +261,16 @@ def test_explain_names_a_layout_whose_checkpoint_loses_the_run():
         [],
     ):
         assert "checkpoint-loses-at-scale" not in {f.id for f in explain(GPT3, sets)}
+
+
+def test_the_published_whole_runs_are_planned_and_set_beside_their_figures():
+    from benchmarks.validate_runs import load_cases, run_case
+
+    cases = load_cases()
+    assert {case["id"] for case in cases} >= {"llama3-405b-run", "deepseek-v3-run"}
+    for case in cases:
+        assert case["source"] and case["where"] and case["base_case"]
+        rows = run_case(case)
+        assert len(rows) == len(case["published"])
+        for row in rows:
+            assert row["predicted"] > 0 and ("error" in row or "holds" in row)
