@@ -454,13 +454,15 @@ def test_plan_report_renders(driver, workdir):
     out = workdir / "plan"
     run = "run={tokens: 5e10, price_per_gpu_hour: 2, failures: {mtbf_node: '2 h'}}"
     _parasim("plan", SMALL, "--set", "cluster.preset=dgx-h100", "--set", run, "--out", out)
-    page = check_report(driver, out / "plan.html", workdir)
-    names = {name for plot in page["plots"] for name in plot.get("names", [])}
-    del names
-    assert (
-        driver.execute_script("return document.querySelectorAll('.scatterlayer .trace').length")
-        >= 2
-    ), "progress and interruptions drawn"
+    check_report(driver, out / "plan.html", workdir)
+    traces = "return document.querySelectorAll(arguments[0] + ' .scatterlayer .trace').length"
+    assert driver.execute_script(traces, "body") >= 2, "progress and interruptions drawn"
+    # the run's report shows the plan too, where the scenario has a run:
+    ran = workdir / "run-with-plan"
+    _parasim("run", SMALL, "--set", "cluster.preset=dgx-h100", "--set", run, "--out", ran)
+    check_report(driver, ran / "report.html", workdir)
+    assert driver.find_element("id", "plan").is_displayed()
+    assert driver.execute_script(traces, "#plan") >= 2
 
 
 def test_a_script_error_fails_the_console_check(driver, workdir):

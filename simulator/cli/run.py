@@ -76,14 +76,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim run``: simulate, write the outputs, print the summary (or JSON)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from simulator.common.files import dumps_result
     from simulator.common.folders import check_folder, default_folder, staged_folder
     from simulator.report.outputs import run_output_names, write_run_outputs
+    from simulator.report.plan_report import plan_lines
     from simulator.report.progress import Status, interactive
     from simulator.report.summary import out_of_memory_line, print_summary
     from simulator.request.scenario import load_scenario
     from simulator.run.simulate import check_request_size, run_scenario
+    from simulator.tools.plan import plan_run
 
     if args.image:
         from simulator.report.images import check_requirements
@@ -101,6 +104,9 @@ def command(args: argparse.Namespace) -> int:
     with Status(f"simulating {scenario.name} ({fidelity})", interactive(args.json)) as status:
         run = run_scenario(scenario, force=args.force)
         run.result.overrides = list(args.overrides)
+        if scenario.spec.run is not None and "report" in args.outputs:
+            status.update("planning the whole run (run:)")
+            run.plan = plan_run(args.scenario, args.overrides, run.result)
         status.update(f"writing {', '.join(args.outputs)}")
         with staged_folder(out, "parasim run", names) as stage:
             written = write_run_outputs(
@@ -116,7 +122,12 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(dumps_result(run.result.to_json()))
     else:
-        print_summary(run.result, Console(), [str(p) for p in paths])
+        console = Console()
+        print_summary(run.result, console, [str(p) for p in paths])
+        if run.plan is not None:
+            console.print("the whole run (run:, parasim plan for its phases):")
+            for line in plan_lines(run.plan):
+                console.print(f"  {escape(line)}")
     oom = out_of_memory_line(run.result)
     if oom is not None and not args.allow_oom:
         print(f"parasim: {oom} (--allow-oom to exit 0)", file=sys.stderr)

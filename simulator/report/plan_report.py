@@ -24,7 +24,7 @@ from simulator.report.sweep_report import (
 from simulator.tools.plan import RunPlan
 from topologies.units import format_time
 
-__all__ = ["PLAN_FILES", "plan_figure", "print_plan", "write_plan_outputs"]
+__all__ = ["PLAN_FILES", "plan_figure", "plan_lines", "print_plan", "write_plan_outputs"]
 
 #: What plan writes in its folder: plan.csv (a row per phase), plan.json, plan.html and
 #: the page's plotly.js.
@@ -52,28 +52,34 @@ def _days(seconds: float) -> str:
     return f"{seconds / 86400:,.1f} days" if seconds >= 86400 else format_time(seconds)
 
 
-def print_plan(plan: RunPlan, console: Console, outputs: Iterable[str] = ()) -> None:
-    """The run in a few lines, then its phases."""
+def plan_lines(plan: RunPlan) -> list[str]:
+    """The run in a few lines: its time to train with its spread and goodput, its
+    GPU-hours, cost and energy."""
     data = plan.to_json()
-    console.print(f"parasim plan · {escape(plan.scenario)} · {plan.tokens:.4g} tokens")
-    console.print(
+    lines = [
         f"time to train: {_days(plan.wall_s)} (80%: {_days(data['wall_p10_s'])} to "
         f"{_days(data['wall_p90_s'])}), {_days(plan.train_s)} of it training: goodput "
-        f"{plan.goodput:.1%} at {plan.failures_per_gpu_hour:.3g} failures per GPU-hour"
-    )
-    console.print(
+        f"{plan.goodput:.1%} at {plan.failures_per_gpu_hour:.3g} failures per GPU-hour",
         f"GPU-hours: {plan.gpu_hours / 1e6:,.3f} M "
-        f"({data['gpu_hours_train'] / 1e6:,.3f} M training)"
-    )
+        f"({data['gpu_hours_train'] / 1e6:,.3f} M training)",
+    ]
     if plan.cost is not None:
-        console.print(
+        lines.append(
             f"cost: ${plan.cost:,.0f} at ${plan.price_per_gpu_hour:g} per GPU-hour "
             f"(${data['cost_per_million_tokens']:.3g} per million tokens)"
         )
     if data["energy_mwh"] is not None:
-        console.print(
+        lines.append(
             f"energy: {data['energy_mwh']:,.1f} MWh ({data['energy_per_token_j']:.3g} J per token)"
         )
+    return lines
+
+
+def print_plan(plan: RunPlan, console: Console, outputs: Iterable[str] = ()) -> None:
+    """The run in a few lines, then its phases."""
+    console.print(f"parasim plan · {escape(plan.scenario)} · {plan.tokens:.4g} tokens")
+    for line in plan_lines(plan):
+        console.print(escape(line))
     table = Table(title="phases (layout: tp pp dp and micro-batching)", title_justify="left")
     for column in (
         "phase",

@@ -35,6 +35,7 @@ from simulator.analysis.links import carried_bytes, link_name, utilisation_bins
 from simulator.analysis.metrics import CATEGORIES
 from simulator.analysis.result import MemoryEstimate, RankAccount, StepResult
 from simulator.analysis.trace import Trace
+from simulator.report.plan_report import plan_figure, plan_lines
 from simulator.report.plotly_bundle import SCRIPT_TAG, write_plotly_js
 from simulator.report.style import (
     AXIS_COLORS,
@@ -717,6 +718,20 @@ def run_report_html(
         sections.append(
             _section("links", "Link utilisation over the step", link_caption, _note(line))
         )
+
+    if run.plan is not None:  # the scenario's whole run (its run: section)
+        sections.append(
+            _section(
+                "plan",
+                "The whole run",
+                " · ".join(plan_lines(run.plan))
+                + ". Tokens trained against wall-clock days (the first of the Monte Carlo's "
+                "draws, each interruption marked), where the wall time goes, and each phase's "
+                "energy with its cost; parasim plan writes the phases' table.",
+                _div(plan_figure(run.plan), "plan"),
+            )
+        )
+        charts.append("plan")
 
     timeline, timeline_info = timeline_spec(trace, title, max_bars=REPORT_MAX_BARS)
     gap = timeline_info.get("merge_gap_s")

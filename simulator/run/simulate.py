@@ -102,6 +102,9 @@ class RunResult:
     #: each rank's idle stretches of its compute stream, ``(category, start, end)``, as
     #: the time accounting found them (None when the run kept numbers only)
     idle: dict[int, list[tuple[str, float, float]]] | None = None
+    #: the scenario's whole run planned on this step (``simulator.tools.plan.RunPlan``),
+    #: where the scenario has a ``run:`` and its report shows it; None otherwise
+    plan: Any = None
 
 
 def build_schedule(scenario: Scenario, numbers_only: bool = False) -> Schedule:

@@ -26,6 +26,7 @@ from simulator.analysis.power import (
     node_other_power,
     rank_seconds,
 )
+from simulator.analysis.result import StepResult
 from simulator.arithmetic.counts import parameter_count
 from simulator.common.errors import ScenarioError
 from simulator.request.run_plan import RunSpec
@@ -156,11 +157,19 @@ def _sharded(scenario: Scenario, run: RunSpec) -> bool:
 
 
 def _phase(
-    base: Scenario, path: str, overrides: list[str], name: str, tokens: float, run: RunSpec
+    base: Scenario,
+    path: str,
+    overrides: list[str],
+    name: str,
+    tokens: float,
+    run: RunSpec,
+    simulated: StepResult | None = None,
 ) -> PhasePlan:
-    """One phase planned: its step simulated, then accounted (:func:`phase_plan`)."""
-    scenario = load_scenario(path, overrides) if overrides else base
-    simulated = run_scenario(scenario, numbers_only=True).result
+    """One phase planned: its step simulated (``simulated``: the step of ``base``, given
+    where the phase runs it), then accounted (:func:`phase_plan`)."""
+    scenario = load_scenario(path, overrides) if overrides and simulated is None else base
+    if simulated is None:
+        simulated = run_scenario(scenario, numbers_only=True).result
     return phase_plan(
         scenario,
         simulated.step_time_s,
@@ -248,9 +257,12 @@ def phase_plan(
     )
 
 
-def plan_run(path: str, overrides: list[str] | None = None) -> RunPlan:
+def plan_run(
+    path: str, overrides: list[str] | None = None, simulated: StepResult | None = None
+) -> RunPlan:
     """The plan of the run the scenario at ``path`` describes (``run:``), with
-    ``overrides`` applied to every phase before its own."""
+    ``overrides`` applied to every phase before its own (``simulated``: the scenario's
+    step with them, simulated already, for the phases that run it)."""
     overrides = list(overrides or [])
     base = load_scenario(path, overrides)
     run = base.spec.run
@@ -262,10 +274,11 @@ def plan_run(path: str, overrides: list[str] | None = None) -> RunPlan:
     phases = run.phases or []
     planned = []
     if not phases:
-        planned.append(_phase(base, path, overrides, "all", run.tokens, run))
+        planned.append(_phase(base, path, overrides, "all", run.tokens, run, simulated))
     for phase in phases:
         sets = [*overrides, *phase.set]
-        planned.append(_phase(base, path, sets, phase.name, phase.tokens, run))
+        same = simulated if not phase.set else None
+        planned.append(_phase(base, path, sets, phase.name, phase.tokens, run, same))
     warnings = [
         f"phase {p.name}: no GPU power in its preset ({base.cluster_spec.gpu.name}): no energy"
         for p in planned
