@@ -274,3 +274,15 @@ def test_the_published_whole_runs_are_planned_and_set_beside_their_figures():
         assert len(rows) == len(case["published"])
         for row in rows:
             assert row["predicted"] > 0 and ("error" in row or "holds" in row)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_scenario_plans(path):
+    sets = ["simulation.fidelity=analytic"]
+    if "run:" not in path.read_text():
+        sets.append("run={tokens: 1e10, price_per_gpu_hour: 2}")
+    plan = plan_run(str(path), sets)
+    assert plan.wall_s >= plan.train_s > 0 and 0 < plan.goodput <= 1
+    assert plan.cost is not None and plan.cost > 0
+    if plan.energy_j is None:  # a CPU process has no GPU power to draw
+        assert plan.warnings
