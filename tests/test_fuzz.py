@@ -50,6 +50,7 @@ def test_the_schema_walk_reaches_every_section():
         "training",
         "parallel",
         "simulation",
+        "run",
     }
     paths = {".".join(leaf.path) for leaf in LEAVES}
     for field in (
@@ -57,6 +58,8 @@ def test_the_schema_walk_reaches_every_section():
         "model.moe.capacity_factor",
         "parallel.tp",
         "simulation.seed",
+        "run.checkpoint.bandwidth_per_node",
+        "run.failures.mtbf_node",
     ):
         assert field in paths
 

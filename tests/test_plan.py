@@ -286,3 +286,18 @@ def test_every_shipped_scenario_plans(path):
     assert plan.cost is not None and plan.cost > 0
     if plan.energy_j is None:  # a CPU process has no GPU power to draw
         assert plan.warnings
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        "{tokens: 1e13, failures: {mtbf_node: '1 s'}}",
+        "{tokens: 1e12, failures: {mtbf_node: '10 min'}, checkpoint: {interval: '30 days'}}",
+        "{tokens: 1e14, trials: 100000, failures: {mtbf_node: '1 h'}}",
+    ],
+)
+def test_a_run_that_cannot_finish_is_refused_in_one_line(run, tmp_path, capsys):
+    # refused once its failures outnumber what a plan draws, not drawn for ever
+    assert main(["plan", SMALL, "--set", f"run={run}", "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert "failures drawn" in err and len(err.strip().splitlines()) == 1

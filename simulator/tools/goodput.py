@@ -30,7 +30,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.common.errors import ParasimError
+
 __all__ = ["Goodput", "optimal_interval", "simulate_goodput", "young_interval"]
+
+
+#: Failures drawn over all trials before a run is called one that does not finish: its
+#: failures outnumber what a plan can draw in seconds.
+MAX_DRAWS = 2_000_000
+
+
+def _endless(
+    work: float, rate: float, interval: float, cost: float, trials: int, draws: int
+) -> str:
+    """The one line that refuses a run whose failures never let it finish."""
+    return (
+        f"run: more than {MAX_DRAWS:,} failures drawn over {trials} trials of "
+        f"{work / 86400:.3g} days of training: a failure every {1 / rate:.3g} s of wall time "
+        f"against a checkpoint every {interval:.3g} s taking {cost:.3g} s, so the run hardly "
+        "moves forward; lower the failure rate, checkpoint more often (interval: auto), or "
+        "give fewer trials"
+    )
 
 
 def young_interval(cost: float, mtbf: float) -> float:
@@ -108,6 +128,7 @@ def simulate_goodput(
     ``(wall, progress, event)`` points (``event``: ``start``, ``failure``, ``resume``,
     ``end``) for the report's chart."""
     rng = np.random.default_rng(seed)
+    draws = 0
     if work <= 0:
         return Goodput(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, interval, cost, trials)
     if not math.isfinite(interval):  # no checkpoint (no failure to guard against)
@@ -127,6 +148,9 @@ def simulate_goodput(
                 spent += cycles * cost
                 remaining = 0.0
                 break
+            draws += 1
+            if draws > MAX_DRAWS:
+                raise ParasimError(_endless(work, rate, interval, cost, trials, draws))
             done = min(math.floor(gap / cycle), cycles)
             saved = min(done * interval, remaining)
             remaining -= saved
