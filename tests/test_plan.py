@@ -293,7 +293,6 @@ def test_every_shipped_scenario_plans(path):
     [
         "{tokens: 1e13, failures: {mtbf_node: '1 s'}}",
         "{tokens: 1e12, failures: {mtbf_node: '10 min'}, checkpoint: {interval: '30 days'}}",
-        "{tokens: 1e14, trials: 100000, failures: {mtbf_node: '1 h'}}",
     ],
 )
 def test_a_run_that_cannot_finish_is_refused_in_one_line(run, tmp_path, capsys):
@@ -301,3 +300,9 @@ def test_a_run_that_cannot_finish_is_refused_in_one_line(run, tmp_path, capsys):
     assert main(["plan", SMALL, "--set", f"run={run}", "--out", str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err
     assert "failures drawn" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_run_of_many_failures_draws_fewer_trials():
+    many = simulate_goodput(3e7, 1 / 600.0, 300.0, 20.0, 60.0, 200, seed=0)
+    assert many.trials < 200 and many.failures * many.trials <= 2_000_000 * 1.01
+    assert many.wall_p10 <= many.wall_mean <= many.wall_p90

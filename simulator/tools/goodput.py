@@ -35,21 +35,20 @@ from simulator.common.errors import ParasimError
 __all__ = ["Goodput", "optimal_interval", "simulate_goodput", "young_interval"]
 
 
-#: Failures drawn over all trials before a run is called one that does not finish: its
-#: failures outnumber what a plan can draw in seconds.
+#: Failures drawn over all trials: trials stop short of it (a run of many failures a
+#: trial varies little from one trial to the next), and a run whose one trial passes it
+#: is called one that does not finish (its failures outnumber what a plan draws in
+#: seconds).
 MAX_DRAWS = 2_000_000
 
 
-def _endless(
-    work: float, rate: float, interval: float, cost: float, trials: int, draws: int
-) -> str:
+def _endless(work: float, rate: float, interval: float, cost: float) -> str:
     """The one line that refuses a run whose failures never let it finish."""
     return (
-        f"run: more than {MAX_DRAWS:,} failures drawn over {trials} trials of "
-        f"{work / 86400:.3g} days of training: a failure every {1 / rate:.3g} s of wall time "
-        f"against a checkpoint every {interval:.3g} s taking {cost:.3g} s, so the run hardly "
-        "moves forward; lower the failure rate, checkpoint more often (interval: auto), or "
-        "give fewer trials"
+        f"run: more than {MAX_DRAWS:,} failures drawn in one trial of {work / 86400:.3g} "
+        f"days of training: a failure every {1 / rate:.3g} s of wall time against a "
+        f"checkpoint every {interval:.3g} s taking {cost:.3g} s, so the run hardly moves "
+        "forward; lower the failure rate or checkpoint more often (interval: auto)"
     )
 
 
@@ -137,6 +136,11 @@ def simulate_goodput(
     cycle = interval + cost
     walls, checkpointing, lost, restarting, failures = [], [], [], [], []
     for trial in range(trials):
+        if trial and draws * (trial + 1) > MAX_DRAWS * trial:
+            # as many draws again would pass the bound: a run of this many failures a
+            # trial varies little from one to the next, so fewer trials stand for it
+            trials = trial
+            break
         remaining, wall, spent, wasted, waited, count = work, 0.0, 0.0, 0.0, 0.0, 0
         points = [(0.0, 0.0, "start")] if trial == 0 and timeline is not None else None
         while remaining > 0:
@@ -149,8 +153,8 @@ def simulate_goodput(
                 remaining = 0.0
                 break
             draws += 1
-            if draws > MAX_DRAWS:
-                raise ParasimError(_endless(work, rate, interval, cost, trials, draws))
+            if count >= MAX_DRAWS:  # this one trial alone passes the bound
+                raise ParasimError(_endless(work, rate, interval, cost))
             done = min(math.floor(gap / cycle), cycles)
             saved = min(done * interval, remaining)
             remaining -= saved
