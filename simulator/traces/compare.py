@@ -208,9 +208,29 @@ def _chosen_step(readers: list[RankReader]) -> tuple[int, dict[int, tuple[float,
                 max((e.end for e in events), default=0.0),
             )
         return -1, windows
-    slowest = [max(spans[rank][i].duration for rank in spans) for i in range(count)]
+    readers_by_rank = {r.rank: r for r in readers}
+    windows_of = [
+        {rank: _after_barrier(readers_by_rank[rank], spans[rank][i]) for rank in spans}
+        for i in range(count)
+    ]
+    slowest = [max(end - start for start, end in w.values()) for w in windows_of]
     index = slowest.index(statistics.median_low(slowest))
-    return index, {rank: (s[index].start, s[index].end) for rank, s in spans.items()}
+    return index, windows_of[index]
+
+
+#: The calls a step may open with to keep its ranks in step (a replay's opening barrier).
+_BARRIERS = ("c10d::barrier", "gloo:barrier", "nccl:barrier")
+
+
+def _after_barrier(reader: RankReader, span: Event) -> tuple[float, float]:
+    """A step's window on one rank: its span, from where the rank left a barrier that
+    opens it (the step's work begins once every rank is in; the wait is not the step's)."""
+    opening = [
+        e.end
+        for e in reader.trace.of("cpu_op", "user_annotation")
+        if e.name in _BARRIERS and span.start <= e.start < span.start + span.duration / 2
+    ]
+    return (max(opening) if opening else span.start), span.end
 
 
 def _rank_step(reader: RankReader, window: tuple[float, float], host_gap: float) -> _RankStep:
@@ -305,6 +325,16 @@ def _categories(step: _RankStep) -> dict[str, float]:
     return {"compute": busy, "exposed_comm": exposed, "host": host, "waiting": idle - host}
 
 
+def _step_time(steps: Sequence[_RankStep], traces: Sequence[RankTrace]) -> float:
+    """The measured step: from when the last rank began it to when the last one ended
+    it, where the traces share a host's clock; else the longest rank's own step (two
+    hosts' clocks are never compared)."""
+    hosts = {trace.host for trace in traces}
+    if len(hosts) == 1 and None not in hosts:
+        return max(s.end for s in steps) - max(s.start for s in steps)
+    return max(s.seconds for s in steps)
+
+
 def _breakdown_of(result: StepResult, rank: int) -> dict[str, float]:
     """The prediction's breakdown of ``rank`` (its class's row), or its mean where the
     result has no row for it (a rank beyond the predicted layout)."""
@@ -390,7 +420,7 @@ def compare_with_traces(
     readers = [RankReader(trace) for trace in traces]
     index, windows = _chosen_step(readers)
     steps = [_rank_step(r, windows[r.rank], measurements.host_gap) for r in readers]
-    step_time = max(s.seconds for s in steps)
+    step_time = _step_time(steps, traces)
     ranks = [s.rank for s in steps]
     # the step's categories: the mean over the measured ranks, against the prediction's
     # figures of the same ranks (each rank's class's row, in a folded run)
