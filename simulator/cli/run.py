@@ -81,12 +81,10 @@ def command(args: argparse.Namespace) -> int:
     from simulator.common.files import dumps_result
     from simulator.common.folders import check_folder, default_folder, staged_folder
     from simulator.report.outputs import run_output_names, write_run_outputs
-    from simulator.report.plan_report import plan_lines
     from simulator.report.progress import Status, interactive
     from simulator.report.summary import out_of_memory_line, print_summary
     from simulator.request.scenario import load_scenario
     from simulator.run.simulate import check_request_size, run_scenario
-    from simulator.tools.plan import plan_run
 
     if args.image:
         from simulator.report.images import check_requirements
@@ -105,6 +103,9 @@ def command(args: argparse.Namespace) -> int:
         run = run_scenario(scenario, force=args.force)
         run.result.overrides = list(args.overrides)
         if scenario.spec.run is not None and "report" in args.outputs:
+            # the report shows the scenario's whole run (only then: plotly and the plan)
+            from simulator.tools.plan import plan_run
+
             status.update("planning the whole run (run:)")
             run.plan = plan_run(args.scenario, args.overrides, run.result)
         status.update(f"writing {', '.join(args.outputs)}")
@@ -125,6 +126,8 @@ def command(args: argparse.Namespace) -> int:
         console = Console()
         print_summary(run.result, console, [str(p) for p in paths])
         if run.plan is not None:
+            from simulator.report.plan_report import plan_lines
+
             console.print("the whole run (run:, parasim plan for its phases):")
             for line in plan_lines(run.plan):
                 console.print(f"  {escape(line)}")
