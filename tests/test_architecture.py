@@ -259,3 +259,24 @@ def test_progress_shows_only_on_a_terminal_without_json(capsys, monkeypatch):
     with Status("working", enabled=False) as status:
         status.update("still working")
     assert capsys.readouterr().err == ""
+
+
+def test_a_result_only_run_imports_no_page_machinery(tmp_path):
+    """``parasim run --outputs result`` writes no page: plotly, the sweep's pages and the
+    run's plan stay unimported (a one-configuration command is timed against the
+    closed-form peers: benchmarks/bench_speed.py), even for a scenario with a run:."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from simulator.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    main(['run', 'scenarios/small.yaml', '--set', 'run={{tokens: 1e9}}', "
+        f"'--outputs', 'result', '--out', {str(tmp_path / 'out')!r}])\n"
+        "loaded = {m for m in sys.modules if m.split('.')[0] == 'plotly'}\n"
+        "loaded |= {m for m in sys.modules if m in ('simulator.tools.plan', "
+        "'simulator.tools.sweep', 'simulator.report.sweep_report')}\n"
+        "print(sorted(loaded))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
