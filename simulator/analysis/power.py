@@ -26,6 +26,7 @@ elementwise kernels draw less); the node's other parts draw their maximum throug
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from simulator.analysis.result import StepResult
@@ -37,7 +38,9 @@ __all__ = [
     "StepEnergy",
     "energy_of",
     "gpu_powers",
+    "idle_power",
     "node_other_power",
+    "parts_of",
     "rank_seconds",
     "step_energy",
 ]
@@ -101,17 +104,26 @@ def gpu_powers(gpu: GPUSpec) -> tuple[float, float, float] | None:
     return limit, static + share * (limit - static), static
 
 
+#: The accounting's categories a rank draws its idle power in.
+WAITING = ("bubble", "imbalance_stall", "other")
+
+
+def parts_of(breakdown: Mapping[str, float], ranks: float = 1.0) -> dict[str, float]:
+    """``ranks`` ranks' seconds of one breakdown (the accounting's categories) by what
+    the power model tells apart: ``compute``, ``exposed_comm``, ``waiting``."""
+    return {
+        "compute": ranks * breakdown.get("compute", 0.0),
+        "exposed_comm": ranks * breakdown.get("exposed_comm", 0.0),
+        "waiting": ranks * sum(breakdown.get(name, 0.0) for name in WAITING),
+    }
+
+
 def rank_seconds(result: StepResult) -> dict[str, float]:
-    """The step's seconds over every rank, by what the power model tells apart:
-    ``compute``, ``exposed_comm``, ``waiting`` (bubbles, stalls, other idle)."""
+    """The step's seconds over every rank (:func:`parts_of` each row, its ranks)."""
     parts = {"compute": 0.0, "exposed_comm": 0.0, "waiting": 0.0}
     for row in result.per_rank:
-        times = row.breakdown
-        parts["compute"] += row.ranks * times.get("compute", 0.0)
-        parts["exposed_comm"] += row.ranks * times.get("exposed_comm", 0.0)
-        parts["waiting"] += row.ranks * sum(
-            times.get(name, 0.0) for name in ("bubble", "imbalance_stall", "other")
-        )
+        for name, seconds in parts_of(row.breakdown, row.ranks).items():
+            parts[name] += seconds
     return parts
 
 
@@ -144,3 +156,13 @@ def energy_of(
         node_other_j=nodes * other * step,
         pue=pue,
     )
+
+
+def idle_power(
+    gpu: GPUSpec, gpus: int, nodes: int, pue: float, node_other_w: float | None
+) -> float | None:
+    """Watts of the whole cluster with every rank waiting (a checkpoint's write, a
+    restart): a second of :func:`energy_of` spent idle; None where the GPU's power is
+    not known."""
+    energy = energy_of(parts_of({"other": 1.0}, gpus), 1.0, gpu, nodes, pue, node_other_w)
+    return None if energy is None else energy.total_j

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.analysis.power import gpu_powers, node_other_power
+from simulator.analysis.power import idle_power, parts_of
 from simulator.common.errors import ParasimError
 from simulator.common.vocabulary import OBJECTIVES
 from simulator.request.run_plan import RunSpec
@@ -71,16 +71,13 @@ class RunObjective:
                 )
             return cls(name, run, steps * gpus * run.price_per_gpu_hour / 3600.0)
         gpu = scenario.cluster_spec.gpu
-        powers = gpu_powers(gpu)
-        if powers is None:
+        nodes = math.ceil(gpus / scenario.cluster_spec.gpus_per_node)
+        idle = idle_power(gpu, gpus, nodes, run.power.pue, run.power.node_other_w)
+        if idle is None:
             raise ParasimError(
                 f"--objective energy: the preset's GPU ({gpu.name}) has no tdp_w and "
                 "static_power_w to draw power from"
             )
-        nodes = math.ceil(gpus / scenario.cluster_spec.gpus_per_node)
-        other = run.power.node_other_w
-        other = node_other_power(gpu) if other is None else other
-        idle = run.power.pue * (gpus * powers[2] + nodes * other)
         return cls(name, run, steps * idle)
 
     def value(
@@ -91,14 +88,7 @@ class RunObjective:
         step = float(outcome["step_time_s"])
         if self.run is None:
             return step, None
-        world = scenario.layout.world
-        mean = outcome["breakdown_mean_s"]
-        parts = {
-            "compute": world * mean.get("compute", 0.0),
-            "exposed_comm": world * mean.get("exposed_comm", 0.0),
-            "waiting": world
-            * sum(mean.get(name, 0.0) for name in ("bubble", "imbalance_stall", "other")),
-        }
+        parts = parts_of(outcome["breakdown_mean_s"], scenario.layout.world)
         phase = phase_plan(scenario, step, parts, self.run.tokens, self.run)
         if self.name == "time-to-train":
             return phase.goodput.wall_mean, phase

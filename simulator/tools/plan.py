@@ -19,13 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.analysis.checkpoint import CheckpointWrite, checkpoint_write
-from simulator.analysis.power import (
-    StepEnergy,
-    energy_of,
-    gpu_powers,
-    node_other_power,
-    rank_seconds,
-)
+from simulator.analysis.power import StepEnergy, energy_of, idle_power, rank_seconds
 from simulator.analysis.result import StepResult
 from simulator.arithmetic.counts import parameter_count
 from simulator.common.errors import ScenarioError
@@ -229,11 +223,8 @@ def phase_plan(
     energy = energy_of(parts, step, spec.gpu, nodes, run.power.pue, run.power.node_other_w)
     energy_j = None
     if energy is not None:
-        powers = gpu_powers(spec.gpu)
-        assert powers is not None
-        other = run.power.node_other_w
-        other = node_other_power(spec.gpu) if other is None else other
-        idle_w = run.power.pue * (gpus * powers[2] + nodes * other)
+        idle_w = idle_power(spec.gpu, gpus, nodes, run.power.pue, run.power.node_other_w)
+        assert idle_w is not None
         per_second = energy.total_j / step
         # training and the work redone at the step's power; checkpoints and restarts idle
         energy_j = per_second * (work + goodput.lost) + idle_w * (

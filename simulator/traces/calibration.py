@@ -217,7 +217,7 @@ def profile_from_traces(
         "device": device,
         "software": {
             "torch": str(metadata.get("torch") or "unknown"),
-            "backend": "nccl" if m.on_gpu else "gloo",
+            "backend": m.backend or ("nccl" if m.on_gpu else "gloo"),
             "backend_version": "from the traces",
         },
         "gpu": {

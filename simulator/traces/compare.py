@@ -45,7 +45,7 @@ from typing import Any
 from simulator.analysis.result import StepResult
 from simulator.analysis.trace import OpRecord, Trace
 from simulator.common.vocabulary import BARRIER
-from simulator.tools.compare import Row, relative_error
+from simulator.tools.compare import Row
 
 from .kernels import COMMUNICATION, collective_of
 from .kineto import Event, RankTrace
@@ -236,10 +236,10 @@ def _after_barrier(reader: RankReader, span: Event) -> tuple[float, float]:
 def _rank_step(reader: RankReader, window: tuple[float, float], host_gap: float) -> _RankStep:
     start, end = window
     # a GPU's work of the step may end after the host's span of it: kernels launched in it
-    compute = [s for s in reader.compute_samples() if start <= s.start < end]
+    compute = [s for s in reader.compute_samples if start <= s.start < end]
     comm: list[tuple[Event, str, str | None, str | None]] = []
     if reader.trace.on_gpu:
-        for kernel, kind in reader.kernel_classes():
+        for kernel, kind in reader.classified:
             if kind.family == COMMUNICATION and start <= kernel.start < end:
                 comm.append((kernel, kind.collective or "unknown", kind.algorithm, kind.protocol))
     else:
@@ -248,22 +248,20 @@ def _rank_step(reader: RankReader, window: tuple[float, float], host_gap: float)
             # a barrier is the run keeping its ranks in step, not the step's work
             if start <= worker.start < end and collective != BARRIER:
                 comm.append((worker, collective, None, None))
-    host = _gpu_host_gaps(reader, compute, comm) if reader.trace.on_gpu else host_gap * len(compute)
+    host = _gpu_host_gaps(reader, start, end) if reader.trace.on_gpu else host_gap * len(compute)
     last = max([end] + [s.start + s.seconds for s in compute] + [e.end for e, *_ in comm])
     return _RankStep(reader.rank, start, last, compute, comm, host)
 
 
-def _gpu_host_gaps(reader: RankReader, compute: list[OpSample], comm: list) -> float:
-    """The GPU's idle time that ended with a kernel the host launched only after the
-    GPU had gone idle."""
-    kernels = sorted(
-        [k for k in reader.kernels if compute and compute[0].start <= k.start],
-        key=lambda k: k.start,
-    )
+def _gpu_host_gaps(reader: RankReader, start: float, end: float) -> float:
+    """The GPU's idle time in the step from ``start`` to ``end`` that ended with a
+    kernel the host launched only after the GPU had gone idle."""
     busy = -float("inf")
     total = 0.0
-    for kernel in kernels:
-        if kernel.start > busy and busy > -float("inf"):
+    for kernel in reader.kernels:  # in start order
+        if not start <= kernel.start < end:
+            continue
+        if busy > -float("inf") and kernel.start > busy:
             launch = reader.launches.get(kernel.args.get("correlation"))
             if launch is not None and launch.start >= busy:
                 total += kernel.start - busy
@@ -416,8 +414,8 @@ def compare_with_traces(
     """The prediction against the run the traces recorded, and the measured step as a
     :class:`Trace` (for the two timelines)."""
     result, predicted_trace = predicted
-    measurements = measure_traces(traces)
     readers = [RankReader(trace) for trace in traces]
+    measurements = measure_traces(traces, readers)
     index, windows = _chosen_step(readers)
     steps = [_rank_step(r, windows[r.rank], measurements.host_gap) for r in readers]
     step_time = _step_time(steps, traces)
@@ -555,8 +553,3 @@ def _differences(
     )
     found.sort(key=lambda d: -abs(d.seconds))
     return [d for d in found if d.seconds != 0][:NAMED]
-
-
-def step_error(comparison: TraceComparison) -> float | None:
-    """The prediction's relative error on the step time."""
-    return relative_error(comparison.step.first or 0.0, comparison.step.second or 0.0)

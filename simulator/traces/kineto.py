@@ -9,9 +9,8 @@ call on a host thread; with ``record_shapes``, ``args`` holds ``Input Dims`` and
 ``Input type``), ``user_annotation`` (a ``record_function`` range, also what gloo's
 worker threads record as ``gloo:all_reduce``...), ``gpu_user_annotation`` (the same
 range on a GPU stream) and ``cuda_runtime`` (the launch calls). A kernel names the CPU
-op that launched it by ``args["External id"]``. ``distributedInfo`` gives the rank,
-the world size, the backend and the process groups (``pg_config``);
-``deviceProperties`` the GPUs.
+op that launched it by ``args["External id"]``. ``distributedInfo`` gives the rank and
+the backend, ``deviceProperties`` the GPUs.
 
 Times are microseconds in the file and seconds here. Every problem with a file is one
 :class:`TraceError` line naming it: a file that is not JSON, not an object with a
@@ -90,14 +89,12 @@ class Event:
 
 @dataclass
 class RankTrace:
-    """One rank's trace: where it was read, the rank and world size it says (or was
-    given), its backend, process groups and GPUs, and its events in start order."""
+    """One rank's trace: where it was read, the rank it says (or was given), its
+    backend and GPUs, and its events in start order."""
 
     path: Path
     rank: int
-    world_size: int | None
     backend: str | None
-    process_groups: list[dict[str, Any]]
     devices: list[str]
     events: list[Event]
     skipped: int = 0
@@ -218,9 +215,6 @@ def read_trace(path: Path, rank: int | None = None) -> RankTrace:
     elif rank is None:
         found = _RANK_IN_NAME.search(path.name)
         rank = int(found.group(1)) if found else 0
-    world = info.get("world_size")
-    world = world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None
-    groups = [g for g in info.get("pg_config") or [] if isinstance(g, dict)]
     devices = [
         str(d.get("name", "")) for d in payload.get("deviceProperties") or [] if isinstance(d, dict)
     ]
@@ -254,9 +248,7 @@ def read_trace(path: Path, rank: int | None = None) -> RankTrace:
     return RankTrace(
         path,
         rank,
-        world,
         backend if isinstance(backend, str) else None,
-        groups,
         devices,
         events,
         skipped,

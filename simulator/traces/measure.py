@@ -23,6 +23,7 @@ jitter (its median over steps, as ``parasim calibrate --scenario`` measures it).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from bisect import bisect_left, bisect_right
@@ -142,6 +143,8 @@ class TraceMeasurements:
     host_gap: float
     metadata: dict[str, Any] = field(default_factory=dict)
     labelled: bool = False
+    #: the communication backend the traces name (None where none does)
+    backend: str | None = None
 
 
 def _dims(op: Event) -> list:
@@ -306,7 +309,9 @@ class RankReader:
         }
 
     # -- kernels and ops
-    def kernel_classes(self) -> list[tuple[Event, KernelClass]]:
+    @functools.cached_property
+    def classified(self) -> list[tuple[Event, KernelClass]]:
+        """Each kernel with its class (:func:`~simulator.traces.kernels.classify_kernel`)."""
         return [(k, classify_kernel(k.name, k.cat)) for k in self.kernels]
 
     def launcher(self, kernel: Event) -> Event | None:
@@ -337,14 +342,17 @@ class RankReader:
             found[id(kernel)] = kernel
         return sorted(found.values(), key=lambda k: k.start)
 
+    @functools.cached_property
     def compute_samples(self) -> list[OpSample]:
+        """The rank's compute ops, in start order (the module says what an op is)."""
+        return self._compute_samples()
+
+    def _compute_samples(self) -> list[OpSample]:
         if self.compute_labels:
             return [self._labelled(span) for span in self.compute_labels]
         if self.trace.on_gpu:
             return [
-                self._kernel_sample(k, c)
-                for k, c in self.kernel_classes()
-                if c.family != COMMUNICATION
+                self._kernel_sample(k, c) for k, c in self.classified if c.family != COMMUNICATION
             ]
         ops = [
             e
@@ -506,7 +514,7 @@ def _gpu_calls(readers: list[RankReader]) -> list[_Call]:
         labelled = {
             id(k): label for label in reader.call_labels for k in reader.kernels_launched_in(label)
         }
-        for kernel, kind in reader.kernel_classes():
+        for kernel, kind in reader.classified:
             if kind.family != COMMUNICATION:
                 continue
             label = labelled.get(id(kernel))
@@ -587,9 +595,12 @@ def _spread(values: list[float]) -> float:
     return statistics.pstdev(values) / mean * (n / (n - 1)) ** 0.5
 
 
-def measure_traces(traces: Sequence[RankTrace]) -> TraceMeasurements:
-    """What ``traces`` (one per rank of one run) measured."""
-    readers = [RankReader(trace) for trace in traces]
+def measure_traces(
+    traces: Sequence[RankTrace], readers: Sequence[RankReader] | None = None
+) -> TraceMeasurements:
+    """What ``traces`` (one per rank of one run) measured (``readers``: theirs, read
+    already)."""
+    readers = list(readers) if readers is not None else [RankReader(t) for t in traces]
     on_gpu = any(t.on_gpu for t in traces)
     devices = next((t.devices for t in traces if t.devices), [])
     metadata = next((t.metadata for t in traces if t.metadata), {})
@@ -604,7 +615,7 @@ def measure_traces(traces: Sequence[RankTrace]) -> TraceMeasurements:
     ops_per_step: dict[int, list[int]] = {}
     gaps = []
     for reader in readers:
-        samples = reader.compute_samples()
+        samples = reader.compute_samples
         ops += samples
         for sample in samples:
             entry = families.setdefault(sample.family, [0, 0.0])
@@ -615,7 +626,7 @@ def measure_traces(traces: Sequence[RankTrace]) -> TraceMeasurements:
                 named[0] += 1
                 named[1] += sample.seconds
         if reader.trace.on_gpu:
-            for kernel, kind in reader.kernel_classes():
+            for kernel, kind in reader.classified:
                 if kind.family == COMMUNICATION:
                     entry = families.setdefault(COMMUNICATION, [0, 0.0])
                     entry[0] += 1
@@ -662,6 +673,7 @@ def measure_traces(traces: Sequence[RankTrace]) -> TraceMeasurements:
         host_gap=statistics.median(gaps) if gaps else 0.0,
         metadata=metadata,
         labelled=any(r.compute_labels for r in readers),
+        backend=next((t.backend for t in traces if t.backend), None),
     )
 
 
