@@ -307,7 +307,7 @@ class ConfigModel(BaseModel):
     unknown keys, non-finite numbers, booleans given for numbers and counts beyond
     :data:`LARGEST_COUNT` are refused, each naming its field."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
     @field_validator("*", mode="before")
     @classmethod

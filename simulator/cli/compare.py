@@ -54,8 +54,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim compare``: write the outputs, print the table (or the JSON)."""
-    from rich.console import Console
-
     from simulator.cli.options import write_whole
     from simulator.common.files import dumps_result
     from simulator.common.folders import check_folder
@@ -65,6 +63,7 @@ def command(args: argparse.Namespace) -> int:
         print_compare,
         write_compare_outputs,
     )
+    from simulator.report.console import open_console
     from simulator.tools.compare import compare_runs
 
     _check_two_folders(args.a, args.b)
@@ -85,7 +84,7 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(dumps_result(report.to_json()))
     else:
-        print_compare(report, Console(), [str(p) for p in paths])
+        print_compare(report, open_console(), [str(p) for p in paths])
     return 0
 
 
@@ -119,12 +118,11 @@ def _holds_traces(path: Path) -> bool:
 
 def _against_traces(args: argparse.Namespace) -> int:
     """A prediction (A) against the traces of a real run (B)."""
-    from rich.console import Console
-
     from simulator.cli.options import write_whole
     from simulator.common.files import dumps_result
     from simulator.common.folders import check_folder
     from simulator.report.compare_report import COMPARE_FILES, load_run_dir
+    from simulator.report.console import open_console
     from simulator.report.trace_compare_report import (
         print_trace_compare,
         write_trace_compare_outputs,
@@ -146,5 +144,5 @@ def _against_traces(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(dumps_result(report.to_json()))
     else:
-        print_trace_compare(report, Console(), [str(p) for p in paths])
+        print_trace_compare(report, open_console(), [str(p) for p in paths])
     return 0

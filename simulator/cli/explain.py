@@ -51,9 +51,8 @@ def command(args: argparse.Namespace) -> int:
 
     The report is printed (``--json``: the findings as JSON) and written to ``--out``,
     by default ``out/<scenario>-explain``, as the other commands do."""
-    from rich.console import Console
-
     from simulator.common.files import dumps_result
+    from simulator.report.console import open_console
     from simulator.report.explain_report import (
         EXPLAIN_FILES,
         print_explanation,
@@ -75,7 +74,7 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(dumps_result(explanation.to_dict()))
     else:
-        console = Console()
+        console = open_console()
         print_explanation(explanation, console)
         console.print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0 if explanation.ok else 1

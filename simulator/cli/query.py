@@ -38,11 +38,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim query``: read the result, find the rank's row, print it."""
-    from rich.console import Console
     from rich.table import Table
 
     from simulator.common.errors import ParasimError
     from simulator.report.compare_report import read_result_file
+    from simulator.report.console import open_console
 
     path = args.run / "result.json" if args.run.is_dir() else args.run
     if not path.is_file():
@@ -66,7 +66,7 @@ def command(args: argparse.Namespace) -> int:
         for name, seconds in figures[group].items():
             table.add_row(f"{group}.{name}", f"{seconds:.6g}")
     table.add_row("end_s", f"{row.end_s:.6g}")
-    console = Console()
+    console = open_console()
     console.print(
         f"node {row.node}, tp {row.tp} dp {row.dp} pp {row.pp}"
         + (f" cp {row.cp}" if row.cp is not None else "")

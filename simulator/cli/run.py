@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from simulator.cli.options import add_fidelity_option, add_outputs_option, add_set_option
+from simulator.common.collector import fewer_collections
 from simulator.common.folders import folder_argument
 
 __all__ = ["add_parser", "command", "EXIT_OOM"]
@@ -73,13 +74,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+@fewer_collections(last=True)
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim run``: simulate, write the outputs, print the summary (or JSON)."""
-    from rich.console import Console
     from rich.markup import escape
 
     from simulator.common.files import dumps_result
     from simulator.common.folders import check_folder, default_folder, staged_folder
+    from simulator.report.console import open_console
     from simulator.report.outputs import run_output_names, write_run_outputs
     from simulator.report.progress import Status, interactive
     from simulator.report.summary import out_of_memory_line, print_summary
@@ -123,7 +125,7 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(dumps_result(run.result.to_json()))
     else:
-        console = Console()
+        console = open_console()
         print_summary(run.result, console, [str(p) for p in paths])
         if run.plan is not None:
             from simulator.report.plan_report import plan_lines

@@ -27,8 +27,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import simpy
-
 from simulator.common.errors import DeadlockError, ScenarioError
 from simulator.common.vocabulary import ALL_TO_ALL
 from simulator.engine.alone import AloneTimes, time_alone
@@ -122,6 +120,10 @@ class _Engine:
         }
         self.choices: dict[str, int] = {}
         self._plans: dict[tuple, Any] = {}  # (group, kind, bytes) -> NCCL plan, reused
+        # SimPy is imported only where an event replay is built: the closed form, which
+        # a one-configuration analytic run uses, never needs its clock
+        import simpy
+
         self.env = simpy.Environment()
         self.timeouts = 0  # SimPy events the engine scheduled (the network counts its own)
         self.network = FlowNetwork(self.env, cluster.bandwidths.tolist())

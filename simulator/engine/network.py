@@ -26,9 +26,12 @@ reports can show each link's utilisation.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import simpy
+
+if TYPE_CHECKING:
+    import simpy
 
 __all__ = ["FlowNetwork", "LinkSeries", "Transfer"]
 

@@ -11,8 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from simulator.report.console import open_console
 
 __all__ = ["ProgressBar", "Status", "interactive"]
 
@@ -28,7 +27,7 @@ class Status:
 
     def __init__(self, message: str, enabled: bool = True, refresh_per_second: float = 12.5):
         self.status = (
-            Console(stderr=True).status(message, refresh_per_second=refresh_per_second)
+            open_console(stderr=True).status(message, refresh_per_second=refresh_per_second)
             if enabled
             else None
         )
@@ -52,12 +51,22 @@ class ProgressBar:
     prints nothing when disabled."""
 
     def __init__(self, enabled: bool = True):
+        # rich's progress module is imported by the searches that draw a bar, not by
+        # every command that shows a status line
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            console=Console(stderr=True),
+            console=open_console(stderr=True),
             auto_refresh=False,
             transient=True,
             disable=not enabled,

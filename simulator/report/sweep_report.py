@@ -39,6 +39,7 @@ from rich.text import Text
 
 from simulator.analysis.metrics import CATEGORIES
 from simulator.common.files import write_atomically, write_csv, write_json
+from simulator.report.console import open_console
 from simulator.report.plotly_bundle import PLOTLY_JS, write_plotly_js
 from simulator.report.style import BREAKDOWN_COLORS, breakdown_bar
 from simulator.request.knobs import KNOB, SEARCHED
@@ -97,8 +98,8 @@ KNOB_COLUMNS = tuple(
 
 def wide_console() -> Console:
     """A console on stdout; when stdout is not a terminal, wide enough for a layout table."""
-    console = Console()
-    return console if console.is_terminal else Console(width=max(console.width, 150))
+    console = open_console()
+    return console if console.is_terminal else open_console(width=max(console.width, 150))
 
 
 def _csv_value(row: dict[str, Any], key: str) -> Any:

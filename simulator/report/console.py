@@ -1,0 +1,18 @@
+"""The rich console that every command prints its summary, tables and progress through.
+
+Every console parasim opens is made here, so that what a user wrote (a scenario's
+name, a file's path, a kernel's name) prints as written: a default rich console turns
+text such as ``:fire:`` into an emoji, and reads its table of emoji codes at its first
+print to do so."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+__all__ = ["open_console"]
+
+
+def open_console(stderr: bool = False, width: int | None = None) -> Console:
+    """A console on stdout (or ``stderr``), ``width`` columns wide where given (else the
+    terminal's), that replaces no ``:emoji:`` codes."""
+    return Console(stderr=stderr, width=width, emoji=False)
