@@ -9,6 +9,7 @@ import pytest
 
 from simulator.analysis.metrics import CATEGORIES
 from simulator.cli.main import main
+from simulator.common.files import dumps_result
 from simulator.request.recipe import Recipe
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import build_schedule, run_scenario
@@ -139,6 +140,48 @@ def test_two_runs_write_byte_identical_results(tmp_path):
     ):
         assert key in result
     assert {"peak_bytes_per_gpu", "capacity_bytes", "oom"} <= set(result["memory"])
+
+
+def test_a_run_for_its_result_alone_writes_the_same_result(tmp_path):
+    """A run whose only output is result.json builds its step unlabelled (the stages of
+    one shape share their lowering): its result.json is the full run's, byte for byte."""
+    sets = [f"--set={o}" for o in SHORT_PIPELINE]
+    scenario = str(SCENARIOS / "pipeline-demo.yaml")
+    assert main(["run", scenario, *sets, "--out", str(tmp_path / "all")]) == 0
+    alone = ["run", scenario, *sets, "--outputs", "result", "--out", str(tmp_path / "alone")]
+    assert main(alone) == 0
+    written = {p.name for p in (tmp_path / "alone").iterdir()}
+    assert "result.json" in written and not {"trace.json", "report.html"} & written
+    full = (tmp_path / "all" / "result.json").read_bytes()
+    assert (tmp_path / "alone" / "result.json").read_bytes() == full
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("gpt3-175b.yaml", ["simulation.fidelity=analytic"]),
+        ("gpt3-175b-interleaved.yaml", ["simulation.fidelity=analytic"]),
+        ("mixtral-ep-skewed.yaml", ["simulation.fidelity=analytic"]),
+        ("pipeline-demo.yaml", ["simulation.fidelity=flow", "parallel.schedule=zb-h1"]),
+        ("llama3-70b-3d.yaml", ["simulation.fidelity=analytic"]),
+    ],
+)
+def test_an_unlabelled_step_gives_the_labelled_one_s_result_to_the_last_digit(name, overrides):
+    def result(labelled: bool) -> str:
+        scenario = load_scenario(SCENARIOS / name, overrides)
+        return dumps_result(run_scenario(scenario, labelled=labelled).result.to_json())
+
+    assert result(labelled=False) == result(labelled=True)
+
+
+def test_the_summary_prints_a_name_as_written(capsys, tmp_path):
+    """rich would turn ``:fire:`` into an emoji: a name is printed as the user wrote it."""
+    out = tmp_path / "out"
+    argv = ["run", str(SCENARIOS / "small.yaml"), "--set", 'name="small :fire:"', "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "small :fire:" in printed
+    assert "\N{FIRE}" not in printed
 
 
 def test_json_flag_prints_the_result(capsys, tmp_path):

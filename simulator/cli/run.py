@@ -82,7 +82,7 @@ def command(args: argparse.Namespace) -> int:
     from simulator.common.files import dumps_result
     from simulator.common.folders import check_folder, default_folder, staged_folder
     from simulator.report.console import open_console
-    from simulator.report.outputs import run_output_names, write_run_outputs
+    from simulator.report.outputs import names_ops, run_output_names, write_run_outputs
     from simulator.report.progress import Status, interactive
     from simulator.report.summary import out_of_memory_line, print_summary
     from simulator.request.scenario import load_scenario
@@ -102,7 +102,8 @@ def command(args: argparse.Namespace) -> int:
     check_folder(out, names=names)  # before the simulation, not after it
     fidelity = scenario.spec.simulation.fidelity
     with Status(f"simulating {scenario.name} ({fidelity})", interactive(args.json)) as status:
-        run = run_scenario(scenario, force=args.force)
+        labelled = names_ops(args.outputs, args.hta, args.image)
+        run = run_scenario(scenario, force=args.force, labelled=labelled)
         run.result.overrides = list(args.overrides)
         if scenario.spec.run is not None and "report" in args.outputs:
             # the report shows the scenario's whole run (only then: plotly and the plan)

@@ -30,6 +30,8 @@ __all__ = [
     "write_trace",
     "write_rank_folder",
     "write_run_images",
+    "run_output_names",
+    "names_ops",
 ]
 
 #: The files of a run, by the names ``--outputs`` takes, in the order they are written.
@@ -187,6 +189,14 @@ def write_rank_folder(trace: Any, folder: Path) -> Path:
 
 #: The charts ``--image`` draws, by file stem (:func:`write_run_images`).
 IMAGE_CHARTS = ("timeline", "breakdown", "memory", "links")
+
+
+def names_ops(outputs: Collection[str], hta: bool = False, image_format: str | None = None) -> bool:
+    """Whether ``parasim run``'s outputs with these options show the step's ops by name
+    (a trace, a timeline, a report and its charts, HTA's traces): a run whose only
+    output is ``result.json`` builds its step unlabelled (same numbers, byte for byte;
+    :func:`simulator.run.simulate.build_schedule`)."""
+    return bool(set(outputs) - {"result"}) or hta or image_format is not None
 
 
 def run_output_names(

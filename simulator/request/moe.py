@@ -37,7 +37,7 @@ class _Strict(ConfigModel):
 class _Routing(BaseModel):
     # the routing kinds form a discriminated union on ``kind``, which pydantic lets no
     # before-validator touch: the same rules as ConfigModel but the boolean check
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, defer_build=True)
 
 
 class UniformRouting(_Routing):

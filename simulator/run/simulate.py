@@ -107,20 +107,25 @@ class RunResult:
     plan: Any = None
 
 
-def build_schedule(scenario: Scenario, numbers_only: bool = False) -> Schedule:
+def build_schedule(
+    scenario: Scenario, numbers_only: bool = False, labelled: bool = True
+) -> Schedule:
     """The Schedule IR of one training step of ``scenario``: folded to one rank per
     pipeline stage when :func:`folds` says so, and in blocks of whole pipeline actions
-    in analytic fidelity. With ``numbers_only`` (a search, which writes no trace) the
-    stages of one shape share their block bodies' lowering (``build_step``'s
-    ``share_bodies``), and the actions that hand gradients to data parallelism are
-    written in blocks of layers where bodies hold their times (``layer_blocks``)."""
+    in analytic fidelity. Without ``labelled`` (a run whose outputs name no op: its
+    result alone) the stages of one shape share their block bodies' lowering
+    (``build_step``'s ``share_bodies``), so that every stage's ops carry the first one's
+    labels, and the step's numbers are the same to the last digit. With
+    ``numbers_only`` (a search) the actions that hand gradients to data parallelism are
+    also written in blocks of layers where bodies hold their times (``layer_blocks``),
+    which moves the numbers by float rounding."""
     fold = folds(scenario)
     analytic = scenario.spec.simulation.fidelity == "analytic"
     plan = LoweringPlan(
         fold=fold,
         blocks=fold and analytic,
         images=analytic,
-        share_bodies=numbers_only,
+        share_bodies=numbers_only or not labelled,
         layer_blocks=numbers_only and bodies_hold_times(scenario),
         alike_copies=True,
     )
@@ -678,13 +683,13 @@ class SimulatedStep:
 
 
 def simulate_step(
-    scenario: Scenario, force: bool = False, numbers_only: bool = False
+    scenario: Scenario, force: bool = False, numbers_only: bool = False, labelled: bool = True
 ) -> SimulatedStep:
     """Build and replay one step of ``scenario`` (the first half of
     :func:`run_scenario`; :func:`finish_step` is the second)."""
     if not force:
         check_size(scenario)
-    schedule = build_schedule(scenario, numbers_only)
+    schedule = build_schedule(scenario, numbers_only, labelled)
     simulation = scenario.spec.simulation
     options = EngineOptions(simulation.fidelity, simulation.algorithm, simulation.protocol)
     gpu = scenario.cluster_spec.gpu
@@ -715,7 +720,8 @@ def simulate_step(
 
 def finish_step(scenario: Scenario, step: SimulatedStep, numbers_only: bool = False) -> RunResult:
     """Account a replayed step (:func:`simulate_step`) into ``result.json``'s numbers,
-    with the stragglers' cost (the same step with every rank at the mean)."""
+    with the stragglers' cost (the same step with every rank at the mean); with
+    ``numbers_only``, keeping no rank's idle stretches (nothing draws a timeline)."""
     schedule, times = step.schedule, step.times
     idle: dict[int, list[tuple[str, float, float]]] | None = None if numbers_only else {}
     fidelity = scenario.spec.simulation.fidelity
@@ -732,12 +738,17 @@ def finish_step(scenario: Scenario, step: SimulatedStep, numbers_only: bool = Fa
 
 
 @fewer_collections()
-def run_scenario(scenario: Scenario, force: bool = False, numbers_only: bool = False) -> RunResult:
+def run_scenario(
+    scenario: Scenario, force: bool = False, numbers_only: bool = False, labelled: bool = True
+) -> RunResult:
     """Simulate one step of ``scenario``; the result dict is ``result.json``'s content.
     A step too large for this machine is refused (:func:`check_size`) unless ``force``.
-    With ``numbers_only`` the result is the same, and the run is for it alone: its
-    schedule's labels are not fit for a trace (:func:`build_schedule`)."""
-    return finish_step(scenario, simulate_step(scenario, force, numbers_only), numbers_only)
+    Without ``labelled`` the result is the same byte for byte, and the run is for it
+    alone: its schedule's labels are not fit for a trace, and it keeps no idle stretches
+    for a timeline; ``numbers_only`` (a search's run) is that, the same to float
+    rounding (:func:`build_schedule`)."""
+    step = simulate_step(scenario, force, numbers_only, labelled)
+    return finish_step(scenario, step, numbers_only or not labelled)
 
 
 def assemble_result(

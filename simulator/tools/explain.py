@@ -259,7 +259,7 @@ class _Case:
         self.source, self.base_dir = source, base_dir
         self.scenario = scenario_from_dict(self.raw, source=source, base_dir=base_dir)
         self.fidelity = self.scenario.spec.simulation.fidelity
-        self.result = run_scenario(self.scenario).result
+        self.result = run_scenario(self.scenario, labelled=False).result
         self.before = snapshot(self.scenario, self.result)
         self.per_node = self.scenario.cluster_spec.gpus_per_node
         self._runs: dict[str, dict[str, Any]] = {}
@@ -336,7 +336,9 @@ class _Case:
     def simulate(self, option: Option) -> dict[str, Any]:
         key = repr(sorted(option.fix.items()))
         if key not in self._runs:
-            self._runs[key] = snapshot(option.scenario, run_scenario(option.scenario).result)
+            self._runs[key] = snapshot(
+                option.scenario, run_scenario(option.scenario, labelled=False).result
+            )
         option.snap = self._runs[key]
         return option.snap
 
