@@ -230,9 +230,34 @@ sys.exit(entry.main())
 """
 
 
-def test_a_ctrl_c_python_could_not_raise_still_ends_the_command_in_one_line():
+# a command whose Ctrl-C is caught inside an extension and raised again as its own error,
+# as pydantic-core does when the interruption lands while it builds a serializer
+REWRAPPED = """
+import os, signal, sys
+import simulator.cli.main
+from simulator.cli import entry
+
+class SchemaError(Exception):
+    pass
+
+def command():
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+    except KeyboardInterrupt:
+        raise SchemaError("Error building `model` serializer") from None
+    return 0
+
+simulator.cli.main.main = command
+sys.exit(entry.main())
+"""
+
+
+@pytest.mark.parametrize("probe", [SWALLOWED, REWRAPPED], ids=["swallowed", "raised-again"])
+def test_a_ctrl_c_python_could_not_raise_still_ends_the_command_in_one_line(probe):
+    """Swallowed where Python cannot raise it, or caught and raised again as another
+    error: either way one line and exit status 130."""
     done = subprocess.run(
-        [sys.executable, "-c", SWALLOWED], cwd=ROOT, capture_output=True, text=True, timeout=30
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=30
     )
     assert done.stderr.strip().splitlines() == ["parasim: interrupted"], done.stderr
     assert done.returncode == 130
@@ -240,11 +265,13 @@ def test_a_ctrl_c_python_could_not_raise_still_ends_the_command_in_one_line():
 
 def test_the_console_script_leaves_its_objects_to_the_system_and_its_files_whole(tmp_path):
     """After a command the console script freezes what is left out of the collector
-    (the interpreter's last collection would walk it all at exit): the files are whole,
+    (the interpreter's last collection would walk it all at exit) and ends the process
+    without tearing the interpreter down, its exit handlers run: the files are whole,
     the summary printed, the exit status the command's."""
     probe = (
-        "import gc, sys; from simulator.cli.entry import main; code = main(); "
-        "sys.stderr.write(f'frozen {gc.get_freeze_count() > 0}\\n'); sys.exit(code)"
+        "import atexit, gc, sys; from simulator.cli.entry import main; "
+        "atexit.register(lambda: sys.stderr.write(f'frozen {gc.get_freeze_count() > 0}\\n')); "
+        "main(); sys.stderr.write('torn down\\n')"
     )
     out = tmp_path / "run"
     done = subprocess.run(
@@ -255,7 +282,7 @@ def test_the_console_script_leaves_its_objects_to_the_system_and_its_files_whole
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == "frozen True"
+    assert done.stderr.strip().splitlines()[-1] == "frozen True"  # and never "torn down"
     assert "result.json" in done.stdout  # the summary lists the files written
     assert json.loads((out / "result.json").read_text())["step_time_s"] > 0
     bad = subprocess.run(
@@ -266,6 +293,56 @@ def test_the_console_script_leaves_its_objects_to_the_system_and_its_files_whole
         timeout=120,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+# a command that leaves a thread of its own still writing when it returns
+LEFT_RUNNING = """
+import sys, threading, time
+from pathlib import Path
+import simulator.cli.main
+from simulator.cli import entry
+
+def command():
+    def write():
+        time.sleep(0.3)
+        Path(sys.argv[1]).write_text("done")
+    threading.Thread(target=write).start()
+    return 0
+
+simulator.cli.main.main = command
+sys.exit(entry.main())
+"""
+
+
+def test_the_console_script_waits_for_a_thread_still_running(tmp_path):
+    """Ending the process at once is for a command that left nothing running: a thread
+    still at work is waited for, as Python's own exit does."""
+    target = tmp_path / "written"
+    done = subprocess.run(
+        [sys.executable, "-c", LEFT_RUNNING, str(target)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert target.read_text() == "done"
+
+
+def test_a_summary_cut_short_by_its_reader_ends_quietly(tmp_path):
+    """``parasim run ... | head -1``: the pipe closes under the summary, and the command
+    ends with its own status and no "Exception ignored" from the last flush."""
+    command = [sys.executable, "-m", "simulator.cli.entry", "run", str(SCENARIOS / "small.yaml")]
+    command += ["--outputs", "result", "--out", str(tmp_path / "out")]
+    reader = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert reader.stdout is not None
+    reader.stdout.readline()
+    reader.stdout.close()
+    stderr = reader.stderr.read() if reader.stderr is not None else ""
+    assert reader.wait(timeout=120) in (0, 1), stderr
+    assert "Exception ignored" not in stderr and "Traceback" not in stderr
 
 
 def test_two_commands_finishing_at_once_keep_each_other_s_files(tmp_path):

@@ -163,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     with one line when interrupted (Ctrl-C, SIGTERM)."""
     args = _parser().parse_args(argv)
     previous = None
-    if threading.current_thread() is threading.main_thread():
+    # SIGTERM unwinds as Ctrl-C does, unless someone (the console script) already said
+    # what it does
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    ):
         previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return COMMANDS[args.command].command(args)
