@@ -14,5 +14,10 @@ __all__ = ["open_console"]
 
 def open_console(stderr: bool = False, width: int | None = None) -> Console:
     """A console on stdout (or ``stderr``), ``width`` columns wide where given (else the
-    terminal's), that replaces no ``:emoji:`` codes."""
-    return Console(stderr=stderr, width=width, emoji=False)
+    terminal's), that replaces no ``:emoji:`` codes. Where it shows no colours (piped,
+    redirected, ``NO_COLOR``) it highlights nothing either: the highlighter's patterns
+    would compile at its first print (4 ms) for colours nobody sees."""
+    console = Console(stderr=stderr, width=width, emoji=False)
+    if console.color_system is None:
+        console = Console(stderr=stderr, width=width, emoji=False, highlight=False)
+    return console

@@ -361,7 +361,8 @@ def scenario_model(spec: ScenarioSpec) -> tuple[ModelSpec, MoESpec | None]:
 
 def _resolve_model(section: ModelSection) -> tuple[ModelSpec, MoESpec | None]:
     """The model's shape and its mixture of experts (the section's, else the preset's)."""
-    fields = section.model_dump(exclude_none=True)
+    # the section's own fields as given (its values are plain: no serializer needed)
+    fields = {key: value for key, value in section if value is not None}
     fields.pop("moe", None)
     preset = fields.pop("preset", None)
     base: dict[str, Any] = {}
