@@ -345,6 +345,26 @@ def test_a_summary_cut_short_by_its_reader_ends_quietly(tmp_path):
     assert "Exception ignored" not in stderr and "Traceback" not in stderr
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_summary_to_a_full_disk_is_one_line_never_a_traceback(tmp_path):
+    """stdout on a full disk: the files are written, the summary cannot be, and the
+    command says so in one line with exit status 1."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "simulator.cli.entry", "run", str(SCENARIOS / "small.yaml")]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [*command, "--outputs", "result", "--out", str(out)],
+            cwd=ROOT,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == ["parasim: error: No space left on device"]
+    assert json.loads((out / "result.json").read_text())["step_time_s"] > 0
+
+
 def test_two_commands_finishing_at_once_keep_each_other_s_files(tmp_path):
     """Commits into one folder take turns: the manifest lists both commands' files."""
     import threading

@@ -6,7 +6,8 @@ raise from (a weak reference's callback in the import system, a finaliser) would
 otherwise be printed as "Exception ignored" with a traceback and then lost: the
 console script's unraisable hook raises it again a moment later instead (a 20 ms
 ``SIGALRM``, so that it lands outside the callback), where it ends the command like
-any other.
+any other. A read or write the system refuses that nothing caught before (stdout on a
+full disk) is one line and exit status 1, never a traceback either.
 
 When the command is done, every object left is frozen out of the garbage collector
 (``gc.freeze``): the interpreter's last collection at exit would walk them all (a
@@ -97,6 +98,8 @@ def main() -> int:
         return code  # another thread still runs: Python's exit waits for it
     except KeyboardInterrupt:  # before the command's own handling took over
         return _interrupted()
+    except OSError as exc:  # the system refused a write nothing caught: a full disk
+        return _interrupted() if _INTERRUPTED else _refused_by_system(exc)
     except Exception:
         # an interruption that something caught and raised again as its own error (Ctrl-C
         # inside a class body's __set_name__ becomes a RuntimeError, inside pydantic-core
@@ -116,9 +119,26 @@ def _end_process(code: int) -> None:
     _stop_redelivery()  # the command is done: an interruption has nothing left to stop
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
+        try:
             stream.flush()
+        except BrokenPipeError:  # the reader has gone: nothing more to tell it
+            pass
+        except (OSError, ValueError):  # a full disk, a closed stream: Python's exit says so
+            return
     os._exit(code)
+
+
+def _refused_by_system(exc: OSError) -> int:
+    """One line and exit status 1 for a read or write the system refused that nothing
+    caught before (stdout on a full disk, a closed pipe), never a traceback; what stdout
+    still holds is let go (the last flush would fail again)."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if not isinstance(exc, BrokenPipeError):  # a reader that left wants nothing more
+        where = f": {exc.filename}" if exc.filename else ""
+        with contextlib.suppress(OSError, ValueError):
+            print(f"parasim: error: {exc.strerror or exc}{where}", file=sys.stderr)
+    return 1
 
 
 def _interrupted() -> int:
