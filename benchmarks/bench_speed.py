@@ -51,9 +51,11 @@ cli-175b-vs-        ``parasim run scenarios/gpt3-175b.yaml --outputs result``   
 calculon            analytic ÷ Calculon's ``calculon llm`` on the same layout
                     (gpt3-175B, 128 A100s, tp 8 pp 8 dp 2, batch 64, micro-batch
                     1, full recompute: benchmarks/calculon/), both from the same
-                    interpreter's directory, in turn, best of three each; needs
-                    a Calculon checkout in CALCULON (and CALCULON_PYTHON, an
-                    interpreter with its pandas; default this one)
+                    interpreter's directory, their modules' bytecode compiled
+                    first (as an install leaves it), in turn, best of five
+                    each; needs a Calculon checkout in CALCULON (and
+                    CALCULON_PYTHON, an interpreter with its pandas; default
+                    this one)
 engine-overhead     simulated events (op completions) per second in a flow      ≥ 0.5
                     replay of gpt3-175b (128 ranks, every op), ÷ the timeouts
                     per second of a bare SimPy loop; both measured in turn in
@@ -184,14 +186,20 @@ shutil.rmtree(tmp, ignore_errors=True)
 
 # One configuration as a whole command, parasim's and Calculon's (a checkout of
 # github.com/calculon-ai/calculon in $CALCULON, run by $CALCULON_PYTHON, which has its
-# pandas), in turn, best of three each, printed as one JSON line.
+# pandas), in turn, best of five each, printed as one JSON line. Both packages' bytecode
+# is compiled first, as installing them leaves it: a checkout run where Python may not
+# write bytecode (PYTHONDONTWRITEBYTECODE) would compile every module at every start.
 _VERSUS_CALCULON = """
-import os, subprocess, sys, tempfile, time
+import compileall, os, subprocess, sys, tempfile, time
 from pathlib import Path
 calculon = os.environ.get('CALCULON')
 if not calculon or not (Path(calculon) / 'bin' / 'calculon').is_file():
     raise SystemExit('set CALCULON to a checkout of github.com/calculon-ai/calculon')
 python = os.environ.get('CALCULON_PYTHON', sys.executable)
+for package in ('simulator', 'topologies'):
+    compileall.compile_dir(package, quiet=1)
+subprocess.run([python, '-m', 'compileall', '-q', str(Path(calculon) / 'calculon')],
+               check=True, capture_output=True)
 tmp = Path(tempfile.mkdtemp())
 ours = [sys.executable, '-m', 'simulator.cli.entry', 'run', 'scenarios/gpt3-175b.yaml',
         '--set', 'simulation.fidelity=analytic', '--outputs', 'result', '--out', str(tmp / 'p')]
@@ -201,7 +209,7 @@ theirs = [python, str(Path(calculon) / 'bin' / 'calculon'), 'llm',
           str(Path(calculon) / 'systems' / 'a100_80g.json'), str(tmp / 'calculon.json')]
 env = dict(os.environ, PYTHONPATH=calculon + os.pathsep + os.environ.get('PYTHONPATH', ''))
 times = {'parasim_s': [], 'calculon_s': []}
-for _ in range(3):
+for _ in range(5):
     for key, argv in (('parasim_s', ours), ('calculon_s', theirs)):
         t = time.perf_counter()
         subprocess.run(argv, check=True, capture_output=True, env=env)
