@@ -207,12 +207,17 @@ theirs = [python, str(Path(calculon) / 'bin' / 'calculon'), 'llm',
           str(Path(calculon) / 'models' / 'gpt3-175B.json'),
           'benchmarks/calculon/gpt3-175b-tp8-pp8-dp2.json',
           str(Path(calculon) / 'systems' / 'a100_80g.json'), str(tmp / 'calculon.json')]
-env = dict(os.environ, PYTHONPATH=calculon + os.pathsep + os.environ.get('PYTHONPATH', ''))
+# Calculon's checkout on its path, not on parasim's (each import would look there first)
+envs = {
+    'parasim_s': dict(os.environ),
+    'calculon_s': dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, (calculon, os.environ.get('PYTHONPATH'))))),
+}
 times = {'parasim_s': [], 'calculon_s': []}
 for _ in range(5):
     for key, argv in (('parasim_s', ours), ('calculon_s', theirs)):
         t = time.perf_counter()
-        subprocess.run(argv, check=True, capture_output=True, env=env)
+        subprocess.run(argv, check=True, capture_output=True, env=envs[key])
         times[key].append(time.perf_counter() - t)
 figure = {key: min(values) for key, values in times.items()}
 figure['ratio'] = figure['parasim_s'] / figure['calculon_s']
