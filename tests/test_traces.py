@@ -527,3 +527,36 @@ def test_a_labelled_gpu_replay_s_ops_take_their_kernels_times(tmp_path):
     assert call == ("all_reduce", 2, 4096.0, "ring", "LL", pytest.approx(250e-6))
     table = profile["comm"]["all_reduce"]["intra_node"]["table"]
     assert table == [{"ranks": 2, "bytes": 4096.0, "seconds": pytest.approx(250e-6)}]
+
+
+def test_a_kernel_s_name_is_printed_with_its_control_characters_quoted(tmp_path, capsys):
+    """A trace is someone else's file: an unclassified kernel whose name carries terminal
+    escapes or a right-to-left override is named with those characters quoted."""
+    for rank in (0, 1):
+        trace = _gpu_rank(rank, 100.0, 200.0)
+        # a trace of someone's own run: no parasim labels, the kernels are what it holds
+        trace["traceEvents"] = [
+            e
+            for e in trace["traceEvents"]
+            if e["cat"] != "user_annotation" or e["name"].startswith("ProfilerStep#")
+        ]
+        launch = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 5}
+        trace["traceEvents"] += [
+            {**launch, "pid": 10, "tid": 10, "ts": 690, "args": {"correlation": 99}},
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "my_kernel\x1b[2J\u202eevil",
+                "pid": 0,
+                "tid": 7,
+                "ts": 700,
+                "dur": 10,
+                "args": {"correlation": 99},
+            },
+        ]
+        _write(tmp_path / f"rank{rank}.json", trace)
+    out = tmp_path / "profile.json"
+    assert main(["calibrate", "--from-trace", str(tmp_path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "my_kernel\\x1b[2J\\u202eevil" in printed
+    assert "\x1b" not in printed and "\u202e" not in printed

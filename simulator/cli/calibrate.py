@@ -9,6 +9,7 @@ from typing import Any
 
 from simulator.cli.launch import add_launch_options, backend, launcher
 from simulator.common.errors import ParasimError
+from simulator.common.visible import visible
 
 __all__ = ["add_parser", "command"]
 
@@ -114,7 +115,7 @@ def _from_trace(args: argparse.Namespace) -> int:
     )
     for entry in trace["unknown"][:UNKNOWN_SHOWN]:
         print(
-            f"parasim: unclassified kernel {_printable(entry['name'])[:120]}: "
+            f"parasim: unclassified kernel {visible(entry['name'])[:120]}: "
             f"{entry['kernels']} runs, {entry['seconds'] * 1e3:.3f} ms"
         )
     if len(trace["unknown"]) > UNKNOWN_SHOWN:
@@ -132,8 +133,3 @@ def _from_trace(args: argparse.Namespace) -> int:
 
 #: Unclassified kernels the command names (the profile's ``trace.unknown`` has them all).
 UNKNOWN_SHOWN = 10
-
-
-def _printable(text: str) -> str:
-    """``text`` without control characters (a kernel name is the trace's to choose)."""
-    return "".join(c if c.isprintable() else "?" for c in text)

@@ -49,6 +49,7 @@ from simulator.cli import (
 from simulator.common.collector import ends_with_command
 from simulator.common.errors import ParasimError
 from simulator.common.version import __version__
+from simulator.common.visible import visible
 from topologies import TopologyError
 
 __all__ = ["main", "error_line", "LONGEST_ERROR_LINE"]
@@ -98,27 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Every character beyond printable ASCII is looked at, and those a terminal would act on
-# or hide are quoted: C0 controls and DEL, C1 controls (\x9b is a one-byte CSI on some
-# terminals), and every other non-printable one (bidirectional overrides such as
-# U+202E, zero-width and line-separator characters).
-_UNSAFE = re.compile(r"[^\x20-\x7e]")
 _RUN = re.compile(rf"\S{{{LONGEST_RUN + 1},}}")
-
-
-def _quoted(char: str) -> str:
-    r"""A character as Python escapes it: ``\x1b``, ``\u202e``."""
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def _visible(match: re.Match[str]) -> str:
-    char = match.group()
-    if char.isprintable():
-        return char  # printable text beyond ASCII (a name in another script) stays
-    return _quoted(char)
 
 
 def _cut(text: str, keep: int) -> str:
@@ -135,7 +116,7 @@ def error_line(exc: BaseException) -> str:
     line, every control or invisible character quoted (``\x1b``, ``\u202e``), each
     over-long run without a space cut in its middle, and the whole at most
     :data:`LONGEST_ERROR_LINE` characters."""
-    text = _UNSAFE.sub(_visible, str(exc))
+    text = visible(str(exc))
     text = _RUN.sub(lambda match: _cut(match.group(), LONGEST_RUN), text)
     if len(text) > LONGEST_ERROR_LINE:
         text = _cut(text, LONGEST_ERROR_LINE)
