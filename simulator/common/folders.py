@@ -35,7 +35,6 @@ both runs, and every one of them is still parasim's for the next command.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -91,6 +90,10 @@ def default_folder(name: str, suffix: str = "", overrides: Iterable[str] = ()) -
     folder = safe_component(name) + suffix
     overrides = list(overrides)
     if overrides:
+        # imported here: hashlib loads OpenSSL (2.5 ms), which a command given --out, and
+        # so every command's start, need not pay
+        import hashlib
+
         digest = hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:8]
         folder += f"-{digest}"
     return Path("out") / folder
