@@ -10,7 +10,9 @@ against 6.51 s for the whole command, 2-core VM; peak memory the same, 358 MB).
 Inside :func:`fewer_collections` the youngest objects are collected every 100,000 net
 allocations instead: cycles are still found, only later, and the previous thresholds
 return on exit. It works as a ``with`` block or as a decorator, and is used around the
-work of one step (simulating it, building its trace, writing its files), not around a
+work of one step (simulating it, building its trace, writing its files; ``parasim run``
+from its first import, where CPython's default pace walked the young objects of the
+modules being imported 115 times, 32 ms of a one-configuration run), not around a
 whole search: a sweep's pool workers run faster collecting each candidate's leftovers
 at the usual pace between candidates (benchmarks/RESULTS.md, the third round of
 "What the user waits for"). A search's block holds a whole candidate,
