@@ -70,7 +70,7 @@ PROFILE_VERSION = 1
 
 
 class _Open(ConfigModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False, defer_build=True)
+    model_config = ConfigDict(extra="allow")  # over ConfigModel's rules, merged in
 
 
 def _at_least_two(value: int) -> int:

@@ -160,7 +160,7 @@ MeasuredSeconds = Annotated[float, Field(ge=SHORTEST_MEASURED, le=LONGEST_MEASUR
 
 
 class _Spec(ConfigModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
+    model_config = ConfigDict(frozen=True)  # and ConfigModel's rules, merged in
 
 
 class MeasuredOp(_Spec):

@@ -718,12 +718,12 @@ def simulate_step(
     return SimulatedStep(schedule, times, options, factors, sharing, comm_sharing)
 
 
-def finish_step(scenario: Scenario, step: SimulatedStep, numbers_only: bool = False) -> RunResult:
+def finish_step(scenario: Scenario, step: SimulatedStep, timeline: bool = True) -> RunResult:
     """Account a replayed step (:func:`simulate_step`) into ``result.json``'s numbers,
     with the stragglers' cost (the same step with every rank at the mean); with
-    ``numbers_only``, keeping no rank's idle stretches (nothing draws a timeline)."""
+    ``timeline``, each rank's idle stretches kept for a timeline to draw."""
     schedule, times = step.schedule, step.times
-    idle: dict[int, list[tuple[str, float, float]]] | None = None if numbers_only else {}
+    idle: dict[int, list[tuple[str, float, float]]] | None = {} if timeline else None
     fidelity = scenario.spec.simulation.fidelity
     result = assemble_result(scenario, schedule, times, fidelity, idle)
     if step.factors:
@@ -748,7 +748,7 @@ def run_scenario(
     for a timeline; ``numbers_only`` (a search's run) is that, the same to float
     rounding (:func:`build_schedule`)."""
     step = simulate_step(scenario, force, numbers_only, labelled)
-    return finish_step(scenario, step, numbers_only or not labelled)
+    return finish_step(scenario, step, timeline=labelled and not numbers_only)
 
 
 def assemble_result(

@@ -140,7 +140,7 @@ def simulate_overrides(
         simulated = simulate_step(scenario, force=force, numbers_only=True)
         if simulated.times.step_time > slower_than:
             return {"status": "slower", "step_time_s": simulated.times.step_time}
-        result = finish_step(scenario, simulated, numbers_only=True).result
+        result = finish_step(scenario, simulated, timeline=False).result
     except ParasimError as exc:
         return {"status": "failed", "reason": (str(exc).splitlines() or [""])[0]}
     step = result.step_time_s
