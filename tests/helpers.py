@@ -39,6 +39,24 @@ TINY = [
 ]
 
 
+#: Text a user may write that rich would read as markup: ``[/]`` closes a style nobody
+#: opened (rich raises MarkupError), ``[red]`` would vanish into a colour. A scenario's
+#: name or a folder's path holding it prints as written.
+MARKUP = "s[/]x[red]y"
+
+
+def markup_args(tmp_path: Path, monkeypatch: Any) -> tuple[list[str], Path]:
+    """``--set name=MARKUP --out <tmp_path>/MARKUP`` and that folder, for a command whose
+    console must print both as written: on a console wide enough that no line wraps,
+    with the progress a terminal would show (its status line or bar) drawn too."""
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(
+        "simulator.report.progress.interactive", lambda json_output=False: not json_output
+    )
+    out = tmp_path / MARKUP
+    return ["--set", f'name="{MARKUP}"', "--out", str(out)], out
+
+
 def cluster(preset: str = "dgx-a100", nodes: int = 1, **overrides: Any) -> Cluster:
     return build_cluster(load_cluster_spec({"preset": preset, "nodes": nodes, **overrides}))
 

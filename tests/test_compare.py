@@ -26,6 +26,8 @@ from simulator.cli.main import main
 from simulator.report import chrome_trace
 from simulator.report.chrome_trace import TraceFileError, read_trace_file, trace_from_chrome
 
+from .helpers import MARKUP
+
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory: pytest.TempPathFactory) -> fuzz_compare.Bases:
@@ -351,3 +353,13 @@ def test_odd_command_lines_end_in_a_comparison_or_one_line(bases):
         assert outcome in ("result", "error"), f"{case.describe()}: {outcome}: {detail}"
         outcomes.append(outcome)
     assert "result" in outcomes and "error" in outcomes
+
+
+def test_folders_that_look_like_markup_print_as_written(runs, capsys, tmp_path):
+    folder = tmp_path / MARKUP
+    folder.mkdir(parents=True)
+    a, b, out = runs["a"].rename(folder / "a"), runs["b"].rename(folder / "b"), folder / "out"
+    code, printed, _ = _compare(capsys, a, b, "--out", out)
+    assert code == 0
+    assert f"  A  {a}  " in printed and f"  B  {b}  " in printed
+    assert f"{out / 'compare.json'}, {out / 'compare.html'}" in printed

@@ -54,6 +54,8 @@ from simulator.tools.mistakes import (
     changes_recipe,
 )
 
+from .helpers import MARKUP, markup_args
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
 TEACHING = SCENARIOS / "teaching"
@@ -580,3 +582,14 @@ def test_out_defaults_to_the_scenario_folder_and_bad_out_is_bad_input(capsys, tm
     assert parasim_main(["explain", path, "--out", str(tmp_path / "file")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("parasim: error: --out") and err.count("\n") == 1
+
+
+def test_a_name_and_paths_that_look_like_markup_print_as_written(tmp_path, capsys, monkeypatch):
+    argv, out = markup_args(tmp_path, monkeypatch)
+    scenario = tmp_path / f"{MARKUP}.yaml"  # in the status line while it works
+    scenario.parent.mkdir()  # "s[": [/] holds a slash
+    scenario.write_text((SCENARIOS / "small.yaml").read_text())
+    assert parasim_main(["explain", str(scenario), *argv]) == 0
+    printed = capsys.readouterr().out
+    assert f"parasim explain · {MARKUP} (analytic)" in printed
+    assert f"wrote {out / 'explain.json'}, {out / 'explain.html'}" in printed

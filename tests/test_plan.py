@@ -18,6 +18,7 @@ from simulator.tools.goodput import optimal_interval, simulate_goodput, young_in
 from simulator.tools.plan import plan_run
 
 from .conftest import ROOT
+from .helpers import MARKUP, markup_args
 
 SMALL = str(ROOT / "scenarios" / "small.yaml")
 NO_FAILURES = (
@@ -306,3 +307,11 @@ def test_a_run_of_many_failures_draws_fewer_trials():
     many = simulate_goodput(3e7, 1 / 600.0, 300.0, 20.0, 60.0, 200, seed=0)
     assert many.trials < 200 and many.failures * many.trials <= 2_000_000 * 1.01
     assert many.wall_p10 <= many.wall_mean <= many.wall_p90
+
+
+def test_a_name_and_a_folder_that_look_like_markup_print_as_written(tmp_path, capsys, monkeypatch):
+    argv, out = markup_args(tmp_path, monkeypatch)
+    assert main(["plan", SMALL, "--set", "run={tokens: 1e10}", *argv]) == 0
+    printed = capsys.readouterr().out
+    assert f"parasim plan · {MARKUP} · 1e+10 tokens" in printed
+    assert f"wrote {out / 'plan.csv'}, {out / 'plan.json'}" in printed

@@ -10,6 +10,8 @@ import pytest
 
 from simulator.cli.main import main
 
+from .helpers import MARKUP, markup_args
+
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 
@@ -49,3 +51,12 @@ def test_a_rank_outside_the_run_is_one_line(folded_run, capsys, rank):
 def test_a_folder_without_a_result_is_one_line(tmp_path, capsys):
     assert main(["query", str(tmp_path), "--rank", "0"]) == 2
     assert "no result.json" in capsys.readouterr().err
+
+
+def test_a_name_and_a_folder_that_look_like_markup_print_as_written(tmp_path, capsys, monkeypatch):
+    argv, out = markup_args(tmp_path, monkeypatch)
+    run = ["run", str(SCENARIOS / "small.yaml"), "--outputs", "result", "--json", *argv]
+    assert main(run) == 0
+    capsys.readouterr()
+    assert main(["query", str(out), "--rank", "0"]) == 0
+    assert f"rank 0 of {MARKUP}" in capsys.readouterr().out

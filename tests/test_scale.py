@@ -12,12 +12,14 @@ from html import unescape
 import pytest
 
 from simulator.cli import scale as scale_command
+from simulator.cli.main import main
 from simulator.common.errors import ParasimError
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import run_scenario
 from simulator.tools import scale, sweep
 
 from .conftest import SCENARIOS
+from .helpers import MARKUP, markup_args
 
 SMALL = SCENARIOS / "small.yaml"
 PIPELINE = SCENARIOS / "pipeline-demo.yaml"
@@ -190,3 +192,11 @@ def test_a_curve_too_large_for_the_machine_is_refused_before_anything_is_laid_ou
         with pytest.raises(ParasimError, match=r"1,048,576 GPUs.*too large.*--force"):
             scale.run_scale(SMALL, million, best=best, workers=1, overrides=unfolded)
     assert set(laid_out) == {1}  # the scenario at its own size, and no other
+
+
+def test_a_name_and_a_folder_that_look_like_markup_print_as_written(tmp_path, capsys, monkeypatch):
+    argv, out = markup_args(tmp_path, monkeypatch)
+    assert main(["scale", str(SMALL), "--gpus", "8", "--workers", "1", *argv]) == 0
+    printed = capsys.readouterr().out
+    assert f"parasim scale · {MARKUP} · gpt2-small on dgx-a100" in printed
+    assert f"wrote {out / 'scale.csv'}, {out / 'scale.json'}" in printed

@@ -15,6 +15,7 @@ import pytest
 
 from simulator.analysis.memory import memory_per_rank
 from simulator.cli import sweep as sweep_command
+from simulator.cli.main import main
 from simulator.common.errors import ParasimError, ScenarioError
 from simulator.request.layout import balanced_stages
 from simulator.request.scenario import load_scenario, read_scenario_file
@@ -23,6 +24,7 @@ from simulator.tools import pool, sweep
 from topologies.units import format_time
 
 from .conftest import SCENARIOS
+from .helpers import MARKUP, markup_args
 
 SMALL = SCENARIOS / "small.yaml"
 # one DGX A100 node, GPT-2 small (12 layers, 12 heads), global batch 16
@@ -614,3 +616,13 @@ def test_a_placement_moves_ranks_not_bytes(scenario, overrides):
     alone = [pool._check(*args, item) for item in items]
     assert pool.check_chunk(*args, items) == alone
     assert {row["status"] for row in alone} <= {"fits", "pruned"}
+
+
+def test_a_name_and_a_folder_that_look_like_markup_print_as_written(tmp_path, capsys, monkeypatch):
+    argv, out = markup_args(tmp_path, monkeypatch)
+    fixed = [SMALL, *("--fix", "tp=2", "--fix", "pp=1", "--fix", "recompute=none")]
+    fixed += ["--fix", "sharding=none", "--fix", "micro_batch=2", "--workers", 1]
+    assert main(["sweep", *map(str, fixed), *argv]) == 0
+    printed = capsys.readouterr().out
+    assert f"parasim sweep · {MARKUP} · gpt2-small" in printed
+    assert f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}" in printed

@@ -17,7 +17,7 @@ import pytest
 from simulator.cli.main import main
 
 from .conftest import ROOT
-from .helpers import write_traces
+from .helpers import MARKUP, write_traces
 
 SCENARIO = str(ROOT / "scenarios" / "small.yaml")
 
@@ -76,3 +76,14 @@ def test_the_console_names_the_differences_and_writes_the_pages(predicted, tmp_p
     assert "parasim-differences" in page and "rank 5" in page
     assert json.loads((out / "compare.json").read_text())["mode"] == "traces"
     assert not any(p.name.startswith("compare") for p in traces.iterdir())  # theirs, untouched
+
+
+def test_folders_that_look_like_markup_print_as_written(predicted, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # no line wrapped
+    traces = write_traces(predicted, tmp_path / f"t{MARKUP}")
+    out = tmp_path / MARKUP
+    capsys.readouterr()
+    assert main(["compare", str(predicted), str(traces), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"  measured   {traces}  ranks " in printed
+    assert f"{out / 'compare.json'}, {out / 'compare.html'}" in printed

@@ -51,6 +51,8 @@ def command(args: argparse.Namespace) -> int:
 
     The report is printed (``--json``: the findings as JSON) and written to ``--out``,
     by default ``out/<scenario>-explain``, as the other commands do."""
+    from rich.markup import escape
+
     from simulator.common.files import dumps_result
     from simulator.report.console import open_console
     from simulator.report.explain_report import (
@@ -76,5 +78,5 @@ def command(args: argparse.Namespace) -> int:
     else:
         console = open_console()
         print_explanation(explanation, console)
-        console.print(f"wrote {', '.join(str(p) for p in paths)}")
+        console.print(f"wrote {', '.join(escape(str(p)) for p in paths)}")
     return 0 if explanation.ok else 1

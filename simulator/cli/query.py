@@ -38,6 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim query``: read the result, find the rank's row, print it."""
+    from rich.markup import escape
     from rich.table import Table
 
     from simulator.common.errors import ParasimError
@@ -59,12 +60,12 @@ def command(args: argparse.Namespace) -> int:
         print(json.dumps(figures, indent=1, sort_keys=True))
         return 0
     shared = ", ".join(f"{axis} {value}" for axis, value in row.class_coords.items())
-    table = Table(title=f"rank {row.rank} of {result.scenario}", title_justify="left")
+    table = Table(title=f"rank {row.rank} of {escape(result.scenario)}", title_justify="left")
     table.add_column("figure")
     table.add_column("seconds", justify="right")
     for group in ("breakdown", "exposed_comm_by_axis", "compute_by_phase"):
         for name, seconds in figures[group].items():
-            table.add_row(f"{group}.{name}", f"{seconds:.6g}")
+            table.add_row(escape(f"{group}.{name}"), f"{seconds:.6g}")
     table.add_row("end_s", f"{row.end_s:.6g}")
     console = open_console()
     console.print(

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -126,12 +127,12 @@ def _console_comparison(before: dict[str, Any], after: dict[str, Any] | None) ->
     if after is not None:
         table.add_column("with the fix")
     snaps = [before] if after is None else [before, after]
-    table.add_row("layout", *[describe_layout(s["layout"]) for s in snaps])
+    table.add_row("layout", *[escape(describe_layout(s["layout"])) for s in snaps])
     table.add_row("step time", *[format_time(s["step_time_s"]) for s in snaps])
     table.add_row("critical rank:", *["" for _ in snaps])
     for category in CATEGORIES:
         table.add_row(f"  {category}", *[_breakdown_cell(s, category) for s in snaps])
-    table.add_row("memory per GPU", *[describe_memory(s["memory"]) for s in snaps])
+    table.add_row("memory per GPU", *[escape(describe_memory(s["memory"])) for s in snaps])
     if before["moe"]:
         table.add_row(
             "MoE",
@@ -202,10 +203,12 @@ def _recipe_value(before: dict[str, Any], key: str) -> Any:
 def print_explanation(explanation: Explanation, console: Console) -> None:
     """The human report: a header, then one panel per finding with before/after."""
     snap = explanation.result
-    console.print(f"[bold]parasim explain · {explanation.scenario}[/] ({explanation.fidelity})")
-    console.print(f"  layout   {describe_layout(snap['layout'])}")
+    console.print(
+        f"[bold]parasim explain · {escape(explanation.scenario)}[/] ({explanation.fidelity})"
+    )
+    console.print(f"  layout   {escape(describe_layout(snap['layout']))}")
     console.print(f"  step     {format_time(snap['step_time_s'])}")
-    console.print(f"  memory   {describe_memory(snap['memory'])}")
+    console.print(f"  memory   {escape(describe_memory(snap['memory']))}")
     if explanation.ok:
         console.print("[green]No layering mistakes found.[/]")
         return
@@ -239,7 +242,7 @@ def print_explanation(explanation: Explanation, console: Console) -> None:
             parts.append(Text(f"set apart: {set_apart_text(entry, finding.before)}", style="dim"))
         for note in finding.notes:
             parts.append(Text(f"note: {note}", style="dim"))
-        title = f"[bold]{finding.id}[/] · {finding.title}"
+        title = f"[bold]{escape(finding.id)}[/] · {escape(finding.title)}"
         console.print(Panel(Group(*parts), title=title, title_align="left", border_style="red"))
 
 

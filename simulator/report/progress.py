@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator.report.console import open_console
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 __all__ = ["ProgressBar", "Status", "interactive"]
 
@@ -21,13 +24,22 @@ def interactive(json_output: bool = False) -> bool:
     return sys.stdout.isatty() and not json_output
 
 
+def _plain(message: str) -> Text:
+    """``message`` as a rich Text, printed as written: a status line's text is rich
+    markup otherwise, and a scenario's name or a file's path may hold ``[``. rich is
+    imported here, by a status line that shows, not with this module."""
+    from rich.text import Text
+
+    return Text(message)
+
+
 class Status:
     """A status line with a spinner on stderr (:meth:`rich.console.Console.status`),
     whose message :meth:`update` changes; prints nothing when disabled."""
 
     def __init__(self, message: str, enabled: bool = True, refresh_per_second: float = 12.5):
         self.status = (
-            open_console(stderr=True).status(message, refresh_per_second=refresh_per_second)
+            open_console(stderr=True).status(_plain(message), refresh_per_second=refresh_per_second)
             if enabled
             else None
         )
@@ -43,7 +55,7 @@ class Status:
 
     def update(self, message: str) -> None:
         if self.status is not None:
-            self.status.update(message)
+            self.status.update(_plain(message))
 
 
 class ProgressBar:
@@ -62,7 +74,7 @@ class ProgressBar:
         )
 
         self.progress = Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -198,7 +199,7 @@ def print_scale(result: ScaleResult, console: Console, outputs: Iterable[str] = 
     cluster = result.cluster
     how = "fastest layout per size" if result.best else "scenario's tp and pp, dp the rest"
     table = Table(
-        title=(
+        title=escape(
             f"parasim scale · {result.scenario} · {result.model} on {cluster['name']} · "
             f"--batch {result.batch['policy']} ({how})"
         ),
@@ -234,11 +235,11 @@ def print_scale(result: ScaleResult, console: Console, outputs: Iterable[str] = 
             f"{100 * row['efficiency']:.1f}%",
         )
     print_table(console, table, lead=2)
-    console.print(policy_text(result.batch))
+    console.print(escape(policy_text(result.batch)))
     for row in result.rows:
         if row["layout"] is None:
             console.print(Text(f"{row['gpus']} GPUs: {row['reason']}", style="yellow"))
         elif row["oom"]:
             console.print(Text(f"{row['gpus']} GPUs: does not fit in GPU memory", style="bold red"))
     if outputs:
-        console.print("wrote " + ", ".join(str(p) for p in outputs))
+        console.print("wrote " + ", ".join(escape(str(p)) for p in outputs))

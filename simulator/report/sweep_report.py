@@ -32,6 +32,7 @@ from typing import Any, cast
 import plotly.graph_objects as go
 from rich import box
 from rich.console import Console, JustifyMethod
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.padding import Padding
 from rich.table import Table
@@ -394,7 +395,7 @@ def print_sweep(
     """The top layouts as a rich table, then the counts."""
     cluster = result.cluster
     table = Table(
-        title=(
+        title=escape(
             f"parasim sweep · {result.scenario} · {result.model} on {result.gpus} × "
             f"{cluster['gpu']} ({cluster['nodes']} × {cluster['name']}) · "
             f"global batch {result.global_batch}"
@@ -442,16 +443,16 @@ def print_sweep(
     print_table(console, table, lead=2)
     inside = interval_line(result)
     if inside is not None:
-        console.print(inside)
+        console.print(escape(inside))
     own = own_line(result)
     for line in [batch_line(result.batch, result.global_batch, result.gpus)]:
-        console.print(line)
+        console.print(escape(line))
     if own is not None:
         console.print(Text(own, style="bold"))
     for line in count_lines(result):
-        console.print(line)
+        console.print(escape(line))
     if outputs:
-        console.print("wrote " + ", ".join(str(p) for p in outputs))
+        console.print("wrote " + ", ".join(escape(str(p)) for p in outputs))
 
 
 #: The column of a sweep ranked on a run's objective.
