@@ -16,7 +16,7 @@ from simulator.analysis.result import StepResult
 from simulator.cli.main import main
 from simulator.engine.compute import ComputeModel
 from simulator.engine.core import simulate
-from simulator.report.summary import print_summary
+from simulator.report.summary import draw_summary, summarise
 from simulator.request.scenario import load_scenario
 from simulator.run.simulate import run_scenario
 from simulator.schedule.ir import Collective, Compute, Program, Schedule
@@ -128,7 +128,7 @@ def test_a_scenario_sets_the_limit_and_the_result_shows_it(tmp_path):
     assert result.to_json()["cluster"]["power_limit_w"] == 500
     assert saved.cluster.power_limit_w == 500
     console = Console(file=io.StringIO(), width=200)
-    print_summary(result, console, [])
+    draw_summary(summarise(result, []), console)
     assert "power limit 500 W" in console.file.getvalue()
 
 

@@ -569,7 +569,7 @@ def test_the_zoom_carries_only_the_categories_whose_ops_were_merged():
 def test_an_moe_summary_has_a_routing_line_and_a_dense_one_none():
     from rich.console import Console
 
-    from simulator.report.summary import print_summary, routing_line
+    from simulator.report.summary import draw_summary, routing_line, summarise
     from simulator.request.scenario import load_scenario
     from simulator.run.simulate import run_scenario
 
@@ -586,11 +586,11 @@ def test_an_moe_summary_has_a_routing_line_and_a_dense_one_none():
     assert f"{moe.imbalance_mean:.2f}× the mean load (at worst {moe.imbalance_max:.2f}×)" in line
     assert f"for it on average ({100 * stall / step:.1f}% of the step)" in line
     console = Console(width=300, record=True)
-    print_summary(result, console, [])
+    draw_summary(summarise(result, []), console)
     (row,) = [text for text in console.export_text().splitlines() if "routing" in text]
     assert line in row
     dense = run_scenario(load_scenario(SCENARIOS / "cpu-tiny.yaml", [])).result
     assert routing_line(dense) is None
     console = Console(width=300, record=True)
-    print_summary(dense, console, [])
+    draw_summary(summarise(dense, []), console)
     assert "routing" not in console.export_text()

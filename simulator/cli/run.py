@@ -77,14 +77,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 @fewer_collections(last=True)
 def command(args: argparse.Namespace) -> int:
     """Run ``parasim run``: simulate, write the outputs, print the summary (or JSON)."""
-    from rich.markup import escape
-
     from simulator.common.files import dumps_result
     from simulator.common.folders import check_folder, default_folder, staged_folder
-    from simulator.report.console import open_console
     from simulator.report.outputs import names_ops, run_output_names, write_run_outputs
     from simulator.report.progress import Status, interactive
-    from simulator.report.summary import out_of_memory_line, print_summary
+    from simulator.report.summary import out_of_memory_line, show_summary, summarise
     from simulator.request.scenario import load_scenario
     from simulator.run.simulate import check_request_size, run_scenario
 
@@ -126,14 +123,12 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(dumps_result(run.result.to_json()))
     else:
-        console = open_console()
-        print_summary(run.result, console, [str(p) for p in paths])
+        plan = None
         if run.plan is not None:
             from simulator.report.plan_report import plan_lines
 
-            console.print("the whole run (run:, parasim plan for its phases):")
-            for line in plan_lines(run.plan):
-                console.print(f"  {escape(line)}")
+            plan = plan_lines(run.plan)
+        show_summary(summarise(run.result, [str(p) for p in paths], plan))
     oom = out_of_memory_line(run.result)
     if oom is not None and not args.allow_oom:
         print(f"parasim: {oom} (--allow-oom to exit 0)", file=sys.stderr)
