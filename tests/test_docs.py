@@ -91,3 +91,19 @@ def test_the_command_reference_is_in_step_with_the_code(capsys):
     from simulator.cli.reference import main
 
     assert main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_a_named_command_s_parser_is_the_one_the_whole_command_line_holds():
+    """``parasim run ...`` declares run's options alone: they are the same options,
+    with the same help and defaults, as in the parser of every command."""
+    from simulator.cli.main import COMMANDS, _named
+
+    every = _commands()
+    assert list(every) == list(COMMANDS)
+    for name in COMMANDS:
+        parser = _parser(_named([name, "x"]))
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        assert list(sub.choices) == [name]
+        assert sub.choices[name].format_help() == every[name].format_help()
+    # the options of parasim itself come first: then every command is declared
+    assert _named(["--help", "run"]) is None and _named(["bogus"]) is None and _named([]) is None
