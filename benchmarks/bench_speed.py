@@ -53,7 +53,9 @@ calculon            analytic ÷ Calculon's ``calculon llm`` on the same layout
                     1, full recompute: benchmarks/calculon/), both from the same
                     interpreter's directory, their modules' bytecode compiled
                     first (as an install leaves it), in turn, best of five
-                    each; needs a Calculon checkout in CALCULON (and
+                    each, parasim's output piped (its plain summary; the notes
+                    give the same command drawing rich tables for a terminal);
+                    needs a Calculon checkout in CALCULON (and
                     CALCULON_PYTHON, an interpreter with its pandas; default
                     this one)
 engine-overhead     simulated events (op completions) per second in a flow      ≥ 0.5
@@ -189,6 +191,9 @@ shutil.rmtree(tmp, ignore_errors=True)
 # pandas), in turn, best of five each, printed as one JSON line. Both packages' bytecode
 # is compiled first, as installing them leaves it: a checkout run where Python may not
 # write bytecode (PYTHONDONTWRITEBYTECODE) would compile every module at every start.
+# The figure is the command as the benchmark runs it, its output piped (a plain
+# summary); the same command drawing its summary for a terminal (rich tables,
+# TTY_COMPATIBLE=1) is timed beside it, in the notes.
 _VERSUS_CALCULON = """
 import compileall, os, subprocess, sys, tempfile, time
 from pathlib import Path
@@ -210,17 +215,19 @@ theirs = [python, str(Path(calculon) / 'bin' / 'calculon'), 'llm',
 # Calculon's checkout on its path, not on parasim's (each import would look there first)
 envs = {
     'parasim_s': dict(os.environ),
+    'terminal_s': dict(os.environ, TTY_COMPATIBLE='1'),
     'calculon_s': dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, (calculon, os.environ.get('PYTHONPATH'))))),
 }
-times = {'parasim_s': [], 'calculon_s': []}
+times = {'parasim_s': [], 'terminal_s': [], 'calculon_s': []}
 for _ in range(5):
-    for key, argv in (('parasim_s', ours), ('calculon_s', theirs)):
+    for key, argv in (('parasim_s', ours), ('terminal_s', ours), ('calculon_s', theirs)):
         t = time.perf_counter()
         subprocess.run(argv, check=True, capture_output=True, env=envs[key])
         times[key].append(time.perf_counter() - t)
 figure = {key: min(values) for key, values in times.items()}
 figure['ratio'] = figure['parasim_s'] / figure['calculon_s']
+figure['terminal_ratio'] = figure['terminal_s'] / figure['calculon_s']
 figure['runs'] = times
 """
 
@@ -530,6 +537,11 @@ def _notes(row: dict) -> str:
         )
     if "pool_s" in row:
         notes.append(f"process pool {row['pool_s']:.1f} s, LocalCluster {row['dask_s']:.1f} s")
+    if "calculon_s" in row:
+        notes.append(
+            f"parasim {row['parasim_s']:.3f} s, Calculon {row['calculon_s']:.3f} s; "
+            f"drawing for a terminal {row['terminal_s']:.3f} s ({row['terminal_ratio']:.2f}×)"
+        )
     if "cached" in row:
         notes.append(f"{row['cached']} outcomes read from the cache")
     if "largest_file_mb" in row:
