@@ -3,6 +3,7 @@ facts in both, and every text in it shown as written."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -82,8 +83,6 @@ def test_a_terminal_gets_the_same_facts_in_rich_tables(piped):
 
 
 def _stream_text(summary) -> str:
-    import io
-
     stream = io.StringIO()
     write_summary(summary, stream)
     return stream.getvalue()

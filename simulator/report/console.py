@@ -34,17 +34,14 @@ def is_terminal(stream: TextIO) -> bool:
         return False
 
 
-def open_console(
-    stderr: bool = False, width: int | None = None, file: TextIO | None = None
-) -> Console:
-    """A console on stdout (or ``stderr``, or ``file``), ``width`` columns wide where
-    given (else the terminal's), that replaces no ``:emoji:`` codes. Where it shows no
-    colours (piped, redirected, ``NO_COLOR``) it highlights nothing either: the
-    highlighter's patterns would compile at its first print (4 ms) for colours nobody
-    sees."""
+def open_console(stderr: bool = False, width: int | None = None) -> Console:
+    """A console on stdout (or ``stderr``), ``width`` columns wide where given (else the
+    terminal's), that replaces no ``:emoji:`` codes. Where it shows no colours (piped,
+    redirected, ``NO_COLOR``) it highlights nothing either: the highlighter's patterns
+    would compile at its first print (4 ms) for colours nobody sees."""
     from rich.console import Console
 
-    console = Console(stderr=stderr, width=width, file=file, emoji=False)
+    console = Console(stderr=stderr, width=width, emoji=False)
     if console.color_system is None:
-        console = Console(stderr=stderr, width=width, file=file, emoji=False, highlight=False)
+        console = Console(stderr=stderr, width=width, emoji=False, highlight=False)
     return console

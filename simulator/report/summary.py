@@ -190,6 +190,7 @@ def _warning_style(warning: str) -> str:
     return "bold red" if warning.startswith("out of memory") else "yellow"
 
 
+_BREAKDOWN_TITLE = "where the step time goes"
 _PLAN_TITLE = "the whole run (run:, parasim plan for its phases):"
 
 
@@ -210,7 +211,7 @@ def draw_summary(summary: Summary, console: Console) -> None:
             text.stylize("bold red", len(value) - len(OUT_OF_MEMORY))
         head.add_row(Text(name), text)
     console.print(head)
-    table = Table(title="where the step time goes", title_justify="left")
+    table = Table(title=_BREAKDOWN_TITLE, title_justify="left")
     table.add_column(Text(summary.columns[0]))
     for column in summary.columns[1:]:
         table.add_column(Text(column), justify="right")
@@ -249,7 +250,7 @@ def write_summary(summary: Summary, stream: TextIO) -> None:
         lines.append(f"{OUT_OF_MEMORY}: {summary.out_of_memory}")
     lines.append(summary.title)
     lines += _aligned(list(summary.facts), (False, False))
-    lines.append("where the step time goes")
+    lines.append(_BREAKDOWN_TITLE)
     lines += _aligned([summary.columns, *summary.breakdown], (False, True, True))
     lines += [f"warning: {warning}" for warning in summary.warnings]
     if summary.written:
@@ -260,11 +261,10 @@ def write_summary(summary: Summary, stream: TextIO) -> None:
     stream.write("\n".join(lines) + "\n")
 
 
-def show_summary(summary: Summary, stream: TextIO | None = None) -> None:
-    """``summary`` on ``stream`` (stdout): drawn as rich tables where it is a terminal
+def show_summary(summary: Summary) -> None:
+    """``summary`` on stdout: drawn as rich tables where it is a terminal
     (:func:`~simulator.report.console.is_terminal`), else written as plain text."""
-    stream = sys.stdout if stream is None else stream
-    if is_terminal(stream):
-        draw_summary(summary, open_console(file=stream))
+    if is_terminal(sys.stdout):
+        draw_summary(summary, open_console())
     else:
-        write_summary(summary, stream)
+        write_summary(summary, sys.stdout)
